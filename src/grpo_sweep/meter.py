@@ -1,0 +1,116 @@
+"""Measure a trial: wall time and tokens per optimiser step, the trainer's logs, and peak memory.
+
+Throughput counts prompt + completion tokens trained per second in steady state: the first step
+(CUDA/kernel warm-up, lazy allocations) is excluded when more than one step ran.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import statistics
+import sys
+import time
+
+from transformers import TrainerCallback
+
+# Keys of TRL's GRPO logs we keep per step (TRL names on the left).
+LOG_KEYS = {
+    "loss": "loss",
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "kl": "kl",
+    "entropy": "entropy",
+    "completions/mean_length": "completion_length",
+}
+
+
+class StepMeter(TrainerCallback):
+    """Records one row per optimiser step and prints a progress line for it."""
+
+    def __init__(self, total_steps: int, samples_per_step: int, memory_probe=None, on_step=None):
+        self.total_steps = total_steps
+        self.samples_per_step = samples_per_step
+        self.memory_probe = memory_probe  # () -> (peak_bytes, source)
+        self.on_step = on_step  # optional hook(row) for loggers
+        self.rows: list[dict] = []
+        self._t0 = 0.0
+        self._tokens0 = 0
+        self._pending: dict = {}
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
+        self._tokens0 = state.num_input_tokens_seen
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._pending = {
+            "step": state.global_step,
+            "step_time_s": time.perf_counter() - self._t0,
+            "tokens": state.num_input_tokens_seen - self._tokens0,
+            "samples": self.samples_per_step,
+        }
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self._pending or logs is None or "reward" not in logs:
+            return
+        row = dict(self._pending)
+        self._pending = {}
+        for trl_key, key in LOG_KEYS.items():
+            if trl_key in logs:
+                row[key] = float(logs[trl_key])
+        for key, value in logs.items():
+            if key.startswith("rewards/") and key.endswith("/mean"):
+                row["reward/" + key.split("/")[1]] = float(value)
+        row["tokens_per_s"] = row["tokens"] / row["step_time_s"] if row["step_time_s"] > 0 else 0.0
+        if self.memory_probe is not None:
+            row["peak_memory_bytes"] = self.memory_probe()[0]
+        self.rows.append(row)
+        print(
+            f"[trial] step {row['step']}/{self.total_steps}  {row['step_time_s']:.2f} s  "
+            f"{row['tokens_per_s']:.0f} tok/s  reward {row.get('reward', float('nan')):.3f}"
+            + (f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB" if "peak_memory_bytes" in row else ""),
+            flush=True,
+        )
+        if self.on_step is not None:
+            self.on_step(row)
+
+    def summary(self) -> dict:
+        """Steady-state throughput over steps after the first (all steps when only one ran)."""
+        rows = self.rows[1:] if len(self.rows) > 1 else self.rows
+        if not rows:
+            return {"steps": 0}
+        time_s = sum(r["step_time_s"] for r in rows)
+        tokens = sum(r["tokens"] for r in rows)
+        samples = sum(r.get("samples", 0) for r in rows)
+        rewards = [r["reward"] for r in self.rows if "reward" in r]
+        stds = [r["reward_std"] for r in self.rows if "reward_std" in r]
+        return {
+            "steps": len(self.rows),
+            "measured_steps": len(rows),
+            "tokens_per_s": tokens / time_s if time_s > 0 else 0.0,
+            "samples_per_s": samples / time_s if time_s > 0 else 0.0,
+            "step_time_s": statistics.median(r["step_time_s"] for r in rows),
+            "tokens_per_step": tokens / len(rows),
+            "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+            "reward_std": statistics.fmean(stds) if stds else math.nan,
+            "_measured_time_s": time_s,
+        }
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def cuda_peak_bytes() -> int:
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
+
+
+def memory_probe(on_cuda: bool):
+    """The peak-memory reader for this device: the CUDA allocator's peak, or the process's peak RSS."""
+    if on_cuda:
+        return lambda: (cuda_peak_bytes(), "cuda")
+    return lambda: (peak_rss_bytes(), "cpu-rss")

@@ -1,0 +1,137 @@
+"""The child-process side of a trial: build the trainer, run N real GRPO steps, write metrics.json.
+
+Runs in its own process (see trial.py) so that an OOM, a crash or a hang cannot take the sweep
+with it, and so that all GPU memory is returned to the driver when it exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+
+class _Tee:
+    """Echo the child's output to the console and to the run directory's trial.log."""
+
+    def __init__(self, stream, path: Path):
+        self.stream, self.file = stream, open(path, "a", buffering=1)
+
+    def write(self, text):
+        self.stream.write(text)
+        self.file.write(text)
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.file.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, the CPU allocator's failure, and vLLM's start-up memory errors."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    needles = (
+        "out of memory",
+        "can't allocate memory",
+        "No available memory for the cache blocks",
+        "larger than the available KV cache memory",
+        "less than desired GPU memory utilization",
+    )
+    return isinstance(exc, (RuntimeError, ValueError, MemoryError)) and any(n in text for n in needles)
+
+
+def inject_fault(kind: str | None) -> None:
+    """Debug faults for containment tests (trial.debug_fault); never set in real runs."""
+    if kind == "raise":
+        raise RuntimeError("debug_fault=raise: injected failure")
+    if kind == "signal":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    if kind == "oom":
+        import torch
+
+        # A real allocator failure: far more bytes than any machine has.
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def main(container: dict, run_dir: str) -> None:
+    """Entry point in the child. Always leaves metrics.json unless killed from outside."""
+    os.setpgrp()  # our own process group: the parent can kill us and anything we started
+    run_path = Path(run_dir)
+    sys.stdout = _Tee(sys.stdout, run_path / "trial.log")
+    sys.stderr = _Tee(sys.stderr, run_path / "trial.log")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from omegaconf import OmegaConf
+
+    from .levers import requested_levers
+    from .metrics import empty_metrics, versions, write_metrics
+
+    cfg = OmegaConf.create(container)
+    record = empty_metrics("failed", None, requested_levers(cfg))
+    meter = None
+    probe = None
+    try:
+        import torch
+
+        from .backends import get_backend, resolve_backend
+        from .meter import StepMeter, memory_probe
+        from .schema import generation_batch_size
+        from .tasks import get_task
+
+        on_cuda = torch.cuda.is_available()
+        backend_name = resolve_backend(cfg.backend.name, on_cuda)
+        record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
+        print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
+        backend = get_backend(backend_name)
+        probe = memory_probe(on_cuda)
+        task = get_task(cfg)
+        from .models import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg, task.corpus())
+        dataset = task.dataset(tokenizer)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
+        ctx = SimpleNamespace(
+            tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
+            callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
+        )
+        trainer = backend.build_trainer(cfg, ctx)
+        prompt_tokens = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in dataset["prompt"])
+        effective = backend.effective(trainer)
+        effective["max_prompt_tokens"] = prompt_tokens
+        effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
+        record["effective"] = effective
+        record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        inject_fault(cfg.trial.debug_fault)
+        trainer.train()
+        record["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
+        oom = is_oom(exc)
+        record["status"] = "oom" if oom else "failed"
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        if not oom:
+            traceback.print_exc()
+    finally:
+        if meter is not None:
+            summary = meter.summary()
+            summary.pop("_measured_time_s", None)
+            record.update(summary)
+            record["history"] = meter.rows
+        if probe is not None:
+            record["peak_memory_bytes"], record["memory_source"] = probe()
+        write_metrics(run_path, record)
+        sys.stdout.flush()
+        sys.stderr.flush()

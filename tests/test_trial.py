@@ -1,0 +1,56 @@
+"""A real GRPO trial on the tiny model, run in its own process, and its containment of failures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import FAST, compose, load_metrics
+from grpo_sweep.levers import LEVER_NAMES
+from grpo_sweep.metrics import REQUIRED_KEYS
+from grpo_sweep.trial import run_trial
+
+
+def test_real_trial_records_every_metric(tmp_path):
+    record = run_trial(compose(["trial.steps=3"]), tmp_path)
+    assert record["status"] == "ok", record["error"]
+    on_disk = load_metrics(tmp_path)
+    assert set(REQUIRED_KEYS) <= set(on_disk)
+    assert (tmp_path / "config.yaml").exists()
+    assert on_disk["steps"] == 3 and len(on_disk["history"]) == 3
+    for key in ("tokens_per_s", "samples_per_s", "step_time_s", "reward_mean", "reward_std"):
+        assert math.isfinite(on_disk[key]), key
+    assert on_disk["tokens_per_s"] > 0 and on_disk["peak_memory_bytes"] > 0
+    assert on_disk["memory_source"] and on_disk["device"] == "cpu" and on_disk["backend"] == "trl"
+    assert set(LEVER_NAMES) <= set(on_disk["levers"])
+    # Worst-case lengths: every step trains batch x max_seq_length tokens.
+    eff = on_disk["effective"]
+    assert eff["max_seq_length"] == 96 and eff["per_device_train_batch_size"] == 4
+    assert all(row["tokens"] == 4 * 96 for row in on_disk["history"])
+    assert on_disk["versions"]["trl"] and on_disk["versions"]["torch"]
+
+
+def test_worst_case_off_uses_natural_lengths(tmp_path):
+    record = run_trial(compose([*FAST, "trial.worst_case_lengths=false"]), tmp_path)
+    assert record["status"] == "ok", record["error"]
+    assert record["effective"]["max_prompt_tokens"] < 32
+
+
+@pytest.mark.parametrize(
+    "fault, status, needle",
+    [
+        ("raise", "failed", "injected failure"),
+        ("signal", "failed", "SIGKILL"),
+        ("hang", "timeout", "timeout_s"),
+        ("oom", "oom", "allocate"),
+    ],
+)
+def test_failures_are_contained(tmp_path, fault, status, needle):
+    overrides = [*FAST, f"trial.debug_fault={fault}"]
+    if fault == "hang":
+        overrides.append("trial.timeout_s=20")
+    record = run_trial(compose(overrides), tmp_path)  # returning at all means the parent survived
+    assert record["status"] == status
+    assert needle in record["error"]
+    assert load_metrics(tmp_path)["status"] == status
