@@ -16,14 +16,9 @@ FAST = ["trial.steps=2", "task.num_prompts=64"]
 
 def compose(overrides: list[str] | None = None):
     """The config train.py would see for these overrides (Hydra's compose API, same conf/)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from grpo_sweep.compose import compose_train_config
 
-    from grpo_sweep.schema import register
-
-    register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides or [])
+    return compose_train_config(overrides)
 
 
 def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):

@@ -92,6 +92,8 @@ class TrialConfig:
     worst_case_lengths: bool = True  # prompts at max_prompt_length, completions at the full budget
     start_method: str = "forkserver"
     debug_fault: Optional[str] = None  # fault injection for tests: raise | signal | hang | oom
+    study: Optional[str] = None  # set by the sweeper: the Optuna study (W&B group)
+    number: Optional[int] = None  # set by the sweeper: the Optuna trial number
 
 
 @dataclass
