@@ -37,8 +37,11 @@ class StepMeter(TrainerCallback):
         self._t0 = 0.0
         self._tokens0 = 0
         self._pending: dict = {}
+        self.first_step_begin_unix: float | None = None  # for trial start latency (bench/)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if self.first_step_begin_unix is None:
+            self.first_step_begin_unix = time.time()
         self._t0 = time.perf_counter()
         self._tokens0 = state.num_input_tokens_seen
 

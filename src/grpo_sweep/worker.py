@@ -130,6 +130,7 @@ def main(container: dict, run_dir: str) -> None:
             summary.pop("_measured_time_s", None)
             record.update(summary)
             record["history"] = meter.rows
+            record["first_step_begin_unix"] = meter.first_step_begin_unix
         if probe is not None:
             record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
