@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, median, run_python, write_result  # noqa: E402
 
 OVERRIDES = ["trial.steps=8", "task.num_prompts=128", "max_seq_length=128"]
+TRACKER_OVERRIDES: list[str] = []  # the overrides that turn the memory tracker on (set once it lands)
 
 
 def ours(extra: list[str]) -> list[float]:
