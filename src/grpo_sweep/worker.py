@@ -84,6 +84,7 @@ def main(container: dict, run_dir: str) -> None:
     record = empty_metrics("failed", None, requested_levers(cfg))
     meter = None
     probe = None
+    wb = None  # the trial's W&B run (wandb_logger.py); a no-op unless logger=wandb
     try:
         import torch
 
@@ -96,6 +97,9 @@ def main(container: dict, run_dir: str) -> None:
         backend_name = resolve_backend(cfg.backend.name, on_cuda)
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
+        from .wandb_logger import open_logger
+
+        wb = open_logger(cfg, run_path, record)
         backend = get_backend(backend_name)
         probe = memory_probe(on_cuda)
         task = get_task(cfg)
@@ -103,7 +107,7 @@ def main(container: dict, run_dir: str) -> None:
 
         tokenizer = load_tokenizer(cfg, task.corpus())
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe, on_step=wb.log_step)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
             callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
@@ -134,5 +138,7 @@ def main(container: dict, run_dir: str) -> None:
         if probe is not None:
             record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
+        if wb is not None:
+            wb.finish(record)  # after metrics.json: a slow or failing upload never costs the result
         sys.stdout.flush()
         sys.stderr.flush()
