@@ -83,6 +83,7 @@ class LoggerConfig:
     mode: str = "auto"  # auto: online when an API key is configured, else offline
     group: Optional[str] = None
     tags: list = field(default_factory=list)
+    init_timeout_s: float = 30.0  # an unreachable W&B server falls back to offline after this long
 
 
 @dataclass
@@ -175,6 +176,7 @@ def validate(cfg: DictConfig, *, cuda: Optional[bool] = None) -> DictConfig:
         _positive(cfg, key)
     if cfg.lora_alpha is not None:
         _positive(cfg, "lora_alpha")
+    _positive(cfg, "logger.init_timeout_s")
     if not 0.0 < cfg.gpu_memory_utilization < 1.0:
         raise ConfigError(
             f"gpu_memory_utilization={cfg.gpu_memory_utilization}: must be strictly between 0 and 1"

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-INIT_TIMEOUT_S = 30.0  # an unreachable server must not hold a trial for wandb's default 90 s
 FINISH_TIMEOUT_S = 60.0  # after this W&B stops uploading; the data stays on disk for `wandb sync`
 HISTORY_SKIP = ("step",)  # the step is W&B's own x-axis
 
@@ -236,7 +235,7 @@ def _init(cfg: Any, run_dir: Path, record: dict, mode: str):
     settings = wandb.Settings(
         console="off",  # trial.log already has the console; wandb's stdout hooks would fight our tee
         silent=True,  # we print our own one-line status instead of wandb's banner
-        init_timeout=INIT_TIMEOUT_S,
+        init_timeout=float(cfg.logger.get("init_timeout_s", 30.0)),  # not wandb's 90 s
         finish_timeout=FINISH_TIMEOUT_S,
     )
     tags = [str(t) for t in cfg.logger.get("tags") or []]
