@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FAST, compose, load_metrics, run_train
 from omegaconf import OmegaConf
 
-from conftest import FAST, compose, load_metrics, run_train
 from grpo_sweep.levers import LEVER_NAMES
 from grpo_sweep.wandb_logger import open_logger, resolve_mode, run_group, run_name
 
@@ -28,8 +28,8 @@ STEP_KEYS = ("reward", "reward_std", "loss", "step_time_s", "tokens", "tokens_pe
 
 def leet(path: str | Path, *args: str) -> str:
     """`wandb leet inspect` (wandb 0.31's reader of a run's .wandb transaction log)."""
-    out = subprocess.run([WANDB_CLI, "leet", "inspect", *args, str(path)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **OFFLINE_ENV})
+    out = subprocess.run([WANDB_CLI, "leet", "inspect", *args, str(path)], check=False, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **OFFLINE_ENV})
     assert out.returncode == 0, out.stderr
     return out.stdout
 

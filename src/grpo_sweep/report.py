@@ -23,6 +23,8 @@ from .metrics import METRICS_FILE, read_metrics
 
 CATEGORIES = ("feasible", "oom", "pruned", "failed")
 REPORT_FILE = "report.html"
+# A trial's status when its storage has no metrics for it (e.g. pruned before it ran).
+OPTUNA_STATUS = {"COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
 
 
 @dataclass
@@ -135,6 +137,7 @@ def trials_from_study(study) -> list[Trial]:
         if not record:
             record = dict(attrs.get("metrics") or {k: v for k, v in attrs.items() if k != "run_dir"})
         record.setdefault("levers", {k: v for k, v in ft.params.items()})
+        record.setdefault("status", OPTUNA_STATUS.get(ft.state.name, ft.state.name.lower()))
         config = _load_config(Path(run_dir)) if run_dir and Path(run_dir).exists() else {}
         trials.append(Trial(
             name=f"trial {ft.number}", record=record, config=config, number=ft.number,
@@ -240,7 +243,7 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
             d_obj = statistics.median(p[1] for p in pairs)
             basis = f"{len(pairs)} pair(s) differing only in {lever}"
         else:
-            def at(value):
+            def at(value, lever=lever):
                 group = [t for t in measured if t.levers.get(lever) == value]
                 return (statistics.median(t.record["peak_memory_bytes"] for t in group),
                         statistics.median(t.objective for t in group))
@@ -249,10 +252,10 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
             d_peak, d_obj = _pct(hi_peak, lo_peak), _pct(hi_obj, lo_obj)
             basis = f"medians over {len(measured)} trials; other levers varied too"
         guess = next((lv.memory for lv in LEVERS if lv.name == lever), "")
-        rows.append(dict(
-            lever=lever, low=lever_label(values[0]), high=lever_label(values[-1]),
-            peak_change_pct=d_peak, objective_change_pct=d_obj, basis=basis, expected=guess,
-        ))
+        rows.append({
+            "lever": lever, "low": lever_label(values[0]), "high": lever_label(values[-1]),
+            "peak_change_pct": d_peak, "objective_change_pct": d_obj, "basis": basis, "expected": guess,
+        })
     return rows
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # no display on sweep machines; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .report import LEVER_NAMES, EXTRA_LEVER_NAMES, Trial, lever_label, sort_key  # noqa: E402
+from .report import EXTRA_LEVER_NAMES, LEVER_NAMES, Trial, lever_label, sort_key
 
 COLORS = {"feasible": "#2a9d8f", "oom": "#e63946", "pruned": "#9e9e9e", "failed": "#f4a261"}
 MARKERS = {"feasible": "o", "oom": "X", "pruned": "s", "failed": "v"}
@@ -38,11 +38,11 @@ def throughput_vs_memory(trials: list[Trial], path: Path, *, budget: float | Non
         return None
     objective = trials[0].objective_name
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for category in COLORS:
+    for category, color in COLORS.items():
         group = [(t, x) for t, x in points if t.category == category]
         if group:
             ax.scatter([x for _, x in group], [t.objective or 0.0 for t, _ in group], s=60,
-                       c=COLORS[category], marker=MARKERS[category], label=f"{category} ({len(group)})",
+                       c=color, marker=MARKERS[category], label=f"{category} ({len(group)})",
                        edgecolors="black", linewidths=0.5, zorder=3)
     if budget is not None:
         ax.axvline(budget, color="#e63946", linestyle="--", linewidth=1.2, label=f"budget {budget:.2f} GiB")

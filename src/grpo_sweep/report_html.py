@@ -21,7 +21,8 @@ body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
 h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
 img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem}
 table{border-collapse:collapse;font-size:.85rem} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
-th{background:#f3f3f3;cursor:pointer;user-select:none} td.l,th.l{text-align:left}
+th{background:#f3f3f3;cursor:pointer;user-select:none} td{white-space:nowrap}
+td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-align:left}
 tr.feasible td.status{color:#2a9d8f} tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777}
 tr.failed td.status{color:#d27d2d} tr.best{background:#fff8d6}
 .wide{overflow-x:auto} pre{background:#f6f6f6;padding:.6rem;white-space:pre-wrap}
@@ -88,6 +89,10 @@ def _fmt(value, digits=1) -> str:
     return lever_label(value) if isinstance(value, (list, tuple)) else str(value)
 
 
+def _lever_getter(name: str):
+    return lambda t: t.levers.get(name)
+
+
 def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     """(key, header, getter) for the trials table; optional columns only when some trial has them."""
     objective = trials[0].objective_name
@@ -110,7 +115,7 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     if all(t.number is None for t in trials):
         cols.pop(0)  # a plain multirun has no Optuna trial numbers
     cols += [c for c in optional if any(c[2](t) is not None for t in trials)]
-    cols += [(lv, lv, (lambda name: lambda t: t.levers.get(name))(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
+    cols += [(lv, lv, _lever_getter(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
     cols += [
         ("reward_mean", "reward", lambda t: t.record.get("reward_mean")),
         ("preset", "seed preset", lambda t: t.preset),
@@ -132,7 +137,8 @@ def trials_table(trials: list[Trial], best: Trial | None) -> str:
             digits = 3 if key.endswith("gib") or key in ("reward_mean", "step_time_s") else 1
             raw = "" if value is None else (value if not isinstance(value, (list, tuple)) else len(value))
             cls = "l " + key if key in ("name", "status", "error") else key
-            cells.append(f'<td class="{cls}" data-v="{_e(raw)}">{_e(_fmt(value, digits))}</td>')
+            tip = f' title="{_e(t.record.get("error"))}"' if key == "error" and value else ""
+            cells.append(f'<td class="{cls}" data-v="{_e(raw)}"{tip}>{_e(_fmt(value, digits))}</td>')
         extra = " best" if t is best else ""
         rows.append(f'<tr class="{t.category}{extra}" data-status="{_e(t.status)}">{"".join(cells)}</tr>')
     return (f'<div class="wide"><table id="trials" class="sortable"><thead><tr>{head}</tr></thead>'

@@ -13,6 +13,7 @@ The Hydra run directory and the W&B run point to each other: the W&B config carr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import netrc
 import os
@@ -138,7 +139,7 @@ def step_metrics(row: dict) -> dict:
     data = {k: v for k, v in row.items() if k not in HISTORY_SKIP and (_number(v) or isinstance(v, bool))}
     if _number(row.get("peak_memory_bytes")):
         data["peak_memory_gib"] = _gib(row["peak_memory_bytes"])
-    try:
+    with contextlib.suppress(Exception):  # gauges are extras; never fail a step for them
         import torch
 
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -150,8 +151,6 @@ def step_metrics(row: dict) -> dict:
                 "memory/max_reserved_bytes": torch.cuda.max_memory_reserved(),
                 "memory/driver_used_bytes": total - free,  # includes vLLM and other processes' memory
             })
-    except Exception:  # noqa: BLE001 - gauges are extras; never fail a step for them
-        pass
     return data
 
 
@@ -219,10 +218,8 @@ class WandbTrialLogger:
             self.run.finish(exit_code=0 if status == "ok" else 1)
         except Exception as exc:  # noqa: BLE001
             self._failed("finishing the W&B run", exc)
-        try:
+        with contextlib.suppress(Exception):
             wandb.teardown()  # the worker leaves through os._exit, which skips wandb's atexit hook
-        except Exception:  # noqa: BLE001
-            pass
         if self.mode == "offline" or self._broken:
             _say(f"offline run saved in {sync_dir}\n[wandb] upload it with: wandb sync {sync_dir}")
         else:
@@ -272,12 +269,10 @@ def open_logger(cfg: Any, run_dir: Path, record: dict):
             return NullLogger()
         _say(f"online logging failed ({type(exc).__name__}: {_redact(str(exc))[:300]}); logging offline instead")
         record["wandb_error"] = _redact(f"{type(exc).__name__}: {exc}")[:500]
-        try:
+        with contextlib.suppress(Exception):
             import wandb
 
             wandb.teardown()
-        except Exception:  # noqa: BLE001
-            pass
         return open_logger_offline(cfg, run_dir, record)
     return _attach(run, mode, why, cfg, record)
 

@@ -24,9 +24,17 @@ def _history_keys(trials: list[Trial], prefix: str) -> list[str]:
     return sorted(keys)
 
 
+def _workspaces():
+    try:
+        import wandb_workspaces.reports.v2 as wr
+    except ImportError:
+        raise SystemExit("grpo-sweep report --wandb needs wandb-workspaces: pip install 'grpo-sweep[report]'") from None
+    return wr
+
+
 def build_report(trials: list[Trial], *, group: str | None, title: str, project: str, entity: str = ""):
     """The W&B Report object (nothing is sent anywhere)."""
-    import wandb_workspaces.reports.v2 as wr
+    wr = _workspaces()
     from wandb_workspaces import expr
 
     objective = trials[0].objective_name
@@ -101,7 +109,7 @@ def build_and_save(trials: list[Trial], out: Path, *, group: str | None, title: 
 
 def load_spec(path: Path):
     """A Report object from a spec file written by build_and_save (offline; nothing is sent)."""
-    import wandb_workspaces.reports.v2 as wr
+    wr = _workspaces()
     from wandb_workspaces.reports.v2 import internal
 
     data = json.loads(Path(path).read_text())
