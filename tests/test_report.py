@@ -11,8 +11,8 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
-from conftest import FAST, load_metrics, run_train
-from test_wandb import OFFLINE_ENV
+from conftest import load_metrics
+from test_wandb import offline_sweep
 
 from grpo_sweep import cli as grpo_cli
 from grpo_sweep.levers import LEVER_NAMES
@@ -56,12 +56,8 @@ def table_rows(html_text: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """A real 4-trial multirun logged to offline W&B: two ranks, each finishing or hitting an OOM."""
-    root = tmp_path_factory.mktemp("sweep")
-    result = run_train(["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb",
-                        f"hydra.sweep.dir={root}"], env=OFFLINE_ENV)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root
+    """The 4-trial offline-W&B multirun of test_wandb.py (run once, shared)."""
+    return offline_sweep(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +146,8 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
 
 @pytest.mark.slow
 def test_report_on_an_optuna_study(sweep, tmp_path):
-    """A real SQLite study whose trials point at the multirun's run dirs (as the sweeper stores them)."""
+    """A real SQLite study whose trials point at the multirun's run dirs, with flat user attrs as the
+    Optuna sweeper stores them (status, run_dir, predicted_peak_bytes, preset)."""
     import optuna
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
@@ -163,10 +160,11 @@ def test_report_on_an_optuna_study(sweep, tmp_path):
             params={"lora_rank": trial.levers["lora_rank"]}, distributions=dist,
             value=trial.record["tokens_per_s"] if ok else None,
             state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
-            user_attrs={"run_dir": trial.run_dir}))
-    study.add_trial(optuna.trial.create_trial(  # pruned before running: only user attrs, no run dir
+            user_attrs={"run_dir": trial.run_dir, "status": trial.status,
+                        "predicted_peak_bytes": int(trial.record["peak_memory_bytes"] * 1.1)}))
+    study.add_trial(optuna.trial.create_trial(  # pre-screened by the estimator: attrs only, no run dir
         params={"lora_rank": 32}, distributions=dist, state=optuna.trial.TrialState.PRUNED,
-        user_attrs={"metrics": {"status": "pruned", "predicted_peak_bytes": 2**31, "levers": {"lora_rank": 32}}}))
+        user_attrs={"status": "pruned", "predicted_peak_bytes": 2**31, "preset": "seed_baseline"}))
 
     with pytest.raises(SystemExit, match="--study is required; studies in .*'s1'"):
         cli([storage, "--out", str(tmp_path)])
@@ -176,6 +174,9 @@ def test_report_on_an_optuna_study(sweep, tmp_path):
     assert [r["name"] for r in rows] == [f"trial {i}" for i in range(5)]
     assert [r["_status"] for r in rows].count("pruned") == 1 and [r["_status"] for r in rows].count("ok") == 2
     assert "<h2>Parameter importances (Optuna)</h2>" in html_text
+    assert rows[4]["preset"] == "seed_baseline" and rows[4]["predicted_gib"] == "2.0"
+    assert float(rows[0]["predicted_gib"]) > float(rows[0]["peak_gib"])  # attrs and metrics.json merged
+    assert (tmp_path / "out" / "predicted_vs_measured.png").stat().st_size > 5000
     assert (tmp_path / "out" / "throughput_vs_memory.png").stat().st_size > 5000
 
 

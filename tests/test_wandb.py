@@ -45,33 +45,51 @@ def history_by_step(records: list[dict]) -> dict[int, dict]:
     return {int(r["history"]["step"]["num"]): r["history"]["item"] for r in records if r["type"] == "history"}
 
 
+_SWEEP: dict = {}
+
+
+def offline_sweep(tmp_path_factory) -> Path:
+    """A real 4-trial multirun logged to offline W&B (two ranks, each finishing or hitting an OOM).
+
+    Run once per pytest process and shared with test_report.py (a module-level cache, since the
+    shared conftest is not the place for it): trials are the slow part of these tests.
+    """
+    if "root" not in _SWEEP:
+        root = tmp_path_factory.mktemp("wandb_sweep")
+        result = run_train(["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb",
+                            f"hydra.sweep.dir={root}"], env=OFFLINE_ENV)
+        assert result.returncode == 0, result.stderr[-3000:]
+        _SWEEP.update(root=root, stdout=result.stdout)
+    return _SWEEP["root"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return offline_sweep(tmp_path_factory)
+
+
 @pytest.mark.slow
-def test_offline_run_holds_config_history_and_summary(tmp_path):
-    result = run_train(
-        [*FAST, "logger=wandb", "trial.study=wb-test", "trial.number=7", f"hydra.run.dir={tmp_path}"],
-        env=OFFLINE_ENV,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    m = load_metrics(tmp_path)
-    assert m["status"] == "ok", m["error"]
-    # The run directory and the W&B run point to each other.
-    assert m["wandb_mode"] == "offline" and m["wandb_group"] == "wb-test"
+def test_offline_run_holds_config_history_and_summary(sweep):
+    m = load_metrics(sweep / "0")
+    assert m["status"] == "ok" and m["levers"]["lora_rank"] == 8, m["error"]
+    # The run directory and the W&B run point to each other; the group is the multirun directory.
+    assert m["wandb_mode"] == "offline" and m["wandb_group"] == str(sweep.resolve())
     run_path = Path(m["wandb_dir"])
-    assert run_path.is_dir() and tmp_path.resolve() in run_path.resolve().parents
-    assert f"wandb sync {m['wandb_dir']}" in result.stdout  # the upload command, printed at the end
-    assert "online logging failed" not in result.stdout
+    assert run_path.is_dir() and (sweep / "0").resolve() in run_path.resolve().parents
+    assert f"wandb sync {m['wandb_dir']}" in _SWEEP["stdout"]  # the upload command, printed at the end
+    assert "online logging failed" not in _SWEEP["stdout"]
 
     summary, records = read_run(run_path)
     assert summary["run_id"] == m["wandb_run_id"] and summary["state"] == "finished"
-    assert summary["name"] == "t7-seq96-util0.6-b4x1-g4-r16"
+    assert summary["name"] == "seq96-util0.6-b4x1-g4-r8"
     assert "ok" in summary["tags"] and "model:tiny" in summary["tags"]
     run = next(r["run"] for r in records if r["type"] == "run")
-    assert run["run_group"] == "wb-test" and run["job_type"] == "trial"
+    assert run["run_group"] == m["wandb_group"] and run["job_type"] == "trial"
 
     config = summary["config"]
     assert {k: config[k] for k in LEVER_NAMES} == {k: m["levers"][k] for k in LEVER_NAMES}
-    assert config["grpo_sweep"]["run_dir"] == str(tmp_path.resolve())
-    assert config["grpo_sweep"]["trial_number"] == 7 and config["trial"]["study"] == "wb-test"
+    assert config["grpo_sweep"]["run_dir"] == str((sweep / "0").resolve())
+    assert config["grpo_sweep"]["trial_number"] is None and config["trial"]["study"] is None
     assert config["grpo_sweep"]["backend"] == m["backend"] and config["model"]["name"] == "tiny"
     assert config["gpu"]["name"] == "cpu"
     assert config["grpo_sweep"]["versions"]["torch"] == m["versions"]["torch"]
@@ -91,6 +109,17 @@ def test_offline_run_holds_config_history_and_summary(tmp_path):
     assert s["peak_memory_gib"] == pytest.approx(m["peak_memory_bytes"] / 2**30)
     assert s["requested"] == m["levers"] and s["effective"] == m["effective"]
     assert s["trainable_params"] == m["trainable_params"]
+
+
+@pytest.mark.slow
+def test_oom_trial_is_tagged_and_summarised(sweep):
+    m = load_metrics(sweep / "1")
+    assert m["status"] == "oom" and m["levers"]["lora_rank"] == 8
+    summary, _ = read_run(m["wandb_dir"])
+    assert "oom" in summary["tags"] and summary["exit_code"] == 1
+    s = summary["summary"]
+    assert s["status"] == "oom" and s["error"] == m["error"] and s.get("objective") is None
+    assert s["effective"] == m["effective"] and s["requested"] == m["levers"]
 
 
 def test_network_failure_falls_back_offline_without_leaking_the_key(tmp_path, monkeypatch, capsys):
@@ -145,6 +174,7 @@ def test_group_and_name_come_from_the_sweep(tmp_path):
     assert run_group(compose(["logger=wandb", "trial.study=s1"]), sweep / "3") == "s1"
     assert run_group(compose(["logger=wandb", "logger.group=mine", "trial.study=s1"]), sweep / "3") == "mine"
     assert run_name(cfg) == "seq96-util0.6-b2x2-g2-r32"
+    assert run_name(compose(["trial.number=7", "lora_rank=8"])) == "t7-seq96-util0.6-b4x1-g4-r8"
 
 
 def test_logger_config_is_validated():

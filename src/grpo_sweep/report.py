@@ -133,15 +133,18 @@ def trials_from_study(study) -> list[Trial]:
     for ft in study.get_trials(deepcopy=False):
         attrs = dict(ft.user_attrs)
         run_dir = attrs.get("run_dir")
-        record = (read_metrics(Path(run_dir)) if run_dir and Path(run_dir).exists() else None) or {}
-        if not record:
-            record = dict(attrs.get("metrics") or {k: v for k, v in attrs.items() if k != "run_dir"})
+        # The sweeper's flat attrs (status, predicted_peak_bytes, deficit_bytes, ...), then a nested
+        # "metrics" dict if any, then the trial's own metrics.json, which wins where they overlap.
+        record = {k: v for k, v in attrs.items() if k not in ("metrics", "run_dir")}
+        record.update(attrs.get("metrics") if isinstance(attrs.get("metrics"), dict) else {})
+        if run_dir and Path(run_dir).exists():
+            record.update(read_metrics(Path(run_dir)) or {})
         record.setdefault("levers", {k: v for k, v in ft.params.items()})
         record.setdefault("status", OPTUNA_STATUS.get(ft.state.name, ft.state.name.lower()))
         config = _load_config(Path(run_dir)) if run_dir and Path(run_dir).exists() else {}
         trials.append(Trial(
             name=f"trial {ft.number}", record=record, config=config, number=ft.number,
-            run_dir=run_dir, optuna_state=ft.state.name,
+            run_dir=run_dir, optuna_state=ft.state.name, preset=attrs.get("preset"),
         ))
     return trials
 
@@ -334,7 +337,7 @@ def cli(argv: list[str]) -> int:
         return 1
     presets = load_presets()
     for t in trials:
-        t.preset = match_preset(t.levers, presets)
+        t.preset = t.preset or match_preset(t.levers, presets)
     out.mkdir(parents=True, exist_ok=True)
 
     from .report_html import write_report
