@@ -151,6 +151,17 @@ def test_network_failure_falls_back_offline_without_leaking_the_key(tmp_path, mo
     assert key not in out and key not in json.dumps(record) and not leaked
 
 
+def test_a_run_wandb_refuses_leaves_the_trial_without_a_logger(tmp_path, capsys):
+    cfg = OmegaConf.create(OmegaConf.to_container(
+        compose(["logger=wandb", "logger.mode=offline", "logger.project=bad/name"]), resolve=True))
+    record = {"backend": "trl"}
+    logger = open_logger(cfg, tmp_path, record)
+    logger.log_step({"step": 1, "reward": 0.0})  # a no-op, not an error
+    logger.finish(record)
+    assert "Invalid project name" in record["wandb_error"] and "wandb_run_id" not in record
+    assert "no W&B run" in capsys.readouterr().out
+
+
 def test_mode_auto_goes_online_only_with_a_key(tmp_path, monkeypatch):
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
         monkeypatch.delenv(var, raising=False)

@@ -136,7 +136,13 @@ def _gib(value) -> float | None:
 
 def step_metrics(row: dict) -> dict:
     """A StepMeter row as W&B history: every number it has, plus GiB and CUDA allocator gauges."""
-    data = {k: v for k, v in row.items() if k not in HISTORY_SKIP and (_number(v) or isinstance(v, bool))}
+    flat = {}
+    for key, value in row.items():  # one level of nesting (e.g. a memory breakdown) as "key/sub"
+        if isinstance(value, dict):
+            flat.update({f"{key}/{sub}": v for sub, v in value.items()})
+        else:
+            flat[key] = value
+    data = {k: v for k, v in flat.items() if k not in HISTORY_SKIP and (_number(v) or isinstance(v, bool))}
     if _number(row.get("peak_memory_bytes")):
         data["peak_memory_gib"] = _gib(row["peak_memory_bytes"])
     with contextlib.suppress(Exception):  # gauges are extras; never fail a step for them
@@ -210,8 +216,9 @@ class WandbTrialLogger:
     def finish(self, record: dict) -> None:
         import wandb
 
-        sync_dir = self.run.settings.sync_dir
+        sync_dir = None
         try:
+            sync_dir = self.run.settings.sync_dir
             self.run.summary.update(summary_metrics(record, self.objective))
             status = record.get("status") or "unknown"
             self.run.tags = tuple(dict.fromkeys([*self.run.tags, status]))
@@ -220,10 +227,11 @@ class WandbTrialLogger:
             self._failed("finishing the W&B run", exc)
         with contextlib.suppress(Exception):
             wandb.teardown()  # the worker leaves through os._exit, which skips wandb's atexit hook
-        if self.mode == "offline" or self._broken:
+        if self.mode == "online" and not self._broken:
+            with contextlib.suppress(Exception):
+                _say(f"run: {self.run.url}")
+        elif sync_dir is not None:
             _say(f"offline run saved in {sync_dir}\n[wandb] upload it with: wandb sync {sync_dir}")
-        else:
-            _say(f"run: {self.run.url}")
 
 
 def _init(cfg: Any, run_dir: Path, record: dict, mode: str):
@@ -255,35 +263,33 @@ def open_logger(cfg: Any, run_dir: Path, record: dict):
     """Start this trial's logger. Records where the W&B run lives in `record` (metrics.json)."""
     if cfg.logger.name != "wandb":
         return NullLogger()
+    try:
+        return _open(cfg, run_dir, record)
+    except Exception as exc:  # noqa: BLE001 - whatever goes wrong in W&B, the trial runs on
+        _say(f"could not start ({type(exc).__name__}: {_redact(str(exc))[:300]}); no W&B run")
+        record["wandb_error"] = _redact(f"{type(exc).__name__}: {exc}")[:500]
+        return NullLogger()
+
+
+def _open(cfg: Any, run_dir: Path, record: dict):
     run_dir = Path(run_dir)
     mode, why = resolve_mode(cfg.logger.get("mode", "auto"))
     if mode == "disabled":
         _say(f"disabled ({why})")
         return NullLogger()
-    try:
-        run = _init(cfg, run_dir, record, mode)
-    except Exception as exc:  # noqa: BLE001 - network, auth, server: fall back, never fail the trial
-        if mode == "offline":
-            _say(f"could not start ({type(exc).__name__}: {_redact(str(exc))[:300]}); no W&B run")
+    if mode == "online":
+        try:
+            return _attach(_init(cfg, run_dir, record, "online"), "online", why, cfg, record)
+        except Exception as exc:  # noqa: BLE001 - network, auth, server: fall back to offline files
+            _say(f"online logging failed ({type(exc).__name__}: {_redact(str(exc))[:300]}); "
+                 "logging offline instead")
             record["wandb_error"] = _redact(f"{type(exc).__name__}: {exc}")[:500]
-            return NullLogger()
-        _say(f"online logging failed ({type(exc).__name__}: {_redact(str(exc))[:300]}); logging offline instead")
-        record["wandb_error"] = _redact(f"{type(exc).__name__}: {exc}")[:500]
-        with contextlib.suppress(Exception):
-            import wandb
+            with contextlib.suppress(Exception):
+                import wandb
 
-            wandb.teardown()
-        return open_logger_offline(cfg, run_dir, record)
-    return _attach(run, mode, why, cfg, record)
-
-
-def open_logger_offline(cfg: Any, run_dir: Path, record: dict):
-    try:
-        run = _init(cfg, run_dir, record, "offline")
-    except Exception as exc:  # noqa: BLE001
-        _say(f"offline logging failed too ({type(exc).__name__}); no W&B run")
-        return NullLogger()
-    return _attach(run, "offline", "fallback after an online failure", cfg, record)
+                wandb.teardown()
+            why = "fallback after an online failure"
+    return _attach(_init(cfg, run_dir, record, "offline"), "offline", why, cfg, record)
 
 
 def _attach(run, mode: str, why: str, cfg: Any, record: dict):
