@@ -208,3 +208,37 @@ def test_lever_effect_prefers_controlled_pairs():
 def test_bad_source_is_named():
     with pytest.raises(SystemExit, match="'/nonexistent/x' is neither a directory"):
         cli(["/nonexistent/x"])
+
+
+def test_memory_fields_from_other_modules_show_up(tmp_path):
+    """Keys the memory modules add (budget, prediction, phases, deficit) reach the page when present."""
+    from grpo_sweep.report_html import write_report
+
+    presets = load_presets()
+    base = {**dict.fromkeys(LEVER_NAMES, 1), "lora_target_modules": ["q_proj", "v_proj"]}
+    seed = {**base, **presets["seed_optimized"]}
+    gib = 2**30
+
+    def trial(name, status, levers, **record):
+        return Trial(name=name, record={"status": status, "levers": levers, "budget_bytes": 20 * gib, **record},
+                     config={"objective": "tokens_per_s", "gpu": {"name": "l4_24g", "memory_gib": 22.06}})
+
+    trials = [
+        trial("fits", "ok", {**base, "lora_rank": 16}, tokens_per_s=900.0, peak_memory_bytes=12 * gib,
+              predicted_peak_bytes=13 * gib, peak_phase="backward"),
+        trial("seed", "ok", seed, tokens_per_s=700.0, peak_memory_bytes=15 * gib, predicted_peak_bytes=14 * gib),
+        trial("too big", "oom", {**base, "lora_rank": 64}, oom_phase="logits", deficit_bytes=3 * gib,
+              requested_bytes=4 * gib, error="CUDA out of memory. Tried to allocate 4.00 GiB"),
+        trial("screened", "pruned", {**base, "max_seq_length": 4096}, predicted_peak_bytes=31 * gib),
+    ]
+    for t in trials:
+        t.preset = match_preset(t.levers, presets)
+    page = write_report(trials, tmp_path, title="synthetic").read_text()
+    assert "Budget 20.00 GiB." in page
+    assert '<pre id=best-overrides>python train.py gpu=l4_24g' in page
+    rows = {r["name"]: r for r in table_rows(page)}
+    assert rows["seed"]["preset"] == "seed_optimized" and rows["fits"]["peak_phase"] == "backward"
+    assert rows["too big"]["oom_phase"] == "logits" and rows["too big"]["deficit_gib"] == "3.0"
+    assert rows["screened"]["_status"] == "pruned" and rows["fits"]["_class"] == "feasible best"
+    for png in ("throughput_vs_memory", "predicted_vs_measured", "lever_effects"):
+        assert (tmp_path / f"{png}.png").stat().st_size > 5000

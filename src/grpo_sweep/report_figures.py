@@ -24,12 +24,13 @@ def _save(fig, path: Path) -> Path:
 
 
 def _x_peak(t: Trial) -> float | None:
-    """Where a trial sits on the memory axis: its measured peak, or for OOM/pruned trials what it
-    asked for (requested or predicted bytes) when nothing was measured."""
-    for key in ("peak_memory_bytes", "requested_bytes", "predicted_peak_bytes"):
-        if t.gib(key):
-            return t.gib(key)
-    return None
+    """Where a trial sits on the memory axis: the measured peak; for an OOM, what it needed (budget +
+    deficit) when known; for a pruned trial, the estimator's prediction."""
+    if t.category == "oom" and t.gib("budget_bytes") and t.gib("deficit_bytes"):
+        return t.gib("budget_bytes") + t.gib("deficit_bytes")
+    order = ("predicted_peak_bytes", "peak_memory_bytes") if t.category == "pruned" else (
+        "peak_memory_bytes", "predicted_peak_bytes")
+    return next((t.gib(k) for k in order if t.gib(k)), None)
 
 
 def throughput_vs_memory(trials: list[Trial], path: Path, *, budget: float | None, best: Trial | None) -> Path | None:
@@ -56,7 +57,7 @@ def throughput_vs_memory(trials: list[Trial], path: Path, *, budget: float | Non
             ax.annotate(t.preset, (x, t.objective or 0.0), textcoords="offset points", xytext=(8, 8),
                         fontsize=8, color="#264653")
     ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(-0.03 * ax.get_ylim()[1], ax.get_ylim()[1])  # room for the markers of trials at 0
     ax.set_xlabel("peak memory (GiB)")
     ax.set_ylabel(f"{objective} (0 = did not finish)")
     ax.set_title("Throughput vs peak memory, one point per trial")

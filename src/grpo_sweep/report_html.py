@@ -194,7 +194,9 @@ def write_report(trials: list[Trial], out: Path, *, title: str, importances: dic
         + "</p>",
         "<h2>Best config</h2>" + best_html,
         "<h2>Throughput vs peak memory</h2>"
-        + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory."),
+        + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
+        + '<p class="note">OOM trials sit at budget + deficit (what they needed) when both are known, '
+        "else at the peak reached before the failure; pruned trials at their predicted peak.</p>",
         "<h2>Each lever's measured effect</h2>" + effects_table(lever_effects(trials), objective)
         + _figure(effects_png, "lever effects", "No lever varied across trials."),
         "<h2>Reward curves</h2>" + _figure(rewards, "reward curves", "No trial logged a reward."),

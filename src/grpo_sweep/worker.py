@@ -107,7 +107,8 @@ def main(container: dict, run_dir: str) -> None:
 
         tokenizer = load_tokenizer(cfg, task.corpus())
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe, on_step=wb.log_step)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
+        meter.on_step = wb.log_step  # per-step rows to W&B (no-op without logger=wandb)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
             callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
