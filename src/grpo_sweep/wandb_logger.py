@@ -176,10 +176,7 @@ def summary_metrics(record: dict, objective: str) -> dict:
     if _number(measured) and _number(predicted) and measured > 0:
         out["predicted_error_pct"] = 100.0 * (predicted - measured) / measured
     requested, effective = record.get("levers") or {}, record.get("effective") or {}
-    out["requested"], out["effective"] = requested, effective
-    out["levers_changed_by_backend"] = sorted(
-        k for k, v in requested.items() if k in effective and effective[k] is not None and effective[k] != v
-    )
+    out["requested"], out["effective"] = requested, effective  # (lever_mismatch, when recorded, too)
     return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
 
 

@@ -82,9 +82,9 @@ def main(container: dict, run_dir: str) -> None:
 
     cfg = OmegaConf.create(container)
     record = empty_metrics("failed", None, requested_levers(cfg))
+    wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     probe = None
-    wb = None  # the trial's W&B run (wandb_logger.py); a no-op unless logger=wandb
     try:
         import torch
 
@@ -97,23 +97,23 @@ def main(container: dict, run_dir: str) -> None:
         backend_name = resolve_backend(cfg.backend.name, on_cuda)
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
-        from .wandb_logger import open_logger
-
-        wb = open_logger(cfg, run_path, record)
         backend = get_backend(backend_name)
         probe = memory_probe(on_cuda)
         task = get_task(cfg)
         from .models import load_tokenizer
 
         tokenizer = load_tokenizer(cfg, task.corpus())
+        from .wandb_logger import open_logger  # imports wandb only when logger=wandb
+
+        wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
         meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
-        meter.on_step = wb.log_step  # per-step rows to W&B (no-op without logger=wandb)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
             callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
         )
         trainer = backend.build_trainer(cfg, ctx)
+        meter.on_step = wb.log_step  # each step's row to W&B too
         prompt_tokens = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in dataset["prompt"])
         effective = backend.effective(trainer)
         effective["max_prompt_tokens"] = prompt_tokens
