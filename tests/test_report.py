@@ -242,3 +242,30 @@ def test_memory_fields_from_other_modules_show_up(tmp_path):
     assert rows["screened"]["_status"] == "pruned" and rows["fits"]["_class"] == "feasible best"
     for png in ("throughput_vs_memory", "predicted_vs_measured", "lever_effects"):
         assert (tmp_path / f"{png}.png").stat().st_size > 5000
+
+
+def test_report_reads_a_journal_study_with_importances(tmp_path):
+    """The sweeper's default storage (a journal file), trials known only from their user attrs."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    path = tmp_path / "study.journal"
+    study = optuna.create_study(study_name="j", direction="maximize",
+                                storage=optuna.storages.JournalStorage(JournalFileBackend(str(path))))
+    dists = {"lora_rank": optuna.distributions.IntDistribution(8, 64),
+             "per_device_train_batch_size": optuna.distributions.IntDistribution(1, 8)}
+    for i, (rank, batch, tps) in enumerate([(8, 2, 500.0), (16, 4, 900.0), (64, 8, 1200.0), (32, 2, 450.0)]):
+        status = "oom" if i == 2 else "ok"
+        study.add_trial(optuna.trial.create_trial(
+            params={"lora_rank": rank, "per_device_train_batch_size": batch}, distributions=dists,
+            value=tps if status == "ok" else 0.0, state=optuna.trial.TrialState.COMPLETE,
+            user_attrs={"status": status, "tokens_per_s": tps if status == "ok" else None,
+                        "peak_memory_bytes": (rank + 10 * batch) * 2**24,
+                        "levers": {"lora_rank": rank, "per_device_train_batch_size": batch}}))
+    assert cli([f"journal:{path}", "--out", str(tmp_path / "out")]) == 0  # the only study: no --study needed
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert '<img src="param_importances.png"' in page
+    assert (tmp_path / "out" / "param_importances.png").stat().st_size > 3000
+    rows = {r["name"]: r for r in table_rows(page)}
+    assert rows["trial 2"]["_status"] == "oom" and rows["trial 1"]["_class"] == "feasible best"
+    assert "<pre id=best-overrides>python train.py per_device_train_batch_size=4 lora_rank=16</pre>" in page

@@ -98,12 +98,13 @@ def load_dir(root: Path) -> list[Trial]:
 
 
 def open_storage(source: str):
-    """An Optuna storage from a URL (sqlite:///..., postgresql://...), a .db file or a journal file."""
+    """An Optuna storage from a URL (sqlite:///..., postgresql://...), a .db file, or a journal file
+    (`journal:PATH`, as the sweeper's `storage` setting spells it, or a plain path)."""
     import optuna
 
-    if "://" in source:
+    if "://" in source and not source.startswith("journal:"):
         return source
-    path = Path(source)
+    path = Path(source[len("journal:"):] if source.startswith("journal:") else source)
     if not path.exists():
         raise SystemExit(f"grpo-sweep report: {source!r} is neither a directory, a storage URL nor a file")
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
@@ -263,7 +264,11 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
 
 
 def overrides(trial: Trial) -> str:
-    """The trial's config as the command line that reruns it."""
+    """The trial's config as the command line that reruns it (the sweeper's own overrides if stored)."""
+    if isinstance(trial.record.get("overrides"), list) and trial.record["overrides"]:
+        import shlex
+
+        return "python train.py " + " ".join(shlex.quote(str(o)) for o in trial.record["overrides"])
     parts = []
     for group in ("model", "gpu"):
         name = (trial.config.get(group) or {}).get("name")
