@@ -104,7 +104,7 @@ def open_storage(source: str):
 
     if "://" in source and not source.startswith("journal:"):
         return source
-    path = Path(source[len("journal:"):] if source.startswith("journal:") else source)
+    path = Path(source.removeprefix("journal:"))
     if not path.exists():
         raise SystemExit(f"grpo-sweep report: {source!r} is neither a directory, a storage URL nor a file")
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
