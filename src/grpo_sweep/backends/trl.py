@@ -135,7 +135,9 @@ def effective(trainer) -> dict:
         "lora_rank": peft_cfg.r if peft_cfg else None,
         "lora_target_modules": sorted(peft_cfg.target_modules) if peft_cfg else None,
         "load_in_4bit": bool(quant and _get(quant, "load_in_4bit")) or _has_4bit_layers(model),
-        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        # TRL can switch checkpointing on for k-bit models: read the model, not only the args.
+        "gradient_checkpointing": bool(args.gradient_checkpointing)
+        or bool(getattr(model, "is_gradient_checkpointing", False)),
     }
 
 
