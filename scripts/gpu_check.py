@@ -23,7 +23,6 @@ import glob
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -69,7 +68,7 @@ def plan(cpu: bool) -> dict:
 
 class Log:
     def __init__(self, path: Path):
-        self.file = open(path, "w", buffering=1)
+        self.file = open(path, "w", buffering=1)  # noqa: SIM115 - open for the whole check
 
     def section(self, title: str, text: str) -> None:
         self.file.write(f"\n===== {title} =====\n{text}\n")
@@ -79,7 +78,7 @@ def run(cmd: list[str], timeout: float, log: Log, title: str) -> dict:
     started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc = "timeout"
@@ -169,13 +168,16 @@ def sweep(overrides: list[str], timeout: float, log: Log) -> dict:
 
 
 def environment(cpu: bool) -> dict:
-    import torch
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_dry_run": cpu,
-           "cuda": torch.cuda.is_available()}
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, total_memory_bytes=int(props.total_memory), cuda_version=torch.version.cuda)
+    """Versions and the card, read in a throw-away process: this one never holds a CUDA context."""
+    probe = (
+        "import json, platform, torch; c = torch.cuda.is_available(); p = c and torch.cuda.get_device_properties(0);"
+        "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__, 'cuda': c,"
+        " 'gpu': p.name if c else None, 'total_memory_bytes': int(p.total_memory) if c else None,"
+        " 'cuda_version': torch.version.cuda}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    env = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"probe_error": proc.stderr[-500:], "cuda": False}
+    env["cpu_dry_run"] = cpu
     for mod in ("trl", "transformers", "peft", "hydra", "optuna", "bitsandbytes", "vllm", "unsloth"):
         spec = importlib.util.find_spec(mod)
         env[f"has_{mod}"] = spec is not None
@@ -203,7 +205,7 @@ def table(results: dict) -> str:
     if sw:
         for i, t in enumerate(sw["trials"]):
             tps = t.get("tokens_per_s")
-            rows.append(f"{'sweep/' + str(i):<9} {str(t.get('status')):<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
+            rows.append(f"{'sweep/' + str(i):<9} {t.get('status')!s:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
                         f"{gib(t.get('peak_memory_bytes')):>9} {'-':>8} {'-':>11} {round(t.get('wall_time_s') or 0, 1):>7}")
     return "\n".join(rows)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import FAST, compose, load_metrics, run_train
+
 from grpo_sweep import backends
 from grpo_sweep.backends import trl as trl_backend
 from grpo_sweep.backends import trl_vllm, unsloth

@@ -115,7 +115,8 @@ def random_model_dir(cfg: Any, tokenizer, on_cuda: bool) -> Path:
             "arch": arch,
             "seed": cfg.seed,
             "dtype": str(torch_dtype(cfg, on_cuda)),
-            "max_seq_length": cfg.max_seq_length,
+            # Only what reaches the config: a longer max_seq_length changes max_position_embeddings.
+            "positions": max(arch["max_position_embeddings"], cfg.max_seq_length),
             "vocab": sorted(tokenizer.get_vocab().items()),
             "special": [tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id],
         },
