@@ -9,6 +9,7 @@ reason where they are absent (run them on a GPU machine: scripts/gpu_check.sh).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 from types import SimpleNamespace
@@ -270,3 +271,30 @@ def test_random_model_checkpoint_roundtrip(tmp_path, monkeypatch):
         assert torch.equal(loaded(ids).logits, build_random(cfg, tok, on_cuda=False)(ids).logits)
     other = compose(["model=tiny", "seed=1"])
     assert materialize_random(other, tok, on_cuda=False) != path  # the seed is part of the key
+
+
+# --- the prepared device check: every case it will run is a valid configuration ----------------
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu-dry-run"])
+def test_gpu_check_cases_compose_and_validate(cpu):
+    """Device time is scarce: a typo in an override must fail here, not on the H200."""
+    for name, overrides in _gpu_check().plan(cpu).items():
+        if overrides is None:
+            continue
+        cfg = compose(overrides)
+        try:
+            validate(cfg, cuda=not cpu)
+        except ConfigError as err:  # 4-bit needs bitsandbytes, carried only to the device
+            assert name == "nf4" and "bitsandbytes" in str(err), (name, err)
+        if not cpu:
+            assert cfg.model.arch.hidden_size == 896 and cfg.model.source == "random"
+    oom = compose(_gpu_check().plan(False)["oom"])
+    assert oom.gpu.memory_gib == 2.0 and oom.per_device_train_batch_size * oom.max_seq_length >= 16 * 1024
