@@ -62,7 +62,11 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     container = OmegaConf.to_container(cfg, resolve=True)
     from . import worker
 
-    ctx = _context(cfg.trial.start_method)
+    from .backends import resolve_backend, start_method
+    from .schema import cuda_available
+
+    backend = resolve_backend(cfg.backend.name, cfg.backend.name == "auto" and cuda_available())
+    ctx = _context(start_method(backend, cfg.trial.start_method))  # spawn for Unsloth (backends/__init__)
     proc = ctx.Process(target=worker.main, args=(container, str(run_dir)), name="grpo-sweep-trial")
     started = time.monotonic()
     proc.start()

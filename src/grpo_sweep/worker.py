@@ -88,7 +88,9 @@ def main(container: dict, run_dir: str) -> None:
     try:
         import torch
 
-        from .backends import get_backend, resolve_backend
+        from .backends import get_backend, prepare_imports, resolve_backend
+
+        prepare_imports(resolve_backend(cfg.backend.name, torch.cuda.is_available()), cfg)  # Unsloth first
         from .meter import StepMeter, memory_probe
         from .schema import generation_batch_size
         from .tasks import get_task
@@ -119,6 +121,14 @@ def main(container: dict, run_dir: str) -> None:
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
+        from .backends.readback import format_mismatch, lever_mismatch
+
+        record["lever_mismatch"] = lever_mismatch(
+            record["levers"], effective, worst_case_lengths=cfg.trial.worst_case_lengths
+        )
+        if record["lever_mismatch"]:
+            print(f"[trial] WARNING levers changed by {backend_name}: {format_mismatch(record['lever_mismatch'])}"
+                  " (metrics.json lever_mismatch; throughput is for the effective values)", flush=True)
         record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         inject_fault(cfg.trial.debug_fault)
         trainer.train()
