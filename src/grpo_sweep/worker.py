@@ -84,11 +84,13 @@ def main(container: dict, run_dir: str) -> None:
     record = empty_metrics("failed", None, requested_levers(cfg))
     meter = None
     probe = None
+    memory = None  # meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
+    oom, exc_seen = False, None
     try:
         import torch
 
         from .backends import get_backend, resolve_backend
-        from .meter import StepMeter, memory_probe
+        from .meter import MemoryMeter, StepMeter
         from .schema import generation_batch_size
         from .tasks import get_task
 
@@ -97,16 +99,17 @@ def main(container: dict, run_dir: str) -> None:
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
         backend = get_backend(backend_name)
-        probe = memory_probe(on_cuda)
+        memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
+        probe = memory.probe
         task = get_task(cfg)
         from .models import load_tokenizer
 
         tokenizer = load_tokenizer(cfg, task.corpus())
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe, tracking=memory.tracking)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
-            callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
+            callbacks=[meter, memory.callback()], run_dir=run_path, on_cuda=on_cuda,
         )
         trainer = backend.build_trainer(cfg, ctx)
         prompt_tokens = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in dataset["prompt"])
@@ -116,10 +119,12 @@ def main(container: dict, run_dir: str) -> None:
         record["effective"] = effective
         record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         inject_fault(cfg.trial.debug_fault)
-        trainer.train()
+        memory.attach(trainer)
+        with memory.running():
+            trainer.train()
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
-        oom = is_oom(exc)
+        oom, exc_seen = is_oom(exc), exc
         record["status"] = "oom" if oom else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
         if not oom:
@@ -130,7 +135,9 @@ def main(container: dict, run_dir: str) -> None:
             summary.pop("_measured_time_s", None)
             record.update(summary)
             record["history"] = meter.rows
-        if probe is not None:
+        if memory is not None:
+            record.update(memory.result(exc_seen, oom))
+        elif probe is not None:
             record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
         sys.stdout.flush()
