@@ -259,7 +259,11 @@ class TensorTracker(TorchDispatchMode):
                 if isinstance(leaf, torch.Tensor):
                     new += self._track(leaf)
         if new:
-            self._grew(new)
+            try:
+                self._grew(new)
+            except torch.OutOfMemoryError:
+                del out  # the traceback keeps this frame: release the refused bytes now
+                raise
         return out
 
     # --- wiring to a trainer ------------------------------------------------------------------

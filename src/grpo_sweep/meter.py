@@ -280,8 +280,8 @@ class MemoryMeter:
             return self.tracker.peak, "cpu-tracker"
         return cuda_peak_bytes(), "cuda"
 
-    def result(self, exc: BaseException | None = None, oom: bool = False) -> dict:
-        """The memory keys of metrics.json; with an OOM, its phase and its parsed numbers."""
+    def result(self, oom_text: str | None = None) -> dict:
+        """The memory keys of metrics.json; given an OOM's message, its phase and parsed numbers."""
         from .oom_message import parse_oom_message
 
         out = {
@@ -312,8 +312,8 @@ class MemoryMeter:
                 memory_cap=self.cap,
                 memory_source="cuda",
             )
-        if oom and exc is not None:
-            parsed = parse_oom_message(str(exc))
+        if oom_text is not None:
+            parsed = parse_oom_message(oom_text)
             refused = self.tracker.oom if self.tracker is not None else None
             out["oom_phase"] = refused["phase"] if refused else self.phases.oom_phase()
             for key in ("requested_bytes", "free_bytes", "deficit_bytes"):

@@ -85,7 +85,7 @@ def main(container: dict, run_dir: str) -> None:
     meter = None
     probe = None
     memory = None  # meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
-    oom, exc_seen = False, None
+    oom, error_text = False, ""
     try:
         import torch
 
@@ -124,7 +124,7 @@ def main(container: dict, run_dir: str) -> None:
             trainer.train()
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
-        oom, exc_seen = is_oom(exc), exc
+        oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
         record["status"] = "oom" if oom else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
         if not oom:
@@ -136,7 +136,7 @@ def main(container: dict, run_dir: str) -> None:
             record.update(summary)
             record["history"] = meter.rows
         if memory is not None:
-            record.update(memory.result(exc_seen, oom))
+            record.update(memory.result(error_text if oom else None))
         elif probe is not None:
             record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
