@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from conftest import FAST, compose, load_metrics
-from grpo_sweep.budget import budget_bytes, simulated_oom_error, vllm_utilization
+from grpo_sweep.budget import budget_bytes, capped_free_bytes, simulated_oom_error, vllm_utilization
 from grpo_sweep.memtracker import CATEGORIES, PHASES, TensorTracker
+from grpo_sweep.meter import NvmlPeakSampler
 from grpo_sweep.metrics import REQUIRED_KEYS
 from grpo_sweep.oom_message import parse_oom_message
 from grpo_sweep.trial import run_trial
@@ -62,6 +63,21 @@ def test_budget_helpers():
     assert isinstance(err, torch.OutOfMemoryError)
     assert parse_oom_message(str(err))["deficit_bytes"] == pytest.approx(2**30, rel=0.01)
 
+    assert capped_free_bytes(str(err)) is None  # no cap: the message's own free memory stands
+    sampler = NvmlPeakSampler().start()  # no GPU here: a no-op, never an error
+    sampler.stop()
+    assert sampler.peak_bytes is None or torch.cuda.is_available()
+
+
+def test_free_memory_on_a_capped_card_comes_from_the_allowance():
+    """PyTorch's message under set_per_process_memory_fraction (an L4 budget on an H100)."""
+    text = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.01 GiB. GPU 0 has a total "
+        "capacity of 79.11 GiB of which 57.20 GiB is free. Including non-PyTorch memory, this process "
+        "has 21.90 GiB memory in use. 22.06 GiB allowed; Of the allocated memory 19.10 GiB is allocated "
+        "by PyTorch, and 0.24 GiB is reserved by PyTorch but unallocated."
+    )
+    assert capped_free_bytes(text) == pytest.approx((22.06 - 19.10 - 0.24) * 2**30, abs=2**20)
 
 @pytest.fixture(scope="module")
 def trials(tmp_path_factory):

@@ -77,3 +77,26 @@ def vllm_utilization(util: float, target_bytes: int | None, actual_bytes: int) -
     if target_bytes is None or target_bytes >= actual_bytes:
         return util
     return util * target_bytes / actual_bytes
+
+
+def capped_free_bytes(text: str) -> int | None:
+    """What was free *on the target card* in a CUDA OOM raised under `cap_cuda_process`.
+
+    Under a memory fraction PyTorch's message names the real card's free memory ("of which
+    100 GiB is free") and then the cap ("22.06 GiB allowed;"); the target card's free memory is
+    the allowance minus what PyTorch holds (allocated + reserved but unallocated). None when the
+    message has no "allowed" part (no cap was set).
+    """
+    import re
+
+    from .oom_message import to_bytes
+
+    flat = " ".join(text.split())
+    size = r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB)"
+    allowed = re.search(size + r" allowed;", flat)
+    allocated = re.search(r"Of the allocated memory " + size + r" is allocated by PyTorch", flat)
+    reserved = re.search(r"and " + size + r" is reserved by PyTorch but unallocated", flat)
+    if not (allowed and allocated):
+        return None
+    held = to_bytes(*allocated.groups()) + (to_bytes(*reserved.groups()) if reserved else 0)
+    return max(to_bytes(*allowed.groups()) - held, 0)

@@ -147,7 +147,7 @@ class NvmlPeakSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self._handle = _nvml_handle(pynvml, self.device_index)
         except Exception:  # noqa: BLE001 - no NVML, no driver, no GPU: nothing to sample
             return self
         import threading
@@ -190,6 +190,17 @@ class NvmlPeakSampler:
 
 
 MEASURE_STEPS = 2  # tracked steps when the tracker need not run on every step
+
+
+def _nvml_handle(pynvml, device_index: int):
+    """NVML's handle for torch's CUDA device (NVML ignores CUDA_VISIBLE_DEVICES: match by UUID)."""
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
+    except Exception:  # noqa: BLE001 - older torch without .uuid, MIG: fall back to the index
+        return pynvml.nvmlDeviceGetHandleByIndex(device_index)
 
 
 class MemoryMeter:
@@ -282,6 +293,7 @@ class MemoryMeter:
 
     def result(self, oom_text: str | None = None) -> dict:
         """The memory keys of metrics.json; given an OOM's message, its phase and parsed numbers."""
+        from .budget import capped_free_bytes
         from .oom_message import parse_oom_message
 
         out = {
@@ -316,6 +328,11 @@ class MemoryMeter:
             parsed = parse_oom_message(oom_text)
             refused = self.tracker.oom if self.tracker is not None else None
             out["oom_phase"] = refused["phase"] if refused else self.phases.oom_phase()
+            capped_free = capped_free_bytes(oom_text)
+            if capped_free is not None:  # CUDA under a fraction cap: free on the target, not the real card
+                parsed["free_bytes"] = capped_free
+                if "requested_bytes" in parsed:
+                    parsed["deficit_bytes"] = max(parsed["requested_bytes"] - capped_free, 0)
             for key in ("requested_bytes", "free_bytes", "deficit_bytes"):
                 out[key] = parsed.get(key)
         return out
