@@ -41,9 +41,8 @@ def main(overrides: list[str]) -> int:
         trainer = get_backend("trl").build_trainer(cfg, ctx)
         memory.attach(trainer)
         start = memory.tracker.live
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            with memory.running():
-                trainer.train()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, memory.running():
+            trainer.train()
     events = sorted(
         (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
     )

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -147,7 +148,7 @@ class Phases:
 
 
 class _Entry:
-    __slots__ = ("nbytes", "category", "born", "ref")
+    __slots__ = ("born", "category", "nbytes", "ref")
 
     def __init__(self, nbytes: int, category: str, born: int):
         self.nbytes, self.category, self.born, self.ref = nbytes, category, born, None
@@ -246,8 +247,7 @@ class TensorTracker(TorchDispatchMode):
             raise make(new_bytes, before, self.budget_bytes, self.phases.current)
         peaks = self.category_peaks
         for category, value in self.by_category.items():
-            if value > peaks[category]:
-                peaks[category] = value
+            peaks[category] = max(peaks[category], value)
         if self.live > self.peak:
             self.peak = self.live
             self.peak_breakdown = dict(self.by_category)

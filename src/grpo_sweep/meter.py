@@ -142,7 +142,7 @@ class NvmlPeakSampler:
         self._stop = None
         self._thread = None
 
-    def start(self) -> "NvmlPeakSampler":
+    def start(self) -> NvmlPeakSampler:
         try:
             import pynvml
 
