@@ -14,6 +14,12 @@ REQUIRED_KEYS = (
     "reward_mean", "reward_std", "peak_memory_bytes", "memory_source", "trainable_params", "device",
     "backend", "versions", "lever_mismatch",
 )
+# Memory truth (issue 3): the peak by category and phase, the enforced budget, an OOM's numbers.
+MEMORY_KEYS = (
+    "peak_memory_breakdown", "peak_phase", "budget_bytes", "simulated_device",
+    "oom_phase", "requested_bytes", "free_bytes", "deficit_bytes",
+)
+REQUIRED_KEYS = REQUIRED_KEYS + MEMORY_KEYS
 
 
 def empty_metrics(status: str, error: str | None, levers: dict) -> dict:

@@ -85,13 +85,15 @@ def main(container: dict, run_dir: str) -> None:
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     probe = None
+    memory = None  # meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
+    oom, error_text = False, ""
     try:
         import torch
 
         from .backends import get_backend, prepare_imports, resolve_backend
 
         prepare_imports(resolve_backend(cfg.backend.name, torch.cuda.is_available()), cfg)  # Unsloth first
-        from .meter import StepMeter, memory_probe
+        from .meter import MemoryMeter, StepMeter
         from .schema import generation_batch_size
         from .tasks import get_task
 
@@ -100,7 +102,8 @@ def main(container: dict, run_dir: str) -> None:
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
         backend = get_backend(backend_name)
-        probe = memory_probe(on_cuda)
+        memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
+        probe = memory.probe
         task = get_task(cfg)
         from .models import load_tokenizer
 
@@ -109,10 +112,10 @@ def main(container: dict, run_dir: str) -> None:
 
         wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe, tracking=memory.tracking)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
-            callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
+            callbacks=[meter, memory.callback()], run_dir=run_path, on_cuda=on_cuda,
         )
         trainer = backend.build_trainer(cfg, ctx)
         meter.on_step = wb.log_step  # each step's row to W&B too
@@ -131,10 +134,12 @@ def main(container: dict, run_dir: str) -> None:
                   " (metrics.json lever_mismatch; throughput is for the effective values)", flush=True)
         record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         inject_fault(cfg.trial.debug_fault)
-        trainer.train()
+        memory.attach(trainer)
+        with memory.running():
+            trainer.train()
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
-        oom = is_oom(exc)
+        oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
         record["status"] = "oom" if oom else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
         if not oom:
@@ -146,7 +151,9 @@ def main(container: dict, run_dir: str) -> None:
             record.update(summary)
             record["history"] = meter.rows
             record["first_step_begin_unix"] = meter.first_step_begin_unix
-        if probe is not None:
+        if memory is not None:
+            record.update(memory.result(error_text if oom else None))
+        elif probe is not None:
             record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
         if wb is not None:
