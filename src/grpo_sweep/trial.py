@@ -65,7 +65,11 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     proc = ctx.Process(target=worker.main, args=(container, str(run_dir)), name="grpo-sweep-trial")
     started = time.monotonic()
     proc.start()
-    proc.join(cfg.trial.timeout_s)
+    try:
+        proc.join(cfg.trial.timeout_s)
+    except BaseException:  # interrupted (SIGINT/SIGTERM in a sweep): the trial must not outlive us
+        _kill_group(proc.pid)
+        raise
     timed_out = proc.is_alive()
     if timed_out:
         _kill_group(proc.pid)
