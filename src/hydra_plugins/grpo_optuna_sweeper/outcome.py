@@ -1,6 +1,7 @@
 """A trial's metrics.json -> what Optuna is told: state, objective value, the memory constraint, attributes.
 
-- ok: COMPLETE with the objective; constraint `memory_over_budget_bytes` = peak - allowed (<= 0 fits).
+- ok: COMPLETE with the objective; constraint `memory_over_budget_bytes` = peak - allowed (<= 0 fits;
+  0 when there is no budget or no device-comparable peak: it ran without OOM).
 - oom: COMPLETE but infeasible: constraint = the deficit (bytes over the budget), so constraint-aware
   samplers (TPE, GP, NSGA-II read `trial.constraints` in Optuna 5) learn where the wall is. The value
   is the worst possible (0 tokens/s when maximising): an OOM produced nothing.
@@ -43,7 +44,7 @@ def comparable(record: dict) -> bool:
     """Whether the measured peak is device memory (CUDA, or the CPU tensor tracker on a simulated card).
 
     Process RSS on CPU includes the whole Python/torch runtime (~0.4 GiB), so it says nothing about
-    whether the tensors would fit a card: such trials get no memory constraint.
+    whether the tensors would fit a card: such trials are feasible (they did not OOM), constraint 0.
     """
     return not str(record.get("memory_source") or "").startswith("cpu-rss")
 
@@ -85,7 +86,9 @@ def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: 
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             attrs["error"] = f"objective {objective!r} is not a number in metrics.json: {value!r}"
             return Outcome("FAIL", attrs=attrs)
-        constraint = None
+        # Every COMPLETE trial carries the constraint (GPSampler requires the same constraints on all).
+        # It ran without OOM, so when its peak cannot be compared with the card it is feasible: 0.
+        constraint = 0.0
         if allowed is not None and peak is not None and comparable(record):
             constraint = float(peak - allowed)
         return Outcome("COMPLETE", float(value), constraint, attrs)

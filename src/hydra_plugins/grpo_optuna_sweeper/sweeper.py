@@ -30,14 +30,15 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 
 
-class _Interrupted(Exception):
+class _Interrupted(BaseException):
+    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt: Hydra's run_job turns any Exception
+    raised inside a job into a failed JobReturn, and an interruption must stop the sweep instead."""
+
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
-def _raise_interrupt(signum, _frame):
-    raise _Interrupted(signum)
 
 
 class GrpoOptunaSweeper(Sweeper):
@@ -85,8 +86,9 @@ class GrpoOptunaSweeper(Sweeper):
         )
         if conf.warm_start:
             self._enqueue_presets(study)
-        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt),
-                    signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupt)}
+        self._stop_signal, self._in_job = None, False
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
+                    signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal)}
         try:
             self._loop(study)
         except _Interrupted as stop:
@@ -97,6 +99,17 @@ class GrpoOptunaSweeper(Sweeper):
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self._write_report(study)
+
+    def _on_signal(self, signum, _frame):
+        """Stop now while a job runs (the trial is killed with it); else at the next safe point, so a
+        storage write (a journal append under its lock file) is never cut in half."""
+        self._stop_signal = signum
+        if self._in_job:
+            raise _Interrupted(signum)
+
+    def _check_stop(self) -> None:
+        if self._stop_signal is not None:
+            raise _Interrupted(self._stop_signal)
 
     # ---------------------------------------------------------------- study
     def _open_study(self) -> Any:
@@ -171,6 +184,7 @@ class GrpoOptunaSweeper(Sweeper):
 
         waited = False
         while True:
+            self._check_stop()
             stale = fail_stale_trials(study, self.grace_period, self.conf.max_retry)
             if stale:
                 log.warning("Trials %s stopped beating (worker gone): FAIL, re-enqueued", stale)
@@ -210,8 +224,13 @@ class GrpoOptunaSweeper(Sweeper):
                 return
             from .storage import Heartbeat
 
+            self._check_stop()
             with Heartbeat(study, [t._trial_id for t, _ in launch], self.conf.heartbeat_interval):
-                returns = self.launcher.launch([o for _, o in launch], initial_job_idx=self.job_idx)
+                self._in_job = True
+                try:
+                    returns = self.launcher.launch([o for _, o in launch], initial_job_idx=self.job_idx)
+                finally:
+                    self._in_job = False
             self.job_idx += len(launch)
             for (trial, _), ret in zip(launch, returns):
                 self._tell(study, trial, self._judge(trial, ret))
@@ -352,7 +371,7 @@ def _fixed_in(trial: Any, key: str) -> bool:
 
 def _budget_bytes(cfg: DictConfig) -> Optional[float]:
     gib = OmegaConf.select(cfg, "gpu.memory_gib", default=None)
-    return float(gib) * GIB if gib is not None else None
+    return int(float(gib) * GIB) if gib is not None else None
 
 
 def _mask_storage_in(config: DictConfig, url: str) -> None:
