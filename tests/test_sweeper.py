@@ -10,11 +10,21 @@ import importlib.util
 import math
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
-
-from test_sweeper_helpers import SMALL, counted, load_study, read_csv, run, start, sweep_cmd, wait_for
+from test_sweeper_helpers import (
+    SMALL,
+    counted,
+    load_study,
+    read_csv,
+    run,
+    start,
+    sweep_cmd,
+    trials_so_far,
+    wait_for,
+)
 
 HAS_BUDGET_TRACKER = importlib.util.find_spec("grpo_sweep.memtracker") is not None
 
@@ -50,7 +60,7 @@ def test_metrics_to_optuna_outcome():
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 
     gib = 2**30
-    common = dict(objective="tokens_per_s", direction="maximize", budget_bytes=1 * gib, headroom=None)
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": 1 * gib, "headroom": None}
     ok = judge({"status": "ok", "tokens_per_s": 100.0, "peak_memory_bytes": 0.75 * gib,
                 "memory_source": "cuda"}, **common)
     assert (ok.state, ok.value, ok.constraint) == ("COMPLETE", 100.0, -0.25 * gib)
@@ -103,7 +113,7 @@ def test_tiny_cpu_sweep(tmp_path):
     assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "lora"} <= set(rows[0])
     for t in trials:  # the W&B grouping keys reached each trial's config
         run_dir = t.user_attrs["run_dir"]
-        config = yaml.safe_load(open(f"{run_dir}/config.yaml"))
+        config = yaml.safe_load(Path(run_dir, "config.yaml").read_text())
         assert (config["trial"]["study"], config["trial"]["number"]) == ("tiny_cpu", t.number)
     assert "Best: trial" in result.stdout and "optuna-dashboard" in result.stdout
     if not HAS_BUDGET_TRACKER:
@@ -140,9 +150,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     proc = start(cmd, tmp_path / "first.log")
     try:
         def one_done_one_running():
-            if not (tmp_path / "study.journal").exists():
-                return False
-            states = [t.state.name for t in load_study(journal).trials]
+            states = [t.state.name for t in trials_so_far(journal)]
             return "COMPLETE" in states and "RUNNING" in states
         wait_for(one_done_one_running, timeout=300)
         time.sleep(1.0)
@@ -154,6 +162,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     before = {t.number: t for t in load_study(journal).trials}
     done = {n: t.value for n, t in before.items() if t.state.name == "COMPLETE"}
     interrupted = [t for t in before.values() if t.user_attrs.get("status") == "interrupted"]
+    wait_for(lambda: not _trial_processes(tmp_path), timeout=15)  # the trial's process died with the sweep
     assert len(interrupted) == 1 and interrupted[0].state.name == "FAIL"
     assert [t.state.name for t in before.values()].count("WAITING") == 1  # its retry, queued
 
@@ -196,3 +205,44 @@ def test_estimator_prescreen_prunes_without_running(tmp_path):
         assert "run_dir" not in t.user_attrs and not list(tmp_path.glob("trial_*/metrics.json"))
     rows = read_csv(tmp_path / "trials.csv")
     assert all(int(r["predicted_peak_bytes"]) > 0 for r in rows)
+
+
+def _trial_processes(sweep_dir) -> list[int]:
+    """Processes that still hold a trial.log under sweep_dir open (a trial child outliving its sweep)."""
+    import os
+    from pathlib import Path
+
+    pids = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                targets = [os.readlink(fd) for fd in (proc_dir / "fd").iterdir()]
+            except OSError:
+                continue
+            if any(t.startswith(str(sweep_dir)) and t.endswith("trial.log") for t in targets):
+                pids.append(int(proc_dir.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
+    """seed_optimized is trial 0 (its levers, where the space allows, as parameters); best.yaml has the ratio.
+
+    The preset's 4-bit weights need CUDA, so this CPU test pins load_in_4bit=false and a short sequence
+    on the command line (explicit keys win over the preset, as in `python train.py preset=...`).
+    """
+    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.warm_start=true",
+                           "hydra.sweeper.presets=[seed_optimized]", "load_in_4bit=false",
+                           "max_seq_length=64", "max_prompt_length=32"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    first = study.trials[0]
+    assert first.user_attrs["preset"] == "seed_optimized" and "preset=seed_optimized" in first.user_attrs["overrides"]
+    assert first.params == {"per_device_train_batch_size": 2, "lora_rank": 16}  # seed_optimized's values
+    levers = first.user_attrs["levers"]
+    assert (levers["gradient_accumulation_steps"], levers["num_generations"]) == (2, 2)  # from the preset
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert first.user_attrs["status"] == "ok"
+    ratio = best["vs_presets"]["seed_optimized"]["ratio"]
+    assert ratio == pytest.approx(best["best_value"] / first.value) and ratio >= 1.0
+    assert "vs seed_optimized:" in result.stdout

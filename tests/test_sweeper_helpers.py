@@ -21,13 +21,13 @@ def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu") -> list[str]
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    out = open(log, "w")
+    out = open(log, "w")  # noqa: SIM115 - the child writes it until it exits
     return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
 def load_study(storage: str, name: str = "tiny_cpu"):
@@ -40,6 +40,16 @@ def load_study(storage: str, name: str = "tiny_cpu"):
 
         return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(journal_path(storage)))))
     return optuna.load_study(study_name=name, storage=open_storage(storage, 30, 120, 2))
+
+
+def trials_so_far(storage: str, name: str = "tiny_cpu") -> list:
+    """The study's trials, or [] while the sweep has not created it yet (for polling a running sweep)."""
+    if storage.startswith("journal:") and not Path(storage[len("journal:"):]).exists():
+        return []
+    try:
+        return load_study(storage, name).trials
+    except KeyError:
+        return []
 
 
 def counted(study) -> list:

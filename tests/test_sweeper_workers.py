@@ -13,8 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from test_sweeper_helpers import SMALL, counted, load_study, read_csv, run, start, sweep_cmd, wait_for
+from test_sweeper_helpers import (
+    SMALL,
+    counted,
+    load_study,
+    read_csv,
+    run,
+    start,
+    sweep_cmd,
+    trials_so_far,
+    wait_for,
+)
 
 POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
 
@@ -76,9 +85,7 @@ def test_killed_worker_trial_is_retried(tmp_path):
     proc = start(cmd, tmp_path / "first.log")
     try:
         def running():
-            if not (tmp_path / "study.journal").exists():
-                return None
-            numbers = [t.number for t in load_study(journal).trials if t.state.name == "RUNNING"]
+            numbers = [t.number for t in trials_so_far(journal) if t.state.name == "RUNNING"]
             return numbers[0] + 1 if numbers else None  # +1: trial 0 is falsy
         number = wait_for(running, timeout=300) - 1
         proc.kill()

@@ -13,7 +13,6 @@
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 CONSTRAINT = "memory_over_budget_bytes"
 RECORD_ATTRS = (

@@ -61,7 +61,7 @@ def grid_choices(distributions: dict[str, Any]) -> dict[str, list]:
         elif isinstance(dist, IntDistribution) and not dist.log:
             grid[key] = list(range(dist.low, dist.high + 1, dist.step))
         elif isinstance(dist, FloatDistribution) and dist.step is not None:
-            n = int(round((dist.high - dist.low) / dist.step)) + 1
+            n = round((dist.high - dist.low) / dist.step) + 1
             grid[key] = [dist.low + i * dist.step for i in range(n)]
         else:
             raise ValueError(

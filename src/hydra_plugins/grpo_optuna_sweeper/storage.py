@@ -33,7 +33,7 @@ def is_journal(url: str) -> bool:
 
 
 def journal_path(url: str) -> Path:
-    return Path(url[len("journal:"):] if url.startswith("journal:") else url)
+    return Path(url.removeprefix("journal:"))
 
 
 def _rdb_url(url: str) -> str:
@@ -48,8 +48,9 @@ def _rdb_url(url: str) -> str:
 
 def open_storage(url: str, heartbeat_interval: int, grace_period: int, max_retry: int) -> Any:
     """An Optuna storage for `url`; RDB storages get Optuna's heartbeat and retry of stale trials."""
+    import functools
+
     import optuna
-    from optuna.storages import RetryFailedTrialCallback
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 
     if is_journal(url):
@@ -66,7 +67,7 @@ def open_storage(url: str, heartbeat_interval: int, grace_period: int, max_retry
             engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
             heartbeat_interval=heartbeat_interval,
             grace_period=grace_period,
-            heartbeat_stale_trial_callback=RetryFailedTrialCallback(max_retry=max_retry),
+            heartbeat_stale_trial_callback=functools.partial(retry, max_retry=max_retry),
         )
 
 
@@ -85,15 +86,25 @@ class _quiet_experimental:
         return self._ctx.__exit__(*exc)
 
 
+OUTCOME_ATTRS = ("status", "error", "run_dir", "worker")
+
+
 def retry(study: Any, frozen: Any, max_retry: int) -> None:
-    """Re-enqueue a failed trial's parameters (Optuna's own retry callback: keeps the retry history)."""
-    import warnings
+    """Re-enqueue a failed trial's parameters, as Optuna's RetryFailedTrialCallback does (same
+    `failed_trial` / `retry_history` system attributes), minus what belonged to the failed attempt:
+    its outcome attributes and its heartbeat (a fresh trial must not look stale before it beats)."""
+    import optuna
 
-    from optuna.storages import RetryFailedTrialCallback
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        RetryFailedTrialCallback(max_retry=max_retry)(study, frozen)
+    system_attrs = {"failed_trial": frozen.number, "retry_history": [], **frozen.system_attrs}
+    system_attrs["retry_history"] = [*system_attrs["retry_history"], frozen.number]
+    system_attrs.pop(HEARTBEAT_ATTR, None)
+    if max_retry is not None and max_retry < len(system_attrs["retry_history"]):
+        return
+    user_attrs = {k: v for k, v in frozen.user_attrs.items() if k not in OUTCOME_ATTRS}
+    study.add_trial(optuna.create_trial(
+        state=optuna.trial.TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
+        user_attrs=user_attrs, system_attrs=system_attrs,
+    ))
 
 
 def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int]:
@@ -114,7 +125,7 @@ def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int
     now = time.time()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = trial.system_attrs.get(HEARTBEAT_ATTR) or trial.datetime_start.timestamp()
+        beat = max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, trial.datetime_start.timestamp())
         if now - beat <= grace_period:
             continue
         try:
@@ -148,7 +159,7 @@ class Heartbeat:
             for trial_id in self.trial_ids:
                 try:
                     self._beat_one(trial_id)
-                except Exception:  # noqa: BLE001 - finished meanwhile; a heartbeat never kills the sweep
+                except Exception:  # noqa: BLE001, S110 - finished meanwhile; a heartbeat never kills the sweep
                     pass
             if self._stop.wait(self.interval):
                 return

@@ -14,8 +14,9 @@ import signal
 import socket
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any
 
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
@@ -45,8 +46,8 @@ class GrpoOptunaSweeper(Sweeper):
     def __init__(self, **conf: Any) -> None:
         self.conf = OmegaConf.create(conf)
         self.params = conf.get("params") or {}
-        self.hydra_context: Optional[HydraContext] = None
-        self.config: Optional[DictConfig] = None
+        self.hydra_context: HydraContext | None = None
+        self.config: DictConfig | None = None
         self.launcher = None
         self.job_idx = 0
 
@@ -60,7 +61,7 @@ class GrpoOptunaSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -171,9 +172,7 @@ class GrpoOptunaSweeper(Sweeper):
         retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
         counted = 0
         for t in trials:
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-                counted += 1
-            elif t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus":
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus":
                 counted += 1
         running = sorted(t.number for t in trials if t.state == TrialState.RUNNING)
         return counted, running
@@ -251,7 +250,7 @@ class GrpoOptunaSweeper(Sweeper):
                 log.warning("Could not release trial %d: %s", trial.number, err)
 
     # ---------------------------------------------------------------- one trial
-    def _prepare(self, trial: Any) -> tuple[list[str], Optional[Outcome]]:
+    def _prepare(self, trial: Any) -> tuple[list[str], Outcome | None]:
         """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
         preset = trial.user_attrs.get("preset")
         params = {}
@@ -271,20 +270,20 @@ class GrpoOptunaSweeper(Sweeper):
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("overrides", point)
         try:
-            cfg = self._compose(overrides)
             from grpo_sweep.levers import requested_levers
             from grpo_sweep.schema import validate
 
+            cfg = self._compose(overrides)
+            trial.set_user_attr("levers", requested_levers(cfg))
             validate(cfg)
         except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
             return overrides, Outcome("FAIL", attrs={"status": "invalid", "error": str(err)[:1000]})
-        trial.set_user_attr("levers", requested_levers(cfg))
         budget = _budget_bytes(cfg)
         if budget is not None:
             trial.set_user_attr("budget_bytes", budget)
         return overrides, self._prescreen(trial, cfg, budget)
 
-    def _prescreen(self, trial: Any, cfg: DictConfig, budget: Optional[float]) -> Optional[Outcome]:
+    def _prescreen(self, trial: Any, cfg: DictConfig, budget: float | None) -> Outcome | None:
         """PRUNE a point the estimator predicts over budget by more than the margin (never run it)."""
         if not self.conf.prescreen:
             return None
@@ -369,7 +368,7 @@ def _fixed_in(trial: Any, key: str) -> bool:
     return key in (trial.system_attrs.get("fixed_params") or {})
 
 
-def _budget_bytes(cfg: DictConfig) -> Optional[float]:
+def _budget_bytes(cfg: DictConfig) -> float | None:
     gib = OmegaConf.select(cfg, "gpu.memory_gib", default=None)
     return int(float(gib) * GIB) if gib is not None else None
 
