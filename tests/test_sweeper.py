@@ -93,11 +93,14 @@ def test_storage_password_is_masked():
 @pytest.mark.slow
 def test_tiny_cpu_sweep(tmp_path):
     """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists."""
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=6"))
+    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=6", enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     trials = counted(study)
     assert len(trials) == len(study.trials) == 6
+    # tiny_cpu.yaml's enqueued probes ran first: the smallest and the largest point.
+    probes = [(t.params["max_seq_length"], t.params["per_device_train_batch_size"]) for t in study.trials[:2]]
+    assert probes == [(64, 2), (256, 8)]
     for t in trials:
         assert t.user_attrs["status"] in ("ok", "oom", "pruned")
         assert t.user_attrs["levers"]["max_seq_length"] == t.params["max_seq_length"]
@@ -120,9 +123,10 @@ def test_tiny_cpu_sweep(tmp_path):
         pytest.skip("simulated-budget OOM needs grpo_sweep.memtracker (CPU tensor tracker); "
                     "the sweep itself passed")
     infeasible = [t for t in trials if t.user_attrs["status"] in ("oom", "pruned")]
-    assert infeasible, "tiny_cpu's 64 MiB card should stop some points"
+    assert study.trials[1] in infeasible, "256 tokens x 8 completions cannot fit tiny_cpu's 64 MiB card"
     for t in infeasible:
         assert t.constraints["memory_over_budget_bytes"] > 0
+    assert study.trials[1].user_attrs["deficit_bytes"] > 0
 
 
 @pytest.mark.slow

@@ -15,8 +15,11 @@ from conftest import ROOT
 SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "lora=qv"]
 
 
-def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu") -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}", *args]
+def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False) -> list[str]:
+    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue` (tests pick their own)."""
+    extra = [] if enqueue else ["hydra.sweeper.enqueue=[]"]
+    return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}",
+            *extra, *args]
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:

@@ -87,6 +87,8 @@ class GrpoOptunaSweeper(Sweeper):
         )
         if conf.warm_start:
             self._enqueue_presets(study)
+        for point in conf.enqueue:
+            study.enqueue_trial(OmegaConf.to_container(point), skip_if_exists=True)
         self._stop_signal, self._in_job = None, False
         previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
                     signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal)}
