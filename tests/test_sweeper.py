@@ -156,7 +156,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
         def one_done_one_running():
             states = [t.state.name for t in trials_so_far(journal)]
             return "COMPLETE" in states and "RUNNING" in states
-        wait_for(one_done_one_running, timeout=300)
+        wait_for(one_done_one_running, timeout=300, proc=proc)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM

@@ -71,9 +71,12 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def wait_for(predicate, timeout: float, every: float = 0.5):
+def wait_for(predicate, timeout: float, every: float = 0.5, proc: subprocess.Popen | None = None):
+    """Poll `predicate` until truthy; fail at once if `proc` (the sweep being watched) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the sweep exited with {proc.returncode} before the condition was met")
         value = predicate()
         if value:
             return value

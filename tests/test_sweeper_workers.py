@@ -87,7 +87,7 @@ def test_killed_worker_trial_is_retried(tmp_path):
         def running():
             numbers = [t.number for t in trials_so_far(journal) if t.state.name == "RUNNING"]
             return numbers[0] + 1 if numbers else None  # +1: trial 0 is falsy
-        number = wait_for(running, timeout=300) - 1
+        number = wait_for(running, timeout=300, proc=proc) - 1
         proc.kill()
         proc.wait(timeout=30)
     finally:

@@ -37,7 +37,7 @@ class GrpoOptunaSweeperConf:
     presets: list[str] = field(default_factory=lambda: ["seed_baseline", "seed_optimized"])
     # Points to try first (e.g. the config you run today, or both ends of the range to bracket the
     # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study.
-    enqueue: List[Dict[str, Any]] = field(default_factory=list)
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
     # Dead workers: heartbeat every N s; a RUNNING trial silent for grace_period s is failed and retried.
     heartbeat_interval: int = 30
     grace_period: int | None = None  # None: 4 x heartbeat_interval

@@ -367,7 +367,8 @@ def _state(name: str) -> Any:
 
 
 def _fixed_in(trial: Any, key: str) -> bool:
-    return key in (trial.system_attrs.get("fixed_params") or {})
+    """Whether the trial was enqueued with a value for `key` (Optuna keeps them in `fixed_params`)."""
+    return key in (trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
 
 
 def _budget_bytes(cfg: DictConfig) -> float | None:
