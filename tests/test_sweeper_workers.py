@@ -122,3 +122,15 @@ def _kill_orphan_trials(sweep_dir: Path) -> None:
                 os.kill(int(proc_dir.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_trials_in_parallel_processes(tmp_path):
+    """hydra/launcher=joblib: the sweeper asks n_jobs trials at once and joblib runs them side by side."""
+    result = run(sweep_cmd(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
+                           "hydra.sweeper.n_trials=2", *SMALL[:1], "lora=qv"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert all(t.user_attrs["status"] == "ok" and t.value > 0 for t in study.trials)
+    assert "Joblib" in result.stdout + result.stderr

@@ -23,6 +23,9 @@ PRELOAD = ["torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.worke
 
 
 def _context(start_method: str):
+    if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+        # Inside a joblib (loky) worker the global method is "loky", which our child cannot resolve.
+        mp.set_start_method(None, force=True)
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
