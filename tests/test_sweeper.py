@@ -123,7 +123,7 @@ def test_tiny_cpu_sweep(tmp_path):
         pytest.skip("simulated-budget OOM needs grpo_sweep.memtracker (CPU tensor tracker); "
                     "the sweep itself passed")
     infeasible = [t for t in trials if t.user_attrs["status"] in ("oom", "pruned")]
-    assert study.trials[1] in infeasible, "256 tokens x 8 completions cannot fit tiny_cpu's 64 MiB card"
+    assert study.trials[1] in infeasible, "256 tokens x 8 completions cannot fit tiny_cpu's 96 MiB card"
     for t in infeasible:
         assert t.constraints["memory_over_budget_bytes"] > 0
     assert study.trials[1].user_attrs["deficit_bytes"] > 0
