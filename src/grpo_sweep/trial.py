@@ -23,6 +23,9 @@ PRELOAD = ["torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.worke
 
 
 def _context(start_method: str):
+    if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+        # Inside a joblib (loky) worker the global method is "loky", which our child cannot resolve.
+        mp.set_start_method(None, force=True)
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
@@ -70,7 +73,11 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     proc = ctx.Process(target=worker.main, args=(container, str(run_dir)), name="grpo-sweep-trial")
     started = time.monotonic()
     proc.start()
-    proc.join(cfg.trial.timeout_s)
+    try:
+        proc.join(cfg.trial.timeout_s)
+    except BaseException:  # interrupted (SIGINT/SIGTERM in a sweep): the trial must not outlive us
+        _kill_group(proc.pid)
+        raise
     timed_out = proc.is_alive()
     if timed_out:
         _kill_group(proc.pid)

@@ -1,0 +1,50 @@
+"""The sweeper's settings (`hydra.sweeper.*`), registered as `hydra/sweeper=grpo_optuna`.
+
+Every field is a Hydra override: `python train.py -m +sweeps=tiny_cpu hydra.sweeper.n_trials=20`.
+No `from __future__ import annotations` in plugin modules with dataclasses: Hydra loads them
+without registering them in sys.modules, where dataclasses would look the string annotations up.
+"""
+
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class GrpoOptunaSweeperConf:
+    _target_: str = "hydra_plugins.grpo_optuna_sweeper.sweeper.GrpoOptunaSweeper"
+    # Search space in Hydra's override grammar: {lever_or_group: "choice(...)" | "range(...)" | ...}.
+    params: dict[str, Any] | None = None
+    study_name: str = "grpo-sweep"
+    # None: a JournalStorage file `study.journal` in hydra.sweep.dir (no server needed).
+    # Else: `journal:<path>` / `<path>.journal`, `sqlite:///<path>`, `postgresql://user:pw@host/db`.
+    storage: str | None = None
+    n_trials: int = 20  # finished trials the study must hold; a resumed sweep runs only the rest
+    n_jobs: int = 1  # trials asked and launched together (use with a parallel launcher, e.g. joblib)
+    objective: str | None = None  # a numeric metrics.json key; None: the config's `objective`
+    direction: str = "maximize"
+    sampler: str = "tpe"  # tpe | gp | random | grid
+    seed: int | None = 0  # sampler seed; each worker process adds its pid when several share a study
+    # Pre-screen with grpo_sweep.estimator: PRUNE points predicted over budget by more than margin.
+    prescreen: bool = True
+    prescreen_margin: float = 0.10  # fraction of the budget
+    # Require headroom: feasible only if peak <= headroom x budget (e.g. 0.9); None: the full budget.
+    headroom: float | None = None
+    # Warm start: enqueue these presets (conf/preset/) as the first trials, to compare against.
+    warm_start: bool = False
+    presets: list[str] = field(default_factory=lambda: ["seed_baseline", "seed_optimized"])
+    # Points to try first (e.g. the config you run today, or both ends of the range to bracket the
+    # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study.
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # Dead workers: heartbeat every N s; a RUNNING trial silent for grace_period s is failed and retried.
+    heartbeat_interval: int = 30
+    grace_period: int | None = None  # None: 4 x heartbeat_interval
+    max_retry: int = 2
+    top_k: int = 5  # rows of the final table
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="grpo_optuna", node=GrpoOptunaSweeperConf, provider="grpo_optuna_sweeper"
+)

@@ -1,0 +1,101 @@
+"""A trial's metrics.json -> what Optuna is told: state, objective value, the memory constraint, attributes.
+
+- ok: COMPLETE with the objective; constraint `memory_over_budget_bytes` = peak - allowed (<= 0 fits;
+  0 when there is no budget or no device-comparable peak: it ran without OOM).
+- oom: COMPLETE but infeasible: constraint = the deficit (bytes over the budget), so constraint-aware
+  samplers (TPE, GP, NSGA-II read `trial.constraints` in Optuna 5) learn where the wall is. The value
+  is the worst possible (0 tokens/s when maximising): an OOM produced nothing.
+- failed / timeout / no metrics: FAIL, the reason in user attributes (samplers ignore FAIL trials).
+- pre-screened (the estimator predicts over budget by more than the margin): PRUNED without running,
+  with the predicted deficit as its constraint (TPE ranks infeasible PRUNED trials by it too).
+"""
+
+
+import math
+from dataclasses import dataclass, field
+
+CONSTRAINT = "memory_over_budget_bytes"
+RECORD_ATTRS = (
+    "tokens_per_s", "samples_per_s", "step_time_s", "reward_mean", "peak_memory_bytes", "memory_source",
+    "trainable_params", "device", "backend", "wall_time_s", "run_dir", "wandb_run_id", "deficit_bytes",
+)
+
+
+@dataclass
+class Outcome:
+    state: str  # COMPLETE | FAIL | PRUNED (optuna.trial.TrialState names)
+    value: float | None = None
+    constraint: float | None = None  # > 0: infeasible
+    attrs: dict = field(default_factory=dict)
+
+
+def worst_value(direction: str) -> float:
+    return 0.0 if direction == "maximize" else math.inf
+
+
+def allowed_bytes(budget_bytes: float | None, headroom: float | None) -> float | None:
+    if budget_bytes is None:
+        return None
+    return budget_bytes * (headroom if headroom is not None else 1.0)
+
+
+def comparable(record: dict) -> bool:
+    """Whether the measured peak is device memory (CUDA, or the CPU tensor tracker on a simulated card).
+
+    Process RSS on CPU includes the whole Python/torch runtime (~0.4 GiB), so it says nothing about
+    whether the tensors would fit a card: such trials are feasible (they did not OOM), constraint 0.
+    """
+    return not str(record.get("memory_source") or "").startswith("cpu-rss")
+
+
+def oom_deficit(record: dict, budget_bytes: float | None) -> tuple[float, str]:
+    """Bytes over the budget for an OOM trial, and how that number was obtained."""
+    for source in (record, record.get("oom") or {}):
+        deficit = source.get("deficit_bytes")
+        if isinstance(deficit, (int, float)) and deficit > 0:
+            return float(deficit), "metrics"
+    from grpo_sweep.oom_message import parse_oom_message
+
+    parsed = parse_oom_message(record.get("error") or "")
+    if parsed.get("deficit_bytes"):
+        return float(parsed["deficit_bytes"]), "oom message"
+    peak = record.get("peak_memory_bytes")
+    if budget_bytes is not None and peak is not None and peak > budget_bytes:
+        return float(peak - budget_bytes), "peak - budget"
+    if parsed.get("requested_bytes"):
+        return float(parsed["requested_bytes"]), "requested allocation"
+    return 1.0, "unknown (OOM with no sizes: marked just infeasible)"
+
+
+def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: float | None,
+          headroom: float | None) -> Outcome:
+    """Turn one trial's metrics.json record into what the study is told."""
+    if record is None:
+        return Outcome("FAIL", attrs={"status": "failed", "error": "the job left no metrics.json"})
+    attrs = {key: record.get(key) for key in RECORD_ATTRS if record.get(key) is not None}
+    attrs["status"] = status = record.get("status")
+    if record.get("error"):
+        attrs["error"] = str(record["error"])[:1000]
+    if isinstance(record.get("levers"), dict):
+        attrs["levers"] = record["levers"]
+    allowed = allowed_bytes(budget_bytes, headroom)
+    peak = record.get("peak_memory_bytes")
+    if status == "ok":
+        value = record.get(objective)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            attrs["error"] = f"objective {objective!r} is not a number in metrics.json: {value!r}"
+            return Outcome("FAIL", attrs=attrs)
+        # Every COMPLETE trial carries the constraint (GPSampler requires the same constraints on all).
+        # It ran without OOM, so when its peak cannot be compared with the card it is feasible: 0.
+        constraint = 0.0
+        if allowed is not None and peak is not None and comparable(record):
+            constraint = float(peak - allowed)
+        return Outcome("COMPLETE", float(value), constraint, attrs)
+    if status == "oom":
+        deficit, how = oom_deficit(record, budget_bytes)
+        attrs["deficit_bytes"], attrs["deficit_source"] = deficit, how
+        if budget_bytes is not None and allowed is not None:
+            deficit += budget_bytes - allowed  # with headroom, the wall is `allowed`, not the card
+        return Outcome("COMPLETE", worst_value(direction), deficit, attrs)
+    attrs.setdefault("error", f"trial status {status!r}")
+    return Outcome("FAIL", attrs=attrs)

@@ -1,0 +1,88 @@
+"""Hydra override grammar <-> Optuna distributions, and trial parameters back to override strings.
+
+The search space is written the way Hydra users already write sweeps (`choice`, `range`,
+`interval`, `int(interval(...))`, `tag(log, interval(...))`), over levers (`lora_rank`) and config
+groups alike (`lora: choice(qv, all_linear)`): a group choice is just a categorical whose value
+becomes `lora=qv` on the job's command line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def parse_space(arguments: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Split overrides into Optuna distributions (sweeps) and fixed overrides ({key: "key=value"})."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Transformer
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    distributions: dict[str, Any] = {}
+    fixed: dict[str, str] = {}
+    for override in OverridesParser.create().parse_overrides(arguments):
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            fixed[key] = override.input_line  # the whole `key=value` (keeps `+`, `~`)
+            continue
+        value = override.value()
+        if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
+            choices = list(override.sweep_iterator(transformer=Transformer.encode))
+            distributions[key] = CategoricalDistribution(choices)
+        elif override.is_range_sweep():
+            if any(isinstance(x, float) for x in (value.start, value.stop, value.step)):
+                # Hydra's range excludes `stop`; Optuna's step grid includes `high`.
+                high = value.stop - value.step
+                distributions[key] = FloatDistribution(value.start, high, step=value.step)
+            else:
+                high = int(value.stop) - int(value.step)
+                distributions[key] = IntDistribution(int(value.start), high, step=int(value.step))
+        elif override.is_interval_sweep():
+            log = "log" in value.tags
+            if isinstance(value.start, int) and isinstance(value.end, int):
+                distributions[key] = IntDistribution(value.start, value.end, log=log)
+            else:
+                distributions[key] = FloatDistribution(float(value.start), float(value.end), log=log)
+        else:
+            raise ValueError(f"hydra.sweeper.params.{key}={override.input_line}: unsupported sweep type")
+    overlap = set(distributions) & set(fixed)
+    for key in overlap:  # a fixed value on the command line wins over the sweep file's range
+        del distributions[key]
+    return distributions, fixed
+
+
+def grid_choices(distributions: dict[str, Any]) -> dict[str, list]:
+    """Every value of each (discrete) distribution, for Optuna's GridSampler."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    grid = {}
+    for key, dist in distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            grid[key] = list(dist.choices)
+        elif isinstance(dist, IntDistribution) and not dist.log:
+            grid[key] = list(range(dist.low, dist.high + 1, dist.step))
+        elif isinstance(dist, FloatDistribution) and dist.step is not None:
+            n = round((dist.high - dist.low) / dist.step) + 1
+            grid[key] = [dist.low + i * dist.step for i in range(n)]
+        else:
+            raise ValueError(
+                f"hydra.sweeper.params.{key}: sampler=grid needs discrete values "
+                "(choice or range), not a continuous interval"
+            )
+    return grid
+
+
+def to_override(key: str, value: Any) -> str:
+    """`key=value` in Hydra's grammar (None -> null, True -> true, strings quoted when needed)."""
+    from hydra.core.override_parser.types import Override
+
+    if isinstance(value, bool) or value is None:
+        return f"{key}={'null' if value is None else str(value).lower()}"
+    return f"{key}={Override._get_value_element_as_str(value)}"
+
+
+def representable(dist: Any, value: Any) -> bool:
+    """Whether `value` lies in `dist` (a preset's lever may be outside the sweep's range)."""
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False

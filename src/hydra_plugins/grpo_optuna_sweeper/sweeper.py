@@ -1,0 +1,395 @@
+"""The sweep loop: ask Optuna for points, run them as Hydra jobs, tell the study what happened.
+
+One process or many: every worker runs the same loop against the same storage, asks only while the
+study holds fewer than `n_trials` finished-or-running trials, and waits for other workers' trials
+before writing the report, so a study finishes with exactly `n_trials` counted trials however many
+workers shared it and however often it was interrupted and re-run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from . import space
+from .outcome import CONSTRAINT, Outcome, judge
+from .storage import mask
+
+log = logging.getLogger(__name__)
+GIB = 2**30
+
+
+class _Interrupted(BaseException):
+    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt: Hydra's run_job turns any Exception
+    raised inside a job into a failed JobReturn, and an interruption must stop the sweep instead."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+
+
+class GrpoOptunaSweeper(Sweeper):
+    def __init__(self, **conf: Any) -> None:
+        self.conf = OmegaConf.create(conf)
+        self.params = conf.get("params") or {}
+        self.hydra_context: HydraContext | None = None
+        self.config: DictConfig | None = None
+        self.launcher = None
+        self.job_idx = 0
+
+    # ---------------------------------------------------------------- Hydra's Sweeper interface
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+        self.sweep_dir = Path(config.hydra.sweep.dir).absolute()
+        self.storage_url = self.conf.storage or f"journal:{self.sweep_dir / 'study.journal'}"
+        _mask_storage_in(config, self.storage_url)
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Any:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        conf = self.conf
+        params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        self.distributions, fixed = space.parse_space(params_conf)
+        self.fixed = list(fixed.values())
+        self.objective = conf.objective or self.config.get("objective") or "tokens_per_s"
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+        study = self._open_study()
+        n_trials = conf.n_trials
+        if conf.sampler == "grid":
+            size = 1
+            for values in space.grid_choices(self.distributions).values():
+                size *= len(values)
+            n_trials = min(n_trials, size)
+        self.n_trials = n_trials
+        log.info(
+            "Study %r in %s: %s %s, %d trials, sampler %s, search space %s",
+            study.study_name, mask(self.storage_url), conf.direction, self.objective, n_trials,
+            conf.sampler, ", ".join(self.distributions) or "(empty)",
+        )
+        if conf.warm_start:
+            self._enqueue_presets(study)
+        for point in conf.enqueue:
+            study.enqueue_trial(OmegaConf.to_container(point), skip_if_exists=True)
+        self._stop_signal, self._in_job = None, False
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
+                    signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal)}
+        try:
+            self._loop(study)
+        except _Interrupted as stop:
+            log.warning("Sweep interrupted by %s: its running trials are FAIL and re-enqueued", stop)
+            self._write_report(study, quiet=True)
+            raise SystemExit(128 + stop.signum) from None
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return self._write_report(study)
+
+    def _on_signal(self, signum, _frame):
+        """Stop now while a job runs (the trial is killed with it); else at the next safe point, so a
+        storage write (a journal append under its lock file) is never cut in half."""
+        self._stop_signal = signum
+        if self._in_job:
+            raise _Interrupted(signum)
+
+    def _check_stop(self) -> None:
+        if self._stop_signal is not None:
+            raise _Interrupted(self._stop_signal)
+
+    # ---------------------------------------------------------------- study
+    def _open_study(self) -> Any:
+        import optuna
+
+        from .storage import open_storage
+
+        conf = self.conf
+        grace = conf.grace_period or 4 * conf.heartbeat_interval
+        self.grace_period = grace
+        storage = open_storage(self.storage_url, conf.heartbeat_interval, grace, conf.max_retry)
+        return optuna.create_study(
+            study_name=conf.study_name, storage=storage, sampler=self._sampler(),
+            direction=conf.direction, load_if_exists=True,
+        )
+
+    def _sampler(self) -> Any:
+        import optuna
+
+        name = self.conf.sampler
+        # Workers sharing a study must not draw the same "random" start-up points: mix in the pid.
+        seed = None if self.conf.seed is None else (int(self.conf.seed) + os.getpid()) % 2**31
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if name == "tpe":
+                return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+            if name == "gp":
+                return optuna.samplers.GPSampler(seed=seed)
+            if name == "random":
+                return optuna.samplers.RandomSampler(seed=seed)
+            if name == "grid":
+                return optuna.samplers.GridSampler(space.grid_choices(self.distributions), seed=seed)
+        raise ValueError(f"hydra.sweeper.sampler={name}: must be one of tpe, gp, random, grid")
+
+    def _enqueue_presets(self, study: Any) -> None:
+        """Queue each seed preset once per study, with its levers as parameters where they fit the space."""
+        queued = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
+        for preset in self.conf.presets:
+            if preset in queued:
+                continue
+            cfg = self._compose([*self.fixed, f"preset={preset}"])
+            params = {}
+            for key, dist in self.distributions.items():
+                value = OmegaConf.select(cfg, key, default=None)
+                if value is not None and space.representable(dist, value):
+                    params[key] = value
+            study.enqueue_trial(params, user_attrs={"preset": preset})
+            log.info("Warm start: enqueued preset=%s", preset)
+
+    def _progress(self, study: Any) -> tuple[int, list[int]]:
+        """(trials that count toward n_trials, numbers of RUNNING trials).
+
+        Counted: COMPLETE, PRUNED, and FAIL unless the failure was retried (a killed worker's or an
+        interrupted trial: its re-run counts instead) or the trial was a surplus never run.
+        """
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
+        counted = 0
+        for t in trials:
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus":
+                counted += 1
+        running = sorted(t.number for t in trials if t.state == TrialState.RUNNING)
+        return counted, running
+
+    # ---------------------------------------------------------------- the loop
+    def _loop(self, study: Any) -> None:
+        from .storage import fail_stale_trials
+
+        waited = False
+        while True:
+            self._check_stop()
+            stale = fail_stale_trials(study, self.grace_period, self.conf.max_retry)
+            if stale:
+                log.warning("Trials %s stopped beating (worker gone): FAIL, re-enqueued", stale)
+            counted, running = self._progress(study)
+            room = self.n_trials - counted - len(running)
+            if room <= 0:
+                if not running:
+                    return
+                if not waited:
+                    log.info("%d/%d trials done; waiting for %d running in other workers",
+                             counted, self.n_trials, len(running))
+                    waited = True
+                time.sleep(min(5.0, self.conf.heartbeat_interval))
+                continue
+            batch = [study.ask() for _ in range(min(self.conf.n_jobs, room))]
+            self._run_batch(study, batch)
+
+    def _run_batch(self, study: Any, batch: list) -> None:
+        pending = list(batch)  # asked but not yet told: failed and re-enqueued if we are interrupted
+        try:
+            counted, running = self._progress(study)
+            allowed = self.n_trials - counted
+            launch = []
+            for trial in batch:
+                if running.index(trial.number) >= allowed:  # another worker asked at the same moment
+                    trial.set_user_attr("status", "surplus")
+                    study.tell(trial, state=_state("FAIL"))
+                    pending.remove(trial)
+                    continue
+                overrides, outcome = self._prepare(trial)
+                if outcome is not None:
+                    self._tell(study, trial, outcome)
+                    pending.remove(trial)
+                else:
+                    launch.append((trial, overrides))
+            if not launch:
+                return
+            from .storage import Heartbeat
+
+            self._check_stop()
+            with Heartbeat(study, [t._trial_id for t, _ in launch], self.conf.heartbeat_interval):
+                self._in_job = True
+                try:
+                    returns = self.launcher.launch([o for _, o in launch], initial_job_idx=self.job_idx)
+                finally:
+                    self._in_job = False
+            self.job_idx += len(launch)
+            for (trial, _), ret in zip(launch, returns):
+                self._tell(study, trial, self._judge(trial, ret))
+                pending.remove(trial)
+        except _Interrupted:
+            self._abandon(study, pending, "interrupted")
+            raise
+
+    def _abandon(self, study: Any, trials: list, why: str) -> None:
+        from .storage import retry
+
+        for trial in trials:
+            try:
+                trial.set_user_attr("status", why)
+                study.tell(trial, state=_state("FAIL"))
+                retry(study, study._storage.get_trial(trial._trial_id), self.conf.max_retry)
+            except Exception as err:  # noqa: BLE001 - best effort while shutting down
+                log.warning("Could not release trial %d: %s", trial.number, err)
+
+    # ---------------------------------------------------------------- one trial
+    def _prepare(self, trial: Any) -> tuple[list[str], Outcome | None]:
+        """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
+        preset = trial.user_attrs.get("preset")
+        params = {}
+        for key, dist in self.distributions.items():
+            if preset and not _fixed_in(trial, key):
+                continue  # a preset trial runs the preset's own value for levers outside the space
+            params[key] = trial._suggest(key, dist)
+        point = list(self.fixed)  # what `python train.py ...` needs to run this point again
+        if preset:
+            point.append(f"preset={preset}")
+        point += [space.to_override(k, v) for k, v in params.items()]
+        overrides = point + [
+            space.to_override("trial.study", self.conf.study_name),
+            f"trial.number={trial.number}",
+            f"hydra.sweep.subdir=trial_{trial.number:04d}",
+        ]
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        trial.set_user_attr("overrides", point)
+        try:
+            from grpo_sweep.levers import requested_levers
+            from grpo_sweep.schema import validate
+
+            cfg = self._compose(overrides)
+            trial.set_user_attr("levers", requested_levers(cfg))
+            validate(cfg)
+        except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
+            return overrides, Outcome("FAIL", attrs={"status": "invalid", "error": str(err)[:1000]})
+        budget = _budget_bytes(cfg)
+        if budget is not None:
+            trial.set_user_attr("budget_bytes", budget)
+        return overrides, self._prescreen(trial, cfg, budget)
+
+    def _prescreen(self, trial: Any, cfg: DictConfig, budget: float | None) -> Outcome | None:
+        """PRUNE a point the estimator predicts over budget by more than the margin (never run it)."""
+        if not self.conf.prescreen:
+            return None
+        try:
+            from grpo_sweep.estimator import estimate
+        except ImportError:
+            if not getattr(self, "_warned_estimator", False):
+                log.warning("Pre-screening off: grpo_sweep.estimator is not installed")
+                self._warned_estimator = True
+            return None
+        try:
+            est = estimate(cfg)
+        except Exception as err:  # noqa: BLE001 - a failed estimate only means: run it and see
+            trial.set_user_attr("predicted_error", str(err)[:300])
+            return None
+        trial.set_user_attr("predicted_peak_bytes", int(est.total_bytes))
+        limit = est.budget_bytes if est.budget_bytes is not None else budget
+        if limit is None or est.total_bytes <= limit * (1 + self.conf.prescreen_margin):
+            return None
+        deficit = float(est.total_bytes - limit)
+        return Outcome(
+            "PRUNED", constraint=deficit,
+            attrs={"status": "pruned", "deficit_bytes": deficit, "deficit_source": "estimator",
+                   "error": f"predicted {est.total_bytes / GIB:.2f} GiB > budget {limit / GIB:.2f} GiB "
+                            f"+ {self.conf.prescreen_margin:.0%} margin: not run"},
+        )
+
+    def _judge(self, trial: Any, ret: Any) -> Outcome:
+        from grpo_sweep.metrics import read_metrics
+
+        out_dir = None
+        if getattr(ret, "hydra_cfg", None) is not None:
+            out_dir = ret.hydra_cfg.hydra.runtime.output_dir
+        record = read_metrics(Path(out_dir)) if out_dir else None
+        outcome = judge(record, objective=self.objective, direction=self.conf.direction,
+                        budget_bytes=trial.user_attrs.get("budget_bytes"), headroom=self.conf.headroom)
+        if record is None and getattr(ret, "status", None) is not None and ret.status.name == "FAILED":
+            outcome.attrs["error"] = f"job raised: {ret._return_value!r}"[:1000]
+        if out_dir:
+            outcome.attrs.setdefault("run_dir", str(out_dir))
+        return outcome
+
+    def _tell(self, study: Any, trial: Any, outcome: Outcome) -> None:
+        for key, value in outcome.attrs.items():
+            trial.set_user_attr(key, value)
+        if outcome.constraint is not None:
+            trial.set_constraint(CONSTRAINT, outcome.constraint)
+        values = None if outcome.state != "COMPLETE" else outcome.value
+        try:
+            study.tell(trial, values, state=_state(outcome.state))
+        except RuntimeError as err:  # GridSampler calls study.stop() once the grid is exhausted
+            if "Study.stop" not in str(err):
+                raise
+        shown = f"{outcome.value:.1f}" if outcome.value is not None and outcome.state == "COMPLETE" else "-"
+        feasible = outcome.constraint is None or outcome.constraint <= 0
+        log.info("Trial %d: %s %s (%s=%s%s)", trial.number, outcome.state, outcome.attrs.get("status"),
+                 self.objective, shown, "" if feasible else ", infeasible")
+
+    # ---------------------------------------------------------------- helpers
+    def _compose(self, overrides: Sequence[str]) -> DictConfig:
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with read_write(cfg), open_dict(cfg):
+            cfg.pop("hydra", None)
+        return cfg
+
+    def _write_report(self, study: Any, quiet: bool = False) -> Any:
+        from .report import write_report
+
+        return write_report(
+            study, self.sweep_dir, storage_url=self.storage_url, objective=self.objective,
+            fixed=self.fixed, top_k=self.conf.top_k, headroom=self.conf.headroom, quiet=quiet,
+        )
+
+
+def _state(name: str) -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState[name]
+
+
+def _fixed_in(trial: Any, key: str) -> bool:
+    """Whether the trial was enqueued with a value for `key` (Optuna keeps them in `fixed_params`)."""
+    return key in (trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
+
+
+def _budget_bytes(cfg: DictConfig) -> float | None:
+    gib = OmegaConf.select(cfg, "gpu.memory_gib", default=None)
+    return int(float(gib) * GIB) if gib is not None else None
+
+
+def _mask_storage_in(config: DictConfig, url: str) -> None:
+    """Keep a storage password out of every config Hydra writes (job .hydra/hydra.yaml, multirun.yaml).
+
+    Jobs never open the storage (only this sweeper does), so they can carry the masked URL.
+    """
+    masked = mask(url)
+    if masked == url:
+        return
+    with read_write(config), open_dict(config):
+        raw = OmegaConf.to_container(config.hydra.sweeper, resolve=False).get("storage")
+        if raw is not None and "${" not in str(raw):
+            config.hydra.sweeper.storage = masked
+        config.hydra.overrides.hydra = [
+            mask(o) if o.split("=", 1)[0].lstrip("+~") == "hydra.sweeper.storage" else o
+            for o in config.hydra.overrides.hydra
+        ]
+

@@ -1,0 +1,84 @@
+"""Helpers for the sweeper tests (no tests here): run `python train.py -m +sweeps=...`, read the real study."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT
+
+# Each trial: two optimiser steps on 64 prompts; the smallest point of tiny_cpu unless a test sweeps more.
+SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "lora=qv"]
+
+
+def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False) -> list[str]:
+    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue` (tests pick their own)."""
+    extra = [] if enqueue else ["hydra.sweeper.enqueue=[]"]
+    return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}",
+            *extra, *args]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    out = open(log, "w")  # noqa: SIM115 - the child writes it until it exits
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+def load_study(storage: str, name: str = "tiny_cpu"):
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.storage import is_journal, journal_path, open_storage
+
+    if is_journal(storage):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(journal_path(storage)))))
+    return optuna.load_study(study_name=name, storage=open_storage(storage, 30, 120, 2))
+
+
+def trials_so_far(storage: str, name: str = "tiny_cpu") -> list:
+    """The study's trials, or [] while the sweep has not created it yet (for polling a running sweep)."""
+    if storage.startswith("journal:") and not Path(storage[len("journal:"):]).exists():
+        return []
+    try:
+        return load_study(storage, name).trials
+    except KeyError:
+        return []
+
+
+def counted(study) -> list:
+    """The trials that count toward n_trials (the sweeper's rule: retried and surplus FAILs do not)."""
+    trials = study.get_trials()
+    retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
+    return [
+        t for t in trials
+        if t.state.name in ("COMPLETE", "PRUNED")
+        or (t.state.name == "FAIL" and t.number not in retried and t.user_attrs.get("status") != "surplus")
+    ]
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def wait_for(predicate, timeout: float, every: float = 0.5, proc: subprocess.Popen | None = None):
+    """Poll `predicate` until truthy; fail at once if `proc` (the sweep being watched) has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the sweep exited with {proc.returncode} before the condition was met")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
