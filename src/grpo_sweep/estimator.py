@@ -135,9 +135,9 @@ def resolve_backend_for(cfg: Any, device: str) -> str:
     return resolve_backend(cfg.backend.name, device == "cuda")
 
 
-def shapes(cfg: Any, backend: str) -> Shapes:
+def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
     arch = cfg.model.arch
-    device = target_device(cfg)
+    device = device or target_device(cfg)
     family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"
     S = int(cfg.max_seq_length)
     P = int(cfg.max_prompt_length)
@@ -375,12 +375,13 @@ def budget_bytes(cfg: Any) -> int | None:
     return None if gib is None else int(float(gib) * GiB)
 
 
-def estimate(cfg: Any, logits_mode: str | None = None) -> Estimate:
+def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = None) -> Estimate:
     """Predict the peak for `cfg` (a composed train config). `logits_mode`: chunked | full | None
-    (None: what the backend really does, see `default_logits_mode`)."""
-    device = target_device(cfg)
+    (None: what the backend really does, see `default_logits_mode`). `device` ("cpu" | "cuda")
+    overrides the target card's device, for a trial predicting the process it runs in."""
+    device = device or target_device(cfg)
     backend = resolve_backend_for(cfg, device)
-    s = shapes(cfg, backend)
+    s = shapes(cfg, backend, device)
     why_mode = "given on the command line"
     if logits_mode is None:
         logits_mode, why_mode = default_logits_mode(backend)
@@ -479,7 +480,8 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     training: FLOPs per micro-batch (TRL's compute_flops_per_token, with LoRA's backward ~ one
     forward since base-weight gradients are not needed, +1 forward with checkpointing, + the chunked
     head's recompute) at 40 % of peak, scaled by a micro-batch efficiency `tokens / (tokens + 2048)`;
-    4-bit adds the dequantisation traffic (2.5 bytes per weight per pass). generation: one decode
+    4-bit adds the dequantisation traffic (bitsandbytes dequantises each projection to bf16 before
+    the matmul: +4.5 bytes per weight per pass, training and decode alike). generation: one decode
     step per completion token, bound by reading the weights and the KV cache at 60 % of bandwidth,
     plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms). Sources: NVIDIA datasheets
     (CARD_SPECS), TRL `compute_flops_per_token`. Only ratios between configs are used.
@@ -497,10 +499,10 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     flops = tokens * (layer_flops * passes + head_flops * (2 if logits_mode == "full" else 4))
     eff = tokens / (tokens + 2048)
     train = flops / (peak * eff)
-    if s.four_bit:
-        train += passes * n["linear"] * 2.5 / bw
+    dequant = n["linear"] * 4.5 if s.four_bit else 0  # read NF4, write + read a bf16 copy per pass
+    train += passes * dequant / bw
     train *= s.GA
-    weight_read = weights_bytes(s)
+    weight_read = weights_bytes(s) + dequant
     kv_read = s.G * (s.P + s.C / 2) * kv_bytes_per_token(s, s.wb)
     overhead = 0.003 if backend in ("trl_vllm", "unsloth") else 0.00035 * s.L
     gen = s.C * ((weight_read + kv_read) / bw + overhead)
