@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,17 +80,6 @@ def compose(overrides: list[str]):
     return compose_train_config(BASE + overrides)
 
 
-def measure_self(overrides: list[str]) -> dict:
-    """Run this file with --measure-one in a fresh process; returns {peak_bytes, source}."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, __file__, "--measure-one", json.dumps(overrides)], env=env,
-                         capture_output=True, text=True, timeout=900, cwd=ROOT)
-    for line in reversed(out.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"measurement failed: {out.stderr[-2000:]}")
-
-
 def measure_one(overrides: list[str]) -> dict:
     """In this process: build the trainer exactly as the worker does and train under the tracker."""
     from types import SimpleNamespace
@@ -137,6 +125,7 @@ def main() -> int:
     parser.add_argument("--source", choices=("auto", "trial", "self"), default="auto")
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--measure-one")
+    parser.add_argument("--fresh", action="store_true", help="measure again instead of using the cache")
     args = parser.parse_args()
     if args.measure_one:
         print(json.dumps(measure_one(json.loads(args.measure_one))))
@@ -146,17 +135,31 @@ def main() -> int:
     source = args.source
     if source == "auto":
         source = "trial" if importlib.util.find_spec("grpo_sweep.memtracker") else "self"
+    import torch
+
+    torch.set_num_threads(1)  # 2 shared cores: oversubscribed threads only slow everyone down
     rows = []
     run_root = Path(tempfile.mkdtemp(prefix="estimator-accuracy-"))
-    for name, overrides in CONFIGS.items():
+    # Self-measurements are cached by overrides (they do not depend on the estimator), so a rerun after
+    # an estimator change takes seconds; --fresh measures again.
+    cache_path = RESULTS / "estimator_accuracy_measured.json"
+    cache = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
+    # Every model size's default first, so a partial run already spans the sizes.
+    for name in sorted(CONFIGS, key=lambda n: not n.endswith("_default")):
+        overrides = CONFIGS[name]
         if args.only and name not in args.only:
             continue
         cfg = compose(overrides)
         est = estimate(cfg)
         measured = measure_trial(overrides, run_root / name) if source == "trial" else None
         if measured is None:
-            measured = measure_one(overrides)  # in this process: imports once (2 shared cores)
-            gc.collect()
+            key = json.dumps(BASE + overrides)
+            if key not in cache:
+                cache[key] = measure_one(overrides)  # in this process: imports once (2 shared cores)
+                gc.collect()
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                cache_path.write_text(json.dumps(cache, indent=1) + "\n")
+            measured = cache[key]
         err = (est.total_bytes - measured["peak_bytes"]) / measured["peak_bytes"]
         row = {"config": name, "overrides": overrides, "params": est.assumptions["params"],
                "predicted_bytes": est.total_bytes, "measured_bytes": measured["peak_bytes"],

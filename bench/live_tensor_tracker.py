@@ -37,8 +37,7 @@ class LiveBytes(TorchDispatchMode):
         elif nbytes != old:
             self._seen[key] = nbytes
             self.live += nbytes - old
-        if self.live > self.peak:
-            self.peak = self.live
+        self.peak = max(self.peak, self.live)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -179,7 +179,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         names = list(groups)
         for allow_experiment in (False, True):
             usable = [g for g in names if allow_experiment or not groups[g][0].changes_experiment]
-            for size in range(0, len(usable) + 1):
+            for size in range(len(usable) + 1):
                 best = None
                 for combo in itertools.combinations(usable, size):
                     for picks in itertools.product(*(groups[g] for g in combo)):

@@ -311,8 +311,9 @@ def logits_bytes(s: Shapes, mode: str) -> int:
     GRPO loss): a tile buffer `[min(N, 4096), 32768]` in the compute dtype, reused for every vocab
     slice, plus `grad_hidden` `[N, H]` fp32 in backward. On CUDA (Triton) only the completion
     positions are scored (N = B x C) and the fold is in-kernel; on CPU (torch fallback) every
-    position is scored (N = B x (S-1)) and `_backward_tile` holds ~8.25 tile-sized fp32 temporaries
-    (y, z, log_p, p, grad, is_target, the difference and the product).
+    position is scored (N = B x (S-1)) and `_backward_tile` holds 7.25 tile-sized fp32 temporaries
+    at once (y, z, log_p, p, grad, is_target.float(), the difference, the bool is_target; measured
+    with bench/live_tensor_tracker.py on ChunkedLogProbFunction alone: 7.25 tiles besides the buffer).
     full (a plain causal-LM loss, as TRL < 1.16 and HF's ForCausalLMLoss): logits for every position,
     upcast to fp32, log-softmax saved, and its gradient: at log-softmax backward three fp32
     `[B x S, V]` tensors are alive (the issue's Gemma 3 1B trace: 12 of 22 GiB). TRL < 1.16 kept only
@@ -327,7 +328,7 @@ def logits_bytes(s: Shapes, mode: str) -> int:
     N = s.B * (s.S - 1)
     n = min(N, TOKEN_TILE)
     tile = n * VOCAB_TILE * 4
-    temps = int(8.25 * n * min(s.V, VOCAB_TILE) * 4)
+    temps = int(7.25 * n * min(s.V, VOCAB_TILE) * 4)
     return tile + temps + N * s.H * 4 + N * 4 * 8
 
 
@@ -345,6 +346,23 @@ def hf_generation_bytes(s: Shapes) -> int:
     kv = s.G * s.kd * 2 * s.wb * ((s.L - sliding) * s.S + sliding * window)
     prefill = s.G * s.P * (3 * s.I + 4 * s.H) * s.wb
     return kv + prefill + 2 * s.G * s.V * 4
+
+
+def vllm_pool_bytes(utilization: float, budget: int) -> int:
+    """vLLM reserves `gpu_memory_utilization x total memory` at start-up for its weights, activations,
+    CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py `determine_available_memory`); colocated
+    with training, that share is gone for the trainer unless sleep mode releases it."""
+    return int(utilization * budget)
+
+
+def vllm_kv_available(s: Shapes, pool: int, backend: str) -> int:
+    """KV cache vLLM can allocate inside its pool: pool - its weights - the profiling run's
+    activations (max_num_batched_tokens=4096 tokens through one layer's MLP and the sampler's fp32
+    logits for up to 256 sequences) - CUDA graphs. vLLM loads bf16 weights (TRL colocate passes
+    `quantization="bitsandbytes"` when the trainer's model is 4-bit; Unsloth shares its own)."""
+    vllm_weights = weights_bytes(s) if (backend == "unsloth" or s.four_bit) else param_counts(s)["total"] * 2
+    profile = VLLM_PROFILE_TOKENS * (3 * s.I + 4 * s.H) * 2 + 256 * s.V * 4
+    return pool - vllm_weights - profile - VLLM_GRAPHS_BYTES
 
 
 # ----------------------------------------------------------------------------- estimate
@@ -408,7 +426,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "vllm_pool": 0,
         "cuda_context": CUDA_CONTEXT_BYTES if device == "cuda" else 0,
     }
-    pool = int(cfg.gpu_memory_utilization * budget) if (vllm and budget is not None) else 0
+    pool = vllm_pool_bytes(cfg.gpu_memory_utilization, budget) if (vllm and budget is not None) else 0
     gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
     if vllm:
         train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
@@ -424,9 +442,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
     kv_ok = None
     kv_info: dict = {}
     if vllm and budget is not None:
-        vllm_weights = weights if (backend == "unsloth" or s.four_bit) else param_counts(s)["total"] * 2
-        profile = VLLM_PROFILE_TOKENS * (3 * s.I + 4 * s.H) * 2 + 256 * s.V * 4
-        available = pool - vllm_weights - profile - VLLM_GRAPHS_BYTES
+        available = vllm_kv_available(s, pool, backend)
         needed = s.G * s.S * kv_bytes_per_token(s)
         kv_ok = available >= needed
         kv_info = {
