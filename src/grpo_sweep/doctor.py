@@ -15,7 +15,7 @@ How it decides:
    vLLM share, smaller rank, shorter sequences) is scored by GiB freed and the throughput it costs
    (estimator.relative_step_time), and ranked by GiB per % of speed lost.
 5. The smallest change set that fits with >= 5 % headroom (the fastest among equally small ones)
-   is printed as Hydra overrides. Shorter sequences change the experiment, so they are used only
+   is printed as Hydra overrides, and a faster larger set when there is one. Shorter sequences change the experiment, so they are used only
    when nothing else fits. `--verify` runs a real trial with them.
 """
 
@@ -171,7 +171,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
     levers.sort(key=lambda r: (r["changes_experiment"], -(r["gib_per_pct"] if r["gib_per_pct"] is not None
                                                          else 1e9 * (r["saving_bytes"] > 0)), r["lever"]))
 
-    chosen = None
+    chosen = fastest = None
     if limit is not None:
         groups: dict[str, list[Move]] = {}
         for move in moves:
@@ -179,20 +179,22 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         names = list(groups)
         for allow_experiment in (False, True):
             usable = [g for g in names if allow_experiment or not groups[g][0].changes_experiment]
+            by_size: dict[int, tuple] = {}
             for size in range(len(usable) + 1):
-                best = None
                 for combo in itertools.combinations(usable, size):
                     for picks in itertools.product(*(groups[g] for g in combo)):
                         overrides: dict = {}
                         for move in picks:
                             overrides.update(move.overrides)
                         s = score(overrides)
-                        if s and s["fits"] and (best is None or s["speed_cost_pct"] < best[1]["speed_cost_pct"]):
-                            best = (overrides, s)
-                if best is not None:
-                    chosen = best
-                    break
-            if chosen is not None:
+                        if not (s and s["fits"]):
+                            continue
+                        best = by_size.get(size)
+                        if best is None or s["speed_cost_pct"] < best[1]["speed_cost_pct"]:
+                            by_size[size] = (overrides, s)
+            if by_size:
+                chosen = by_size[min(by_size)]
+                fastest = min(by_size.values(), key=lambda c: c[1]["speed_cost_pct"])
                 break
 
     upgrade = None
@@ -221,6 +223,9 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         result["after"] = {"total_bytes": chosen[1]["estimate"].total_bytes,
                            "need_bytes": chosen[1]["need"],
                            "speed_cost_pct": round(chosen[1]["speed_cost_pct"], 1)}
+        if fastest[1]["speed_cost_pct"] < chosen[1]["speed_cost_pct"] - 0.5:
+            result["fastest"] = {"overrides": _fmt(fastest[0]), "need_bytes": fastest[1]["need"],
+                                 "speed_cost_pct": round(fastest[1]["speed_cost_pct"], 1)}
     return result
 
 
@@ -262,6 +267,10 @@ def format_report(r: dict, cfg: Any) -> str:
         out.append(f"smallest change that fits with >= {int(HEADROOM * 100)} % headroom "
                    f"(needs {_g(a['need_bytes'])}, speed {-a['speed_cost_pct']:+.1f} %):")
         out.append("  " + " ".join(r["overrides"]))
+        if r.get("fastest"):
+            f = r["fastest"]
+            out.append(f"faster, with more changes (needs {_g(f['need_bytes'])}, speed {-f['speed_cost_pct']:+.1f} %):")
+            out.append("  " + " ".join(f["overrides"]))
     elif r["limit_bytes"] is None:
         out.append("no budget known: pass gpu=<card> or gpu.memory_gib=...")
     else:
