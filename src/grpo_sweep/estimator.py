@@ -597,7 +597,7 @@ def cli(argv: list[str]) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"grpo-sweep estimate: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # Hydra's override/composition errors
+    except Exception as exc:  # noqa: BLE001 - Hydra's override/composition errors
         print(f"grpo-sweep estimate: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if as_json:
