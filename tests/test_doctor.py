@@ -151,6 +151,39 @@ def test_doctor_with_vllm_lowers_the_pool_when_the_kv_cache_allows():
                             + result["overrides"])).fits
 
 
+def test_doctor_on_a_vllm_kv_cache_error_raises_the_share():
+    cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm",
+                   "gpu_memory_utilization=0.1"])
+    msg = ("ValueError: To serve at least one request with the models's max seq len (512), (0.01 GiB KV cache is "
+           "needed, which is larger than the available KV cache memory (0.00 GiB).")
+    result = diagnose(cfg, parse_oom_message(msg))
+    assert result["deficit_bytes"] == int(0.01 * GiB)
+    util = [o for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert util and float(util[0].split("=")[1]) > 0.1
+    after = estimate(compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"]
+                             + result["overrides"]))
+    assert after.kv_cache_ok and after.fits
+
+
+def test_doctor_on_a_vllm_startup_error_keeps_the_share_within_free_memory():
+    cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
+    msg = ("ValueError: Free memory on device (15.00/22.06 GiB) on startup is less than desired GPU memory "
+           "utilization (0.8, 17.65 GiB).")
+    result = diagnose(with_util(cfg, 0.8), parse_oom_message(msg))
+    assert result["deficit_bytes"] == int(17.65 * GiB) - int(15.0 * GiB)
+    assert result["unexplained_bytes"] > 5 * GiB  # memory held by something else at start-up
+    (util,) = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert util <= 0.65  # at most floor(15 / 22.06, 0.05): the share must fit in what was free
+    after = estimate(with_util(cfg, util))
+    assert after.kv_cache_ok and after.total_bytes + result["unexplained_bytes"] <= 0.95 * after.budget_bytes
+
+
+def with_util(cfg, util):
+    from grpo_sweep.doctor import with_overrides
+
+    return with_overrides(cfg, {"gpu_memory_utilization": util})
+
+
 def test_doctor_cli_json_and_text(tmp_path):
     message = tmp_path / "oom.txt"
     message.write_text(SEED_MESSAGE)

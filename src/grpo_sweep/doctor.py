@@ -61,6 +61,30 @@ def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
     return None
 
 
+def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
+    """Bounds on gpu_memory_utilization that a vLLM start-up error proves, whatever the estimate says.
+
+    KV cache too small: the pool must grow by the KV shortfall plus the rest of the generation
+    batch's KV (the message counts one max-length request). Free memory below the desired share:
+    the share must fit in what was free at start-up. Both rounded to 0.05 (inwards).
+    """
+    import math
+
+    budget = base.budget_bytes or parsed.get("total_bytes")
+    lo, hi = 0.0, 1.0
+    if not budget:
+        return lo, hi
+    if parsed.get("kv_cache_needed_bytes") is not None and parsed.get("kv_cache_available_bytes") is not None:
+        short = parsed["kv_cache_needed_bytes"] - parsed["kv_cache_available_bytes"]
+        batch = base.assumptions.get("kv_cache_needed_bytes") or 0
+        extra = max(short, 0) + max(batch - parsed["kv_cache_needed_bytes"], 0)
+        lo = min(math.ceil((cfg.gpu_memory_utilization + extra / budget) * 20 - 1e-9) / 20, 0.95)
+        lo = max(lo, round(cfg.gpu_memory_utilization + 0.05, 2))
+    if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None:
+        hi = math.floor(parsed["free_bytes"] / (parsed.get("total_bytes") or budget) * 20) / 20
+    return lo, hi
+
+
 def with_overrides(cfg: Any, overrides: dict):
     new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for key, value in overrides.items():
@@ -81,7 +105,16 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
         factor *= 2
     if device == "cuda" and not cfg.load_in_4bit:
         moves.append(Move("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights"))
-    if backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib"):
+    if backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib") and est_mod.estimate(cfg).kv_cache_ok is False:
+        # vLLM's KV cache cannot hold the batch: the fix is a larger share, not a smaller one.
+        util = round(cfg.gpu_memory_utilization + 0.05, 2)
+        while util <= 0.95:
+            if est_mod.estimate(with_overrides(cfg, {"gpu_memory_utilization": util})).kv_cache_ok:
+                moves.append(Move("vllm_share", {"gpu_memory_utilization": util},
+                                  f"vLLM share {cfg.gpu_memory_utilization} -> {util} (room for the KV cache)"))
+                break
+            util = round(util + 0.05, 2)
+    elif backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib"):
         util = round(cfg.gpu_memory_utilization - 0.05, 2)
         best = None
         while util >= 0.1:
@@ -136,12 +169,18 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         if in_use is not None:
             observed = in_use + parsed["requested_bytes"]
     unexplained = max(0, observed - base.total_bytes) if observed is not None else 0
+    if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None and parsed.get("total_bytes"):
+        # vLLM start-up: what was in use before vLLM allocated beyond the trainer's weights and context
+        # (often another process) stays in use.
+        before_vllm = base.components["weights"] + base.components["cuda_context"]
+        unexplained = max(unexplained, parsed["total_bytes"] - parsed["free_bytes"] - before_vllm)
     limit = None if budget is None else int(budget * (1 - HEADROOM))
     deficit = parsed.get("deficit_bytes")
     if deficit is None and budget is not None:
         deficit = max(0, base.total_bytes + unexplained - budget)
 
     base_speed = est_mod.relative_step_time(cfg, mode)["tokens_per_s"]
+    util_min, util_max = vllm_limits(cfg, parsed, base)
 
     def score(overrides: dict) -> dict | None:
         new = with_overrides(cfg, overrides)
@@ -151,12 +190,27 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         speed = est_mod.relative_step_time(new, mode)["tokens_per_s"]
         need = e.total_bytes + unexplained
         ok = limit is not None and need <= limit and e.kv_cache_ok is not False and e.fits
+        ok = ok and util_min - 1e-9 <= new.gpu_memory_utilization <= util_max + 1e-9
         return {"estimate": e, "need": need, "fits": ok,
                 "speed_cost_pct": 100 * (1 - speed / base_speed), "saving": base.total_bytes - e.total_bytes}
 
     moves = candidate_moves(cfg, backend, device)
+    if util_min > cfg.gpu_memory_utilization or util_max < cfg.gpu_memory_utilization:
+        # The error bounds the share: offer every allowed value, nearest to the current one first
+        # (equal cost: the search keeps the first, i.e. the least change).
+        moves = [m for m in moves if m.group != "vllm_share"]
+        if util_min > cfg.gpu_memory_utilization:
+            shares = [round(util_min + 0.05 * i, 2) for i in range(int((0.95 - util_min) / 0.05) + 1)]
+        else:
+            shares = [round(util_max - 0.05 * i, 2) for i in range(int((util_max - 0.1) / 0.05) + 1)]
+        for util in shares:
+            moves.append(Move("vllm_share", {"gpu_memory_utilization": util},
+                              f"vLLM share {cfg.gpu_memory_utilization} -> {util} (within what the vLLM error allows)"))
     levers = []
+    shares = [m for m in moves if m.group == "vllm_share"]
     for move in moves:
+        if move.group == "vllm_share" and move not in (shares[0], shares[-1]):
+            continue  # list the nearest and the farthest allowed share, not every 0.05 step
         s = score(move.overrides)
         if s is None:
             continue
