@@ -414,7 +414,8 @@ def cli(argv: list[str]) -> int:
         overrides, mode, _ = est_mod.split_args(rest)
         text, config_path, fields = read_message(source)
         cfg = load_config(config_path, overrides)
-        parsed = {**fields, **parse_oom_message(text)}
+        # The trial already parsed its OOM against the emulated card (capped free memory): those win.
+        parsed = {**parse_oom_message(text), **fields}
         result = diagnose(cfg, parsed, mode)
     except Exception as exc:  # noqa: BLE001 - any bad input ends in one clear line
         print(f"grpo-sweep doctor: {type(exc).__name__}: {exc}", file=sys.stderr)
