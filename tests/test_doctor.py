@@ -214,6 +214,13 @@ def test_doctor_reads_a_trial_metrics_json(tmp_path):
                             timeout=120)
     data = json.loads(result.stdout)
     assert data["parsed"]["free_bytes"] == int(2.72 * GiB) and data["overrides"]
+    # Overrides on a saved config are typed as YAML (an int stays an int), groups are refused.
+    from grpo_sweep.doctor import load_config
+
+    cfg = load_config(run / "config.yaml", ["per_device_train_batch_size=2", "gradient_checkpointing=true"])
+    assert cfg.per_device_train_batch_size == 2 and cfg.gradient_checkpointing is True
+    with pytest.raises(ValueError, match="already composed"):
+        load_config(run / "config.yaml", ["gpu=t4_16g"])
 
 
 def test_doctor_bad_input_is_one_clear_line(tmp_path):

@@ -219,7 +219,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         levers.append({
             "lever": move.label, "overrides": _fmt(move.overrides), "saving_bytes": int(s["saving"]),
             "speed_cost_pct": round(cost, 1),
-            "gib_per_pct": None if cost <= 0.05 else round(gib / cost, 3),
+            "gib_per_pct": None if cost <= 0.05 else gib / cost,
             "changes_experiment": move.changes_experiment,
         })
     levers.sort(key=lambda r: (r["changes_experiment"], -(r["gib_per_pct"] if r["gib_per_pct"] is not None
@@ -312,7 +312,7 @@ def format_report(r: dict, cfg: Any) -> str:
                    + (" and fits on its own: the cheapest fix" if u["fits"] else ", not enough on its own"))
     out.append("levers (ranked by GiB freed per % of throughput lost):")
     for row in r["levers"]:
-        ratio = "free" if row["gib_per_pct"] is None else f"{row['gib_per_pct']:.2f} GiB/%"
+        ratio = "free" if row["gib_per_pct"] is None else f"{row['gib_per_pct']:.3g} GiB/%"
         flag = "  [changes the experiment]" if row["changes_experiment"] else ""
         out.append(f"  {row['lever']:<62} saves {row['saving_bytes'] / GiB:6.2f} GiB  "
                    f"speed {-row['speed_cost_pct']:+6.1f} %  {ratio}{flag}")
@@ -362,12 +362,15 @@ def load_config(config_path: Path | None, overrides: list[str]):
         return compose_train_config(overrides)
     cfg = OmegaConf.load(config_path)
     for item in overrides:
-        key, _, value = item.partition("=")
-        if "." not in key and key in ("model", "gpu", "backend", "task", "preset", "lora", "quant", "logger"):
+        key = item.partition("=")[0]
+        if key in ("model", "gpu", "backend", "task", "preset", "lora", "quant", "logger"):
             raise ValueError(f"{item}: a trial's config.yaml is already composed; set keys (e.g. gpu.memory_gib=22)")
-        OmegaConf.update(cfg, key, OmegaConf.create({"v": value})["v"] if value else None, merge=False)
-        cfg = OmegaConf.create(OmegaConf.to_yaml(cfg))
-    return cfg
+    return apply_dotlist(cfg, overrides)
+
+
+def apply_dotlist(cfg: Any, overrides: list[str]):
+    """`key=value` overrides with YAML-typed values (2 -> int, true -> bool, [a,b] -> list)."""
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
 
 
 def verify(cfg: Any, overrides: list[str]) -> dict:
@@ -376,10 +379,7 @@ def verify(cfg: Any, overrides: list[str]) -> dict:
 
     from .trial import run_trial
 
-    new = cfg
-    for item in overrides:
-        key, _, value = item.partition("=")
-        OmegaConf.update(new, key, OmegaConf.create({"v": value})["v"], merge=False)
+    new = apply_dotlist(cfg, overrides)
     run_dir = Path("outputs") / "doctor" / time.strftime("%Y-%m-%d_%H-%M-%S")
     record = run_trial(new, run_dir)
     record["run_dir"] = str(run_dir)
@@ -433,5 +433,5 @@ def cli(argv: list[str]) -> int:
     if "verify" in result:
         v = result["verify"]
         print(f"verify: trial {v['status']} | peak {_g(v['peak_memory_bytes'])} ({v['memory_source']}) | "
-              f"tokens/s {v['tokens_per_s']} | {v['run_dir']}" + (f" | {v['error'][:160]}" if v["error"] else ""))
+              f"tokens/s {v['tokens_per_s'] or 0:.1f} | {v['run_dir']}" + (f" | {v['error'][:160]}" if v["error"] else ""))
     return 0
