@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 SWEEP ?= tiny_cpu
 ARGS ?=
 
-.PHONY: install test test-fast train sweep lint clean
+.PHONY: install test test-fast train sweep lint clean bench
 
 install: .venv/.installed
 
@@ -33,3 +33,6 @@ lint: install
 
 clean:
 	rm -rf outputs/runs outputs/multirun outputs/sweeps .pytest_cache .ruff_cache build src/*.egg-info
+
+bench: install
+	$(PY) bench/run_all.py

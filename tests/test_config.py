@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import compose, run_train
+from grpo_sweep.backends import installed
 from grpo_sweep.schema import ConfigError, validate
 
 
@@ -33,7 +34,11 @@ def test_cuda_only_levers_need_cuda():
         validate(compose(["quant=nf4"]), cuda=False)
     with pytest.raises(ConfigError, match="backend=unsloth"):
         validate(compose(["backend.name=unsloth"]), cuda=False)
-    validate(compose(["quant=nf4"]), cuda=True)  # allowed where CUDA exists
+    if installed("bitsandbytes"):
+        validate(compose(["quant=nf4"]), cuda=True)  # allowed where CUDA exists
+    else:  # ... and bitsandbytes is installed (the message says so, before any model loads)
+        with pytest.raises(ConfigError, match="not installed: bitsandbytes"):
+            validate(compose(["quant=nf4"]), cuda=True)
 
 
 def test_groups_set_top_level_levers():

@@ -12,14 +12,20 @@ METRICS_FILE = "metrics.json"
 REQUIRED_KEYS = (
     "status", "error", "levers", "effective", "steps", "tokens_per_s", "samples_per_s", "step_time_s",
     "reward_mean", "reward_std", "peak_memory_bytes", "memory_source", "trainable_params", "device",
-    "backend", "versions",
+    "backend", "versions", "lever_mismatch",
 )
+# Memory truth (issue 3): the peak by category and phase, the enforced budget, an OOM's numbers.
+MEMORY_KEYS = (
+    "peak_memory_breakdown", "peak_phase", "budget_bytes", "simulated_device",
+    "oom_phase", "requested_bytes", "free_bytes", "deficit_bytes",
+)
+REQUIRED_KEYS = REQUIRED_KEYS + MEMORY_KEYS
 
 
 def empty_metrics(status: str, error: str | None, levers: dict) -> dict:
     """A record with every required key, for trials that ended before measuring anything."""
     record: dict[str, Any] = {key: None for key in REQUIRED_KEYS}
-    record.update(status=status, error=error, levers=levers, effective={}, steps=0)
+    record.update(status=status, error=error, levers=levers, effective={}, steps=0, lever_mismatch={})
     return record
 
 

@@ -2,11 +2,18 @@
 
 `source=random` builds the architecture from its numbers with random weights (the embedded
 default, and real architectures on machines without hub access); `source=hub` is the real
-`from_pretrained` path used on GPU machines.
+`from_pretrained` path used on GPU machines. Random weights with `load_in_4bit` (and the vLLM and
+Unsloth backends, which load by path) go through a saved checkpoint: see `materialize_random`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 # transformers config classes by model_type; any model_type AutoConfig knows also works.
@@ -60,26 +67,94 @@ def load_tokenizer(cfg: Any, corpus):
     return train_local_tokenizer(corpus, vocab_size=min(cfg.model.arch.vocab_size, 512))
 
 
-def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None):
-    """The policy model: random weights from `arch`, or the hub checkpoint."""
-    import torch
+def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None, by_path: bool = False):
+    """The policy model: random weights from `arch`, or the hub checkpoint.
+
+    `by_path`: load random weights from their saved checkpoint so `model.name_or_path` points at
+    real files (vLLM colocate loads its own copy from there). 4-bit always loads from a checkpoint:
+    bitsandbytes quantises while loading, giving the same layers a hub model gets.
+    """
     from transformers import AutoModelForCausalLM
 
-    dtype = torch_dtype(cfg, on_cuda)
-    if cfg.model.source == "hub":
+    if cfg.model.source == "hub" or quantization_config is not None or by_path:
         return AutoModelForCausalLM.from_pretrained(
-            cfg.model.hub_id,
-            dtype=dtype,
+            model_path(cfg, tokenizer, on_cuda=on_cuda),
+            dtype=torch_dtype(cfg, on_cuda),
             quantization_config=quantization_config,
             device_map={"": 0} if on_cuda else None,
         )
+    return build_random(cfg, tokenizer, on_cuda=on_cuda)
+
+
+def build_random(cfg: Any, tokenizer, *, on_cuda: bool):
+    """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     config = build_config(cfg.model.arch, cfg.max_seq_length)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     config.bos_token_id = tokenizer.bos_token_id
     torch.manual_seed(cfg.seed)
     with torch.device("cuda" if on_cuda else "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if quantization_config is not None:
-        raise NotImplementedError("4-bit quantisation of a random-weight model: use model.source=hub")
-    return model
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(cfg, on_cuda))
+
+
+def random_model_dir(cfg: Any, tokenizer, on_cuda: bool) -> Path:
+    """Cache directory for a saved random-weight model: one per architecture, seed, dtype, vocabulary.
+
+    Under $GRPO_SWEEP_CACHE (default ~/.cache/grpo-sweep), not the run directory: a sweep reuses
+    one copy instead of writing a checkpoint per trial.
+    """
+    from omegaconf import OmegaConf
+
+    arch = cfg.model.arch
+    arch = OmegaConf.to_container(arch, resolve=True) if OmegaConf.is_config(arch) else dict(arch)
+    key = json.dumps(
+        {
+            "arch": arch,
+            "seed": cfg.seed,
+            "dtype": str(torch_dtype(cfg, on_cuda)),
+            # Only what reaches the config: a longer max_seq_length changes max_position_embeddings.
+            "positions": max(arch["max_position_embeddings"], cfg.max_seq_length),
+            "vocab": sorted(tokenizer.get_vocab().items()),
+            "special": [tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id],
+        },
+        sort_keys=True,
+        default=str,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("GRPO_SWEEP_CACHE", Path.home() / ".cache" / "grpo-sweep"))
+    return root / "random-models" / f"{cfg.model.name}-{digest}"
+
+
+def materialize_random(cfg: Any, tokenizer, *, on_cuda: bool) -> Path:
+    """Save the random-weight model and its tokenizer as a checkpoint directory; return its path.
+
+    Needed wherever a library loads weights by path rather than taking a model object: vLLM
+    (TRL colocate builds `LLM(model=model.name_or_path)`), Unsloth's `from_pretrained`, and
+    bitsandbytes 4-bit quantisation at load time. Written atomically (tmp dir + rename) so
+    concurrent trials never read half a checkpoint.
+    """
+    target = random_model_dir(cfg, tokenizer, on_cuda)
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    model = build_random(cfg, tokenizer, on_cuda=False)  # CPU: no GPU memory spent on a copy
+    model.to(torch_dtype(cfg, on_cuda))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    del model
+    try:
+        tmp.rename(target)
+    except OSError:  # another trial won the race: use its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def model_path(cfg: Any, tokenizer, *, on_cuda: bool) -> str:
+    """What to hand a loader that takes a name: the hub id, or the saved random-weight checkpoint."""
+    if cfg.model.source == "hub":
+        return cfg.model.hub_id
+    return str(materialize_random(cfg, tokenizer, on_cuda=on_cuda))

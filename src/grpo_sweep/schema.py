@@ -83,6 +83,7 @@ class LoggerConfig:
     mode: str = "auto"  # auto: online when an API key is configured, else offline
     group: Optional[str] = None
     tags: list = field(default_factory=list)
+    init_timeout_s: float = 30.0  # an unreachable W&B server falls back to offline after this long
 
 
 @dataclass
@@ -175,6 +176,7 @@ def validate(cfg: DictConfig, *, cuda: Optional[bool] = None) -> DictConfig:
         _positive(cfg, key)
     if cfg.lora_alpha is not None:
         _positive(cfg, "lora_alpha")
+    _positive(cfg, "logger.init_timeout_s")
     if not 0.0 < cfg.gpu_memory_utilization < 1.0:
         raise ConfigError(
             f"gpu_memory_utilization={cfg.gpu_memory_utilization}: must be strictly between 0 and 1"
@@ -219,11 +221,21 @@ def validate(cfg: DictConfig, *, cuda: Optional[bool] = None) -> DictConfig:
         needs_cuda.append("load_in_4bit=true (bitsandbytes 4-bit kernels run on CUDA only)")
     if cfg.backend.name in ("trl_vllm", "unsloth"):
         needs_cuda.append(f"backend={cfg.backend.name} (vLLM and Unsloth run on CUDA only)")
+    from .backends import install_hint, missing_for
+
+    missing = missing_for(cfg.backend.name, load_in_4bit=cfg.load_in_4bit)
     if needs_cuda:
         has_cuda = cuda_available() if cuda is None else cuda
         if not has_cuda:
             raise ConfigError(
-                "; ".join(needs_cuda) + ": no CUDA device is available here. "
-                "Use load_in_4bit=false and backend=trl (or auto) on CPU."
+                "; ".join(needs_cuda) + ": no CUDA device is available here"
+                + (f" (and not installed: {', '.join(missing)})" if missing else "")
+                + ". Use load_in_4bit=false and backend=trl (or auto) on CPU."
             )
+    if missing:
+        raise ConfigError(
+            f"backend={cfg.backend.name}" + (" with load_in_4bit=true" if cfg.load_in_4bit else "")
+            + f" needs packages that are not installed: {', '.join(missing)} "
+            f"(on a CUDA machine: {install_hint(cfg.backend.name, missing)}; or choose backend=trl or auto)"
+        )
     return cfg

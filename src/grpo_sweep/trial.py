@@ -52,6 +52,7 @@ def format_summary(record: dict, run_dir: Path) -> str:
 
 def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Run one trial of `cfg` in a child process; always returns (and writes) its metrics record."""
+    requested_unix = time.time()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -61,7 +62,11 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     container = OmegaConf.to_container(cfg, resolve=True)
     from . import worker
 
-    ctx = _context(cfg.trial.start_method)
+    from .backends import resolve_backend, start_method
+    from .schema import cuda_available
+
+    backend = resolve_backend(cfg.backend.name, cfg.backend.name == "auto" and cuda_available())
+    ctx = _context(start_method(backend, cfg.trial.start_method))  # spawn for Unsloth (backends/__init__)
     proc = ctx.Process(target=worker.main, args=(container, str(run_dir)), name="grpo-sweep-trial")
     started = time.monotonic()
     proc.start()
@@ -86,6 +91,9 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         record = empty_metrics("failed", reason, requested_levers(cfg))
     record["exitcode"] = proc.exitcode
     record["wall_time_s"] = time.monotonic() - started
+    first_step = record.get("first_step_begin_unix")
+    # "Trial requested" to "first GRPO step starts": process start, model build, trainer set-up.
+    record["start_latency_s"] = first_step - requested_unix if first_step else None
     record["run_dir"] = str(run_dir)
     write_metrics(run_dir, record)
     print(format_summary(record, run_dir), flush=True)

@@ -82,13 +82,18 @@ def main(container: dict, run_dir: str) -> None:
 
     cfg = OmegaConf.create(container)
     record = empty_metrics("failed", None, requested_levers(cfg))
+    wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     probe = None
+    memory = None  # meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
+    oom, error_text = False, ""
     try:
         import torch
 
-        from .backends import get_backend, resolve_backend
-        from .meter import StepMeter, memory_probe
+        from .backends import get_backend, prepare_imports, resolve_backend
+
+        prepare_imports(resolve_backend(cfg.backend.name, torch.cuda.is_available()), cfg)  # Unsloth first
+        from .meter import MemoryMeter, StepMeter
         from .schema import generation_batch_size
         from .tasks import get_task
 
@@ -106,29 +111,44 @@ def main(container: dict, run_dir: str) -> None:
             record["predicted_peak_bytes"] = None
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
-        probe = memory_probe(on_cuda)
+        memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
+        probe = memory.probe
         task = get_task(cfg)
         from .models import load_tokenizer
 
         tokenizer = load_tokenizer(cfg, task.corpus())
+        from .wandb_logger import open_logger  # imports wandb only when logger=wandb
+
+        wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe, tracking=memory.tracking)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
-            callbacks=[meter], run_dir=run_path, on_cuda=on_cuda,
+            callbacks=[meter, memory.callback()], run_dir=run_path, on_cuda=on_cuda,
         )
         trainer = backend.build_trainer(cfg, ctx)
+        meter.on_step = wb.log_step  # each step's row to W&B too
         prompt_tokens = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in dataset["prompt"])
         effective = backend.effective(trainer)
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
+        from .backends.readback import format_mismatch, lever_mismatch
+
+        record["lever_mismatch"] = lever_mismatch(
+            record["levers"], effective, worst_case_lengths=cfg.trial.worst_case_lengths
+        )
+        if record["lever_mismatch"]:
+            print(f"[trial] WARNING levers changed by {backend_name}: {format_mismatch(record['lever_mismatch'])}"
+                  " (metrics.json lever_mismatch; throughput is for the effective values)", flush=True)
         record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         inject_fault(cfg.trial.debug_fault)
-        trainer.train()
+        memory.attach(trainer)
+        with memory.running():
+            trainer.train()
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
-        oom = is_oom(exc)
+        oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
         record["status"] = "oom" if oom else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
         if not oom:
@@ -139,8 +159,13 @@ def main(container: dict, run_dir: str) -> None:
             summary.pop("_measured_time_s", None)
             record.update(summary)
             record["history"] = meter.rows
-        if probe is not None:
+            record["first_step_begin_unix"] = meter.first_step_begin_unix
+        if memory is not None:
+            record.update(memory.result(error_text if oom else None))
+        elif probe is not None:
             record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
+        if wb is not None:
+            wb.finish(record)  # after metrics.json: a slow or failing upload never costs the result
         sys.stdout.flush()
         sys.stderr.flush()

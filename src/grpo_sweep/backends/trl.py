@@ -20,8 +20,13 @@ def completion_budget(cfg: Any) -> int:
     return cfg.max_seq_length - cfg.max_prompt_length
 
 
-def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str) -> dict:
-    """GRPOConfig keyword arguments for our levers (tested against GRPOConfig's real signature)."""
+def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") -> dict:
+    """GRPOConfig keyword arguments for our levers (tested against GRPOConfig's real signature).
+
+    `sampler` names what generates completions: "hf" (transformers `generate`, whose
+    GenerationConfig calls the floor `min_new_tokens`) or "vllm" (`SamplingParams`: `min_tokens`).
+    The vLLM backends add their own arguments on top of these (trl_vllm.vllm_args).
+    """
     completion = completion_budget(cfg)
     args = dict(
         output_dir=output_dir,
@@ -46,7 +51,8 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str) -> dict:
     )
     if cfg.trial.worst_case_lengths:
         # Force every completion to the full budget: the peak a trial measures is the worst case.
-        args["generation_kwargs"] = {"min_new_tokens": completion}
+        floor = {"hf": "min_new_tokens", "vllm": "min_tokens"}[sampler]
+        args["generation_kwargs"] = {floor: completion}
     return args
 
 
@@ -80,22 +86,34 @@ def quantization_config(cfg: Any):
 
 def build_trainer(cfg: Any, ctx: Any):
     """ctx carries what the worker prepared: tokenizer, dataset, reward_funcs, callbacks, run_dir."""
-    from transformers import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from ..models import load_model
 
     model = load_model(cfg, ctx.tokenizer, on_cuda=ctx.on_cuda, quantization_config=quantization_config(cfg))
     args = GRPOConfig(**grpo_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer")))
-    trainer = GRPOTrainer(
+    return make_trainer(ctx, model, args, peft_config=lora_config(cfg))
+
+
+def trainer_kwargs(ctx: Any, model, args, peft_config=None) -> dict:
+    """GRPOTrainer keyword arguments shared by every backend (tested against its signature)."""
+    return dict(
         model=model,
         reward_funcs=list(ctx.reward_funcs),
         args=args,
         train_dataset=ctx.dataset,
         processing_class=ctx.tokenizer,
-        peft_config=lora_config(cfg),
+        peft_config=peft_config,
         callbacks=list(ctx.callbacks),
     )
+
+
+def make_trainer(ctx: Any, model, args, peft_config=None):
+    """GRPOTrainer as imported now (Unsloth's patched class once Unsloth has been imported)."""
+    from transformers import PrinterCallback
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(**trainer_kwargs(ctx, model, args, peft_config))
     trainer.remove_callback(PrinterCallback)  # our meter prints one line per step instead
     return trainer
 
@@ -116,10 +134,17 @@ def effective(trainer) -> dict:
         "generation_batch_size": args.generation_batch_size,
         "lora_rank": peft_cfg.r if peft_cfg else None,
         "lora_target_modules": sorted(peft_cfg.target_modules) if peft_cfg else None,
-        "load_in_4bit": bool(quant and _get(quant, "load_in_4bit")),
-        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "load_in_4bit": bool(quant and _get(quant, "load_in_4bit")) or _has_4bit_layers(model),
+        # TRL can switch checkpointing on for k-bit models: read the model, not only the args.
+        "gradient_checkpointing": bool(args.gradient_checkpointing)
+        or bool(getattr(model, "is_gradient_checkpointing", False)),
     }
 
 
 def _get(obj, key):
     return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _has_4bit_layers(model) -> bool:
+    """bitsandbytes' 4-bit linear layers present (whatever the config says)."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())

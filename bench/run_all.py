@@ -1,0 +1,59 @@
+"""`make bench`: run every benchmark in one go and write bench/results/summary.json + summary.md.
+
+The grid for search efficiency is recorded once (bench/record_grid.py) and replayed here; pass
+--record-grid to measure it again. The README's Performance section shows summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import estimator_accuracy  # noqa: E402
+import overhead  # noqa: E402
+import record_grid  # noqa: E402
+import search_efficiency  # noqa: E402
+import trial_start  # noqa: E402
+from common import RESULTS, markdown_table, measured_at  # noqa: E402
+
+
+def main(record: bool) -> dict:
+    if record or not search_efficiency.DATA.exists():
+        record_grid.main(budget_gib=record_grid.DEFAULT_BUDGET_GIB)
+    start = trial_start.main()
+    over = overhead.main(rounds=3, tracker_overrides=overhead.TRACKER_OVERRIDES)
+    search = search_efficiency.main()
+    accuracy = estimator_accuracy.main()
+    summary = {
+        "overhead_ratio": over["overhead_ratio"],
+        "tracker_overhead_ratio": over.get("tracker_overhead_ratio"),
+        "cold_start_s": start["cold_start_s"],
+        "warm_start_s": start["warm_start_s"],
+        "grid_size": search["grid_size"],
+        "search_median_trials": search["search_median_trials"],
+        "search_median_trials_no_prescreen": search["search_median_trials_no_prescreen"],
+        "tpe_unconstrained_median_trials": search["tpe_unconstrained_median_trials"],
+        "random_median_trials": search["random_median_trials"],
+        "infeasible_final_picks": search["infeasible_final_picks"],
+        "estimator_median_abs_err": accuracy["median_abs_err"],
+        "estimator_max_abs_err": accuracy["max_abs_err"],
+        "measured_at": measured_at(),
+    }
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rows = [{"figure": k, "value": v} for k, v in summary.items()]
+    parts = [f"## Performance (`make bench`, {summary['measured_at']})", "", markdown_table(rows), ""]
+    for name in ("overhead", "trial_start", "search_efficiency", "estimator_accuracy"):
+        path = RESULTS / f"{name}.md"
+        if path.exists():
+            parts += [path.read_text(), ""]
+    (RESULTS / "summary.md").write_text("\n".join(parts))
+    return summary
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--record-grid", action="store_true", help="measure the grid again (about 10 min)")
+    print(json.dumps(main(parser.parse_args().record_grid), indent=2))

@@ -1,0 +1,147 @@
+"""Search efficiency: replay search strategies on a lever grid that was measured for real.
+
+bench/data/grid_tiny_cpu.json (bench/record_grid.py) holds one real trial per grid point under a
+simulated budget: tokens/s for points that fit, a real OOM with its deficit for points that do
+not. Each strategy below asks for points and is told the recorded outcome, as if it had run the
+trial, over >= 20 seeds:
+- ours:            our sweeper's sampler and constraint handling (OOM -> infeasible with deficit),
+                   with the estimator pre-screen (points predicted over budget are pruned unrun);
+- ours_no_prescreen: the same without the pre-screen;
+- tpe_unconstrained: Optuna TPE that only sees OOMs as failed trials (what hydra-optuna-sweeper does);
+- random:          uniform sampling without replacement;
+- grid:            every point.
+Reported per strategy: trials run until a config within 5 % of the grid optimum is found (pruned
+points cost no trial), OOM trials wasted before that, and whether the final pick is feasible.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, median, write_result  # noqa: E402
+
+DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
+SEEDS = 20
+WITHIN = 0.05
+MAX_TRIALS = 40  # the sweep's trial budget; a strategy that never gets close counts this many
+
+
+def load_grid() -> dict:
+    data = json.loads(DATA.read_text())
+    data["by_key"] = {key(p["levers"]): p for p in data["points"]}
+    ok = [p["tokens_per_s"] for p in data["points"] if p["status"] == "ok"]
+    data["optimum"] = max(ok)
+    return data
+
+
+def key(levers: dict) -> tuple:
+    return tuple(sorted(levers.items()))
+
+
+def good_enough(point: dict, optimum: float) -> bool:
+    return point["status"] == "ok" and point["tokens_per_s"] >= (1 - WITHIN) * optimum
+
+
+def outcome(trials: list[dict], optimum: float) -> dict:
+    """trials: the points a strategy ran, in order (pruned/invalid points excluded: they cost nothing)."""
+    found = next((i + 1 for i, p in enumerate(trials) if good_enough(p, optimum)), MAX_TRIALS)
+    wasted = sum(1 for p in trials[:found] if p["status"] == "oom")
+    feasible = [p for p in trials if p["status"] == "ok"]
+    pick = max(feasible, key=lambda p: p["tokens_per_s"]) if feasible else None
+    return {"trials_to_5pct": found, "oom_trials_wasted": wasted,
+            "final_pick_feasible": bool(pick and pick["status"] == "ok")}
+
+
+def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool) -> list[dict]:
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper import search as sweep_search  # our sweeper's own logic
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in grid["grid"].items()}
+    study = optuna.create_study(direction="maximize", sampler=sweep_search.make_sampler(seed, constrained))
+    ran: list[dict] = []
+    asked = 0
+    while len(ran) < MAX_TRIALS and asked < 20 * MAX_TRIALS:
+        asked += 1
+        trial = study.ask(space)
+        point = grid["by_key"].get(key(trial.params))
+        if point is None:  # TRL rejects it before any model loads: costs no trial
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        predicted = point.get("predicted_peak_bytes")
+        if prescreen and sweep_search.prescreen_rejects(predicted, grid["budget_bytes"]):
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        ran.append(point)
+        if point["status"] == "ok":
+            if constrained:
+                trial.set_constraint("oom", sweep_search.feasible_constraint_value())
+            study.tell(trial, point["tokens_per_s"])
+        elif constrained:
+            deficit = point.get("deficit_bytes") or 1
+            trial.set_constraint("oom", float(deficit))
+            study.tell(trial, sweep_search.infeasible_objective_value())
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if len({key(p["levers"]) for p in ran}) == len(grid["points"]):
+            break
+    return ran
+
+
+def random_strategy(grid: dict, seed: int) -> list[dict]:
+    points = list(grid["points"])
+    random.Random(seed).shuffle(points)
+    return points[:MAX_TRIALS]
+
+
+def main() -> dict:
+    grid = load_grid()
+    strategies = {
+        "ours": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=True),
+        "ours_no_prescreen": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=False),
+        "tpe_unconstrained": lambda s: optuna_strategy(grid, s, constrained=False, prescreen=False),
+        "random": lambda s: random_strategy(grid, s),
+    }
+    per = {name: [outcome(run(seed), grid["optimum"]) for seed in range(SEEDS)] for name, run in strategies.items()}
+    n = len(grid["points"])
+    table = [{"strategy": "full grid", "median trials to within 5%": n, "median OOM trials wasted":
+              sum(p["status"] == "oom" for p in grid["points"]), "infeasible final picks": 0}]
+    summary = {}
+    for name, outs in per.items():
+        summary[name] = {
+            "median_trials": median(o["trials_to_5pct"] for o in outs),
+            "median_oom_wasted": median(o["oom_trials_wasted"] for o in outs),
+            "infeasible_final_picks": sum(not o["final_pick_feasible"] for o in outs),
+            "runs": outs,
+        }
+        table.append({"strategy": name, "median trials to within 5%": summary[name]["median_trials"],
+                      "median OOM trials wasted": summary[name]["median_oom_wasted"],
+                      "infeasible final picks": summary[name]["infeasible_final_picks"]})
+    result = {
+        "grid_size": n,
+        "seeds": SEEDS,
+        "max_trials": MAX_TRIALS,
+        "optimum_tokens_per_s": grid["optimum"],
+        "grid_measured_at": grid["measured_at"],
+        "search_median_trials": summary["ours"]["median_trials"],
+        "search_median_trials_no_prescreen": summary["ours_no_prescreen"]["median_trials"],
+        "tpe_unconstrained_median_trials": summary["tpe_unconstrained"]["median_trials"],
+        "random_median_trials": summary["random"]["median_trials"],
+        "infeasible_final_picks": summary["ours"]["infeasible_final_picks"],
+        "strategies": summary,
+    }
+    assert not math.isnan(result["search_median_trials"])
+    write_result("search_efficiency", result, table,
+                 f"Search efficiency on a {n}-point grid measured for real ({SEEDS} seeds)")
+    return result
+
+
+if __name__ == "__main__":
+    out = main()
+    print(json.dumps({k: v for k, v in out.items() if k != "strategies"}, indent=2))

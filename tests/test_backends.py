@@ -1,0 +1,300 @@
+"""The GPU backends without a GPU: each lever translation against the real upstream signatures,
+backend choice and refusal before any model loads, vLLM's rescaled reservation, the lever read-back.
+
+Signatures are read from the installed packages, so a renamed upstream argument fails here, not
+in a user's run. Unsloth and vLLM need CUDA to install or import: their checks skip with the
+reason where they are absent (run them on a GPU machine: scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import FAST, compose, load_metrics, run_train
+
+from grpo_sweep import backends
+from grpo_sweep.backends import trl as trl_backend
+from grpo_sweep.backends import trl_vllm, unsloth
+from grpo_sweep.backends.readback import format_mismatch, lever_mismatch
+from grpo_sweep.backends.vllm_util import (
+    GIB,
+    device_utilization,
+    engine_utilization,
+    rescale_utilization,
+    target_equivalent,
+)
+from grpo_sweep.schema import ConfigError, validate
+
+H200 = 143_771_058_176  # torch's total_memory of an H200 (~133.9 GiB)
+
+
+def _params(fn) -> set[str]:
+    return {n for n, p in inspect.signature(fn).parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def _importable(module: str) -> tuple[bool, str]:
+    """Import `module`; (False, reason) when absent or unusable here (Unsloth raises without a GPU)."""
+    if not backends.installed(module):
+        return False, f"{module} is not installed (CUDA-only; pip install -e '.[{'unsloth' if module == 'unsloth' else 'vllm'}]')"
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - Unsloth raises NotImplementedError without a GPU
+        return False, f"{module} does not import here: {type(exc).__name__}: {str(exc)[:120]}"
+    return True, ""
+
+
+# --- the lever translations against the real signatures -------------------------------------
+
+
+def _all_grpo_args(cfg, tmp_path):
+    return {
+        "trl": trl_backend.grpo_args(cfg, on_cuda=False, output_dir=str(tmp_path)),
+        "trl_vllm": trl_vllm.grpo_vllm_args(cfg, on_cuda=False, output_dir=str(tmp_path), device_util=0.3),
+        "unsloth": unsloth.grpo_unsloth_args(cfg, on_cuda=False, output_dir=str(tmp_path)),
+    }
+
+
+@pytest.mark.parametrize("backend", ["trl", "trl_vllm", "unsloth"])
+def test_grpo_args_are_grpoconfig_arguments(backend, tmp_path):
+    from trl import GRPOConfig
+
+    cfg = compose(["preset=seed_optimized", "lora=all_linear", "gradient_checkpointing=true"])
+    args = _all_grpo_args(cfg, tmp_path)[backend]
+    unknown = set(args) - _params(GRPOConfig)
+    assert not unknown, f"GRPOConfig no longer takes {unknown} (trl {importlib.metadata.version('trl')})"
+    built = GRPOConfig(**args)  # and TRL's own checks accept the combination
+    assert built.per_device_train_batch_size == cfg.per_device_train_batch_size
+    assert built.generation_batch_size == cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    assert built.max_completion_length == cfg.max_seq_length - cfg.max_prompt_length
+
+
+def test_vllm_args_carry_the_levers(tmp_path):
+    cfg = compose(["backend=trl_vllm", "gpu=l4_24g", "max_seq_length=512", "backend.vllm_enable_sleep_mode=true"])
+    args = trl_vllm.grpo_vllm_args(cfg, on_cuda=True, output_dir=str(tmp_path), device_util=0.25)
+    assert (args["use_vllm"], args["vllm_mode"]) == (True, "colocate")
+    assert args["vllm_gpu_memory_utilization"] == 0.25
+    assert args["vllm_max_model_length"] == 512
+    assert args["vllm_enable_sleep_mode"] is True
+    # vLLM's SamplingParams calls the completion floor min_tokens (HF generate: min_new_tokens).
+    assert args["generation_kwargs"] == {"min_tokens": 512 - cfg.max_prompt_length}
+    hf = trl_backend.grpo_args(cfg, on_cuda=True, output_dir=str(tmp_path))
+    assert hf["generation_kwargs"] == {"min_new_tokens": 512 - cfg.max_prompt_length}
+    assert "use_vllm" not in hf
+
+
+def test_trainer_kwargs_are_grpotrainer_arguments():
+    from trl import GRPOTrainer
+
+    ctx = SimpleNamespace(reward_funcs=[], dataset=None, tokenizer=None, callbacks=[])
+    unknown = set(trl_backend.trainer_kwargs(ctx, model=None, args=None)) - _params(GRPOTrainer)
+    assert not unknown, f"GRPOTrainer no longer takes {unknown}"
+
+
+def test_unsloth_translation():
+    cfg = compose(["backend=unsloth", "quant=nf4", "lora_rank=32", "lora=qv", "lora_rank=32",
+                   "backend.unsloth_standby=true", "gradient_checkpointing=true"])
+    kw = unsloth.from_pretrained_kwargs(cfg, "/m", device_util=0.12)
+    assert kw == {
+        "model_name": "/m", "max_seq_length": cfg.max_seq_length, "dtype": None, "load_in_4bit": True,
+        "fast_inference": True, "max_lora_rank": 32, "gpu_memory_utilization": 0.12, "random_state": 0,
+        "unsloth_vllm_standby": True,
+    }
+    peft = unsloth.peft_kwargs(cfg)
+    assert (peft["r"], peft["target_modules"], peft["lora_alpha"]) == (32, ["q_proj", "v_proj"], 32)
+    assert peft["use_gradient_checkpointing"] == "unsloth"
+    assert unsloth.peft_kwargs(compose(["gradient_checkpointing=false"]))["use_gradient_checkpointing"] is False
+
+
+def test_unsloth_signatures():
+    ok, reason = _importable("unsloth")
+    if not ok:
+        pytest.skip(reason)
+    from unsloth import FastLanguageModel
+    from unsloth.models.llama import FastLlamaModel
+
+    # from_pretrained forwards **kwargs to the per-architecture loader (where unsloth_vllm_standby lives).
+    accepted = _params(FastLanguageModel.from_pretrained) | _params(FastLlamaModel.from_pretrained)
+    cfg = compose(["backend=unsloth"])
+    assert not set(unsloth.from_pretrained_kwargs(cfg, "m", device_util=0.3)) - accepted
+    assert not set(unsloth.peft_kwargs(cfg)) - _params(FastLanguageModel.get_peft_model)
+
+
+def test_vllm_signatures():
+    ok, reason = _importable("vllm")
+    if not ok:
+        pytest.skip(reason)
+    from vllm import LLM, SamplingParams
+
+    # What TRL colocate hands vLLM from our levers, and the worst-case completion floor.
+    assert {"gpu_memory_utilization", "max_model_len", "enable_sleep_mode"} <= _params(LLM.__init__) | set(
+        inspect.signature(LLM).parameters
+    )
+    assert "min_tokens" in inspect.signature(SamplingParams).parameters
+
+
+# --- vLLM's reservation on an emulated card --------------------------------------------------
+
+
+def test_rescale_utilization():
+    # 0.6 of a 22.06 GiB L4 is 13.2 GiB; on an H200 that is 0.0989 of the card.
+    l4 = 22.06 * GIB
+    util = rescale_utilization(0.6, l4, H200)
+    assert util * H200 == pytest.approx(0.6 * l4)
+    assert target_equivalent(util, l4, H200) == pytest.approx(0.6)
+    assert rescale_utilization(0.6, None, H200) == 0.6  # no budget: as asked
+    assert rescale_utilization(0.6, 200 * GIB, H200) == 0.6  # a bigger card cannot be emulated
+    assert rescale_utilization(0.6, l4, None) == 0.6  # no CUDA
+
+
+def test_device_utilization_from_config():
+    cfg = compose(["gpu=l4_24g", "gpu_memory_utilization=0.5"])
+    assert device_utilization(cfg, actual_bytes=H200) == pytest.approx(0.5 * 22.06 * GIB / H200)
+    assert device_utilization(compose(["gpu=cpu", "gpu_memory_utilization=0.4"]), actual_bytes=H200) == 0.4
+
+
+def test_engine_utilization_reads_the_engine():
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(
+        vllm_config=SimpleNamespace(cache_config=SimpleNamespace(gpu_memory_utilization=0.2))))
+    assert engine_utilization(llm) == 0.2
+    assert engine_utilization(SimpleNamespace()) is None
+
+
+# --- what ran is what was logged ---------------------------------------------------------------
+
+
+def test_lever_mismatch_flags_rewrites_only():
+    levers = {"per_device_train_batch_size": 2, "num_generations": 4, "gpu_memory_utilization": 0.6,
+              "lora_target_modules": ["q_proj", "v_proj"], "max_seq_length": 96, "load_in_4bit": False}
+    same = {"per_device_train_batch_size": 2, "num_generations": 4, "gpu_memory_utilization": 0.60000001,
+            "lora_target_modules": ["v_proj", "q_proj"], "max_seq_length": 96, "load_in_4bit": False}
+    assert lever_mismatch(levers, same) == {}
+    # Unsloth's rewrite (unsloth#3572): batch 2 -> num_generations 4.
+    rewritten = {**same, "per_device_train_batch_size": 4, "gpu_memory_utilization": None}
+    mismatch = lever_mismatch(levers, rewritten)
+    assert mismatch == {"per_device_train_batch_size": [2, 4]}
+    assert format_mismatch(mismatch) == "per_device_train_batch_size 2 -> 4"
+    shorter = {**same, "max_seq_length": 80}
+    assert lever_mismatch(levers, shorter) == {"max_seq_length": [96, 80]}
+    assert lever_mismatch(levers, shorter, worst_case_lengths=False) == {}
+
+
+# --- choosing a backend, and refusing one before any model loads ------------------------------
+
+
+def test_auto_resolution(monkeypatch):
+    assert backends.resolve_backend("auto", cuda=False) == "trl"  # whatever is installed
+    assert backends.resolve_backend("trl_vllm", cuda=False) == "trl_vllm"  # explicit: as asked
+    present = set()
+    monkeypatch.setattr(backends, "installed", lambda m: m in present)
+    assert backends.resolve_backend("auto", cuda=True) == "trl"
+    present.add("vllm")
+    assert backends.resolve_backend("auto", cuda=True) == "trl_vllm"
+    present.add("unsloth")
+    assert backends.resolve_backend("auto", cuda=True) == "unsloth"
+    assert backends.resolve_backend("auto", cuda=False) == "trl"
+
+
+def test_every_backend_module_loads_without_its_packages():
+    for name in ("trl", "trl_vllm", "unsloth"):
+        module = backends.get_backend(name)
+        assert callable(module.build_trainer) and callable(module.effective)
+    with pytest.raises(ValueError, match="backend=foo"):
+        backends.get_backend("foo")
+
+
+def test_unsloth_trials_start_fresh_interpreters():
+    assert backends.start_method("unsloth", "forkserver") == "spawn"
+    assert backends.start_method("trl_vllm", "forkserver") == "forkserver"
+    assert backends.start_method("trl", "spawn") == "spawn"
+
+
+@pytest.mark.parametrize("backend", ["unsloth", "trl_vllm"])
+def test_gpu_backends_refused_without_cuda_or_package(backend):
+    with pytest.raises(ConfigError) as err:
+        validate(compose([f"backend={backend}"]), cuda=False)
+    assert f"backend={backend}" in str(err.value) and "no CUDA device" in str(err.value)
+    missing = backends.missing_for(backend)
+    if missing:  # with CUDA, the missing packages and the extra to install are named
+        with pytest.raises(ConfigError) as err:
+            validate(compose([f"backend={backend}"]), cuda=True)
+        assert ", ".join(missing) in str(err.value) and backends.install_hint(backend) in str(err.value)
+
+
+def test_cli_refuses_unsloth_before_any_model_loads(tmp_path):
+    result = run_train(["backend=unsloth", f"hydra.run.dir={tmp_path}/run"])
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "backend=unsloth" in text and "no CUDA device" in text
+    assert "[trial]" not in text and not (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_auto_runs_trl_on_cpu_and_logs_what_ran(tmp_path):
+    """A real trial: auto -> trl on CPU, recorded; effective equals requested; no mismatch.
+    Under spawn (the start method Unsloth trials use) so that path runs somewhere without a GPU."""
+    result = run_train(["backend=auto", "trial.start_method=spawn", *FAST, f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok" and m["backend"] == "trl"
+    assert "backend=trl device=cpu" in result.stdout
+    assert m["lever_mismatch"] == {}
+    for key in ("per_device_train_batch_size", "num_generations", "lora_rank", "max_seq_length"):
+        assert m["effective"][key] == m["levers"][key]
+
+
+# --- random weights saved once, loaded by path (vLLM, Unsloth, 4-bit) ---------------------------
+
+
+def test_random_model_checkpoint_roundtrip(tmp_path, monkeypatch):
+    import torch
+
+    from grpo_sweep.models import build_random, load_model, materialize_random
+    from grpo_sweep.tokenizer import train_local_tokenizer
+
+    monkeypatch.setenv("GRPO_SWEEP_CACHE", str(tmp_path))
+    cfg = compose(["model=tiny"])
+    tok = train_local_tokenizer(["1 + 2 = 3", "4 + 5 = 9"] * 20, vocab_size=300)
+    path = materialize_random(cfg, tok, on_cuda=False)
+    assert (path / "config.json").exists() and (path / "tokenizer.json").exists()
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert materialize_random(cfg, tok, on_cuda=False) == path  # reused, not rewritten
+    assert (path / "config.json").stat().st_mtime_ns == stamp
+    loaded = load_model(cfg, tok, on_cuda=False, by_path=True)
+    assert Path(loaded.name_or_path) == path  # what TRL hands vLLM
+    ids = torch.tensor([[1, 5, 7, 9]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, build_random(cfg, tok, on_cuda=False)(ids).logits)
+    other = compose(["model=tiny", "seed=1"])
+    assert materialize_random(other, tok, on_cuda=False) != path  # the seed is part of the key
+
+
+# --- the prepared device check: every case it will run is a valid configuration ----------------
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu-dry-run"])
+def test_gpu_check_cases_compose_and_validate(cpu):
+    """Device time is scarce: a typo in an override must fail here, not on the H200."""
+    for name, overrides in _gpu_check().plan(cpu).items():
+        if overrides is None:
+            continue
+        cfg = compose(overrides)
+        try:
+            validate(cfg, cuda=not cpu)
+        except ConfigError as err:  # 4-bit needs bitsandbytes, carried only to the device
+            assert name == "nf4" and "bitsandbytes" in str(err), (name, err)
+        if not cpu:
+            assert cfg.model.arch.hidden_size == 896 and cfg.model.source == "random"
+    oom = compose(_gpu_check().plan(False)["oom"])
+    assert oom.gpu.memory_gib == 2.0 and oom.per_device_train_batch_size * oom.max_seq_length >= 16 * 1024
