@@ -143,7 +143,7 @@ def _valid(cfg: Any, device: str) -> bool:
     from .schema import ConfigError, validate
 
     try:
-        validate(cfg, cuda=device == "cuda")
+        validate(cfg, cuda=device == "cuda", installed=False)  # advice for the target machine
         return True
     except ConfigError:
         return False

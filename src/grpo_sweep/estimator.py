@@ -592,7 +592,8 @@ def cli(argv: list[str]) -> int:
     try:
         overrides, mode, as_json = split_args(argv)
         cfg = compose_train_config(overrides)
-        validate(cfg, cuda=target_device(cfg) == "cuda")
+        # The estimate is for the target machine: CUDA rules as on a card, no local install check.
+        validate(cfg, cuda=target_device(cfg) == "cuda", installed=False)
         est = estimate(cfg, logits_mode=mode)
     except (ConfigError, ValueError) as exc:
         print(f"grpo-sweep estimate: {exc}", file=sys.stderr)
