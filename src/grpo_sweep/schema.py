@@ -158,10 +158,11 @@ def generation_batch_size(cfg: Any) -> int:
     return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
 
 
-def validate(cfg: DictConfig, *, cuda: Optional[bool] = None) -> DictConfig:
+def validate(cfg: DictConfig, *, cuda: Optional[bool] = None, installed: bool = True) -> DictConfig:
     """Check ranges and cross-field rules; raise ConfigError naming the key. Returns cfg unchanged.
 
     `cuda` overrides detection (tests use it to check the CUDA-only rules without a GPU).
+    `installed=False` skips the installed-packages check (the estimator predicts for another machine).
     """
     for key in (
         "max_seq_length",
@@ -223,7 +224,7 @@ def validate(cfg: DictConfig, *, cuda: Optional[bool] = None) -> DictConfig:
         needs_cuda.append(f"backend={cfg.backend.name} (vLLM and Unsloth run on CUDA only)")
     from .backends import install_hint, missing_for
 
-    missing = missing_for(cfg.backend.name, load_in_4bit=cfg.load_in_4bit)
+    missing = missing_for(cfg.backend.name, load_in_4bit=cfg.load_in_4bit) if installed else []
     if needs_cuda:
         has_cuda = cuda_available() if cuda is None else cuda
         if not has_cuda:

@@ -101,6 +101,15 @@ def main(container: dict, run_dir: str) -> None:
         backend_name = resolve_backend(cfg.backend.name, on_cuda)
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
+        try:  # the estimator's prediction beside the measured peak; never fails the trial
+            from .estimator import estimate
+
+            predicted = estimate(cfg, device=record["device"])
+            record["predicted_peak_bytes"] = predicted.total_bytes
+            record["predicted_peak_breakdown"] = predicted.components
+        except Exception as exc:  # noqa: BLE001
+            record["predicted_peak_bytes"] = None
+            print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
         memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
         probe = memory.probe

@@ -1,0 +1,142 @@
+"""The estimator: monotone in the levers, 4-bit ~1/4 of bf16, the seed's case, the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+from conftest import ROOT, compose
+from omegaconf import OmegaConf
+
+from grpo_sweep.estimator import GiB, estimate
+
+SEED = ["model=gemma3_1b", "gpu=l4_24g", "gpu.memory_gib=22"]
+TRL_CHUNKED = tuple(int(p) for p in version("trl").split(".")[:2]) >= (1, 16)
+
+
+@functools.cache
+def _base(overrides: tuple):
+    return compose(list(overrides))
+
+
+def total(overrides, mode=None):
+    """Compose the group selections once (Hydra is the slow part), then set the plain keys."""
+    groups = tuple(o for o in overrides if o.split("=")[0] in ("model", "gpu"))
+    cfg = OmegaConf.create(OmegaConf.to_container(_base(groups)))
+    for item in overrides:
+        if item not in groups:
+            key, value = item.split("=")
+            OmegaConf.update(cfg, key, int(value), merge=False)
+    return estimate(cfg, mode).total_bytes
+
+
+@pytest.mark.parametrize("model", ["tiny", "gemma3_1b"])
+@pytest.mark.parametrize("mode", ["chunked", "full"])
+@pytest.mark.parametrize(
+    "key,values",
+    [
+        ("per_device_train_batch_size", [2, 4, 8, 16]),
+        ("max_seq_length", [256, 512, 1024, 2048]),
+        ("lora_rank", [4, 16, 32, 128]),
+    ],
+)
+def test_more_of_a_lever_never_needs_less_memory(model, mode, key, values):
+    base = [f"model={model}", "gpu=l4_24g", "max_prompt_length=64", "num_generations=2"]
+    totals = [total(base + [f"{key}={v}"], mode) for v in values]
+    assert all(b >= a for a, b in zip(totals, totals[1:])), totals
+    assert totals[-1] > totals[0]  # and each of these levers does cost memory
+
+
+def test_more_rank_more_trainable_bytes_linearly():
+    r16 = estimate(compose(SEED + ["lora_rank=16"])).components["lora_params"]
+    r32 = estimate(compose(SEED + ["lora_rank=32"])).components["lora_params"]
+    assert r32 == 2 * r16
+
+
+def test_num_generations_at_fixed_batch_does_not_change_training_memory():
+    # TRL 1.x: per_device_train_batch_size counts completions; num_generations only groups them.
+    a = estimate(compose(SEED + ["per_device_train_batch_size=8", "num_generations=2"]))
+    b = estimate(compose(SEED + ["per_device_train_batch_size=8", "num_generations=8"]))
+    assert a.total_bytes == b.total_bytes
+    # More generations at a fixed number of prompts means a bigger batch: never less memory.
+    c = estimate(compose(SEED + ["per_device_train_batch_size=16", "num_generations=8"]))
+    assert c.total_bytes > b.total_bytes
+
+
+def test_four_bit_weights_are_about_a_quarter_of_bf16():
+    bf16 = estimate(compose(["model=llama3_2_1b", "gpu=l4_24g", "model.arch.tie_word_embeddings=true"]))
+    nf4 = estimate(compose(["model=llama3_2_1b", "gpu=l4_24g", "load_in_4bit=true"]))
+    # Only the projections are quantised; embeddings stay bf16. Compare the projections' share.
+    from grpo_sweep.estimator import param_counts, shapes
+
+    s = shapes(compose(["model=llama3_2_1b", "gpu=l4_24g"]), "trl")
+    linear_bf16 = param_counts(s)["linear"] * 2
+    other = param_counts(s)["other"] * 2
+    ratio = (nf4.components["weights"] - other) / linear_bf16
+    assert 0.25 <= ratio <= 0.27, ratio
+    assert nf4.components["weights"] < 0.5 * bf16.components["weights"]
+
+
+def test_cpu_is_float32_and_cuda_is_bfloat16():
+    cpu = estimate(compose(["model=qwen2_5_0_5b", "gpu=cpu"]))
+    cuda = estimate(compose(["model=qwen2_5_0_5b", "gpu=l4_24g"]))
+    assert cpu.assumptions["device"] == "cpu" and cuda.assumptions["device"] == "cuda"
+    assert cpu.components["weights"] == 2 * cuda.components["weights"]
+    assert cpu.budget_bytes is None and cpu.fits and cpu.headroom_bytes is None
+
+
+def test_components_sum_to_total_and_are_non_negative():
+    est = estimate(compose(SEED + ["preset=seed_baseline"]))
+    assert sum(est.components.values()) == est.total_bytes
+    assert all(v >= 0 for v in est.components.values())
+    assert est.headroom_bytes == est.budget_bytes - est.total_bytes
+
+
+def test_seed_case():
+    full = estimate(compose(SEED + ["preset=seed_baseline"]), "full")
+    assert not full.fits and full.headroom_bytes < 0
+    assert full.dominant == "logits" and full.components["logits"] > 10 * GiB
+    optimized = estimate(compose(SEED + ["preset=seed_optimized"]), "full")
+    assert optimized.fits and optimized.headroom_bytes > 0
+    chunked = estimate(compose(SEED + ["preset=seed_baseline"]), "chunked")
+    assert chunked.fits and chunked.components["logits"] < 0.5 * GiB
+    assert chunked.assumptions["logits_mode"] == "chunked"
+    # The default is what the installed TRL does: chunked fused head from 1.16, full logits before.
+    default = estimate(compose(SEED + ["preset=seed_baseline"])).assumptions["logits_mode"]
+    assert default == ("chunked" if TRL_CHUNKED else "full")
+
+
+def test_seed_case_with_vllm_colocate():
+    # The seed's users run vLLM colocate: its pool (util x card) comes on top of training.
+    base = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm"])
+    est = estimate(base, "full")
+    assert est.components["vllm_pool"] == int(0.6 * 22 * GiB)
+    assert not est.fits and est.kv_cache_ok
+    assert estimate(compose(SEED + ["preset=seed_optimized", "backend.name=trl_vllm"]), "full").fits
+    # Unsloth shares the weights with vLLM and offloads checkpoints: the baseline fits there.
+    unsloth = estimate(compose(SEED + ["preset=seed_baseline", "backend.name=unsloth"]))
+    assert unsloth.components["weights"] == 0 and unsloth.fits
+
+
+def test_kv_cache_too_small_is_reported():
+    est = estimate(compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.1"]))
+    assert est.kv_cache_ok is False and not est.fits
+
+
+def test_estimate_cli_table_and_json():
+    args = [sys.executable, "-m", "grpo_sweep.cli", "estimate", *SEED, "preset=seed_baseline"]
+    table = subprocess.run(args + ["logits_mode=full"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert "logits" in table.stdout and "short by" in table.stdout and "dominant: logits" in table.stdout
+    js = subprocess.run(args + ["--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    data = json.loads(js.stdout)
+    assert data["fits"] is TRL_CHUNKED and data["budget_bytes"] == 22 * GiB
+    assert data["total_bytes"] == sum(data["components"].values())
+    assert data["headroom_bytes"] == data["budget_bytes"] - data["total_bytes"]
+    assert data["assumptions"]["logits_mode"] == ("chunked" if TRL_CHUNKED else "full")
+    bad = subprocess.run(args + ["logits_mode=tiled"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "logits_mode=tiled" in bad.stderr and "chunked, full" in bad.stderr
