@@ -29,7 +29,7 @@ sweep: install
 	$(PY) train.py -m +sweeps=$(SWEEP) $(ARGS)
 
 lint: install
-	$(PY) -m ruff check src tests train.py
+	$(PY) -m ruff check src tests bench scripts train.py
 
 clean:
 	rm -rf outputs/runs outputs/multirun outputs/sweeps .pytest_cache .ruff_cache build src/*.egg-info

@@ -7,7 +7,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ def machine() -> str:
 
 
 def measured_at() -> str:
-    return f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} on {machine()}"
+    return f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC} on {machine()}"
 
 
 def write_result(name: str, payload: dict, table: list[dict], title: str) -> Path:
@@ -37,7 +37,7 @@ def markdown_table(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)"
     cols = list(rows[0])
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import estimator_accuracy  # noqa: E402
-import overhead  # noqa: E402
-import record_grid  # noqa: E402
-import search_efficiency  # noqa: E402
-import trial_start  # noqa: E402
-from common import RESULTS, markdown_table, measured_at  # noqa: E402
+import estimator_accuracy
+import overhead
+import record_grid
+import search_efficiency
+import trial_start
+from common import RESULTS, markdown_table, measured_at
 
 
 def main(record: bool) -> dict:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, median, write_result  # noqa: E402
+from common import ROOT, median, write_result
 
 DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
 SEEDS = 20
@@ -58,35 +58,41 @@ def outcome(trials: list[dict], optimum: float) -> dict:
 
 
 def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool) -> list[dict]:
+    """Ask/tell with the sweeper's own sampler, judge() and pre-screen, on recorded outcomes."""
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper import search as sweep_search  # our sweeper's own logic
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, judge, prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    conf = GrpoOptunaSweeperConf()
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in grid["grid"].items()}
-    study = optuna.create_study(direction="maximize", sampler=sweep_search.make_sampler(seed, constrained))
+    study = optuna.create_study(direction="maximize", sampler=build_sampler(conf.sampler, seed, space))
+    budget = grid["budget_bytes"]
     ran: list[dict] = []
     asked = 0
     while len(ran) < MAX_TRIALS and asked < 20 * MAX_TRIALS:
         asked += 1
         trial = study.ask(space)
         point = grid["by_key"].get(key(trial.params))
-        if point is None:  # TRL rejects it before any model loads: costs no trial
+        if point is None:  # TRL rejects it before any model loads: the sweeper marks it FAIL, unrun
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
-        predicted = point.get("predicted_peak_bytes")
-        if prescreen and sweep_search.prescreen_rejects(predicted, grid["budget_bytes"]):
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            continue
+        if prescreen and point.get("predicted_peak_bytes") is not None:
+            pruned = prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin)
+            if pruned is not None:
+                trial.set_constraint(CONSTRAINT, pruned.constraint)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
         ran.append(point)
-        if point["status"] == "ok":
-            if constrained:
-                trial.set_constraint("oom", sweep_search.feasible_constraint_value())
+        if constrained:
+            outcome = judge(point, objective="tokens_per_s", direction="maximize", budget_bytes=budget, headroom=None)
+            if outcome.constraint is not None:
+                trial.set_constraint(CONSTRAINT, outcome.constraint)
+            study.tell(trial, outcome.value, state=optuna.trial.TrialState[outcome.state])
+        elif point["status"] == "ok":  # hydra-optuna-sweeper: an OOM is just a failed trial
             study.tell(trial, point["tokens_per_s"])
-        elif constrained:
-            deficit = point.get("deficit_bytes") or 1
-            trial.set_constraint("oom", float(deficit))
-            study.tell(trial, sweep_search.infeasible_objective_value())
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         if len({key(p["levers"]) for p in ran}) == len(grid["points"]):

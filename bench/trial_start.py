@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, write_result  # noqa: E402
+from common import median, write_result
 
 WARM_TRIALS = 3
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import compose, run_train
+
 from grpo_sweep.backends import installed
 from grpo_sweep.schema import ConfigError, validate
 

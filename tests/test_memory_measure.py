@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import FAST, compose, load_metrics
-from grpo_sweep.budget import budget_bytes, capped_free_bytes, simulated_oom_error, vllm_utilization
+
+from grpo_sweep.backends.vllm_util import rescale_utilization
+from grpo_sweep.budget import budget_bytes, capped_free_bytes, simulated_oom_error
 from grpo_sweep.memtracker import CATEGORIES, PHASES, TensorTracker
 from grpo_sweep.meter import NvmlPeakSampler
 from grpo_sweep.metrics import REQUIRED_KEYS
@@ -56,9 +57,9 @@ def test_budget_raises_cuda_shaped_oom_and_releases_the_allocation():
 def test_budget_helpers():
     assert budget_bytes(compose(["gpu=l4_24g"])) == int(22.06 * 2**30)
     assert budget_bytes(compose(["gpu=cpu"])) is None
-    assert vllm_utilization(0.6, 22 * 2**30, 88 * 2**30) == pytest.approx(0.15)
-    assert vllm_utilization(0.6, None, 88 * 2**30) == 0.6
-    assert vllm_utilization(0.6, 100 * 2**30, 80 * 2**30) == 0.6  # cannot emulate a bigger card
+    assert rescale_utilization(0.6, 22 * 2**30, 88 * 2**30) == pytest.approx(0.15)
+    assert rescale_utilization(0.6, None, 88 * 2**30) == 0.6
+    assert rescale_utilization(0.6, 100 * 2**30, 80 * 2**30) == 0.6  # cannot emulate a bigger card
     err = simulated_oom_error(3 * 2**30, 20 * 2**30, 22 * 2**30, "backward", card="l4_24g")
     assert isinstance(err, torch.OutOfMemoryError)
     assert parse_oom_message(str(err))["deficit_bytes"] == pytest.approx(2**30, rel=0.01)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import FAST, load_metrics, run_train
 
 

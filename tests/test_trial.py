@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import FAST, compose, load_metrics
+
 from grpo_sweep.levers import LEVER_NAMES
 from grpo_sweep.metrics import REQUIRED_KEYS
 from grpo_sweep.trial import run_trial

@@ -4,7 +4,7 @@ WHY: a sweep promises "no OOM on the target GPU", so a trial must OOM exactly wh
 card would, whatever machine runs it.
 - CUDA: the caching allocator is capped to the target (`set_per_process_memory_fraction`,
   `cap_cuda_process`) and vLLM's up-front share is rescaled to the same bytes
-  (`vllm_utilization`), so an L4 sweep on an H100 fails where an L4 would.
+  (`backends.vllm_util.rescale_utilization`), so an L4 sweep on an H100 fails where an L4 would.
 - CPU: there is no allocator limit that works (RLIMIT_AS kills the process outside torch), so the
   tensor tracker (memtracker.py) raises `simulated_oom_error`: the real `torch.OutOfMemoryError`
   with CUDA's message shape, which `oom_message.parse_oom_message` reads like a real one, and
@@ -65,18 +65,6 @@ def cap_cuda_process(target: int, device: int = 0) -> dict:
     fraction = min(1.0, target / actual)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     return {"actual_bytes": actual, "target_bytes": target, "fraction": fraction, "capped": target < actual}
-
-
-def vllm_utilization(util: float, target_bytes: int | None, actual_bytes: int) -> float:
-    """vLLM's `gpu_memory_utilization` on the real card that reserves what `util` reserves on the target.
-
-    vLLM sizes its pool as `util x total` of the card it sees, so on a bigger real card the same
-    `util` would reserve more than the target has: rescale to `util x target / actual`. Without a
-    budget, or when the target is not smaller than the real card, `util` is returned unchanged.
-    """
-    if target_bytes is None or target_bytes >= actual_bytes:
-        return util
-    return util * target_bytes / actual_bytes
 
 
 def capped_free_bytes(text: str) -> int | None:

@@ -15,8 +15,8 @@ How it decides:
    vLLM share, smaller rank, shorter sequences) is scored by GiB freed and the throughput it costs
    (estimator.relative_step_time), and ranked by GiB per % of speed lost.
 5. The smallest change set that fits with >= 5 % headroom (the fastest among equally small ones)
-   is printed as Hydra overrides, and a faster larger set when there is one. Shorter sequences change the experiment, so they are used only
-   when nothing else fits. `--verify` runs a real trial with them.
+   is printed as Hydra overrides, and a faster larger set when there is one. Shorter sequences
+   change the experiment, so they are used only when nothing else fits. `--verify` runs a real trial with them.
 """
 
 from __future__ import annotations

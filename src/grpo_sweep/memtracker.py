@@ -117,30 +117,6 @@ class Phases:
     def oom_phase(self) -> str:
         return self.failed_in or self.current
 
-    # --- stopping early ---------------------------------------------------------------------
-    def __enter__(self):
-        self.active = True
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        if not getattr(self, "active", False):
-            return None  # already stopped by stop()
-        self.active = False
-        return super().__exit__(*exc)
-
-    def stop(self) -> bool:
-        """Leave the dispatch mode now (between steps), so later steps run at full speed.
-
-        Only when this mode is the innermost one (nothing else entered since); returns whether it
-        stopped. Storages freed later still finalise, but nothing new is counted.
-        """
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if getattr(self, "active", False) and _get_current_dispatch_mode() is self:
-            self.__exit__(None, None, None)
-            return True
-        return False
-
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -46,7 +46,7 @@ class ArchConfig:
 class ModelConfig:
     name: str = MISSING
     source: str = "random"  # random: built from `arch` with random weights; hub: from_pretrained(hub_id)
-    hub_id: Optional[str] = None
+    hub_id: str | None = None
     tokenizer: str = "local"  # local: trained on the task text with `tokenizers`; hub: from hub_id
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     arch: ArchConfig = field(default_factory=ArchConfig)
@@ -55,7 +55,7 @@ class ModelConfig:
 @dataclass
 class GpuConfig:
     name: str = "cpu"
-    memory_gib: Optional[float] = None  # usable memory as the driver reports it; None: no budget
+    memory_gib: float | None = None  # usable memory as the driver reports it; None: no budget
     simulated: bool = False
 
 
@@ -71,7 +71,7 @@ class TaskConfig:
     name: str = "arithmetic"
     num_prompts: int = 512
     max_operand: int = 99
-    dataset: Optional[str] = None  # hub dataset id, for hub tasks
+    dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
 
 
@@ -79,9 +79,9 @@ class TaskConfig:
 class LoggerConfig:
     name: str = "none"
     project: str = "grpo-sweep"
-    entity: Optional[str] = None
+    entity: str | None = None
     mode: str = "auto"  # auto: online when an API key is configured, else offline
-    group: Optional[str] = None
+    group: str | None = None
     tags: list = field(default_factory=list)
     init_timeout_s: float = 30.0  # an unreachable W&B server falls back to offline after this long
 
@@ -92,9 +92,9 @@ class TrialConfig:
     timeout_s: float = 600.0
     worst_case_lengths: bool = True  # prompts at max_prompt_length, completions at the full budget
     start_method: str = "forkserver"
-    debug_fault: Optional[str] = None  # fault injection for tests: raise | signal | hang | oom
-    study: Optional[str] = None  # set by the sweeper: the Optuna study (W&B group)
-    number: Optional[int] = None  # set by the sweeper: the Optuna trial number
+    debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
+    number: int | None = None  # set by the sweeper: the Optuna trial number
 
 
 @dataclass
@@ -108,7 +108,7 @@ class TrainConfig:
     lora_rank: int = 16
     load_in_4bit: bool = False
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "v_proj"])
-    lora_alpha: Optional[int] = None  # None: 2 x lora_rank
+    lora_alpha: int | None = None  # None: 2 x lora_rank
     max_prompt_length: int = 32
     gradient_checkpointing: bool = False
     learning_rate: float = 5e-6
@@ -158,7 +158,7 @@ def generation_batch_size(cfg: Any) -> int:
     return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
 
 
-def validate(cfg: DictConfig, *, cuda: Optional[bool] = None, installed: bool = True) -> DictConfig:
+def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: bool = True) -> DictConfig:
     """Check ranges and cross-field rules; raise ConfigError naming the key. Returns cfg unchanged.
 
     `cuda` overrides detection (tests use it to check the CUDA-only rules without a GPU).

@@ -64,7 +64,6 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         stale.unlink()
     container = OmegaConf.to_container(cfg, resolve=True)
     from . import worker
-
     from .backends import resolve_backend, start_method
     from .schema import cuda_available
 

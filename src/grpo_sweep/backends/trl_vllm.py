@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..budget import budget_bytes
 from . import trl as trl_backend
-from .vllm_util import (
-    cuda_total_bytes,
-    device_utilization,
-    engine_utilization,
-    target_bytes,
-    target_equivalent,
-)
+from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, target_equivalent
 
 
 def vllm_args(cfg: Any, *, device_util: float) -> dict:
@@ -42,7 +37,7 @@ def remember_budget(trainer, cfg: Any, device_util: float) -> None:
     """Keep what `effective` needs to express vLLM's fraction in target-card terms."""
     trainer.grpo_sweep_vllm = {
         "requested_device_util": device_util,
-        "target_bytes": target_bytes(cfg),
+        "target_bytes": budget_bytes(cfg),
         "actual_bytes": cuda_total_bytes(),
         "sleep_mode": bool(cfg.backend.vllm_enable_sleep_mode),
     }

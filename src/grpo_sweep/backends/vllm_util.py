@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-GIB = 2**30
+from ..budget import budget_bytes
 
 
 def rescale_utilization(util: float, target_bytes: float | None, actual_bytes: float | None) -> float:
@@ -34,12 +34,6 @@ def target_equivalent(device_util: float, target_bytes: float | None, actual_byt
     return float(device_util) * float(actual_bytes) / float(target_bytes)
 
 
-def target_bytes(cfg: Any) -> float | None:
-    """The emulated card's memory in bytes (`gpu.memory_gib`), or None when there is no budget."""
-    gib = cfg.gpu.memory_gib
-    return None if gib is None else float(gib) * GIB
-
-
 def cuda_total_bytes() -> int | None:
     """Total memory of CUDA device 0 as torch reports it (None without CUDA)."""
     import torch
@@ -52,7 +46,7 @@ def cuda_total_bytes() -> int | None:
 def device_utilization(cfg: Any, actual_bytes: float | None = None) -> float:
     """The `gpu_memory_utilization` to hand vLLM on this machine for `cfg`'s target card."""
     actual = cuda_total_bytes() if actual_bytes is None else actual_bytes
-    return rescale_utilization(cfg.gpu_memory_utilization, target_bytes(cfg), actual)
+    return rescale_utilization(cfg.gpu_memory_utilization, budget_bytes(cfg), actual)
 
 
 def engine_utilization(llm: Any) -> float | None:

@@ -99,3 +99,16 @@ def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: 
         return Outcome("COMPLETE", worst_value(direction), deficit, attrs)
     attrs.setdefault("error", f"trial status {status!r}")
     return Outcome("FAIL", attrs=attrs)
+
+
+def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin: float) -> Outcome | None:
+    """PRUNED (never run) when the estimate exceeds the budget by more than `margin`; else None: run it."""
+    if limit_bytes is None or predicted_bytes <= limit_bytes * (1 + margin):
+        return None
+    deficit = float(predicted_bytes - limit_bytes)
+    return Outcome(
+        "PRUNED", constraint=deficit,
+        attrs={"status": "pruned", "deficit_bytes": deficit, "deficit_source": "estimator",
+               "error": f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB "
+                        f"+ {margin:.0%} margin: not run"},
+    )

@@ -24,7 +24,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import space
-from .outcome import CONSTRAINT, Outcome, judge
+from .outcome import CONSTRAINT, Outcome, judge, prescreen_verdict
 from .storage import mask
 
 log = logging.getLogger(__name__)
@@ -130,22 +130,9 @@ class GrpoOptunaSweeper(Sweeper):
         )
 
     def _sampler(self) -> Any:
-        import optuna
-
-        name = self.conf.sampler
         # Workers sharing a study must not draw the same "random" start-up points: mix in the pid.
         seed = None if self.conf.seed is None else (int(self.conf.seed) + os.getpid()) % 2**31
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if name == "tpe":
-                return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-            if name == "gp":
-                return optuna.samplers.GPSampler(seed=seed)
-            if name == "random":
-                return optuna.samplers.RandomSampler(seed=seed)
-            if name == "grid":
-                return optuna.samplers.GridSampler(space.grid_choices(self.distributions), seed=seed)
-        raise ValueError(f"hydra.sweeper.sampler={name}: must be one of tpe, gp, random, grid")
+        return build_sampler(self.conf.sampler, seed, self.distributions)
 
     def _enqueue_presets(self, study: Any) -> None:
         """Queue each seed preset once per study, with its levers as parameters where they fit the space."""
@@ -174,7 +161,10 @@ class GrpoOptunaSweeper(Sweeper):
         retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
         counted = 0
         for t in trials:
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus":
+            finished = t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            failed_for_good = (t.state == TrialState.FAIL and t.number not in retried
+                               and t.user_attrs.get("status") != "surplus")
+            if finished or failed_for_good:
                 counted += 1
         running = sorted(t.number for t in trials if t.state == TrialState.RUNNING)
         return counted, running
@@ -303,15 +293,7 @@ class GrpoOptunaSweeper(Sweeper):
             return None
         trial.set_user_attr("predicted_peak_bytes", int(est.total_bytes))
         limit = est.budget_bytes if est.budget_bytes is not None else budget
-        if limit is None or est.total_bytes <= limit * (1 + self.conf.prescreen_margin):
-            return None
-        deficit = float(est.total_bytes - limit)
-        return Outcome(
-            "PRUNED", constraint=deficit,
-            attrs={"status": "pruned", "deficit_bytes": deficit, "deficit_source": "estimator",
-                   "error": f"predicted {est.total_bytes / GIB:.2f} GiB > budget {limit / GIB:.2f} GiB "
-                            f"+ {self.conf.prescreen_margin:.0%} margin: not run"},
-        )
+        return prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin)
 
     def _judge(self, trial: Any, ret: Any) -> Outcome:
         from grpo_sweep.metrics import read_metrics
@@ -358,6 +340,23 @@ class GrpoOptunaSweeper(Sweeper):
             study, self.sweep_dir, storage_url=self.storage_url, objective=self.objective,
             fixed=self.fixed, top_k=self.conf.top_k, headroom=self.conf.headroom, quiet=quiet,
         )
+
+
+def build_sampler(name: str, seed: int | None, distributions: dict) -> Any:
+    """The Optuna sampler for `hydra.sweeper.sampler` (also used by bench/search_efficiency.py)."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        if name == "gp":
+            return optuna.samplers.GPSampler(seed=seed)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if name == "grid":
+            return optuna.samplers.GridSampler(space.grid_choices(distributions), seed=seed)
+    raise ValueError(f"hydra.sweeper.sampler={name}: must be one of tpe, gp, random, grid")
 
 
 def _state(name: str) -> Any:
