@@ -23,7 +23,7 @@ def main(overrides: list[str]) -> int:
 
     from grpo_sweep.backends import get_backend
     from grpo_sweep.compose import compose_train_config
-    from grpo_sweep.meter import MemoryMeter
+    from grpo_sweep.memory_meter import MemoryMeter
     from grpo_sweep.models import load_tokenizer
     from grpo_sweep.tasks import get_task
 

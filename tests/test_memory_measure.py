@@ -13,8 +13,8 @@ from conftest import FAST, compose, load_metrics
 
 from grpo_sweep.backends.vllm_util import rescale_utilization
 from grpo_sweep.budget import budget_bytes, capped_free_bytes, simulated_oom_error
+from grpo_sweep.memory_meter import NvmlPeakSampler
 from grpo_sweep.memtracker import CATEGORIES, PHASES, TensorTracker
-from grpo_sweep.meter import NvmlPeakSampler
 from grpo_sweep.metrics import REQUIRED_KEYS
 from grpo_sweep.oom_message import parse_oom_message
 from grpo_sweep.trial import run_trial

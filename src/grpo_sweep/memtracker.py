@@ -35,7 +35,7 @@ Overhead: a fixed Python cost per op (~18k ops per tiny-model GRPO step). Measur
 machine (torch 2.13 CPU, tiny model, default levers, one torch thread, 2 shared cores, 6 steps,
 three alternating runs each): 4.3-4.5 s of CPU tracked vs 1.4-2.0 s untracked (~2.6x), and
 ~3-4x the wall time per step under load; less on bigger models, where each op does more work. Hence
-meter.MemoryMeter tracks only the measuring steps (the first two: step 1 creates the optimiser
+memory_meter.MemoryMeter tracks only the measuring steps (the first two: step 1 creates the optimiser
 state, step 2 is the steady state) unless a budget is set or lengths vary, and throughput is taken
 from the untracked steps when there are any (see README "Memory: measured and enforced").
 """

@@ -85,7 +85,7 @@ def main(container: dict, run_dir: str) -> None:
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     probe = None
-    memory = None  # meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
+    memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
     oom, error_text = False, ""
     try:
         import torch
@@ -93,7 +93,8 @@ def main(container: dict, run_dir: str) -> None:
         from .backends import get_backend, prepare_imports, resolve_backend
 
         prepare_imports(resolve_backend(cfg.backend.name, torch.cuda.is_available()), cfg)  # Unsloth first
-        from .meter import MemoryMeter, StepMeter
+        from .memory_meter import MemoryMeter
+        from .meter import StepMeter
         from .schema import generation_batch_size
         from .tasks import get_task
 
