@@ -22,11 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, measured_at
 
 GRID = {
-    "max_seq_length": [64, 128],
+    "max_seq_length": [64, 96, 128],
     "per_device_train_batch_size": [2, 4, 8, 16],
     "gradient_accumulation_steps": [1, 2],
     "num_generations": [2, 4],
     "lora_rank": [8, 32],
+    "lora": ["qv", "all_linear"],  # a config group: LoRA target modules (the rank stays the lever above)
 }
 FIXED = ["trial.steps=3", "task.num_prompts=256", "max_prompt_length=32", "gpu=cpu_sim"]
 DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"

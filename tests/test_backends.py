@@ -22,12 +22,12 @@ from grpo_sweep.backends import trl as trl_backend
 from grpo_sweep.backends import trl_vllm, unsloth
 from grpo_sweep.backends.readback import format_mismatch, lever_mismatch
 from grpo_sweep.backends.vllm_util import (
-    GIB,
     device_utilization,
     engine_utilization,
     rescale_utilization,
     target_equivalent,
 )
+from grpo_sweep.budget import GIB
 from grpo_sweep.schema import ConfigError, validate
 
 H200 = 143_771_058_176  # torch's total_memory of an H200 (~133.9 GiB)
@@ -208,9 +208,12 @@ def test_every_backend_module_loads_without_its_packages():
 
 
 def test_unsloth_trials_start_fresh_interpreters():
-    assert backends.start_method("unsloth", "forkserver") == "spawn"
-    assert backends.start_method("trl_vllm", "forkserver") == "forkserver"
-    assert backends.start_method("trl", "spawn") == "spawn"
+    assert backends.start_method("unsloth", "forkserver", cuda=True) == "spawn"
+    assert backends.start_method("trl_vllm", "forkserver", cuda=True) == "forkserver"
+    assert backends.start_method("trl", "spawn", cuda=False) == "spawn"
+    # auto: the warm forkserver only where no CUDA can be initialised before the fork
+    assert backends.start_method("trl", "auto", cuda=False) == "forkserver"
+    assert backends.start_method("trl", "auto", cuda=True) == "spawn"
 
 
 @pytest.mark.parametrize("backend", ["unsloth", "trl_vllm"])

@@ -19,7 +19,7 @@ TASKS = ("arithmetic", "gsm8k")
 MODEL_SOURCES = ("random", "hub")
 LOGGERS = ("none", "wandb")
 FAULTS = (None, "raise", "signal", "hang", "oom")
-START_METHODS = ("forkserver", "spawn")
+START_METHODS = ("auto", "forkserver", "spawn")
 
 
 class ConfigError(ValueError):
@@ -91,7 +91,7 @@ class TrialConfig:
     steps: int = 3  # optimiser steps; the first is warm-up and is excluded from throughput
     timeout_s: float = 600.0
     worst_case_lengths: bool = True  # prompts at max_prompt_length, completions at the full budget
-    start_method: str = "forkserver"
+    start_method: str = "auto"  # forkserver on CPU, spawn with CUDA (backends.start_method)
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number

@@ -67,8 +67,9 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     from .backends import resolve_backend, start_method
     from .schema import cuda_available
 
-    backend = resolve_backend(cfg.backend.name, cfg.backend.name == "auto" and cuda_available())
-    ctx = _context(start_method(backend, cfg.trial.start_method))  # spawn for Unsloth (backends/__init__)
+    cuda = cuda_available()
+    backend = resolve_backend(cfg.backend.name, cuda)
+    ctx = _context(start_method(backend, cfg.trial.start_method, cuda))  # see backends.start_method
     proc = ctx.Process(target=worker.main, args=(container, str(run_dir)), name="grpo-sweep-trial")
     started = time.monotonic()
     proc.start()

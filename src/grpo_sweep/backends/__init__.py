@@ -58,16 +58,22 @@ def install_hint(name: str, missing: list[str] | None = None) -> str:
     return "pip install " + " ".join(missing or ["-e ."])
 
 
-def start_method(backend_name: str, requested: str) -> str:
+def start_method(backend_name: str, requested: str, cuda: bool) -> str:
     """The multiprocessing start method for a trial of `backend_name` (already resolved).
 
-    The default forkserver has imported transformers and TRL before any trial (trial.PRELOAD).
-    Unsloth must be imported *before* transformers/TRL/peft to patch them, and importing it
-    queries the GPU (initialising CUDA), which must never happen in a process that later forks.
-    So an Unsloth trial starts from a fresh interpreter (spawn) and imports Unsloth first
-    (`prepare_imports`). The cost, a few seconds of imports, is small next to building vLLM.
+    `auto` (the default) is forkserver without CUDA: the server has imported transformers and TRL
+    once (trial.PRELOAD), so later trials start in about a second. With CUDA it is spawn: those
+    imports can initialise CUDA in the server (bitsandbytes does when peft imports it), and a
+    process forked after that cannot use CUDA at all (seen on an H200: every trial failed with
+    "Cannot re-initialize CUDA in forked subprocess"); a few seconds of imports are small next to
+    a GPU trial. Unsloth must be imported *before* transformers/TRL/peft and queries the GPU on
+    import, so its trials always spawn and import it first (`prepare_imports`).
     """
-    return "spawn" if backend_name == "unsloth" else requested
+    if backend_name == "unsloth":
+        return "spawn"
+    if requested == "auto":
+        return "spawn" if cuda else "forkserver"
+    return requested
 
 
 def prepare_imports(backend_name: str, cfg) -> None:
