@@ -28,7 +28,7 @@ from common import ROOT, median, write_result
 DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
 SEEDS = 20
 WITHIN = 0.05
-MAX_TRIALS = 40  # the sweep's trial budget; a strategy that never gets close counts this many
+SWEEP_BUDGET = 40  # the final pick is the best feasible trial after this many trials
 
 
 def load_grid() -> dict:
@@ -48,10 +48,13 @@ def good_enough(point: dict, optimum: float) -> bool:
 
 
 def outcome(trials: list[dict], optimum: float) -> dict:
-    """trials: the points a strategy ran, in order (pruned/invalid points excluded: they cost nothing)."""
-    found = next((i + 1 for i, p in enumerate(trials) if good_enough(p, optimum)), MAX_TRIALS)
+    """trials: the points a strategy ran, in order (pruned/invalid points excluded: they cost nothing).
+
+    A strategy that never gets within 5 % is charged every trial it ran (at most the whole grid).
+    """
+    found = next((i + 1 for i, p in enumerate(trials) if good_enough(p, optimum)), len(trials))
     wasted = sum(1 for p in trials[:found] if p["status"] == "oom")
-    feasible = [p for p in trials if p["status"] == "ok"]
+    feasible = [p for p in trials[:SWEEP_BUDGET] if p["status"] == "ok"]
     pick = max(feasible, key=lambda p: p["tokens_per_s"]) if feasible else None
     return {"trials_to_5pct": found, "oom_trials_wasted": wasted,
             "final_pick_feasible": bool(pick and pick["status"] == "ok")}
@@ -72,7 +75,9 @@ def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool
     budget = grid["budget_bytes"]
     ran: list[dict] = []
     asked = 0
-    while len(ran) < MAX_TRIALS and asked < 20 * MAX_TRIALS:
+    limit = len(grid["points"])
+    found = False
+    while (not found or len(ran) < SWEEP_BUDGET) and len(ran) < limit and asked < 20 * limit:
         asked += 1
         trial = study.ask(space)
         point = grid["by_key"].get(key(trial.params))
@@ -95,15 +100,14 @@ def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool
             study.tell(trial, point["tokens_per_s"])
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        if len({key(p["levers"]) for p in ran}) == len(grid["points"]):
-            break
+        found = found or good_enough(point, grid["optimum"])
     return ran
 
 
 def random_strategy(grid: dict, seed: int) -> list[dict]:
     points = list(grid["points"])
     random.Random(seed).shuffle(points)
-    return points[:MAX_TRIALS]
+    return points
 
 
 def main() -> dict:
@@ -132,7 +136,7 @@ def main() -> dict:
     result = {
         "grid_size": n,
         "seeds": SEEDS,
-        "max_trials": MAX_TRIALS,
+        "sweep_budget_for_final_pick": SWEEP_BUDGET,
         "optimum_tokens_per_s": grid["optimum"],
         "grid_measured_at": grid["measured_at"],
         "search_median_trials": summary["ours"]["median_trials"],

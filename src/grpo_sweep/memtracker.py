@@ -271,6 +271,8 @@ class TensorTracker(TorchDispatchMode):
 
         @functools.wraps(forward)
         def forward_saving(*args, **kwargs):
+            if not getattr(self, "active", False):  # stopped: untracked steps must run at full speed
+                return forward(*args, **kwargs)
             with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
                 return forward(*args, **kwargs)
 
@@ -281,10 +283,12 @@ class TensorTracker(TorchDispatchMode):
         return tensor
 
     def _grad_ready(self, param) -> None:
-        if param.grad is not None:
+        if getattr(self, "active", False) and param.grad is not None:
             self.reclassify(param.grad, "gradients", only_from=None)
 
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        if not getattr(self, "active", False):
+            return
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
