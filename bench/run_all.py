@@ -22,14 +22,21 @@ from common import RESULTS, markdown_table, measured_at, run_python  # noqa: E40
 def main(record: bool) -> dict:
     if record or not search_efficiency.DATA.exists():
         record_grid.main(budget_gib=record_grid.DEFAULT_BUDGET_GIB)
-    start = trial_start.main()
-    over = overhead.main(rounds=3, tracker_overrides=overhead.TRACKER_OVERRIDES)
-    search = search_efficiency.main()
+    trial_start.main()
+    overhead.main(rounds=4, tracker_overrides=overhead.TRACKER_OVERRIDES)
+    search_efficiency.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    accuracy = json.loads((RESULTS / "estimator_accuracy.json").read_text())["summary"]
+    return summarize()
+
+
+def summarize() -> dict:
+    """summary.json and summary.md from the latest result of each benchmark."""
+    load = lambda name: json.loads((RESULTS / f"{name}.json").read_text())  # noqa: E731
+    start, over, search = load("trial_start"), load("overhead"), load("search_efficiency")
+    accuracy = load("estimator_accuracy")["summary"]
     summary = {
         "overhead_ratio": over["overhead_ratio"],
         "tracker_overhead_ratio": over.get("tracker_overhead_ratio"),
@@ -59,4 +66,6 @@ def main(record: bool) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record-grid", action="store_true", help="measure the grid again (about 10 min)")
-    print(json.dumps(main(parser.parse_args().record_grid), indent=2))
+    parser.add_argument("--summarize", action="store_true", help="only rebuild summary.json/.md from results")
+    cli = parser.parse_args()
+    print(json.dumps(summarize() if cli.summarize else main(cli.record_grid), indent=2))
