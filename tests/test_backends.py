@@ -301,3 +301,17 @@ def test_gpu_check_cases_compose_and_validate(cpu):
             assert cfg.model.arch.hidden_size == 896 and cfg.model.source == "random"
     oom = compose(_gpu_check().plan(False)["oom"])
     assert oom.gpu.memory_gib == 2.0 and oom.per_device_train_batch_size * oom.max_seq_length >= 16 * 1024
+
+
+def test_vllm_readback_reports_the_pool_in_process():
+    """What vLLM really reserved, read from its engine: the device fraction, the lever on the target
+    card, and the pool in bytes (metrics.json `vllm_pool_bytes`)."""
+    from types import SimpleNamespace
+
+    l4 = 22.06 * GIB
+    trainer = SimpleNamespace(grpo_sweep_vllm={"target_bytes": l4, "actual_bytes": H200, "sleep_mode": False})
+    cache = SimpleNamespace(gpu_memory_utilization=0.6 * l4 / H200)
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache)))
+    out = trl_vllm.vllm_readback(trainer, llm)
+    assert out["gpu_memory_utilization"] == pytest.approx(0.6)
+    assert out["vllm_pool_bytes"] == pytest.approx(0.6 * l4, rel=1e-9)

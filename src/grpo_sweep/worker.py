@@ -134,6 +134,7 @@ def main(container: dict, run_dir: str) -> None:
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
+        record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
         from .backends.readback import format_mismatch, lever_mismatch
 
         record["lever_mismatch"] = lever_mismatch(

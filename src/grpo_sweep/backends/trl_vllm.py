@@ -71,9 +71,12 @@ def vllm_readback(trainer, llm) -> dict:
     lever = None
     if device is not None:
         lever = target_equivalent(device, info.get("target_bytes"), info.get("actual_bytes"))
+    actual = info.get("actual_bytes")
     return {
         "gpu_memory_utilization": lever,
         "vllm_gpu_memory_utilization_device": device,
+        # vLLM's pool in this process: weights + KV cache + its activations, sized up front as util x card.
+        "vllm_pool_bytes": int(device * actual) if device is not None and actual else None,
         "vllm_sleep_mode": info.get("sleep_mode"),
     }
 
