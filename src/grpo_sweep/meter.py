@@ -105,6 +105,5 @@ class StepMeter(TrainerCallback):
             "tokens_per_step": tokens / len(rows),
             "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
             "reward_std": statistics.fmean(stds) if stds else math.nan,
-            "_measured_time_s": time_s,
             "throughput_tracked": any(r.get("tracked") for r in rows),
         }

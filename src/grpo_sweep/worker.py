@@ -84,7 +84,6 @@ def main(container: dict, run_dir: str) -> None:
     record = empty_metrics("failed", None, requested_levers(cfg))
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
-    probe = None
     memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
     oom, error_text = False, ""
     try:
@@ -113,7 +112,6 @@ def main(container: dict, run_dir: str) -> None:
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
         memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
-        probe = memory.probe
         task = get_task(cfg)
         from .models import load_tokenizer
 
@@ -122,7 +120,7 @@ def main(container: dict, run_dir: str) -> None:
 
         wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=probe, tracking=memory.tracking)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=memory.probe, tracking=memory.tracking)
         ctx = SimpleNamespace(
             tokenizer=tokenizer, dataset=dataset, reward_funcs=task.reward_funcs,
             callbacks=[meter, memory.callback()], run_dir=run_path, on_cuda=on_cuda,
@@ -157,15 +155,11 @@ def main(container: dict, run_dir: str) -> None:
             traceback.print_exc()
     finally:
         if meter is not None:
-            summary = meter.summary()
-            summary.pop("_measured_time_s", None)
-            record.update(summary)
+            record.update(meter.summary())
             record["history"] = meter.rows
             record["first_step_begin_unix"] = meter.first_step_begin_unix
         if memory is not None:
             record.update(memory.result(error_text if oom else None))
-        elif probe is not None:
-            record["peak_memory_bytes"], record["memory_source"] = probe()
         write_metrics(run_path, record)
         if wb is not None:
             wb.finish(record)  # after metrics.json: a slow or failing upload never costs the result
