@@ -91,14 +91,14 @@ def main(container: dict, run_dir: str) -> None:
 
         from .backends import get_backend, prepare_imports, resolve_backend
 
-        prepare_imports(resolve_backend(cfg.backend.name, torch.cuda.is_available()), cfg)  # Unsloth first
+        on_cuda = torch.cuda.is_available()
+        backend_name = resolve_backend(cfg.backend.name, on_cuda)
+        prepare_imports(backend_name, cfg)  # Unsloth first, before anything imports transformers/TRL
         from .memory_meter import MemoryMeter
         from .meter import StepMeter
         from .schema import generation_batch_size
         from .tasks import get_task
 
-        on_cuda = torch.cuda.is_available()
-        backend_name = resolve_backend(cfg.backend.name, on_cuda)
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
         try:  # the estimator's prediction beside the measured peak; never fails the trial
