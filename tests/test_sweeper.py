@@ -79,6 +79,28 @@ def test_metrics_to_optuna_outcome():
     assert math.isinf(judge({"status": "oom"}, **{**common, "direction": "minimize"}).value)
 
 
+@pytest.mark.parametrize("name", ["tpe", "gp", "random", "grid"])
+def test_every_sampler_choice_learns_from_constraints(name):
+    """Each `hydra.sweeper.sampler` value builds and runs ask/tell with the memory constraint as the
+    sweeper tells it (GPSampler needs scipy, a dependency of ours, not of optuna's)."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
+
+    space = {"batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8]),
+             "seq": optuna.distributions.IntDistribution(64, 256, step=64)}
+    study = optuna.create_study(direction="maximize", sampler=build_sampler(name, 0, space))
+    for _ in range(14):  # past the samplers' 10 start-up trials
+        trial = study.ask(space)
+        used = trial.params["batch"] * trial.params["seq"]
+        trial.set_constraint(CONSTRAINT, float(used - 512))  # > 0: out of memory
+        study.tell(trial, 0.0 if used > 512 else float(used))
+    assert len(study.trials) == 14 and all(t.state.name == "COMPLETE" for t in study.trials)
+    with pytest.raises(ValueError, match="tpe, gp, random, grid"):
+        build_sampler("cmaes", 0, space)
+
+
 def test_storage_password_is_masked():
     from hydra_plugins.grpo_optuna_sweeper.storage import mask
 
