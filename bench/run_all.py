@@ -43,6 +43,8 @@ def summarize() -> dict:
         "cold_start_s": start["cold_start_s"],
         "warm_start_s": start["warm_start_s"],
         "grid_size": search["grid_size"],
+        "grid_points_within_5pct": search.get("grid_points_within_5pct"),
+        "grid_median_run_spread": search.get("grid_median_run_spread"),
         "search_median_trials": search["search_median_trials"],
         "search_median_trials_no_prescreen": search["search_median_trials_no_prescreen"],
         "tpe_unconstrained_median_trials": search["tpe_unconstrained_median_trials"],
@@ -65,7 +67,7 @@ def summarize() -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--record-grid", action="store_true", help="measure the grid again (about 10 min)")
+    parser.add_argument("--record-grid", action="store_true", help="measure the grid again (about 30 min: 3 runs per point that fits)")
     parser.add_argument("--summarize", action="store_true", help="only rebuild summary.json/.md from results")
     cli = parser.parse_args()
     print(json.dumps(summarize() if cli.summarize else main(cli.record_grid), indent=2))

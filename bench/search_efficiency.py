@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, median, write_result
 
 DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
-SEEDS = 20
+SEEDS = 50  # the issue asks >= 20; with 20 the median moved by +-3 trials between seed sets
 WITHIN = 0.05
 SWEEP_BUDGET = 40  # the final pick is the best feasible trial after this many trials
 
@@ -37,6 +38,19 @@ def load_grid() -> dict:
     ok = [p["tokens_per_s"] for p in data["points"] if p["status"] == "ok"]
     data["optimum"] = max(ok)
     return data
+
+
+def grid_facts(grid: dict) -> dict:
+    """How hard the target is: how many points count as found, and how much a point's runs spread.
+
+    The spread is (max - min) / median over a point's repeated runs (bench/record_grid.py --repeats):
+    when it is near 5 %, "within 5 % of the optimum" is partly decided by measurement noise.
+    """
+    ok = [p for p in grid["points"] if p["status"] == "ok"]
+    spreads = [(max(r) - min(r)) / statistics.median(r) for p in ok if len(r := p.get("tokens_per_s_runs") or []) > 1]
+    return {"grid_points_within_5pct": sum(good_enough(p, grid["optimum"]) for p in ok),
+            "grid_points_fit": len(ok),
+            "grid_median_run_spread": median(spreads) if spreads else None}
 
 
 def key(levers: dict) -> tuple:
@@ -120,6 +134,7 @@ def main() -> dict:
     }
     per = {name: [outcome(run(seed), grid["optimum"]) for seed in range(SEEDS)] for name, run in strategies.items()}
     n = len(grid["points"])
+    facts = grid_facts(grid)
     table = [{"strategy": "full grid", "median trials to within 5%": n, "median OOM trials wasted":
               sum(p["status"] == "oom" for p in grid["points"]), "infeasible final picks": 0}]
     summary = {}
@@ -139,6 +154,7 @@ def main() -> dict:
         "sweep_budget_for_final_pick": SWEEP_BUDGET,
         "optimum_tokens_per_s": grid["optimum"],
         "grid_measured_at": grid["measured_at"],
+        **facts,
         "search_median_trials": summary["ours"]["median_trials"],
         "search_median_trials_no_prescreen": summary["ours_no_prescreen"]["median_trials"],
         "tpe_unconstrained_median_trials": summary["tpe_unconstrained"]["median_trials"],
@@ -147,8 +163,11 @@ def main() -> dict:
         "strategies": summary,
     }
     assert not math.isnan(result["search_median_trials"])
+    spread = facts["grid_median_run_spread"]
     write_result("search_efficiency", result, table,
-                 f"Search efficiency on a {n}-point grid measured for real ({SEEDS} seeds)")
+                 f"Search efficiency on a {n}-point grid measured for real ({SEEDS} seeds; "
+                 f"{facts['grid_points_within_5pct']} points within 5 % of the optimum"
+                 + (f", median run-to-run spread of a point {spread:.0%})" if spread is not None else ")"))
     return result
 
 

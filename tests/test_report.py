@@ -262,10 +262,17 @@ def test_report_reads_a_journal_study_with_importances(tmp_path):
             user_attrs={"status": status, "tokens_per_s": tps if status == "ok" else None,
                         "peak_memory_bytes": (rank + 10 * batch) * 2**24,
                         "levers": {"lora_rank": rank, "per_device_train_batch_size": batch}}))
+    # Fastest, ran without OOM, but over the sweep's headroom: the study marked it infeasible.
+    study.add_trial(optuna.trial.create_trial(
+        params={"lora_rank": 8, "per_device_train_batch_size": 8}, distributions=dists, value=2000.0,
+        state=optuna.trial.TrialState.COMPLETE, constraints={"memory_over_budget_bytes": float(2**24)},
+        user_attrs={"status": "ok", "tokens_per_s": 2000.0, "peak_memory_bytes": 90 * 2**24,
+                    "levers": {"lora_rank": 8, "per_device_train_batch_size": 8}}))
     assert cli([f"journal:{path}", "--out", str(tmp_path / "out")]) == 0  # the only study: no --study needed
     page = (tmp_path / "out" / "report.html").read_text()
     assert '<img src="param_importances.png"' in page
     assert (tmp_path / "out" / "param_importances.png").stat().st_size > 3000
     rows = {r["name"]: r for r in table_rows(page)}
     assert rows["trial 2"]["_status"] == "oom" and rows["trial 1"]["_class"] == "feasible best"
+    assert rows["trial 4"]["_class"] == "over_headroom" and rows["trial 4"]["_status"] == "ok"
     assert "<pre id=best-overrides>python train.py per_device_train_batch_size=4 lora_rank=16</pre>" in page

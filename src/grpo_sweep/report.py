@@ -21,7 +21,7 @@ from pathlib import Path
 from .levers import EXTRA_LEVER_NAMES, LEVER_NAMES, LEVERS
 from .metrics import METRICS_FILE, read_metrics
 
-CATEGORIES = ("feasible", "oom", "pruned", "failed")
+CATEGORIES = ("feasible", "over_headroom", "oom", "pruned", "failed")
 REPORT_FILE = "report.html"
 # A trial's status when its storage has no metrics for it (e.g. pruned before it ran).
 OPTUNA_STATUS = {"COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
@@ -38,6 +38,9 @@ class Trial:
     run_dir: str | None = None
     optuna_state: str | None = None
     preset: str | None = None  # the seed preset whose levers this trial runs, if any
+    # Ran without OOM but the study marked it infeasible: its peak is over the sweep's headroom
+    # (hydra.sweeper.headroom), so it is not a config the user asked for and never the best.
+    over_headroom: bool = False
 
     @property
     def status(self) -> str:
@@ -47,6 +50,8 @@ class Trial:
 
     @property
     def category(self) -> str:
+        if self.status == "ok" and self.over_headroom:
+            return "over_headroom"
         return {"ok": "feasible", "oom": "oom", "pruned": "pruned"}.get(self.status, "failed")
 
     @property
@@ -146,6 +151,7 @@ def trials_from_study(study) -> list[Trial]:
         trials.append(Trial(
             name=f"trial {ft.number}", record=record, config=config, number=ft.number,
             run_dir=run_dir, optuna_state=ft.state.name, preset=attrs.get("preset"),
+            over_headroom=ft.state.name == "COMPLETE" and any(v > 0 for v in (ft.constraints or {}).values()),
         ))
     return trials
 
@@ -186,7 +192,7 @@ def match_preset(levers: dict, presets: dict[str, dict]) -> str | None:
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:
-    feasible = [t for t in trials if t.objective is not None]
+    feasible = [t for t in trials if t.objective is not None and t.category == "feasible"]
     return max(feasible, key=lambda t: t.objective) if feasible else None
 
 

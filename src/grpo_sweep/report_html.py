@@ -23,7 +23,8 @@ img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem}
 table{border-collapse:collapse;font-size:.85rem} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
 th{background:#f3f3f3;cursor:pointer;user-select:none} td{white-space:nowrap}
 td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-align:left}
-tr.feasible td.status{color:#2a9d8f} tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777}
+tr.feasible td.status{color:#2a9d8f} tr.over_headroom td.status{color:#219ebc}
+tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777}
 tr.failed td.status{color:#d27d2d} tr.best{background:#fff8d6}
 .wide{overflow-x:auto} pre{background:#f6f6f6;padding:.6rem;white-space:pre-wrap}
 """
