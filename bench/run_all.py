@@ -47,6 +47,7 @@ def summarize() -> dict:
         "grid_median_run_spread": search.get("grid_median_run_spread"),
         "search_median_trials": search["search_median_trials"],
         "search_median_trials_no_prescreen": search["search_median_trials_no_prescreen"],
+        "search_median_trials_frontier_start": search.get("search_median_trials_frontier_start"),
         "tpe_unconstrained_median_trials": search["tpe_unconstrained_median_trials"],
         "random_median_trials": search["random_median_trials"],
         "infeasible_final_picks": search["infeasible_final_picks"],

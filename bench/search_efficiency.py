@@ -1,17 +1,20 @@
 """Search efficiency: replay search strategies on a lever grid that was measured for real.
 
-bench/data/grid_tiny_cpu.json (bench/record_grid.py) holds one real trial per grid point under a
-simulated budget: tokens/s for points that fit, a real OOM with its deficit for points that do
-not. Each strategy below asks for points and is told the recorded outcome, as if it had run the
-trial, over >= 20 seeds:
+bench/data/grid_tiny_cpu.json (bench/record_grid.py) holds real trials of every grid point under a
+simulated budget: tokens/s (the median of 3 runs) for points that fit, a real OOM with its deficit
+for points that do not. Each strategy below asks for points and is told the recorded outcome, as
+if it had run the trial, over SEEDS seeds:
 - ours:            our sweeper's sampler and constraint handling (OOM -> infeasible with deficit),
                    with the estimator pre-screen (points predicted over budget are pruned unrun);
 - ours_no_prescreen: the same without the pre-screen;
+- ours_frontier_start: ours with hydra.sweeper.frontier_start=FRONTIER (the estimator's fullest
+                   predicted fits run first; off by default);
 - tpe_unconstrained: Optuna TPE that only sees OOMs as failed trials (what hydra-optuna-sweeper does);
 - random:          uniform sampling without replacement;
 - grid:            every point.
 Reported per strategy: trials run until a config within 5 % of the grid optimum is found (pruned
-points cost no trial), OOM trials wasted before that, and whether the final pick is feasible.
+points cost no trial; median and 90th percentile), OOM trials wasted before that, and whether the
+final pick is feasible.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from common import ROOT, median, write_result
 DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
 SEEDS = 50  # the issue asks >= 20; with 20 the median moved by +-3 trials between seed sets
 WITHIN = 0.05
+FRONTIER = 5  # hydra.sweeper.frontier_start for the ours_frontier_start row
 SWEEP_BUDGET = 40  # the final pick is the best feasible trial after this many trials
 
 
@@ -74,19 +78,26 @@ def outcome(trials: list[dict], optimum: float) -> dict:
             "final_pick_feasible": bool(pick and pick["status"] == "ok")}
 
 
-def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool) -> list[dict]:
-    """Ask/tell with the sweeper's own sampler, judge() and pre-screen, on recorded outcomes."""
+def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool, frontier: int = 0,
+                    sampler: str | None = None) -> list[dict]:
+    """Ask/tell with the sweeper's own sampler, judge(), pre-screen and frontier start, on recorded outcomes."""
     import optuna
 
+    from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
-    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, judge, prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, judge, prescreen_verdict
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in grid["grid"].items()}
-    study = optuna.create_study(direction="maximize", sampler=build_sampler(conf.sampler, seed, space))
+    study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler or conf.sampler, seed, space))
     budget = grid["budget_bytes"]
+    if frontier:  # the sweeper composes each candidate and estimates it; the grid recorded that estimate
+        predicted = [(params, grid["by_key"][key(params)]["predicted_peak_bytes"])
+                     for params in frontier_start.candidates(grid["grid"], seed) if key(params) in grid["by_key"]]
+        for params in frontier_start.pick(predicted, budget, frontier, seed):
+            study.enqueue_trial(params)
     ran: list[dict] = []
     asked = 0
     limit = len(grid["points"])
@@ -99,10 +110,11 @@ def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
         if prescreen and point.get("predicted_peak_bytes") is not None:
-            pruned = prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin)
-            if pruned is not None:
+            pruned = for_sampler(prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin),
+                                 sampler or conf.sampler, "maximize")
+            if pruned is not None:  # not run: costs no trial
                 trial.set_constraint(CONSTRAINT, pruned.constraint)
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                study.tell(trial, pruned.value, state=optuna.trial.TrialState[pruned.state])
                 continue
         ran.append(point)
         if constrained:
@@ -129,23 +141,26 @@ def main() -> dict:
     strategies = {
         "ours": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=True),
         "ours_no_prescreen": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=False),
+        "ours_frontier_start": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=True, frontier=FRONTIER),
         "tpe_unconstrained": lambda s: optuna_strategy(grid, s, constrained=False, prescreen=False),
         "random": lambda s: random_strategy(grid, s),
     }
     per = {name: [outcome(run(seed), grid["optimum"]) for seed in range(SEEDS)] for name, run in strategies.items()}
     n = len(grid["points"])
     facts = grid_facts(grid)
-    table = [{"strategy": "full grid", "median trials to within 5%": n, "median OOM trials wasted":
+    table = [{"strategy": "full grid", "median trials to within 5%": n, "90th percentile": n, "median OOM trials wasted":
               sum(p["status"] == "oom" for p in grid["points"]), "infeasible final picks": 0}]
     summary = {}
     for name, outs in per.items():
         summary[name] = {
             "median_trials": median(o["trials_to_5pct"] for o in outs),
+            "p90_trials": sorted(o["trials_to_5pct"] for o in outs)[int(0.9 * len(outs))],
             "median_oom_wasted": median(o["oom_trials_wasted"] for o in outs),
             "infeasible_final_picks": sum(not o["final_pick_feasible"] for o in outs),
             "runs": outs,
         }
         table.append({"strategy": name, "median trials to within 5%": summary[name]["median_trials"],
+                      "90th percentile": summary[name]["p90_trials"],
                       "median OOM trials wasted": summary[name]["median_oom_wasted"],
                       "infeasible final picks": summary[name]["infeasible_final_picks"]})
     result = {
@@ -157,6 +172,7 @@ def main() -> dict:
         **facts,
         "search_median_trials": summary["ours"]["median_trials"],
         "search_median_trials_no_prescreen": summary["ours_no_prescreen"]["median_trials"],
+        "search_median_trials_frontier_start": summary["ours_frontier_start"]["median_trials"],
         "tpe_unconstrained_median_trials": summary["tpe_unconstrained"]["median_trials"],
         "random_median_trials": summary["random"]["median_trials"],
         "infeasible_final_picks": summary["ours"]["infeasible_final_picks"],

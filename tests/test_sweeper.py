@@ -101,6 +101,33 @@ def test_every_sampler_choice_learns_from_constraints(name):
         build_sampler("cmaes", 0, space)
 
 
+def test_gp_learns_from_prescreened_points():
+    """GPSampler fits on COMPLETE trials only: told PRUNED, it proposed pruned points again in 10 of
+    15 asks after start-up; told COMPLETE at the worst value with the predicted deficit, 2 of 15."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
+
+    space = {"batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16]),
+             "seq": optuna.distributions.CategoricalDistribution([64, 128, 256])}
+    study = optuna.create_study(direction="maximize", sampler=build_sampler("gp", 0, space))
+    pruned_after_start = 0
+    for i in range(25):
+        trial = study.ask(space)
+        used = float(trial.params["batch"] * trial.params["seq"])
+        verdict = for_sampler(prescreen_verdict(used, 512, 0.1), "gp", "maximize")
+        if verdict is not None:
+            pruned_after_start += i >= 10
+            trial.set_constraint(CONSTRAINT, verdict.constraint)
+            study.tell(trial, verdict.value, state=optuna.trial.TrialState[verdict.state])
+        else:
+            trial.set_constraint(CONSTRAINT, used - 512)
+            study.tell(trial, used)
+    assert pruned_after_start <= 4
+    assert for_sampler(prescreen_verdict(1e9, 512, 0.1), "tpe", "maximize").state == "PRUNED"  # TPE reads PRUNED
+
+
 def test_storage_password_is_masked():
     from hydra_plugins.grpo_optuna_sweeper.storage import mask
 
@@ -225,6 +252,41 @@ def test_estimator_prescreen_prunes_without_running(tmp_path):
         assert "run_dir" not in t.user_attrs and not list(tmp_path.glob("trial_*/metrics.json"))
     rows = read_csv(tmp_path / "trials.csv")
     assert all(int(r["predicted_peak_bytes"]) > 0 for r in rows)
+
+
+def test_frontier_pick_is_fullest_fit_first_and_spread_out():
+    from hydra_plugins.grpo_optuna_sweeper.frontier import candidates, pick
+
+    grid = {"batch": [2, 4, 8], "seq": [64, 96], "lora": ["qv", "all"]}
+    points = list(candidates(grid, seed=0))
+    assert len(points) == 12 and len({tuple(p.values()) for p in points}) == 12
+    peak = lambda p: p["batch"] * p["seq"] * (1.1 if p["lora"] == "all" else 1.0)  # noqa: E731
+    chosen = pick([(p, peak(p)) for p in points], limit_bytes=600, k=3, seed=0)
+    assert chosen[0] == {"batch": 8, "seq": 64, "lora": "all"}  # 563: the fullest that fits (8x96 does not)
+    assert all(peak(p) <= 600 for p in chosen)
+    for i, a in enumerate(chosen):  # each pick differs from the earlier ones in >= half the parameters
+        assert all(sum(a[n] != b[n] for n in a) * 2 >= len(a) for b in chosen[:i])
+    assert pick([(p, peak(p)) for p in points], limit_bytes=100, k=3, seed=0) == []  # nothing fits
+    big = {f"p{i}": list(range(4)) for i in range(6)}  # 4096 points: sampled down, no repeats
+    sampled = list(candidates(big, seed=1))
+    assert len(sampled) == 256 == len({tuple(p.values()) for p in sampled})
+
+
+@pytest.mark.slow
+def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
+    """hydra.sweeper.frontier_start=2: the first two trials are the estimator's fullest fits, and they fit."""
+    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2",
+                           "hydra.sweeper.prescreen=true"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Frontier start: enqueued 2 of" in result.stdout + result.stderr
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    first = study.trials[:2]
+    assert all(t.user_attrs.get("frontier_start") for t in first)
+    budget = first[0].user_attrs["budget_bytes"]
+    predicted = [t.user_attrs["predicted_peak_bytes"] for t in first]
+    assert predicted[0] >= predicted[1] and all(p <= budget for p in predicted)
+    assert predicted[0] > 0.5 * budget  # tiny_cpu's smallest point needs ~20 MiB of the 96: not a pick
+    assert [t.user_attrs["status"] for t in first] == ["ok", "ok"]
 
 
 def _trial_processes(sweep_dir) -> list[int]:

@@ -38,6 +38,9 @@ class GrpoOptunaSweeperConf:
     # Points to try first (e.g. the config you run today, or both ends of the range to bracket the
     # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study.
     enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # Frontier start: first run the N points the estimator predicts fill the allowed memory best,
+    # spread over the space (frontier.py); 0: off. Needs discrete parameters (choice / range).
+    frontier_start: int = 0
     # Dead workers: heartbeat every N s; a RUNNING trial silent for grace_period s is failed and retried.
     heartbeat_interval: int = 30
     grace_period: int | None = None  # None: 4 x heartbeat_interval

@@ -7,7 +7,9 @@
   is the worst possible (0 tokens/s when maximising): an OOM produced nothing.
 - failed / timeout / no metrics: FAIL, the reason in user attributes (samplers ignore FAIL trials).
 - pre-screened (the estimator predicts over budget by more than the margin): PRUNED without running,
-  with the predicted deficit as its constraint (TPE ranks infeasible PRUNED trials by it too).
+  with the predicted deficit as its constraint (TPE ranks infeasible PRUNED trials by it too). A
+  sampler that learns from COMPLETE trials only (Optuna's GPSampler) is told COMPLETE at the worst
+  value instead (`for_sampler`): told PRUNED, it never learns and proposes the same point again.
 """
 
 
@@ -15,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 CONSTRAINT = "memory_over_budget_bytes"
+SAMPLERS_BLIND_TO_PRUNED = ("gp",)  # optuna.samplers.GPSampler fits on COMPLETE trials only
 RECORD_ATTRS = (
     "tokens_per_s", "samples_per_s", "step_time_s", "reward_mean", "peak_memory_bytes", "memory_source",
     "trainable_params", "device", "backend", "wall_time_s", "run_dir", "wandb_run_id", "deficit_bytes",
@@ -112,3 +115,10 @@ def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin:
                "error": f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB "
                         f"+ {margin:.0%} margin: not run"},
     )
+
+
+def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None:
+    """A pre-screen verdict as `sampler` can learn from it (see the module docstring)."""
+    if outcome is None or outcome.state != "PRUNED" or sampler not in SAMPLERS_BLIND_TO_PRUNED:
+        return outcome
+    return Outcome("COMPLETE", worst_value(direction), outcome.constraint, outcome.attrs)

@@ -24,7 +24,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import space
-from .outcome import CONSTRAINT, Outcome, judge, prescreen_verdict
+from .outcome import CONSTRAINT, Outcome, allowed_bytes, for_sampler, judge, prescreen_verdict
 from .storage import mask
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class GrpoOptunaSweeper(Sweeper):
             self._enqueue_presets(study)
         for point in conf.enqueue:
             study.enqueue_trial(OmegaConf.to_container(point), skip_if_exists=True)
+        if conf.frontier_start:
+            self._enqueue_frontier(study, conf.frontier_start)
         self._stop_signal, self._in_job = None, False
         previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
                     signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal)}
@@ -148,6 +150,40 @@ class GrpoOptunaSweeper(Sweeper):
                     params[key] = value
             study.enqueue_trial(params, user_attrs={"preset": preset})
             log.info("Warm start: enqueued preset=%s", preset)
+
+    def _enqueue_frontier(self, study: Any, count: int) -> None:
+        """Queue (once per study) the `count` points predicted to fill the allowed memory best (frontier.py)."""
+        from . import frontier
+
+        if any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
+            return
+        try:
+            from grpo_sweep.estimator import estimate
+            from grpo_sweep.schema import validate
+
+            choices = space.grid_choices(self.distributions)
+        except (ImportError, ValueError) as why:
+            log.warning("Frontier start skipped: %s", why)
+            return
+        predicted, limit = [], None
+        for params in frontier.candidates(choices, self.conf.seed):
+            try:
+                cfg = self._compose([*self.fixed, *(space.to_override(k, v) for k, v in params.items())])
+                validate(cfg)
+                est = estimate(cfg)
+            except Exception:  # noqa: BLE001 - a point that cannot be composed or estimated is not a pick
+                continue
+            budget = est.budget_bytes if est.budget_bytes is not None else _budget_bytes(cfg)
+            limit = allowed_bytes(budget, self.conf.headroom)
+            if limit is None:
+                log.warning("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
+                return
+            predicted.append((params, est.total_bytes))
+        picks = frontier.pick(predicted, limit, count, self.conf.seed) if predicted else []
+        for params in picks:
+            study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
+        log.info("Frontier start: enqueued %d of %d candidates, fullest predicted fit first: %s",
+                 len(picks), len(predicted), "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks))
 
     def _progress(self, study: Any) -> tuple[int, list[int]]:
         """(trials that count toward n_trials, numbers of RUNNING trials).
@@ -293,7 +329,8 @@ class GrpoOptunaSweeper(Sweeper):
             return None
         trial.set_user_attr("predicted_peak_bytes", int(est.total_bytes))
         limit = est.budget_bytes if est.budget_bytes is not None else budget
-        return prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin)
+        verdict = prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin)
+        return for_sampler(verdict, self.conf.sampler, self.conf.direction)
 
     def _judge(self, trial: Any, ret: Any) -> Outcome:
         from grpo_sweep.metrics import read_metrics
