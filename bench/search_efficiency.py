@@ -94,9 +94,9 @@ def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler or conf.sampler, seed, space))
     budget = grid["budget_bytes"]
     if frontier:  # the sweeper composes each candidate and estimates it; the grid recorded that estimate
-        predicted = [(params, grid["by_key"][key(params)]["predicted_peak_bytes"])
-                     for params in frontier_start.candidates(grid["grid"], seed) if key(params) in grid["by_key"]]
-        for params in frontier_start.pick(predicted, budget, frontier, seed):
+        fullness = [(params, grid["by_key"][key(params)]["predicted_peak_bytes"] / budget)
+                    for params in frontier_start.candidates(grid["grid"], seed) if key(params) in grid["by_key"]]
+        for params in frontier_start.pick(fullness, frontier, seed):
             study.enqueue_trial(params)
     ran: list[dict] = []
     asked = 0

@@ -261,12 +261,12 @@ def test_frontier_pick_is_fullest_fit_first_and_spread_out():
     points = list(candidates(grid, seed=0))
     assert len(points) == 12 and len({tuple(p.values()) for p in points}) == 12
     peak = lambda p: p["batch"] * p["seq"] * (1.1 if p["lora"] == "all" else 1.0)  # noqa: E731
-    chosen = pick([(p, peak(p)) for p in points], limit_bytes=600, k=3, seed=0)
+    chosen = pick([(p, peak(p) / 600) for p in points], k=3, seed=0)
     assert chosen[0] == {"batch": 8, "seq": 64, "lora": "all"}  # 563: the fullest that fits (8x96 does not)
     assert all(peak(p) <= 600 for p in chosen)
     for i, a in enumerate(chosen):  # each pick differs from the earlier ones in >= half the parameters
         assert all(sum(a[n] != b[n] for n in a) * 2 >= len(a) for b in chosen[:i])
-    assert pick([(p, peak(p)) for p in points], limit_bytes=100, k=3, seed=0) == []  # nothing fits
+    assert pick([(p, peak(p) / 100) for p in points], k=3, seed=0) == []  # nothing fits
     big = {f"p{i}": list(range(4)) for i in range(6)}  # 4096 points: sampled down, no repeats
     sampled = list(candidates(big, seed=1))
     assert len(sampled) == 256 == len({tuple(p.values()) for p in sampled})

@@ -41,11 +41,13 @@ def candidates(grid: dict[str, list], seed: int | None) -> Iterator[dict[str, An
             yield dict(zip(names, values))
 
 
-def pick(predicted: list[tuple[dict[str, Any], float]], limit_bytes: float, k: int,
-         seed: int | None) -> list[dict[str, Any]]:
-    """Up to k points from (params, predicted peak bytes): those predicted to fit, fullest first,
-    each differing from every earlier pick in at least half of the parameters."""
-    fitting = [(params, peak) for params, peak in predicted if peak <= limit_bytes]
+def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None) -> list[dict[str, Any]]:
+    """Up to k points from (params, predicted peak / allowed bytes): those predicted to fit (<= 1),
+    fullest first, each differing from every earlier pick in at least half of the parameters.
+
+    A fraction, not bytes: when the card itself is a parameter (`gpu: choice(l4_24g, a100_40g)`),
+    each point is measured against its own card."""
+    fitting = [(params, share) for params, share in fullness if share <= 1.0]
     random.Random(seed).shuffle(fitting)  # equal predictions: the order is the seed's, not the grid's
     fitting.sort(key=lambda item: -item[1])
     chosen: list[dict[str, Any]] = []

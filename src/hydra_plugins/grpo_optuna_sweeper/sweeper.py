@@ -165,7 +165,7 @@ class GrpoOptunaSweeper(Sweeper):
         except (ImportError, ValueError) as why:
             log.warning("Frontier start skipped: %s", why)
             return
-        predicted, limit = [], None
+        fullness = []
         for params in frontier.candidates(choices, self.conf.seed):
             try:
                 cfg = self._compose([*self.fixed, *(space.to_override(k, v) for k, v in params.items())])
@@ -178,12 +178,12 @@ class GrpoOptunaSweeper(Sweeper):
             if limit is None:
                 log.warning("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
                 return
-            predicted.append((params, est.total_bytes))
-        picks = frontier.pick(predicted, limit, count, self.conf.seed) if predicted else []
+            fullness.append((params, est.total_bytes / limit))
+        picks = frontier.pick(fullness, count, self.conf.seed)
         for params in picks:
             study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
         log.info("Frontier start: enqueued %d of %d candidates, fullest predicted fit first: %s",
-                 len(picks), len(predicted), "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks))
+                 len(picks), len(fullness), "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks))
 
     def _progress(self, study: Any) -> tuple[int, list[int]]:
         """(trials that count toward n_trials, numbers of RUNNING trials).
