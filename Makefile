@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 SWEEP ?= tiny_cpu
 ARGS ?=
 
-.PHONY: install test test-fast train sweep lint clean bench
+.PHONY: install test test-fast train sweep lint format clean bench
 
 install: .venv/.installed
 
@@ -29,7 +29,12 @@ sweep: install
 	$(PY) train.py -m +sweeps=$(SWEEP) $(ARGS)
 
 lint: install
+	$(PY) -m ruff format --check src tests bench scripts train.py
 	$(PY) -m ruff check src tests bench scripts train.py
+
+format: install
+	$(PY) -m ruff format src tests bench scripts train.py
+	$(PY) -m ruff check --fix src tests bench scripts train.py
 
 clean:
 	rm -rf outputs/runs outputs/multirun outputs/sweeps .pytest_cache .ruff_cache build src/*.egg-info

@@ -20,10 +20,10 @@ def main(overrides: list[str]) -> None:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_sweep.backends.trl import grpo_args, lora_config
-    from grpo_sweep.compose import compose_train_config
-    from grpo_sweep.models import load_model, load_tokenizer
-    from grpo_sweep.tasks import get_task
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.trial.backends.trl import grpo_args, lora_config
+    from grpo_sweep.trial.models import load_model, load_tokenizer
+    from grpo_sweep.trial.tasks import get_task
 
     cfg = compose_train_config(overrides)
     task = get_task(cfg)

@@ -21,11 +21,11 @@ def main(overrides: list[str]) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from grpo_sweep.backends import get_backend
-    from grpo_sweep.compose import compose_train_config
-    from grpo_sweep.memory_meter import MemoryMeter
-    from grpo_sweep.models import load_tokenizer
-    from grpo_sweep.tasks import get_task
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.trial.backends import get_backend
+    from grpo_sweep.trial.measure.memory_meter import MemoryMeter
+    from grpo_sweep.trial.models import load_tokenizer
+    from grpo_sweep.trial.tasks import get_task
 
     torch.set_num_threads(1)
     cfg = compose_train_config(["trial.steps=2", "task.num_prompts=64", *overrides])
@@ -35,17 +35,19 @@ def main(overrides: list[str]) -> int:
     memory.track_steps = None  # track every step here: no early stop
     with TemporaryDirectory() as run_dir:
         ctx = SimpleNamespace(
-            tokenizer=tokenizer, dataset=task.dataset(tokenizer), reward_funcs=task.reward_funcs,
-            callbacks=[], run_dir=Path(run_dir), on_cuda=False,
+            tokenizer=tokenizer,
+            dataset=task.dataset(tokenizer),
+            reward_funcs=task.reward_funcs,
+            callbacks=[],
+            run_dir=Path(run_dir),
+            on_cuda=False,
         )
         trainer = get_backend("trl").build_trainer(cfg, ctx)
         memory.attach(trainer)
         start = memory.tracker.live
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, memory.running():
             trainer.train()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = profiler_peak = 0
     for _, nbytes in events:
         live += nbytes

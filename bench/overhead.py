@@ -55,14 +55,18 @@ def main(rounds: int = 3, tracker_overrides: list[str] | None = None) -> dict:
     }
     table = [
         {"runner": "bare TRL GRPOTrainer", "median step (s)": result["bare_median_step_s"], "ratio": 1.0},
-        {"runner": "grpo-sweep trial", "median step (s)": result["ours_median_step_s"],
-         "ratio": result["overhead_ratio"]},
+        {"runner": "grpo-sweep trial", "median step (s)": result["ours_median_step_s"], "ratio": result["overhead_ratio"]},
     ]
     if tracker_times:
         result["tracker_median_step_s"] = median(tracker_times)
         result["tracker_overhead_ratio"] = median(tracker_times) / median(ours_times)
-        table.append({"runner": "grpo-sweep trial + memory tracker", "median step (s)": median(tracker_times),
-                      "ratio": median(tracker_times) / median(bare_times)})
+        table.append(
+            {
+                "runner": "grpo-sweep trial + memory tracker",
+                "median step (s)": median(tracker_times),
+                "ratio": median(tracker_times) / median(bare_times),
+            }
+        )
     write_result("overhead", result, table, "Framework overhead (tiny model, CPU, steady-state step time)")
     return result
 

@@ -56,8 +56,8 @@ def main(budget_gib: float, repeats: int = DEFAULT_REPEATS) -> None:
     lever). OOM points are not rerun: the simulated card counts tensor bytes, which do not depend
     on timing, so their outcome and deficit are the same every time.
     """
-    from grpo_sweep.compose import compose_train_config
-    from grpo_sweep.trial import run_trial
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.trial.parent import run_trial
 
     points = grid_points()
     rows = [{"levers": point, "tokens_per_s_runs": []} for point in points]
@@ -78,30 +78,38 @@ def main(budget_gib: float, repeats: int = DEFAULT_REPEATS) -> None:
                 if attempt and record["status"] != "ok":
                     raise RuntimeError(f"{points[i]} fitted in pass 1 but ended {record['status']} in pass {attempt + 1}")
                 row["tokens_per_s_runs"].append(record.get("tokens_per_s"))
-                row.update({
-                    "status": record["status"],
-                    "peak_memory_bytes": record.get("peak_memory_bytes"),
-                    "predicted_peak_bytes": record.get("predicted_peak_bytes"),
-                    "deficit_bytes": record.get("deficit_bytes"),
-                    "memory_source": record.get("memory_source"),
-                })
+                row.update(
+                    {
+                        "status": record["status"],
+                        "peak_memory_bytes": record.get("peak_memory_bytes"),
+                        "predicted_peak_bytes": record.get("predicted_peak_bytes"),
+                        "deficit_bytes": record.get("deficit_bytes"),
+                        "memory_source": record.get("memory_source"),
+                    }
+                )
     for row in rows:
         runs = [r for r in row["tokens_per_s_runs"] if r is not None]
         row["tokens_per_s"] = statistics.median(runs) if runs else None
     DATA.parent.mkdir(parents=True, exist_ok=True)
-    DATA.write_text(json.dumps({
-        "how": f"python bench/record_grid.py --budget-gib {budget_gib} --repeats {repeats}: real GRPO trials "
-               "(tiny model, CPU, worst-case lengths, 3 optimiser steps, first excluded from throughput) under "
-               f"the simulated budget on gpu=cpu_sim; tokens_per_s is the median of {repeats} runs taken in "
-               "separate passes over the grid (OOM points run once: their bytes do not depend on timing)",
-        "measured_at": measured_at(),
-        "wall_time_s": time.time() - started,
-        "budget_bytes": int(budget_gib * 2**30),
-        "repeats": repeats,
-        "grid": GRID,
-        "fixed_overrides": FIXED,
-        "points": rows,
-    }, indent=1) + "\n")
+    DATA.write_text(
+        json.dumps(
+            {
+                "how": f"python bench/record_grid.py --budget-gib {budget_gib} --repeats {repeats}: real GRPO trials "
+                "(tiny model, CPU, worst-case lengths, 3 optimiser steps, first excluded from throughput) under "
+                f"the simulated budget on gpu=cpu_sim; tokens_per_s is the median of {repeats} runs taken in "
+                "separate passes over the grid (OOM points run once: their bytes do not depend on timing)",
+                "measured_at": measured_at(),
+                "wall_time_s": time.time() - started,
+                "budget_bytes": int(budget_gib * 2**30),
+                "repeats": repeats,
+                "grid": GRID,
+                "fixed_overrides": FIXED,
+                "points": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {DATA} ({len(rows)} points)")
 
 

@@ -68,7 +68,9 @@ def summarize() -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--record-grid", action="store_true", help="measure the grid again (about 30 min: 3 runs per point that fits)")
+    parser.add_argument(
+        "--record-grid", action="store_true", help="measure the grid again (about 30 min: 3 runs per point that fits)"
+    )
     parser.add_argument("--summarize", action="store_true", help="only rebuild summary.json/.md from results")
     cli = parser.parse_args()
     print(json.dumps(summarize() if cli.summarize else main(cli.record_grid), indent=2))

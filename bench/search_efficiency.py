@@ -52,9 +52,11 @@ def grid_facts(grid: dict) -> dict:
     """
     ok = [p for p in grid["points"] if p["status"] == "ok"]
     spreads = [(max(r) - min(r)) / statistics.median(r) for p in ok if len(r := p.get("tokens_per_s_runs") or []) > 1]
-    return {"grid_points_within_5pct": sum(good_enough(p, grid["optimum"]) for p in ok),
-            "grid_points_fit": len(ok),
-            "grid_median_run_spread": median(spreads) if spreads else None}
+    return {
+        "grid_points_within_5pct": sum(good_enough(p, grid["optimum"]) for p in ok),
+        "grid_points_fit": len(ok),
+        "grid_median_run_spread": median(spreads) if spreads else None,
+    }
 
 
 def key(levers: dict) -> tuple:
@@ -74,12 +76,12 @@ def outcome(trials: list[dict], optimum: float) -> dict:
     wasted = sum(1 for p in trials[:found] if p["status"] == "oom")
     feasible = [p for p in trials[:SWEEP_BUDGET] if p["status"] == "ok"]
     pick = max(feasible, key=lambda p: p["tokens_per_s"]) if feasible else None
-    return {"trials_to_5pct": found, "oom_trials_wasted": wasted,
-            "final_pick_feasible": bool(pick and pick["status"] == "ok")}
+    return {"trials_to_5pct": found, "oom_trials_wasted": wasted, "final_pick_feasible": bool(pick and pick["status"] == "ok")}
 
 
-def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool, frontier: int = 0,
-                    sampler: str | None = None) -> list[dict]:
+def optuna_strategy(
+    grid: dict, seed: int, *, constrained: bool, prescreen: bool, frontier: int = 0, sampler: str | None = None
+) -> list[dict]:
     """Ask/tell with the sweeper's own sampler, judge(), pre-screen and frontier start, on recorded outcomes."""
     import optuna
 
@@ -94,8 +96,11 @@ def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler or conf.sampler, seed, space))
     budget = grid["budget_bytes"]
     if frontier:  # the sweeper composes each candidate and estimates it; the grid recorded that estimate
-        fullness = [(params, grid["by_key"][key(params)]["predicted_peak_bytes"] / budget)
-                    for params in frontier_start.candidates(grid["grid"], seed) if key(params) in grid["by_key"]]
+        fullness = [
+            (params, grid["by_key"][key(params)]["predicted_peak_bytes"] / budget)
+            for params in frontier_start.candidates(grid["grid"], seed)
+            if key(params) in grid["by_key"]
+        ]
         for params in frontier_start.pick(fullness, frontier, seed):
             study.enqueue_trial(params)
     ran: list[dict] = []
@@ -110,8 +115,11 @@ def optuna_strategy(grid: dict, seed: int, *, constrained: bool, prescreen: bool
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
         if prescreen and point.get("predicted_peak_bytes") is not None:
-            pruned = for_sampler(prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin),
-                                 sampler or conf.sampler, "maximize")
+            pruned = for_sampler(
+                prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin),
+                sampler or conf.sampler,
+                "maximize",
+            )
             if pruned is not None:  # not run: costs no trial
                 trial.set_constraint(CONSTRAINT, pruned.constraint)
                 study.tell(trial, pruned.value, state=optuna.trial.TrialState[pruned.state])
@@ -148,8 +156,15 @@ def main() -> dict:
     per = {name: [outcome(run(seed), grid["optimum"]) for seed in range(SEEDS)] for name, run in strategies.items()}
     n = len(grid["points"])
     facts = grid_facts(grid)
-    table = [{"strategy": "full grid", "median trials to within 5%": n, "90th percentile": n, "median OOM trials wasted":
-              sum(p["status"] == "oom" for p in grid["points"]), "infeasible final picks": 0}]
+    table = [
+        {
+            "strategy": "full grid",
+            "median trials to within 5%": n,
+            "90th percentile": n,
+            "median OOM trials wasted": sum(p["status"] == "oom" for p in grid["points"]),
+            "infeasible final picks": 0,
+        }
+    ]
     summary = {}
     for name, outs in per.items():
         summary[name] = {
@@ -159,10 +174,15 @@ def main() -> dict:
             "infeasible_final_picks": sum(not o["final_pick_feasible"] for o in outs),
             "runs": outs,
         }
-        table.append({"strategy": name, "median trials to within 5%": summary[name]["median_trials"],
-                      "90th percentile": summary[name]["p90_trials"],
-                      "median OOM trials wasted": summary[name]["median_oom_wasted"],
-                      "infeasible final picks": summary[name]["infeasible_final_picks"]})
+        table.append(
+            {
+                "strategy": name,
+                "median trials to within 5%": summary[name]["median_trials"],
+                "90th percentile": summary[name]["p90_trials"],
+                "median OOM trials wasted": summary[name]["median_oom_wasted"],
+                "infeasible final picks": summary[name]["infeasible_final_picks"],
+            }
+        )
     result = {
         "grid_size": n,
         "seeds": SEEDS,
@@ -180,10 +200,14 @@ def main() -> dict:
     }
     assert not math.isnan(result["search_median_trials"])
     spread = facts["grid_median_run_spread"]
-    write_result("search_efficiency", result, table,
-                 f"Search efficiency on a {n}-point grid measured for real ({SEEDS} seeds; "
-                 f"{facts['grid_points_within_5pct']} points within 5 % of the optimum"
-                 + (f", median run-to-run spread of a point {spread:.0%})" if spread is not None else ")"))
+    write_result(
+        "search_efficiency",
+        result,
+        table,
+        f"Search efficiency on a {n}-point grid measured for real ({SEEDS} seeds; "
+        f"{facts['grid_points_within_5pct']} points within 5 % of the optimum"
+        + (f", median run-to-run spread of a point {spread:.0%})" if spread is not None else ")"),
+    )
     return result
 
 

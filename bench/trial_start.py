@@ -19,8 +19,8 @@ WARM_TRIALS = 3
 
 
 def latencies(start_method: str) -> list[float]:
-    from grpo_sweep.compose import compose_train_config
-    from grpo_sweep.trial import run_trial
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.trial.parent import run_trial
 
     cfg = compose_train_config(["trial.steps=1", "task.num_prompts=64", f"trial.start_method={start_method}"])
     out = []

@@ -34,10 +34,18 @@ WORK = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
 
 # Random weights on a real architecture, local tokenizer: no download, real memory shapes.
 GPU_BASE = [
-    "model=qwen2_5_0_5b", "model.source=random", "model.tokenizer=local", "backend=trl",
-    "task.num_prompts=64", "trial.steps=3", "trial.timeout_s=240",
-    "max_seq_length=384", "max_prompt_length=128", "per_device_train_batch_size=8",
-    "num_generations=4", "lora_rank=16",
+    "model=qwen2_5_0_5b",
+    "model.source=random",
+    "model.tokenizer=local",
+    "backend=trl",
+    "task.num_prompts=64",
+    "trial.steps=3",
+    "trial.timeout_s=240",
+    "max_seq_length=384",
+    "max_prompt_length=128",
+    "per_device_train_batch_size=8",
+    "num_generations=4",
+    "lora_rank=16",
 ]
 CPU_BASE = ["model=tiny", "backend=trl", "task.num_prompts=64", "trial.steps=2", "trial.timeout_s=240"]
 
@@ -56,11 +64,23 @@ def plan(cpu: bool) -> dict:
         }
     return {
         "l4": [*GPU_BASE, "gpu=l4_24g"],
-        "oom": [*GPU_BASE, "gpu=t4_16g", "gpu.memory_gib=2.0", "per_device_train_batch_size=16",
-                "max_seq_length=1024", "max_prompt_length=960"],
+        "oom": [
+            *GPU_BASE,
+            "gpu=t4_16g",
+            "gpu.memory_gib=2.0",
+            "per_device_train_batch_size=16",
+            "max_seq_length=1024",
+            "max_prompt_length=960",
+        ],
         # ~1M tokens in one training micro-batch: terabytes of activations, over any card.
-        "oom_card": [*GPU_BASE, "gpu=h200_141g", "gpu.memory_gib=null", "per_device_train_batch_size=64",
-                     "max_seq_length=16448", "max_prompt_length=16384"],
+        "oom_card": [
+            *GPU_BASE,
+            "gpu=h200_141g",
+            "gpu.memory_gib=null",
+            "per_device_train_batch_size=64",
+            "max_seq_length=16448",
+            "max_prompt_length=16384",
+        ],
         "nf4": [*GPU_BASE, "gpu=l4_24g", "quant=nf4"],
         "sweep": [*GPU_BASE, "gpu=l4_24g"],
     }
@@ -91,11 +111,31 @@ def run(cmd: list[str], timeout: float, log: Log, title: str) -> dict:
 def metrics_summary(m: dict) -> dict:
     """The fields of a metrics.json that the check reports (absent ones stay absent)."""
     keep = (
-        "status", "backend", "device", "tokens_per_s", "samples_per_s", "step_time_s", "steps",
-        "peak_memory_bytes", "memory_source", "predicted_peak_bytes", "peak_memory_breakdown",
-        "peak_phase", "budget_bytes", "simulated_device", "oom_phase", "requested_bytes", "free_bytes",
-        "deficit_bytes", "lever_mismatch", "effective", "levers", "wall_time_s", "exitcode",
-        "cuda_reserved_peak_bytes", "nvml_peak_bytes",
+        "status",
+        "backend",
+        "device",
+        "tokens_per_s",
+        "samples_per_s",
+        "step_time_s",
+        "steps",
+        "peak_memory_bytes",
+        "memory_source",
+        "predicted_peak_bytes",
+        "peak_memory_breakdown",
+        "peak_phase",
+        "budget_bytes",
+        "simulated_device",
+        "oom_phase",
+        "requested_bytes",
+        "free_bytes",
+        "deficit_bytes",
+        "lever_mismatch",
+        "effective",
+        "levers",
+        "wall_time_s",
+        "exitcode",
+        "cuda_reserved_peak_bytes",
+        "nvml_peak_bytes",
     )
     out = {k: m[k] for k in keep if k in m}
     if m.get("error"):
@@ -108,7 +148,7 @@ def parse_deficit(m: dict) -> dict:
     if m.get("deficit_bytes") is not None:
         return {"deficit_bytes": m["deficit_bytes"], "deficit_source": "metrics.json"}
     try:
-        from grpo_sweep.oom_message import parse_oom_message
+        from grpo_sweep.memory.oom_message import parse_oom_message
     except ImportError:
         return {}
     parsed = parse_oom_message(m.get("error") or "")
@@ -135,13 +175,13 @@ def trial(name: str, overrides: list[str], timeout: float, log: Log) -> dict:
 
 def estimate(overrides: list[str], log: Log) -> dict:
     """`grpo-sweep estimate ... --json` when the estimator exists in this build."""
-    if importlib.util.find_spec("grpo_sweep.estimator") is None:
+    if importlib.util.find_spec("grpo_sweep.memory.estimator") is None:
         return {"available": False}
     res = run([sys.executable, "-m", "grpo_sweep.cli", "estimate", *overrides, "--json"], 120, log, "estimate")
     text = res["output"]
     start = text.find("{")
     try:
-        data = json.loads(text[start:text.rfind("}") + 1])
+        data = json.loads(text[start : text.rfind("}") + 1])
     except ValueError:
         return {"available": True, "rc": res["rc"], "error": text[-800:]}
     keep = ("fits", "total_bytes", "budget_bytes", "headroom_bytes", "components", "logits_mode")
@@ -155,16 +195,20 @@ def sweep(overrides: list[str], timeout: float, log: Log) -> dict:
         how = [f"hydra.searchpath=[file://{ROOT / 'scripts' / 'gpu_check_conf'}]", "+gpu_check=optuna3"]
     else:
         how = ["lora_rank=8,16,32"]
-    res = run([sys.executable, "train.py", "-m", *overrides, *how, f"hydra.sweep.dir={sweep_dir}"],
-              timeout, log, "sweep")
+    res = run([sys.executable, "train.py", "-m", *overrides, *how, f"hydra.sweep.dir={sweep_dir}"], timeout, log, "sweep")
     trials = []
     for path in sorted(glob.glob(str(sweep_dir / "**" / "metrics.json"), recursive=True)):
         m = json.loads(Path(path).read_text())
         row = {k: m.get(k) for k in ("status", "tokens_per_s", "peak_memory_bytes", "wall_time_s")}
         row["lora_rank"] = (m.get("levers") or {}).get("lora_rank")
         trials.append(row)
-    return {"sweeper": "grpo_optuna" if optuna else "basic", "parent_rc": res["rc"], "wall_s": res["wall_s"],
-            "trials": trials, "tail": res["output"][-1200:] if res["rc"] != 0 else None}
+    return {
+        "sweeper": "grpo_optuna" if optuna else "basic",
+        "parent_rc": res["rc"],
+        "wall_s": res["wall_s"],
+        "trials": trials,
+        "tail": res["output"][-1200:] if res["rc"] != 0 else None,
+    }
 
 
 def environment(cpu: bool) -> dict:
@@ -176,12 +220,16 @@ def environment(cpu: bool) -> dict:
         " 'cuda_version': torch.version.cuda}))"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
-    env = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"probe_error": proc.stderr[-500:], "cuda": False}
+    env = (
+        json.loads(proc.stdout.strip().splitlines()[-1])
+        if proc.returncode == 0
+        else {"probe_error": proc.stderr[-500:], "cuda": False}
+    )
     env["cpu_dry_run"] = cpu
     for mod in ("trl", "transformers", "peft", "hydra", "optuna", "bitsandbytes", "vllm", "unsloth"):
         spec = importlib.util.find_spec(mod)
         env[f"has_{mod}"] = spec is not None
-    for mod in ("grpo_sweep.estimator", "grpo_sweep.budget", "grpo_sweep.memtracker"):
+    for mod in ("grpo_sweep.memory.estimator", "grpo_sweep.trial.measure.enforce", "grpo_sweep.trial.measure.tracker"):
         env[f"has_{mod.split('.')[-1]}"] = importlib.util.find_spec(mod) is not None
     return env
 
@@ -198,15 +246,19 @@ def table(results: dict) -> str:
             continue
         est = (r.get("estimate") or {}).get("total_bytes") or r.get("predicted_peak_bytes")
         tps = r.get("tokens_per_s")
-        rows.append(f"{name:<9} {str(r.get('status'))[:16]:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
-                    f"{gib(r.get('peak_memory_bytes')):>9} {gib(est):>8} {gib(r.get('deficit_bytes')):>11} "
-                    f"{r.get('wall_s', '-'):>7}")
+        rows.append(
+            f"{name:<9} {str(r.get('status'))[:16]:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
+            f"{gib(r.get('peak_memory_bytes')):>9} {gib(est):>8} {gib(r.get('deficit_bytes')):>11} "
+            f"{r.get('wall_s', '-'):>7}"
+        )
     sw = results["cases"].get("sweep")
     if sw:
         for i, t in enumerate(sw["trials"]):
             tps = t.get("tokens_per_s")
-            rows.append(f"{'sweep/' + str(i):<9} {t.get('status')!s:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
-                        f"{gib(t.get('peak_memory_bytes')):>9} {'-':>8} {'-':>11} {round(t.get('wall_time_s') or 0, 1):>7}")
+            rows.append(
+                f"{'sweep/' + str(i):<9} {t.get('status')!s:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
+                f"{gib(t.get('peak_memory_bytes')):>9} {'-':>8} {'-':>11} {round(t.get('wall_time_s') or 0, 1):>7}"
+            )
     return "\n".join(rows)
 
 
@@ -292,8 +344,7 @@ def main() -> int:
         save()
     save()
     print(table(results))
-    print(json.dumps({"checks": results["checks"], "skipped": results["skipped"],
-                      "elapsed_s": results["elapsed_s"]}, indent=1))
+    print(json.dumps({"checks": results["checks"], "skipped": results["skipped"], "elapsed_s": results["elapsed_s"]}, indent=1))
     print(f"wrote {out_dir / 'gpu_check.json'} and gpu_check.log")
     return 0
 

@@ -16,7 +16,7 @@ FAST = ["trial.steps=2", "task.num_prompts=64"]
 
 def compose(overrides: list[str] | None = None):
     """The config train.py would see for these overrides (Hydra's compose API, same conf/)."""
-    from grpo_sweep.compose import compose_train_config
+    from grpo_sweep.config.compose import compose_train_config
 
     return compose_train_config(overrides)
 
@@ -26,7 +26,11 @@ def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, en
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, env=full_env,
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
     )
 
 

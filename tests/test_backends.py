@@ -17,18 +17,19 @@ from types import SimpleNamespace
 import pytest
 from conftest import FAST, compose, load_metrics, run_train
 
-from grpo_sweep import backends
-from grpo_sweep.backends import trl as trl_backend
-from grpo_sweep.backends import trl_vllm, unsloth
-from grpo_sweep.backends.readback import format_mismatch, lever_mismatch
-from grpo_sweep.backends.vllm_util import (
+from grpo_sweep.config import backends
+from grpo_sweep.config.local import installed, validate_here
+from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.trial.backends import get_backend, trl_vllm, unsloth
+from grpo_sweep.trial.backends import trl as trl_backend
+from grpo_sweep.trial.backends.readback import format_mismatch, lever_mismatch
+from grpo_sweep.trial.backends.vllm_util import (
     device_utilization,
     engine_utilization,
     rescale_utilization,
     target_equivalent,
 )
-from grpo_sweep.budget import GIB
-from grpo_sweep.schema import ConfigError, validate
+from grpo_sweep.units import GIB
 
 H200 = 143_771_058_176  # torch's total_memory of an H200 (~133.9 GiB)
 
@@ -39,7 +40,7 @@ def _params(fn) -> set[str]:
 
 def _importable(module: str) -> tuple[bool, str]:
     """Import `module`; (False, reason) when absent or unusable here (Unsloth raises without a GPU)."""
-    if not backends.installed(module):
+    if not installed(module):
         return False, f"{module} is not installed (CUDA-only; pip install -e '.[{'unsloth' if module == 'unsloth' else 'vllm'}]')"
     try:
         importlib.import_module(module)
@@ -96,12 +97,27 @@ def test_trainer_kwargs_are_grpotrainer_arguments():
 
 
 def test_unsloth_translation():
-    cfg = compose(["backend=unsloth", "quant=nf4", "lora_rank=32", "lora=qv", "lora_rank=32",
-                   "backend.unsloth_standby=true", "gradient_checkpointing=true"])
+    cfg = compose(
+        [
+            "backend=unsloth",
+            "quant=nf4",
+            "lora_rank=32",
+            "lora=qv",
+            "lora_rank=32",
+            "backend.unsloth_standby=true",
+            "gradient_checkpointing=true",
+        ]
+    )
     kw = unsloth.from_pretrained_kwargs(cfg, "/m", device_util=0.12)
     assert kw == {
-        "model_name": "/m", "max_seq_length": cfg.max_seq_length, "dtype": None, "load_in_4bit": True,
-        "fast_inference": True, "max_lora_rank": 32, "gpu_memory_utilization": 0.12, "random_state": 0,
+        "model_name": "/m",
+        "max_seq_length": cfg.max_seq_length,
+        "dtype": None,
+        "load_in_4bit": True,
+        "fast_inference": True,
+        "max_lora_rank": 32,
+        "gpu_memory_utilization": 0.12,
+        "random_state": 0,
         "unsloth_vllm_standby": True,
     }
     peft = unsloth.peft_kwargs(cfg)
@@ -158,8 +174,9 @@ def test_device_utilization_from_config():
 
 
 def test_engine_utilization_reads_the_engine():
-    llm = SimpleNamespace(llm_engine=SimpleNamespace(
-        vllm_config=SimpleNamespace(cache_config=SimpleNamespace(gpu_memory_utilization=0.2))))
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(cache_config=SimpleNamespace(gpu_memory_utilization=0.2)))
+    )
     assert engine_utilization(llm) == 0.2
     assert engine_utilization(SimpleNamespace()) is None
 
@@ -168,10 +185,22 @@ def test_engine_utilization_reads_the_engine():
 
 
 def test_lever_mismatch_flags_rewrites_only():
-    levers = {"per_device_train_batch_size": 2, "num_generations": 4, "gpu_memory_utilization": 0.6,
-              "lora_target_modules": ["q_proj", "v_proj"], "max_seq_length": 96, "load_in_4bit": False}
-    same = {"per_device_train_batch_size": 2, "num_generations": 4, "gpu_memory_utilization": 0.60000001,
-            "lora_target_modules": ["v_proj", "q_proj"], "max_seq_length": 96, "load_in_4bit": False}
+    levers = {
+        "per_device_train_batch_size": 2,
+        "num_generations": 4,
+        "gpu_memory_utilization": 0.6,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "max_seq_length": 96,
+        "load_in_4bit": False,
+    }
+    same = {
+        "per_device_train_batch_size": 2,
+        "num_generations": 4,
+        "gpu_memory_utilization": 0.60000001,
+        "lora_target_modules": ["v_proj", "q_proj"],
+        "max_seq_length": 96,
+        "load_in_4bit": False,
+    }
     assert lever_mismatch(levers, same) == {}
     # Unsloth's rewrite (unsloth#3572): batch 2 -> num_generations 4.
     rewritten = {**same, "per_device_train_batch_size": 4, "gpu_memory_utilization": None}
@@ -186,25 +215,26 @@ def test_lever_mismatch_flags_rewrites_only():
 # --- choosing a backend, and refusing one before any model loads ------------------------------
 
 
-def test_auto_resolution(monkeypatch):
-    assert backends.resolve_backend("auto", cuda=False) == "trl"  # whatever is installed
-    assert backends.resolve_backend("trl_vllm", cuda=False) == "trl_vllm"  # explicit: as asked
+def test_auto_resolution():
+    everything = lambda _m: True  # noqa: E731
+    assert backends.resolve("auto", cuda=False, installed=everything) == "trl"  # whatever is installed
+    assert backends.resolve("trl_vllm", cuda=False, installed=everything) == "trl_vllm"  # explicit: as asked
     present = set()
-    monkeypatch.setattr(backends, "installed", lambda m: m in present)
-    assert backends.resolve_backend("auto", cuda=True) == "trl"
-    present.add("vllm")
-    assert backends.resolve_backend("auto", cuda=True) == "trl_vllm"
+    has = present.__contains__
+    assert backends.resolve("auto", cuda=True, installed=has) == "trl"
+    present.update({"trl", "vllm"})
+    assert backends.resolve("auto", cuda=True, installed=has) == "trl_vllm"
     present.add("unsloth")
-    assert backends.resolve_backend("auto", cuda=True) == "unsloth"
-    assert backends.resolve_backend("auto", cuda=False) == "trl"
+    assert backends.resolve("auto", cuda=True, installed=has) == "unsloth"
+    assert backends.resolve("auto", cuda=False, installed=has) == "trl"
 
 
 def test_every_backend_module_loads_without_its_packages():
     for name in ("trl", "trl_vllm", "unsloth"):
-        module = backends.get_backend(name)
+        module = get_backend(name)
         assert callable(module.build_trainer) and callable(module.effective)
     with pytest.raises(ValueError, match="backend=foo"):
-        backends.get_backend("foo")
+        get_backend("foo")
 
 
 def test_unsloth_trials_start_fresh_interpreters():
@@ -221,11 +251,11 @@ def test_gpu_backends_refused_without_cuda_or_package(backend):
     with pytest.raises(ConfigError) as err:
         validate(compose([f"backend={backend}"]), cuda=False)
     assert f"backend={backend}" in str(err.value) and "no CUDA device" in str(err.value)
-    missing = backends.missing_for(backend)
+    missing = [p for p in backends.packages_for(backend) if not installed(p)]
     if missing:  # with CUDA, the missing packages and the extra to install are named
         with pytest.raises(ConfigError) as err:
-            validate(compose([f"backend={backend}"]), cuda=True)
-        assert ", ".join(missing) in str(err.value) and backends.install_hint(backend) in str(err.value)
+            validate_here(compose([f"backend={backend}"]), cuda=True)
+        assert ", ".join(missing) in str(err.value) and backends.install_hint(backend, missing) in str(err.value)
 
 
 def test_cli_refuses_unsloth_before_any_model_loads(tmp_path):
@@ -256,8 +286,8 @@ def test_auto_runs_trl_on_cpu_and_logs_what_ran(tmp_path):
 def test_random_model_checkpoint_roundtrip(tmp_path, monkeypatch):
     import torch
 
-    from grpo_sweep.models import build_random, load_model, materialize_random
-    from grpo_sweep.tokenizer import train_local_tokenizer
+    from grpo_sweep.trial.models import build_random, load_model, materialize_random
+    from grpo_sweep.trial.tokenizer import train_local_tokenizer
 
     monkeypatch.setenv("GRPO_SWEEP_CACHE", str(tmp_path))
     cfg = compose(["model=tiny"])
@@ -294,7 +324,7 @@ def test_gpu_check_cases_compose_and_validate(cpu):
             continue
         cfg = compose(overrides)
         try:
-            validate(cfg, cuda=not cpu)
+            validate_here(cfg, cuda=not cpu)
         except ConfigError as err:  # 4-bit needs bitsandbytes, carried only to the device
             assert name == "nf4" and "bitsandbytes" in str(err), (name, err)
         if not cpu:

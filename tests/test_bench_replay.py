@@ -30,7 +30,7 @@ def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
     assert any(p["predicted_peak_bytes"] > 1.1 * budget for p in raw)  # without it, such points run (and OOM)
 
     frontier = se.optuna_strategy(grid, 0, constrained=True, prescreen=True, frontier=se.FRONTIER)
-    first = frontier[:se.FRONTIER]
+    first = frontier[: se.FRONTIER]
     assert all(p["predicted_peak_bytes"] <= budget for p in first)
     fullest = max(p["predicted_peak_bytes"] for p in grid["points"] if p["predicted_peak_bytes"] <= budget)
     assert first[0]["predicted_peak_bytes"] == fullest
@@ -38,4 +38,4 @@ def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
     result = se.outcome(ours, grid["optimum"])
     found = result["trials_to_5pct"]
     assert se.good_enough(ours[found - 1], grid["optimum"]) and result["final_pick_feasible"]
-    assert not any(se.good_enough(p, grid["optimum"]) for p in ours[:found - 1])
+    assert not any(se.good_enough(p, grid["optimum"]) for p in ours[: found - 1])

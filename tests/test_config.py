@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import compose, run_train
 
-from grpo_sweep.backends import installed
-from grpo_sweep.schema import ConfigError, validate
+from grpo_sweep.config.local import installed, validate_here
+from grpo_sweep.config.schema import ConfigError, validate
 
 
 @pytest.mark.parametrize(
@@ -35,10 +35,10 @@ def test_cuda_only_levers_need_cuda():
     with pytest.raises(ConfigError, match="backend=unsloth"):
         validate(compose(["backend.name=unsloth"]), cuda=False)
     if installed("bitsandbytes"):
-        validate(compose(["quant=nf4"]), cuda=True)  # allowed where CUDA exists
+        validate_here(compose(["quant=nf4"]), cuda=True)  # allowed where CUDA exists
     else:  # ... and bitsandbytes is installed (the message says so, before any model loads)
         with pytest.raises(ConfigError, match="not installed: bitsandbytes"):
-            validate(compose(["quant=nf4"]), cuda=True)
+            validate_here(compose(["quant=nf4"]), cuda=True)
 
 
 def test_groups_set_top_level_levers():
@@ -77,3 +77,92 @@ def test_cli_type_error_names_key(tmp_path):
     result = run_train(["lora_rank=big", f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode != 0
     assert "lora_rank" in result.stderr + result.stdout
+
+
+def test_a_card_without_speed_numbers_is_an_error_not_the_l4():
+    """Each card's numbers live in its conf/gpu/*.yaml only; a card without them is named, not guessed."""
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    l4 = relative_step_time(compose(["gpu=l4_24g"]))
+    t4 = relative_step_time(compose(["gpu=t4_16g"]))
+    assert l4["tokens_per_s"] != t4["tokens_per_s"]
+    with pytest.raises(ConfigError, match=r"gpu=l4_24g: gpu.tflops_bf16=None .* conf/gpu/l4_24g.yaml"):
+        relative_step_time(compose(["gpu=l4_24g", "gpu.tflops_bf16=null"]))
+
+
+def test_user_config_groups_through_hydras_search_path(tmp_path):
+    """A user's own groups, outside the package, on Hydra's search path: the app and the estimator."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my_tiny.yaml").write_text(
+        "name: my_tiny\nsource: random\ntokenizer: local\narch:\n  model_type: llama\n  hidden_size: 128\n"
+        "  num_hidden_layers: 3\n  num_attention_heads: 4\n  num_key_value_heads: 2\n  head_dim: 32\n"
+        "  intermediate_size: 256\n  vocab_size: 512\n"
+    )
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    cfg = compose([search, "model=my_tiny"])
+    assert cfg.model.name == "my_tiny" and cfg.model.arch.num_hidden_layers == 3
+    result = run_train([search, "model=my_tiny", "--cfg", "job"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "name: my_tiny" in result.stdout and "num_hidden_layers: 3" in result.stdout
+
+
+@pytest.mark.slow
+def test_plain_install_ships_the_configs(tmp_path):
+    """After a non-editable install, `python -m grpo_sweep` and `grpo-sweep estimate` work from any
+    directory: conf/ (sweeps included) ships inside the package."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    checkout = tmp_path / "checkout"  # a copy: the build must not leave build/ in the repository
+    shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, checkout / name)
+    target = tmp_path / "site"
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(checkout),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    shipped = {p.relative_to(target / "grpo_sweep" / "conf").as_posix() for p in (target / "grpo_sweep" / "conf").rglob("*.yaml")}
+    assert {"train.yaml", "model/tiny.yaml", "gpu/l4_24g.yaml", "sweeps/tiny_cpu.yaml"} <= shipped
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
+    check = subprocess.run(
+        [sys.executable, "-c", "import grpo_sweep; print(grpo_sweep.__file__)"], cwd=away, capture_output=True, text=True, env=env
+    )
+    assert str(target) in check.stdout, check.stdout + check.stderr
+    cfg = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep", "+sweeps=tiny_cpu", "--cfg", "job"],
+        cwd=away,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert cfg.returncode == 0 and "memory_gib: 0.09375" in cfg.stdout, cfg.stderr[-2000:]
+    est = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "estimate", "model=gemma3_1b", "gpu=l4_24g"],
+        cwd=away,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert est.returncode == 0 and "fits" in est.stdout, est.stderr[-2000:]

@@ -9,9 +9,9 @@ import sys
 import pytest
 from conftest import ROOT, compose
 
-from grpo_sweep.doctor import diagnose, infer_logits_mode
-from grpo_sweep.estimator import GiB, MiB, estimate
-from grpo_sweep.oom_message import parse_oom_message
+from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
+from grpo_sweep.memory.estimator import GiB, MiB, estimate
+from grpo_sweep.memory.oom_message import parse_oom_message
 
 SEED_MESSAGE = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.01 GiB. "
@@ -44,7 +44,9 @@ VLLM_STARTUP = (
     "utilization (0.6, 13.24 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
 )
 
-VLLM_NO_BLOCKS = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
+VLLM_NO_BLOCKS = (
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
+)
 
 VLLM_OLD_TOKENS = (
     "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be stored "
@@ -134,41 +136,49 @@ def test_doctor_on_the_seed_returns_overrides_the_estimator_says_fit():
     # Upgrading to the chunked head is reported as a fix on its own.
     assert result["stack_upgrade"]["fits"] and result["stack_upgrade"]["saving_bytes"] > 10 * GiB
     # Levers are ranked by GiB freed per % of speed lost, experiment-changing moves last.
-    ratios = [row["gib_per_pct"] for row in result["levers"] if row["gib_per_pct"] is not None
-              and not row["changes_experiment"]]
+    ratios = [row["gib_per_pct"] for row in result["levers"] if row["gib_per_pct"] is not None and not row["changes_experiment"]]
     assert ratios == sorted(ratios, reverse=True)
     assert result["levers"][-1]["changes_experiment"]
 
 
 def test_doctor_with_vllm_lowers_the_pool_when_the_kv_cache_allows():
     cfg = compose(["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm"])
-    msg = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
-           "capacity of 22.06 GiB of which 100.00 MiB is free.")
+    msg = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
+        "capacity of 22.06 GiB of which 100.00 MiB is free."
+    )
     result = diagnose(cfg, parse_oom_message(msg))
     assert any(o.startswith("gpu_memory_utilization=") for row in result["levers"] for o in row["overrides"])
     assert result["overrides"]
-    assert estimate(compose(["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm"]
-                            + result["overrides"])).fits
+    assert estimate(
+        compose(["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm"] + result["overrides"])
+    ).fits
 
 
 def test_doctor_on_a_vllm_kv_cache_error_raises_the_share():
-    cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm",
-                   "gpu_memory_utilization=0.1"])
-    msg = ("ValueError: To serve at least one request with the models's max seq len (512), (0.01 GiB KV cache is "
-           "needed, which is larger than the available KV cache memory (0.00 GiB).")
+    cfg = compose(
+        ["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm", "gpu_memory_utilization=0.1"]
+    )
+    msg = (
+        "ValueError: To serve at least one request with the models's max seq len (512), (0.01 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.00 GiB)."
+    )
     result = diagnose(cfg, parse_oom_message(msg))
     assert result["deficit_bytes"] == int(0.01 * GiB)
     util = [o for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
     assert util and float(util[0].split("=")[1]) > 0.1
-    after = estimate(compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"]
-                             + result["overrides"]))
+    after = estimate(
+        compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"] + result["overrides"])
+    )
     assert after.kv_cache_ok and after.fits
 
 
 def test_doctor_on_a_vllm_startup_error_keeps_the_share_within_free_memory():
     cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
-    msg = ("ValueError: Free memory on device (15.00/22.06 GiB) on startup is less than desired GPU memory "
-           "utilization (0.8, 17.65 GiB).")
+    msg = (
+        "ValueError: Free memory on device (15.00/22.06 GiB) on startup is less than desired GPU memory "
+        "utilization (0.8, 17.65 GiB)."
+    )
     result = diagnose(with_util(cfg, 0.8), parse_oom_message(msg))
     assert result["deficit_bytes"] == int(17.65 * GiB) - int(15.0 * GiB)
     assert result["unexplained_bytes"] > 5 * GiB  # memory held by something else at start-up
@@ -179,7 +189,7 @@ def test_doctor_on_a_vllm_startup_error_keeps_the_share_within_free_memory():
 
 
 def with_util(cfg, util):
-    from grpo_sweep.doctor import with_overrides
+    from grpo_sweep.memory.doctor import with_overrides
 
     return with_overrides(cfg, {"gpu_memory_utilization": util})
 
@@ -197,8 +207,9 @@ def test_doctor_cli_json_and_text(tmp_path):
     assert "deficit: 3.29 GiB" in text.stdout
     assert "GiB/%" in text.stdout and " ".join(data["overrides"]) in text.stdout
     # stdin works too
-    piped = subprocess.run([*args[:5], "-", *SEED_CONFIG, "--json"], input=TORCH1, capture_output=True,
-                           text=True, cwd=ROOT, timeout=120)
+    piped = subprocess.run(
+        [*args[:5], "-", *SEED_CONFIG, "--json"], input=TORCH1, capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert json.loads(piped.stdout)["parsed"]["allocated_by_pytorch_bytes"] == int(14.20 * GiB)
 
 
@@ -209,13 +220,17 @@ def test_doctor_reads_a_trial_metrics_json(tmp_path):
     run.mkdir()
     OmegaConf.save(compose(SEED_CONFIG), run / "config.yaml", resolve=True)
     (run / "metrics.json").write_text(json.dumps({"status": "oom", "error": "OutOfMemoryError: " + SEED_MESSAGE}))
-    result = subprocess.run([sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message",
-                             str(run / "metrics.json"), "--json"], capture_output=True, text=True, cwd=ROOT,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(run / "metrics.json"), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     data = json.loads(result.stdout)
     assert data["parsed"]["free_bytes"] == int(2.72 * GiB) and data["overrides"]
     # Overrides on a saved config are typed as YAML (an int stays an int), groups are refused.
-    from grpo_sweep.doctor import load_config
+    from grpo_sweep.memory.doctor import load_config
 
     cfg = load_config(run / "config.yaml", ["per_device_train_batch_size=2", "gradient_checkpointing=true"])
     assert cfg.per_device_train_batch_size == 2 and cfg.gradient_checkpointing is True
@@ -224,8 +239,13 @@ def test_doctor_reads_a_trial_metrics_json(tmp_path):
 
 
 def test_doctor_bad_input_is_one_clear_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message",
-                             str(tmp_path / "missing.txt")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(tmp_path / "missing.txt")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode == 2 and "no such file" in result.stderr
 
 
@@ -233,13 +253,34 @@ def test_doctor_bad_input_is_one_clear_line(tmp_path):
 def test_doctor_verify_runs_a_real_trial(tmp_path):
     # A tiny CPU config with a budget the estimator says it exceeds; --verify runs the fix for real.
     message = tmp_path / "oom.txt"
-    message.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a "
-                       "total capacity of 0.06 GiB of which 1.00 MiB is free.")
-    args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "gpu=cpu_sim",
-            "gpu.memory_gib=0.06", "trial.steps=2", "task.num_prompts=16", "per_device_train_batch_size=8",
-            "num_generations=4", "--verify", "--json"]
-    result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    message.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a "
+        "total capacity of 0.06 GiB of which 1.00 MiB is free."
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "grpo_sweep.cli",
+        "doctor",
+        "--message",
+        str(message),
+        "gpu=cpu_sim",
+        "gpu.memory_gib=0.06",
+        "trial.steps=2",
+        "task.num_prompts=16",
+        "per_device_train_batch_size=8",
+        "num_generations=4",
+        "--verify",
+        "--json",
+    ]
+    result = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert data["overrides"], data
     assert data["verify"]["status"] == "ok", data["verify"]

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from grpo_sweep.estimator import GiB, estimate
+from grpo_sweep.memory.estimator import GiB, estimate
 
 SEED = ["model=gemma3_1b", "gpu=l4_24g", "gpu.memory_gib=22"]
 TRL_CHUNKED = tuple(int(p) for p in version("trl").split(".")[:2]) >= (1, 16)
@@ -71,7 +71,7 @@ def test_four_bit_weights_are_about_a_quarter_of_bf16():
     bf16 = estimate(compose(["model=llama3_2_1b", "gpu=l4_24g", "model.arch.tie_word_embeddings=true"]))
     nf4 = estimate(compose(["model=llama3_2_1b", "gpu=l4_24g", "load_in_4bit=true"]))
     # Only the projections are quantised; embeddings stay bf16. Compare the projections' share.
-    from grpo_sweep.estimator import param_counts, shapes
+    from grpo_sweep.memory.estimator import param_counts, shapes
 
     s = shapes(compose(["model=llama3_2_1b", "gpu=l4_24g"]), "trl")
     linear_bf16 = param_counts(s)["linear"] * 2

@@ -11,13 +11,14 @@ import pytest
 import torch
 from conftest import FAST, compose, load_metrics
 
-from grpo_sweep.backends.vllm_util import rescale_utilization
-from grpo_sweep.budget import budget_bytes, capped_free_bytes, simulated_oom_error
-from grpo_sweep.memory_meter import NvmlPeakSampler
-from grpo_sweep.memtracker import CATEGORIES, PHASES, TensorTracker
+from grpo_sweep.memory.oom_message import parse_oom_message
 from grpo_sweep.metrics import REQUIRED_KEYS
-from grpo_sweep.oom_message import parse_oom_message
-from grpo_sweep.trial import run_trial
+from grpo_sweep.trial.backends.vllm_util import rescale_utilization
+from grpo_sweep.trial.measure.enforce import capped_free_bytes, simulated_oom_error
+from grpo_sweep.trial.measure.memory_meter import NvmlPeakSampler
+from grpo_sweep.trial.measure.tracker import CATEGORIES, PHASES, TensorTracker
+from grpo_sweep.trial.parent import run_trial
+from grpo_sweep.units import budget_bytes
 
 MIB = 2**20
 TOO_SMALL, LARGE = "0.03", "0.1"
@@ -79,6 +80,7 @@ def test_free_memory_on_a_capped_card_comes_from_the_allowance():
         "by PyTorch, and 0.24 GiB is reserved by PyTorch but unallocated."
     )
     assert capped_free_bytes(text) == pytest.approx((22.06 - 19.10 - 0.24) * 2**30, abs=2**20)
+
 
 @pytest.fixture(scope="module")
 def trials(tmp_path_factory):

@@ -15,12 +15,20 @@ from conftest import load_metrics
 from test_wandb import offline_sweep
 
 from grpo_sweep import cli as grpo_cli
+from grpo_sweep.cli.report import cli
 from grpo_sweep.levers import LEVER_NAMES
-from grpo_sweep.report import Trial, cli, lever_effects, load_dir, load_presets, match_preset
+from grpo_sweep.report.trials import Trial, lever_effects, load_dir, load_presets, match_preset
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--no-first-run", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 class TableRows(HTMLParser):
@@ -90,8 +98,9 @@ def test_report_lists_every_trial_and_writes_its_figures(report):
 
     best = max((load_metrics(sweep / n) for n, s in expected.items() if s == "ok"), key=lambda m: m["tokens_per_s"])
     assert f"lora_rank={best['levers']['lora_rank']} " in stdout
-    assert re.search(rf"<pre id=best-overrides>python train.py model=tiny gpu=cpu .*lora_rank={best['levers']['lora_rank']}",
-                     html_text)
+    assert re.search(
+        rf"<pre id=best-overrides>python train.py model=tiny gpu=cpu .*lora_rank={best['levers']['lora_rank']}", html_text
+    )
     assert "<td class=l>lora_rank</td><td>8</td><td>16</td>" in html_text  # the measured-effect row
     assert "(4 trials: 2 feasible, 2 oom)" in stdout
 
@@ -107,18 +116,17 @@ def test_wandb_report_spec_names_panels_and_metrics(report):
     grid = next(b for b in data["viewspec"]["spec"]["blocks"] if b["type"] == "panel-grid")["metadata"]
     (runset,) = grid["runSets"]
     assert runset["filters"]["filters"] == [
-        {"key": {"section": "run", "name": "group"}, "op": "=", "value": group, "disabled": False}]
+        {"key": {"section": "run", "name": "group"}, "op": "=", "value": group, "disabled": False}
+    ]
     panels = {p["viewType"]: p for p in grid["panelBankSectionConfig"]["panels"]}
     scatter = panels["Scatter Plot"]["config"]
     assert (scatter["xAxis"], scatter["yAxis"]) == ("summary:peak_memory_gib", "summary:tokens_per_s")
     columns = [c["accessor"] for c in panels["Parallel Coordinates Plot"]["config"]["columns"]]
-    assert columns == [f"config:{lv}.value" for lv in LEVER_NAMES] + ["summary:peak_memory_gib",
-                                                                       "summary:tokens_per_s"]
+    assert columns == [f"config:{lv}.value" for lv in LEVER_NAMES] + ["summary:peak_memory_gib", "summary:tokens_per_s"]
     assert "Run Comparer" in panels
-    lines = [p["config"]["metrics"] for p in grid["panelBankSectionConfig"]["panels"]
-             if p["viewType"] == "Run History Line Plot"]
+    lines = [p["config"]["metrics"] for p in grid["panelBankSectionConfig"]["panels"] if p["viewType"] == "Run History Line Plot"]
     assert ["reward"] in lines and ["reward/correctness_reward", "reward/format_reward"] in lines
-    from grpo_sweep.wandb_report import load_spec
+    from grpo_sweep.report.wandb_report import load_spec
 
     assert load_spec(spec_path).title.startswith("grpo-sweep report")  # publishable as written
 
@@ -139,13 +147,12 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     ranks = [int(r["lora_rank"]) for r in table_rows(dom.stdout)]
     assert ranks == sorted(ranks, reverse=True) and len(ranks) == 4  # #sort=-lora_rank sorted the table
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, "--window-size=1280,2400", f"--screenshot={shot}", url], capture_output=True,
-                   timeout=120, check=True)
+    subprocess.run([*flags, "--window-size=1280,2400", f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
     assert shot.stat().st_size > 20_000
 
 
 @pytest.mark.slow
-def test_report_on_an_optuna_study(sweep, tmp_path):
+def test_report_on_an_optuna_study(sweep, tmp_path, capsys):
     """A real SQLite study whose trials point at the multirun's run dirs, with flat user attrs as the
     Optuna sweeper stores them (status, run_dir, predicted_peak_bytes, preset)."""
     import optuna
@@ -156,18 +163,30 @@ def test_report_on_an_optuna_study(sweep, tmp_path):
     dist = {"lora_rank": optuna.distributions.CategoricalDistribution([8, 16, 32])}
     for trial in load_dir(sweep):
         ok = trial.status == "ok"
-        study.add_trial(optuna.trial.create_trial(
-            params={"lora_rank": trial.levers["lora_rank"]}, distributions=dist,
-            value=trial.record["tokens_per_s"] if ok else None,
-            state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
-            user_attrs={"run_dir": trial.run_dir, "status": trial.status,
-                        "predicted_peak_bytes": int(trial.record["peak_memory_bytes"] * 1.1)}))
-    study.add_trial(optuna.trial.create_trial(  # pre-screened by the estimator: attrs only, no run dir
-        params={"lora_rank": 32}, distributions=dist, state=optuna.trial.TrialState.PRUNED,
-        user_attrs={"status": "pruned", "predicted_peak_bytes": 2**31, "preset": "seed_baseline"}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"lora_rank": trial.levers["lora_rank"]},
+                distributions=dist,
+                value=trial.record["tokens_per_s"] if ok else None,
+                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+                user_attrs={
+                    "run_dir": trial.run_dir,
+                    "status": trial.status,
+                    "predicted_peak_bytes": int(trial.record["peak_memory_bytes"] * 1.1),
+                },
+            )
+        )
+    study.add_trial(
+        optuna.trial.create_trial(  # pre-screened by the estimator: attrs only, no run dir
+            params={"lora_rank": 32},
+            distributions=dist,
+            state=optuna.trial.TrialState.PRUNED,
+            user_attrs={"status": "pruned", "predicted_peak_bytes": 2**31, "preset": "seed_baseline"},
+        )
+    )
 
-    with pytest.raises(SystemExit, match="--study is required; studies in .*'s1'"):
-        cli([storage, "--out", str(tmp_path)])
+    assert cli([storage, "--out", str(tmp_path)]) == 2
+    assert re.search(r"--study is required; studies in .*'s1'", capsys.readouterr().err)
     assert cli([storage, "--study", "s1", "--out", str(tmp_path / "out")]) == 0
     html_text = (tmp_path / "out" / "report.html").read_text()
     rows = table_rows(html_text)
@@ -192,11 +211,15 @@ def test_lever_effect_prefers_controlled_pairs():
     base = {"lora_rank": 8, "per_device_train_batch_size": 4}
 
     def trial(name, peak, tps, **levers):
-        return Trial(name=name, record={"status": "ok", "levers": {**base, **levers},
-                                        "peak_memory_bytes": peak, "tokens_per_s": tps})
+        return Trial(
+            name=name, record={"status": "ok", "levers": {**base, **levers}, "peak_memory_bytes": peak, "tokens_per_s": tps}
+        )
 
-    trials = [trial("a", 100, 10.0), trial("b", 150, 8.0, lora_rank=16),
-              trial("c", 300, 20.0, per_device_train_batch_size=8, lora_rank=32)]
+    trials = [
+        trial("a", 100, 10.0),
+        trial("b", 150, 8.0, lora_rank=16),
+        trial("c", 300, 20.0, per_device_train_batch_size=8, lora_rank=32),
+    ]
     rows = {r["lever"]: r for r in lever_effects(trials)}
     assert rows["lora_rank"]["peak_change_pct"] == pytest.approx(50.0)  # the a/b pair only
     assert rows["lora_rank"]["objective_change_pct"] == pytest.approx(-20.0)
@@ -205,14 +228,14 @@ def test_lever_effect_prefers_controlled_pairs():
     assert batch["low"] == "4" and batch["high"] == "8" and "other levers varied" in batch["basis"]
 
 
-def test_bad_source_is_named():
-    with pytest.raises(SystemExit, match="'/nonexistent/x' is neither a directory"):
-        cli(["/nonexistent/x"])
+def test_bad_source_is_named(capsys):
+    assert cli(["/nonexistent/x"]) == 2
+    assert "'/nonexistent/x' is neither a directory, a storage URL nor a file" in capsys.readouterr().err
 
 
 def test_memory_fields_from_other_modules_show_up(tmp_path):
     """Keys the memory modules add (budget, prediction, phases, deficit) reach the page when present."""
-    from grpo_sweep.report_html import write_report
+    from grpo_sweep.report.html import write_report
 
     presets = load_presets()
     base = {**dict.fromkeys(LEVER_NAMES, 1), "lora_target_modules": ["q_proj", "v_proj"]}
@@ -220,22 +243,39 @@ def test_memory_fields_from_other_modules_show_up(tmp_path):
     gib = 2**30
 
     def trial(name, status, levers, **record):
-        return Trial(name=name, record={"status": status, "levers": levers, "budget_bytes": 20 * gib, **record},
-                     config={"objective": "tokens_per_s", "gpu": {"name": "l4_24g", "memory_gib": 22.06}})
+        return Trial(
+            name=name,
+            record={"status": status, "levers": levers, "budget_bytes": 20 * gib, **record},
+            config={"objective": "tokens_per_s", "gpu": {"name": "l4_24g", "memory_gib": 22.06}},
+        )
 
     trials = [
-        trial("fits", "ok", {**base, "lora_rank": 16}, tokens_per_s=900.0, peak_memory_bytes=12 * gib,
-              predicted_peak_bytes=13 * gib, peak_phase="backward"),
+        trial(
+            "fits",
+            "ok",
+            {**base, "lora_rank": 16},
+            tokens_per_s=900.0,
+            peak_memory_bytes=12 * gib,
+            predicted_peak_bytes=13 * gib,
+            peak_phase="backward",
+        ),
         trial("seed", "ok", seed, tokens_per_s=700.0, peak_memory_bytes=15 * gib, predicted_peak_bytes=14 * gib),
-        trial("too big", "oom", {**base, "lora_rank": 64}, oom_phase="logits", deficit_bytes=3 * gib,
-              requested_bytes=4 * gib, error="CUDA out of memory. Tried to allocate 4.00 GiB"),
+        trial(
+            "too big",
+            "oom",
+            {**base, "lora_rank": 64},
+            oom_phase="logits",
+            deficit_bytes=3 * gib,
+            requested_bytes=4 * gib,
+            error="CUDA out of memory. Tried to allocate 4.00 GiB",
+        ),
         trial("screened", "pruned", {**base, "max_seq_length": 4096}, predicted_peak_bytes=31 * gib),
     ]
     for t in trials:
         t.preset = match_preset(t.levers, presets)
     page = write_report(trials, tmp_path, title="synthetic").read_text()
     assert "Budget 20.00 GiB." in page
-    assert '<pre id=best-overrides>python train.py gpu=l4_24g' in page
+    assert "<pre id=best-overrides>python train.py gpu=l4_24g" in page
     rows = {r["name"]: r for r in table_rows(page)}
     assert rows["seed"]["preset"] == "seed_optimized" and rows["fits"]["peak_phase"] == "backward"
     assert rows["too big"]["oom_phase"] == "logits" and rows["too big"]["deficit_gib"] == "3.0"
@@ -250,24 +290,45 @@ def test_report_reads_a_journal_study_with_importances(tmp_path):
     from optuna.storages.journal import JournalFileBackend
 
     path = tmp_path / "study.journal"
-    study = optuna.create_study(study_name="j", direction="maximize",
-                                storage=optuna.storages.JournalStorage(JournalFileBackend(str(path))))
-    dists = {"lora_rank": optuna.distributions.IntDistribution(8, 64),
-             "per_device_train_batch_size": optuna.distributions.IntDistribution(1, 8)}
+    study = optuna.create_study(
+        study_name="j", direction="maximize", storage=optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    )
+    dists = {
+        "lora_rank": optuna.distributions.IntDistribution(8, 64),
+        "per_device_train_batch_size": optuna.distributions.IntDistribution(1, 8),
+    }
     for i, (rank, batch, tps) in enumerate([(8, 2, 500.0), (16, 4, 900.0), (64, 8, 1200.0), (32, 2, 450.0)]):
         status = "oom" if i == 2 else "ok"
-        study.add_trial(optuna.trial.create_trial(
-            params={"lora_rank": rank, "per_device_train_batch_size": batch}, distributions=dists,
-            value=tps if status == "ok" else 0.0, state=optuna.trial.TrialState.COMPLETE,
-            user_attrs={"status": status, "tokens_per_s": tps if status == "ok" else None,
-                        "peak_memory_bytes": (rank + 10 * batch) * 2**24,
-                        "levers": {"lora_rank": rank, "per_device_train_batch_size": batch}}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"lora_rank": rank, "per_device_train_batch_size": batch},
+                distributions=dists,
+                value=tps if status == "ok" else 0.0,
+                state=optuna.trial.TrialState.COMPLETE,
+                user_attrs={
+                    "status": status,
+                    "tokens_per_s": tps if status == "ok" else None,
+                    "peak_memory_bytes": (rank + 10 * batch) * 2**24,
+                    "levers": {"lora_rank": rank, "per_device_train_batch_size": batch},
+                },
+            )
+        )
     # Fastest, ran without OOM, but over the sweep's headroom: the study marked it infeasible.
-    study.add_trial(optuna.trial.create_trial(
-        params={"lora_rank": 8, "per_device_train_batch_size": 8}, distributions=dists, value=2000.0,
-        state=optuna.trial.TrialState.COMPLETE, constraints={"memory_over_budget_bytes": float(2**24)},
-        user_attrs={"status": "ok", "tokens_per_s": 2000.0, "peak_memory_bytes": 90 * 2**24,
-                    "levers": {"lora_rank": 8, "per_device_train_batch_size": 8}}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lora_rank": 8, "per_device_train_batch_size": 8},
+            distributions=dists,
+            value=2000.0,
+            state=optuna.trial.TrialState.COMPLETE,
+            constraints={"memory_over_budget_bytes": float(2**24)},
+            user_attrs={
+                "status": "ok",
+                "tokens_per_s": 2000.0,
+                "peak_memory_bytes": 90 * 2**24,
+                "levers": {"lora_rank": 8, "per_device_train_batch_size": 8},
+            },
+        )
+    )
     assert cli([f"journal:{path}", "--out", str(tmp_path / "out")]) == 0  # the only study: no --study needed
     page = (tmp_path / "out" / "report.html").read_text()
     assert '<img src="param_importances.png"' in page
@@ -276,3 +337,63 @@ def test_report_reads_a_journal_study_with_importances(tmp_path):
     assert rows["trial 2"]["_status"] == "oom" and rows["trial 1"]["_class"] == "feasible best"
     assert rows["trial 4"]["_class"] == "over_headroom" and rows["trial 4"]["_status"] == "ok"
     assert "<pre id=best-overrides>python train.py per_device_train_batch_size=4 lora_rank=16</pre>" in page
+
+
+def _study_with_trials(storage, name: str, direction: str):
+    """A study the way the sweeper leaves one: ok trials with their metrics as user attrs, one OOM."""
+    import optuna
+
+    study = optuna.create_study(study_name=name, direction=direction, storage=storage)
+    dists = {"lora_rank": optuna.distributions.IntDistribution(8, 64)}
+    for rank, value, status in [(8, 0.30, "ok"), (16, 0.20, "ok"), (32, 0.25, "ok"), (64, 0.0, "oom")]:
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"lora_rank": rank},
+                distributions=dists,
+                value=value,
+                state=optuna.trial.TrialState.COMPLETE,
+                constraints={"memory_over_budget_bytes": 1.0 if status == "oom" else -1.0},
+                user_attrs={
+                    "status": status,
+                    "step_time_s": value if status == "ok" else None,
+                    "peak_memory_bytes": rank * 2**24,
+                    "levers": {"lora_rank": rank},
+                },
+            )
+        )
+    return study
+
+
+@pytest.mark.parametrize("direction, best_rank", [("minimize", 16), ("maximize", 8)])
+def test_report_and_sweep_summary_name_the_same_winner(tmp_path, direction, best_rank):
+    """One best-trial rule: the HTML report and the sweeper's best.yaml follow the study's direction."""
+    from grpo_sweep.study.storage import open_storage
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial as summary_best
+
+    source = f"journal:{tmp_path / 'study.journal'}"
+    study = _study_with_trials(open_storage(source), "d", direction)
+    assert summary_best(study).params["lora_rank"] == best_rank
+    assert cli([source, "--out", str(tmp_path / "out")]) == 0
+    rows = {r["name"]: r for r in table_rows((tmp_path / "out" / "report.html").read_text())}
+    best = [name for name, r in rows.items() if "best" in r["_class"].split()]
+    assert best == [f"trial {[8, 16, 32, 64].index(best_rank)}"], rows
+
+
+@pytest.mark.skipif(
+    not __import__("os").environ.get("GRPO_SWEEP_TEST_POSTGRES"),
+    reason="GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run starts PostgreSQL and sets it)",
+)
+def test_report_reads_a_postgresql_study(tmp_path, capsys):
+    """`grpo-sweep report postgresql://...` opens the storage the way the sweeper does (one opener)."""
+    import os
+    import uuid
+
+    from grpo_sweep.study.storage import open_storage
+
+    url = os.environ["GRPO_SWEEP_TEST_POSTGRES"]
+    name = f"report-{uuid.uuid4().hex[:8]}"
+    _study_with_trials(open_storage(url), name, "maximize")
+    assert grpo_cli.main(["report", url, "--study", name, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials" in out and "best: trial 0" in out
+    assert url.split("://", 1)[1].split("@")[0].split(":")[1] not in out  # the password is never printed

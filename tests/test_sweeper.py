@@ -31,12 +31,19 @@ def test_grammar_to_distributions():
 
     from hydra_plugins.grpo_optuna_sweeper.space import parse_space, to_override
 
-    dists, fixed = parse_space([
-        "lora=choice(qv,all_linear)", "lora_rank=range(8,40,8)", "gpu_memory_utilization=interval(0.3,0.7)",
-        "max_seq_length=int(interval(64,512))", "learning_rate=tag(log,interval(1e-6,1e-4))",
-        "per_device_train_batch_size=tag(log,int(interval(1,16)))", "+sweeps=tiny_cpu", "trial.steps=2",
-        "trial.debug_fault=null,oom",
-    ])
+    dists, fixed = parse_space(
+        [
+            "lora=choice(qv,all_linear)",
+            "lora_rank=range(8,40,8)",
+            "gpu_memory_utilization=interval(0.3,0.7)",
+            "max_seq_length=int(interval(64,512))",
+            "learning_rate=tag(log,interval(1e-6,1e-4))",
+            "per_device_train_batch_size=tag(log,int(interval(1,16)))",
+            "+sweeps=tiny_cpu",
+            "trial.steps=2",
+            "trial.debug_fault=null,oom",
+        ]
+    )
     assert dists["lora"] == CategoricalDistribution(["qv", "all_linear"])
     assert dists["lora_rank"] == IntDistribution(8, 32, step=8)  # Hydra's range excludes its stop
     assert dists["gpu_memory_utilization"] == FloatDistribution(0.3, 0.7)
@@ -46,7 +53,9 @@ def test_grammar_to_distributions():
     assert fixed == {"+sweeps": "+sweeps=tiny_cpu", "trial.steps": "trial.steps=2"}
     # Hydra's grammar: `null` in a sweep list stays `null` on the job's command line (None there).
     assert [to_override("trial.debug_fault", v) for v in dists["trial.debug_fault"].choices] == [
-        "trial.debug_fault=null", "trial.debug_fault=oom"]
+        "trial.debug_fault=null",
+        "trial.debug_fault=oom",
+    ]
     assert to_override("load_in_4bit", True) == "load_in_4bit=true"
     # A fixed value on the command line wins over the sweep file's range for the same key.
     dists, fixed = parse_space(["lora_rank=choice(8,16)", "lora_rank=32"])
@@ -58,14 +67,19 @@ def test_metrics_to_optuna_outcome():
 
     gib = 2**30
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": 1 * gib, "headroom": None}
-    ok = judge({"status": "ok", "tokens_per_s": 100.0, "peak_memory_bytes": 0.75 * gib,
-                "memory_source": "cuda"}, **common)
+    ok = judge({"status": "ok", "tokens_per_s": 100.0, "peak_memory_bytes": 0.75 * gib, "memory_source": "cuda"}, **common)
     assert (ok.state, ok.value, ok.constraint) == ("COMPLETE", 100.0, -0.25 * gib)
     # Headroom 0.5: the same peak is now over the allowed half of the card.
-    assert judge({"status": "ok", "tokens_per_s": 1.0, "peak_memory_bytes": 0.75 * gib, "memory_source": "cuda"},
-                 **{**common, "headroom": 0.5}).constraint == 0.25 * gib
-    message = ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 1.00 GiB "
-               "of which 128.00 MiB is free.")
+    assert (
+        judge(
+            {"status": "ok", "tokens_per_s": 1.0, "peak_memory_bytes": 0.75 * gib, "memory_source": "cuda"},
+            **{**common, "headroom": 0.5},
+        ).constraint
+        == 0.25 * gib
+    )
+    message = (
+        "CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 1.00 GiB of which 128.00 MiB is free."
+    )
     oom = judge({"status": "oom", "error": f"OutOfMemoryError: {message}", "peak_memory_bytes": 0.9 * gib}, **common)
     assert (oom.state, oom.value, oom.constraint) == ("COMPLETE", 0.0, 384 * 2**20)  # infeasible by the deficit
     assert oom.attrs["deficit_source"] == "oom message"
@@ -73,8 +87,12 @@ def test_metrics_to_optuna_outcome():
     failed = judge({"status": "timeout", "error": "trial exceeded trial.timeout_s=5 s"}, **common)
     assert failed.state == "FAIL" and "timeout_s" in failed.attrs["error"]
     # Process RSS on CPU is not device memory: it ran without OOM, so feasible (0), whatever the RSS.
-    assert judge({"status": "ok", "tokens_per_s": 1.0, "peak_memory_bytes": 5 * gib,
-                  "memory_source": "cpu-rss"}, **common).constraint == 0.0
+    assert (
+        judge(
+            {"status": "ok", "tokens_per_s": 1.0, "peak_memory_bytes": 5 * gib, "memory_source": "cpu-rss"}, **common
+        ).constraint
+        == 0.0
+    )
     assert judge(None, **common).state == "FAIL"
     assert math.isinf(judge({"status": "oom"}, **{**common, "direction": "minimize"}).value)
 
@@ -88,8 +106,10 @@ def test_every_sampler_choice_learns_from_constraints(name):
     from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
-    space = {"batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8]),
-             "seq": optuna.distributions.IntDistribution(64, 256, step=64)}
+    space = {
+        "batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8]),
+        "seq": optuna.distributions.IntDistribution(64, 256, step=64),
+    }
     study = optuna.create_study(direction="maximize", sampler=build_sampler(name, 0, space))
     for _ in range(14):  # past the samplers' 10 start-up trials
         trial = study.ask(space)
@@ -109,8 +129,10 @@ def test_gp_learns_from_prescreened_points():
     from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, prescreen_verdict
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
-    space = {"batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16]),
-             "seq": optuna.distributions.CategoricalDistribution([64, 128, 256])}
+    space = {
+        "batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16]),
+        "seq": optuna.distributions.CategoricalDistribution([64, 128, 256]),
+    }
     study = optuna.create_study(direction="maximize", sampler=build_sampler("gp", 0, space))
     pruned_after_start = 0
     for i in range(25):
@@ -129,7 +151,7 @@ def test_gp_learns_from_prescreened_points():
 
 
 def test_storage_password_is_masked():
-    from hydra_plugins.grpo_optuna_sweeper.storage import mask
+    from grpo_sweep.credentials import mask_url as mask
 
     assert mask("postgresql://u:s3cr%40t@db:5432/x") == "postgresql://u:***@db:5432/x"
     assert mask("postgresql://db/x?user=u&password=s3cret") == "postgresql://db/x?user=u&password=***"
@@ -177,8 +199,7 @@ def test_tiny_cpu_sweep(tmp_path):
 @pytest.mark.slow
 def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
     """A grid over injected faults: ok -> feasible, OOM -> infeasible with a deficit, SIGKILL -> FAIL."""
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.sampler=grid", "trial.debug_fault=null,oom,signal",
-                           *SMALL))
+    result = run(sweep_cmd(tmp_path, "hydra.sweeper.sampler=grid", "trial.debug_fault=null,oom,signal", *SMALL))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     by_fault = {t.params["trial.debug_fault"]: t for t in study.trials}
@@ -198,9 +219,11 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     journal = f"journal:{tmp_path / 'study.journal'}"
     proc = start(cmd, tmp_path / "first.log")
     try:
+
         def one_done_one_running():
             states = [t.state.name for t in trials_so_far(journal)]
             return "COMPLETE" in states and "RUNNING" in states
+
         wait_for(one_done_one_running, timeout=300, proc=proc)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
@@ -275,8 +298,9 @@ def test_frontier_pick_is_fullest_fit_first_and_spread_out():
 @pytest.mark.slow
 def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
     """hydra.sweeper.frontier_start=2: the first two trials are the estimator's fullest fits, and they fit."""
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2",
-                           "hydra.sweeper.prescreen=true"))
+    result = run(
+        sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2", "hydra.sweeper.prescreen=true")
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Frontier start: enqueued 2 of" in result.stdout + result.stderr
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
@@ -313,9 +337,17 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
     The preset's 4-bit weights need CUDA, so this CPU test pins load_in_4bit=false and a short sequence
     on the command line (explicit keys win over the preset, as in `python train.py preset=...`).
     """
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.warm_start=true",
-                           "hydra.sweeper.presets=[seed_optimized]", "load_in_4bit=false",
-                           "max_seq_length=64", "max_prompt_length=32"))
+    result = run(
+        sweep_cmd(
+            tmp_path,
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.warm_start=true",
+            "hydra.sweeper.presets=[seed_optimized]",
+            "load_in_4bit=false",
+            "max_seq_length=64",
+            "max_prompt_length=32",
+        )
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     first = study.trials[0]

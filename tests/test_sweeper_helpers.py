@@ -18,8 +18,7 @@ SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "l
 def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False) -> list[str]:
     """The user's command; without tiny_cpu's enqueued probe points unless `enqueue` (tests pick their own)."""
     extra = [] if enqueue else ["hydra.sweeper.enqueue=[]"]
-    return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}",
-            *extra, *args]
+    return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}", *extra, *args]
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -36,18 +35,18 @@ def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
 def load_study(storage: str, name: str = "tiny_cpu"):
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper.storage import is_journal, journal_path, open_storage
+    from grpo_sweep.study.storage import is_journal, journal_path, open_storage
 
     if is_journal(storage):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(journal_path(storage)))))
-    return optuna.load_study(study_name=name, storage=open_storage(storage, 30, 120, 2))
+    return optuna.load_study(study_name=name, storage=open_storage(storage, create=False))
 
 
 def trials_so_far(storage: str, name: str = "tiny_cpu") -> list:
     """The study's trials, or [] while the sweep has not created it yet (for polling a running sweep)."""
-    if storage.startswith("journal:") and not Path(storage[len("journal:"):]).exists():
+    if storage.startswith("journal:") and not Path(storage[len("journal:") :]).exists():
         return []
     try:
         return load_study(storage, name).trials
@@ -60,7 +59,8 @@ def counted(study) -> list:
     trials = study.get_trials()
     retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
     return [
-        t for t in trials
+        t
+        for t in trials
         if t.state.name in ("COMPLETE", "PRUNED")
         or (t.state.name == "FAIL" and t.number not in retried and t.user_attrs.get("status") != "surplus")
     ]

@@ -41,8 +41,14 @@ def _storage(kind: str, tmp_path: Path) -> str:
 def test_two_workers_share_one_study(tmp_path, kind):
     storage = _storage(kind, tmp_path)
     name = f"workers-{uuid.uuid4().hex[:8]}"
-    args = [f"hydra.sweeper.storage={storage}", f"hydra.sweeper.study_name={name}", "hydra.sweeper.n_trials=3",
-            "max_seq_length=64", "lora=qv", "lora_rank=8"]
+    args = [
+        f"hydra.sweeper.storage={storage}",
+        f"hydra.sweeper.study_name={name}",
+        "hydra.sweeper.n_trials=3",
+        "max_seq_length=64",
+        "lora=qv",
+        "lora_rank=8",
+    ]
     # Each worker its own sweep dir (as on two machines); the study is the shared state.
     procs = [start(sweep_cmd(tmp_path / f"w{i}", *args), tmp_path / f"w{i}.log") for i in range(2)]
     try:
@@ -67,8 +73,12 @@ def test_two_workers_share_one_study(tmp_path, kind):
         assert sorted(int(r["number"]) for r in rows if r["state"] == "COMPLETE") == sorted(t.number for t in trials)
     if kind == "postgres":
         secret = storage.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
-        written = [p for i in range(2) for p in (tmp_path / f"w{i}").rglob("*") if p.is_file()
-                   and p.suffix in (".yaml", ".csv", ".json", ".log")]
+        written = [
+            p
+            for i in range(2)
+            for p in (tmp_path / f"w{i}").rglob("*")
+            if p.is_file() and p.suffix in (".yaml", ".csv", ".json", ".log")
+        ]
         for path in written:
             assert secret not in path.read_text(errors="ignore"), f"storage password leaked into {path}"
         for log in logs:
@@ -80,13 +90,16 @@ def test_two_workers_share_one_study(tmp_path, kind):
 def test_killed_worker_trial_is_retried(tmp_path):
     """SIGKILL (no chance to clean up) mid-trial: the heartbeat goes stale, the trial is failed and re-run."""
     journal = f"journal:{tmp_path / 'study.journal'}"
-    cmd = sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.heartbeat_interval=1",
-                    "hydra.sweeper.grace_period=3", *SMALL)
+    cmd = sweep_cmd(
+        tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL
+    )
     proc = start(cmd, tmp_path / "first.log")
     try:
+
         def running():
             numbers = [t.number for t in trials_so_far(journal) if t.state.name == "RUNNING"]
             return numbers[0] + 1 if numbers else None  # +1: trial 0 is falsy
+
         number = wait_for(running, timeout=300, proc=proc) - 1
         proc.kill()
         proc.wait(timeout=30)
@@ -127,8 +140,17 @@ def _kill_orphan_trials(sweep_dir: Path) -> None:
 @pytest.mark.slow
 def test_joblib_launcher_runs_trials_in_parallel_processes(tmp_path):
     """hydra/launcher=joblib: the sweeper asks n_jobs trials at once and joblib runs them side by side."""
-    result = run(sweep_cmd(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
-                           "hydra.sweeper.n_trials=2", *SMALL[:1], "lora=qv"))
+    result = run(
+        sweep_cmd(
+            tmp_path,
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.n_trials=2",
+            *SMALL[:1],
+            "lora=qv",
+        )
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]

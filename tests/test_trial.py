@@ -8,8 +8,8 @@ import pytest
 from conftest import FAST, compose, load_metrics
 
 from grpo_sweep.levers import LEVER_NAMES
-from grpo_sweep.metrics import REQUIRED_KEYS
-from grpo_sweep.trial import run_trial
+from grpo_sweep.metrics import KEYS, REQUIRED_KEYS
+from grpo_sweep.trial.parent import run_trial
 
 
 def test_real_trial_records_every_metric(tmp_path):
@@ -17,6 +17,7 @@ def test_real_trial_records_every_metric(tmp_path):
     assert record["status"] == "ok", record["error"]
     on_disk = load_metrics(tmp_path)
     assert set(REQUIRED_KEYS) <= set(on_disk)
+    assert set(on_disk) <= KEYS, f"undeclared metrics.json keys (declare them in metrics.TrialMetrics): {set(on_disk) - KEYS}"
     assert (tmp_path / "config.yaml").exists()
     assert on_disk["steps"] == 3 and len(on_disk["history"]) == 3
     for key in ("tokens_per_s", "samples_per_s", "step_time_s", "reward_mean", "reward_std"):
@@ -54,3 +55,4 @@ def test_failures_are_contained(tmp_path, fault, status, needle):
     assert record["status"] == status
     assert needle in record["error"]
     assert load_metrics(tmp_path)["status"] == status
+    assert set(load_metrics(tmp_path)) <= KEYS

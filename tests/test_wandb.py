@@ -16,20 +16,37 @@ import pytest
 from conftest import FAST, compose, load_metrics, run_train
 from omegaconf import OmegaConf
 
+from grpo_sweep.credentials import wandb_mode as resolve_mode
 from grpo_sweep.levers import LEVER_NAMES
-from grpo_sweep.wandb_logger import open_logger, resolve_mode, run_group, run_name
+from grpo_sweep.trial.wandb_logger import open_logger, run_group, run_name
 
 WANDB_CLI = str(Path(sys.executable).with_name("wandb"))
 DEAD_URL = "http://127.0.0.1:9"  # the discard port: connection refused, nothing leaves the host
 OFFLINE_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": os.devnull, "WANDB_BASE_URL": DEAD_URL}
-STEP_KEYS = ("reward", "reward_std", "loss", "step_time_s", "tokens", "tokens_per_s", "completion_length",
-             "peak_memory_bytes", "reward/correctness_reward", "reward/format_reward")
+STEP_KEYS = (
+    "reward",
+    "reward_std",
+    "loss",
+    "step_time_s",
+    "tokens",
+    "tokens_per_s",
+    "completion_length",
+    "peak_memory_bytes",
+    "reward/correctness_reward",
+    "reward/format_reward",
+)
 
 
 def leet(path: str | Path, *args: str) -> str:
     """`wandb leet inspect` (wandb 0.31's reader of a run's .wandb transaction log)."""
-    out = subprocess.run([WANDB_CLI, "leet", "inspect", *args, str(path)], check=False, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **OFFLINE_ENV})
+    out = subprocess.run(
+        [WANDB_CLI, "leet", "inspect", *args, str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **OFFLINE_ENV},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -56,8 +73,10 @@ def offline_sweep(tmp_path_factory) -> Path:
     """
     if "root" not in _SWEEP:
         root = tmp_path_factory.mktemp("wandb_sweep")
-        result = run_train(["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb",
-                            f"hydra.sweep.dir={root}"], env=OFFLINE_ENV)
+        result = run_train(
+            ["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb", f"hydra.sweep.dir={root}"],
+            env=OFFLINE_ENV,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         _SWEEP.update(root=root, stdout=result.stdout)
     return _SWEEP["root"]
@@ -129,8 +148,9 @@ def test_network_failure_falls_back_offline_without_leaking_the_key(tmp_path, mo
     monkeypatch.setenv("WANDB_BASE_URL", DEAD_URL)
     monkeypatch.setenv("NETRC", os.devnull)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    cfg = OmegaConf.create(OmegaConf.to_container(
-        compose(["logger=wandb", "logger.init_timeout_s=3", "trial.number=2"]), resolve=True))
+    cfg = OmegaConf.create(
+        OmegaConf.to_container(compose(["logger=wandb", "logger.init_timeout_s=3", "trial.number=2"]), resolve=True)
+    )
     record = {"status": "failed", "levers": {"lora_rank": 16}, "effective": {}, "backend": "trl", "versions": {}}
     logger = open_logger(cfg, tmp_path, record)
     assert record["wandb_mode"] == "offline" and "wandb_error" in record
@@ -152,8 +172,9 @@ def test_network_failure_falls_back_offline_without_leaking_the_key(tmp_path, mo
 
 
 def test_a_run_wandb_refuses_leaves_the_trial_without_a_logger(tmp_path, capsys):
-    cfg = OmegaConf.create(OmegaConf.to_container(
-        compose(["logger=wandb", "logger.mode=offline", "logger.project=bad/name"]), resolve=True))
+    cfg = OmegaConf.create(
+        OmegaConf.to_container(compose(["logger=wandb", "logger.mode=offline", "logger.project=bad/name"]), resolve=True)
+    )
     record = {"backend": "trl"}
     logger = open_logger(cfg, tmp_path, record)
     logger.log_step({"step": 1, "reward": 0.0})  # a no-op, not an error
@@ -178,8 +199,9 @@ def test_group_and_name_come_from_the_sweep(tmp_path):
     sweep = tmp_path / "multirun"
     (sweep / "3").mkdir(parents=True)
     (sweep / "multirun.yaml").write_text("{}\n")
-    cfg = compose(["logger=wandb", "lora_rank=32", "per_device_train_batch_size=2",
-                   "gradient_accumulation_steps=2", "num_generations=2"])
+    cfg = compose(
+        ["logger=wandb", "lora_rank=32", "per_device_train_batch_size=2", "gradient_accumulation_steps=2", "num_generations=2"]
+    )
     assert run_group(cfg, sweep / "3") == str(sweep.resolve())  # outside the cwd: the full path
     assert run_group(cfg, tmp_path) is None  # a lone run has no group
     assert run_group(compose(["logger=wandb", "trial.study=s1"]), sweep / "3") == "s1"
@@ -189,7 +211,7 @@ def test_group_and_name_come_from_the_sweep(tmp_path):
 
 
 def test_logger_config_is_validated():
-    from grpo_sweep.schema import ConfigError, validate
+    from grpo_sweep.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError, match="logger.mode=sometimes: must be one of auto, online, offline"):
         validate(compose(["logger=wandb", "logger.mode=sometimes"]))

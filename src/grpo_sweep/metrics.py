@@ -1,30 +1,123 @@
-"""metrics.json: the one record a trial leaves, read by the sweeper, W&B, the report and the doctor."""
+"""metrics.json: the one record a trial leaves, read by the sweeper, W&B, the report and the doctor.
+
+`TrialMetrics` is its one definition: every key, typed and explained.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 STATUSES = ("ok", "oom", "failed", "timeout")
 METRICS_FILE = "metrics.json"
+
+
+class TrialMetrics(TypedDict, total=False):
+    """Every key a trial's metrics.json may hold. The worker writes it (trial/worker.py, with the
+    meters in trial/measure/), the parent adds the process facts (trial/parent.py); the sweeper,
+    W&B, the report and the doctor read it. A key not declared here is a bug (tests check a real
+    trial's file against this list). Sizes are bytes, times seconds, throughput per second."""
+
+    # --- outcome
+    status: str  # ok | oom | failed | timeout (STATUSES)
+    error: str | None  # "ExceptionType: message" when status is not ok
+    exitcode: int | None  # the trial process's exit code (negative: killed by that signal)
+    run_dir: str  # the Hydra job directory holding metrics.json, config.yaml and trial.log
+    # --- what was asked and what ran
+    levers: dict[str, Any]  # the seven levers + lora_target_modules as requested (levers.py)
+    effective: dict[str, Any]  # the same read back from the built trainer, plus what TRL derived
+    lever_mismatch: dict[str, list]  # {lever: [requested, effective]} where a backend changed one
+    backend: str | None  # the resolved backend (backend.name may say auto)
+    device: str | None  # cpu | cuda
+    versions: dict[str, str | None]  # torch, trl, transformers, peft (+ vllm, unsloth, bitsandbytes)
+    trainable_params: int | None  # LoRA parameters that require grad
+    # --- speed (trial/measure/speed_meter.py): steady state, the first step excluded
+    steps: int  # optimiser steps that finished
+    measured_steps: int  # steps the throughput is taken from
+    tokens_per_s: float | None  # prompt + completion tokens trained per second
+    samples_per_s: float | None  # completions per second
+    step_time_s: float | None  # median seconds per optimiser step
+    tokens_per_step: float  # tokens per measured step
+    throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
+    history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, ...
+    first_step_begin_unix: float | None  # wall clock at the first step's start
+    start_latency_s: float | None  # trial requested -> first GRPO step started
+    wall_time_s: float  # the whole trial process, start to exit
+    # --- reward
+    reward_mean: float | None  # mean reward over all steps (NaN -> null when none)
+    reward_std: float | None  # mean within-group reward standard deviation
+    # --- memory (trial/measure/memory_meter.py)
+    peak_memory_bytes: int | None  # the peak: allocator (cuda) or live tensors (cpu-tracker)
+    memory_source: str | None  # cuda | cpu-tracker
+    peak_memory_breakdown: dict[str, int] | None  # bytes at the peak by category; sums to the peak
+    category_peaks: dict[str, int] | None  # each category's own maximum
+    peak_phase: str | None  # generation | forward | backward | optimiser | other
+    tracked_steps: int | str | None  # steps the CPU tracker ran on ("all" with a budget)
+    peak_rss_bytes: int | None  # the process's peak resident set (context only, never the peak)
+    budget_bytes: int | None  # the target card's bytes (gpu.memory_gib), when there is one
+    simulated_device: bool | None  # true when the CPU tracker enforced the budget
+    predicted_peak_bytes: int | None  # the estimator's prediction for this config (memory/estimator.py)
+    predicted_peak_breakdown: dict[str, int] | None  # the prediction by component
+    vllm_pool_bytes: int | None  # vLLM's up-front pool, read back from its engine
+    # CUDA only
+    peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated()
+    peak_reserved_bytes: int | None  # torch.cuda.max_memory_reserved()
+    nvml_peak_bytes: int | None  # the driver's view of the process and its children (50 ms samples)
+    nvml_source: str | None  # nvml-process | nvml-device
+    memory_cap: dict[str, Any] | None  # set_per_process_memory_fraction: actual, target, fraction
+    # --- an OOM's numbers (memory/oom_message.py)
+    oom_phase: str | None  # the phase the OOM happened in
+    requested_bytes: int | None  # the failed allocation
+    free_bytes: int | None  # what was free on the (target) card
+    total_bytes: int | None  # the card's total as the message states it
+    deficit_bytes: int | None  # requested - free (PyTorch), KV needed - available (vLLM)
+    # --- W&B (trial/wandb_logger.py)
+    wandb_run_id: str  # the trial's W&B run
+    wandb_dir: str  # its local directory (wandb sync <dir>)
+    wandb_path: str  # entity/project/id
+    wandb_mode: str  # online | offline
+    wandb_group: str | None  # the study or multirun directory
+    wandb_url: str  # online runs only
+    wandb_error: str  # why W&B could not start (redacted); the trial ran regardless
+
+
+KEYS: frozenset[str] = frozenset(TrialMetrics.__annotations__)
+# Present in every metrics.json, even for a trial that ended before measuring anything.
 REQUIRED_KEYS = (
-    "status", "error", "levers", "effective", "steps", "tokens_per_s", "samples_per_s", "step_time_s",
-    "reward_mean", "reward_std", "peak_memory_bytes", "memory_source", "trainable_params", "device",
-    "backend", "versions", "lever_mismatch",
+    "status",
+    "error",
+    "levers",
+    "effective",
+    "steps",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "reward_mean",
+    "reward_std",
+    "peak_memory_bytes",
+    "memory_source",
+    "trainable_params",
+    "device",
+    "backend",
+    "versions",
+    "lever_mismatch",
+    # Memory truth: the peak by category and phase, the enforced budget, an OOM's numbers.
+    "peak_memory_breakdown",
+    "peak_phase",
+    "budget_bytes",
+    "simulated_device",
+    "oom_phase",
+    "requested_bytes",
+    "free_bytes",
+    "deficit_bytes",
 )
-# Memory truth (issue 3): the peak by category and phase, the enforced budget, an OOM's numbers.
-MEMORY_KEYS = (
-    "peak_memory_breakdown", "peak_phase", "budget_bytes", "simulated_device",
-    "oom_phase", "requested_bytes", "free_bytes", "deficit_bytes",
-)
-REQUIRED_KEYS = REQUIRED_KEYS + MEMORY_KEYS
 
 
-def empty_metrics(status: str, error: str | None, levers: dict) -> dict:
+def empty_metrics(status: str, error: str | None, levers: dict) -> TrialMetrics:
     """A record with every required key, for trials that ended before measuring anything."""
-    record: dict[str, Any] = {key: None for key in REQUIRED_KEYS}
+    record: TrialMetrics = {key: None for key in REQUIRED_KEYS}  # type: ignore[misc]
     record.update(status=status, error=error, levers=levers, effective={}, steps=0, lever_mismatch={})
     return record
 
@@ -39,7 +132,7 @@ def _jsonable(value):
     return value
 
 
-def write_metrics(run_dir: Path, record: dict) -> Path:
+def write_metrics(run_dir: Path, record: TrialMetrics) -> Path:
     """Write atomically (tmp + rename) so a reader never sees half a file."""
     path = Path(run_dir) / METRICS_FILE
     tmp = path.with_suffix(".json.tmp")
@@ -48,7 +141,7 @@ def write_metrics(run_dir: Path, record: dict) -> Path:
     return path
 
 
-def read_metrics(run_dir: Path) -> dict | None:
+def read_metrics(run_dir: Path) -> TrialMetrics | None:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return None

@@ -5,7 +5,6 @@ No `from __future__ import annotations` in plugin modules with dataclasses: Hydr
 without registering them in sys.modules, where dataclasses would look the string annotations up.
 """
 
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -12,15 +12,27 @@
   value instead (`for_sampler`): told PRUNED, it never learns and proposes the same point again.
 """
 
-
 import math
 from dataclasses import dataclass, field
+
+from grpo_sweep.memory.oom_message import parse_oom_message
 
 CONSTRAINT = "memory_over_budget_bytes"
 SAMPLERS_BLIND_TO_PRUNED = ("gp",)  # optuna.samplers.GPSampler fits on COMPLETE trials only
 RECORD_ATTRS = (
-    "tokens_per_s", "samples_per_s", "step_time_s", "reward_mean", "peak_memory_bytes", "memory_source",
-    "trainable_params", "device", "backend", "wall_time_s", "run_dir", "wandb_run_id", "deficit_bytes",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "reward_mean",
+    "peak_memory_bytes",
+    "memory_source",
+    "trainable_params",
+    "device",
+    "backend",
+    "wall_time_s",
+    "run_dir",
+    "wandb_run_id",
+    "deficit_bytes",
 )
 
 
@@ -57,8 +69,6 @@ def oom_deficit(record: dict, budget_bytes: float | None) -> tuple[float, str]:
         deficit = source.get("deficit_bytes")
         if isinstance(deficit, (int, float)) and deficit > 0:
             return float(deficit), "metrics"
-    from grpo_sweep.oom_message import parse_oom_message
-
     parsed = parse_oom_message(record.get("error") or "")
     if parsed.get("deficit_bytes"):
         return float(parsed["deficit_bytes"]), "oom message"
@@ -70,8 +80,7 @@ def oom_deficit(record: dict, budget_bytes: float | None) -> tuple[float, str]:
     return 1.0, "unknown (OOM with no sizes: marked just infeasible)"
 
 
-def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: float | None,
-          headroom: float | None) -> Outcome:
+def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: float | None, headroom: float | None) -> Outcome:
     """Turn one trial's metrics.json record into what the study is told."""
     if record is None:
         return Outcome("FAIL", attrs={"status": "failed", "error": "the job left no metrics.json"})
@@ -110,10 +119,15 @@ def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin:
         return None
     deficit = float(predicted_bytes - limit_bytes)
     return Outcome(
-        "PRUNED", constraint=deficit,
-        attrs={"status": "pruned", "deficit_bytes": deficit, "deficit_source": "estimator",
-               "error": f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB "
-                        f"+ {margin:.0%} margin: not run"},
+        "PRUNED",
+        constraint=deficit,
+        attrs={
+            "status": "pruned",
+            "deficit_bytes": deficit,
+            "deficit_source": "estimator",
+            "error": f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB "
+            f"+ {margin:.0%} margin: not run",
+        },
     )
 
 

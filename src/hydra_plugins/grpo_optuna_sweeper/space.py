@@ -65,8 +65,7 @@ def grid_choices(distributions: dict[str, Any]) -> dict[str, list]:
             grid[key] = [dist.low + i * dist.step for i in range(n)]
         else:
             raise ValueError(
-                f"hydra.sweeper.params.{key}: sampler=grid needs discrete values "
-                "(choice or range), not a continuous interval"
+                f"hydra.sweeper.params.{key}: sampler=grid needs discrete values (choice or range), not a continuous interval"
             )
     return grid
 

@@ -23,12 +23,19 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from . import space
+from grpo_sweep.config.local import validate_here
+from grpo_sweep.credentials import mask_url as mask
+from grpo_sweep.levers import requested_levers
+from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.metrics import read_metrics
+from grpo_sweep.study.storage import open_storage
+from grpo_sweep.units import budget_bytes
+
+from . import frontier, space
 from .outcome import CONSTRAINT, Outcome, allowed_bytes, for_sampler, judge, prescreen_verdict
-from .storage import mask
+from .workers import Heartbeat, fail_stale_trials, retry
 
 log = logging.getLogger(__name__)
-GIB = 2**30
 
 
 class _Interrupted(BaseException):
@@ -38,8 +45,6 @@ class _Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
 
 
 class GrpoOptunaSweeper(Sweeper):
@@ -82,8 +87,13 @@ class GrpoOptunaSweeper(Sweeper):
         self.n_trials = n_trials
         log.info(
             "Study %r in %s: %s %s, %d trials, sampler %s, search space %s",
-            study.study_name, mask(self.storage_url), conf.direction, self.objective, n_trials,
-            conf.sampler, ", ".join(self.distributions) or "(empty)",
+            study.study_name,
+            mask(self.storage_url),
+            conf.direction,
+            self.objective,
+            n_trials,
+            conf.sampler,
+            ", ".join(self.distributions) or "(empty)",
         )
         if conf.warm_start:
             self._enqueue_presets(study)
@@ -92,8 +102,10 @@ class GrpoOptunaSweeper(Sweeper):
         if conf.frontier_start:
             self._enqueue_frontier(study, conf.frontier_start)
         self._stop_signal, self._in_job = None, False
-        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
-                    signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal)}
+        previous = {
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
+            signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal),
+        }
         try:
             self._loop(study)
         except _Interrupted as stop:
@@ -118,18 +130,28 @@ class GrpoOptunaSweeper(Sweeper):
 
     # ---------------------------------------------------------------- study
     def _open_study(self) -> Any:
-        import optuna
+        import functools
 
-        from .storage import open_storage
+        import optuna
 
         conf = self.conf
         grace = conf.grace_period or 4 * conf.heartbeat_interval
         self.grace_period = grace
-        storage = open_storage(self.storage_url, conf.heartbeat_interval, grace, conf.max_retry)
-        return optuna.create_study(
-            study_name=conf.study_name, storage=storage, sampler=self._sampler(),
-            direction=conf.direction, load_if_exists=True,
+        storage = open_storage(
+            self.storage_url,
+            heartbeat_interval=conf.heartbeat_interval,
+            grace_period=grace,
+            stale_trial_callback=functools.partial(retry, max_retry=conf.max_retry),
         )
+        study = optuna.create_study(
+            study_name=conf.study_name,
+            storage=storage,
+            sampler=self._sampler(),
+            direction=conf.direction,
+            load_if_exists=True,
+        )
+        study.set_user_attr("objective", self.objective)  # the report names the value by it
+        return study
 
     def _sampler(self) -> Any:
         # Workers sharing a study must not draw the same "random" start-up points: mix in the pid.
@@ -153,27 +175,22 @@ class GrpoOptunaSweeper(Sweeper):
 
     def _enqueue_frontier(self, study: Any, count: int) -> None:
         """Queue (once per study) the `count` points predicted to fill the allowed memory best (frontier.py)."""
-        from . import frontier
-
         if any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
             return
         try:
-            from grpo_sweep.estimator import estimate
-            from grpo_sweep.schema import validate
-
             choices = space.grid_choices(self.distributions)
-        except (ImportError, ValueError) as why:
+        except ValueError as why:
             log.warning("Frontier start skipped: %s", why)
             return
         fullness = []
         for params in frontier.candidates(choices, self.conf.seed):
             try:
                 cfg = self._compose([*self.fixed, *(space.to_override(k, v) for k, v in params.items())])
-                validate(cfg)
+                validate_here(cfg)
                 est = estimate(cfg)
             except Exception:  # noqa: BLE001 - a point that cannot be composed or estimated is not a pick
                 continue
-            budget = est.budget_bytes if est.budget_bytes is not None else _budget_bytes(cfg)
+            budget = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
             limit = allowed_bytes(budget, self.conf.headroom)
             if limit is None:
                 log.warning("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
@@ -182,8 +199,12 @@ class GrpoOptunaSweeper(Sweeper):
         picks = frontier.pick(fullness, count, self.conf.seed)
         for params in picks:
             study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
-        log.info("Frontier start: enqueued %d of %d candidates, fullest predicted fit first: %s",
-                 len(picks), len(fullness), "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks))
+        log.info(
+            "Frontier start: enqueued %d of %d candidates, fullest predicted fit first: %s",
+            len(picks),
+            len(fullness),
+            "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
+        )
 
     def _progress(self, study: Any) -> tuple[int, list[int]]:
         """(trials that count toward n_trials, numbers of RUNNING trials).
@@ -198,8 +219,7 @@ class GrpoOptunaSweeper(Sweeper):
         counted = 0
         for t in trials:
             finished = t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            failed_for_good = (t.state == TrialState.FAIL and t.number not in retried
-                               and t.user_attrs.get("status") != "surplus")
+            failed_for_good = t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus"
             if finished or failed_for_good:
                 counted += 1
         running = sorted(t.number for t in trials if t.state == TrialState.RUNNING)
@@ -207,8 +227,6 @@ class GrpoOptunaSweeper(Sweeper):
 
     # ---------------------------------------------------------------- the loop
     def _loop(self, study: Any) -> None:
-        from .storage import fail_stale_trials
-
         waited = False
         while True:
             self._check_stop()
@@ -221,8 +239,7 @@ class GrpoOptunaSweeper(Sweeper):
                 if not running:
                     return
                 if not waited:
-                    log.info("%d/%d trials done; waiting for %d running in other workers",
-                             counted, self.n_trials, len(running))
+                    log.info("%d/%d trials done; waiting for %d running in other workers", counted, self.n_trials, len(running))
                     waited = True
                 time.sleep(min(5.0, self.conf.heartbeat_interval))
                 continue
@@ -249,8 +266,6 @@ class GrpoOptunaSweeper(Sweeper):
                     launch.append((trial, overrides))
             if not launch:
                 return
-            from .storage import Heartbeat
-
             self._check_stop()
             with Heartbeat(study, [t._trial_id for t, _ in launch], self.conf.heartbeat_interval):
                 self._in_job = True
@@ -267,8 +282,6 @@ class GrpoOptunaSweeper(Sweeper):
             raise
 
     def _abandon(self, study: Any, trials: list, why: str) -> None:
-        from .storage import retry
-
         for trial in trials:
             try:
                 trial.set_user_attr("status", why)
@@ -298,15 +311,12 @@ class GrpoOptunaSweeper(Sweeper):
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("overrides", point)
         try:
-            from grpo_sweep.levers import requested_levers
-            from grpo_sweep.schema import validate
-
             cfg = self._compose(overrides)
             trial.set_user_attr("levers", requested_levers(cfg))
-            validate(cfg)
+            validate_here(cfg)
         except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
             return overrides, Outcome("FAIL", attrs={"status": "invalid", "error": str(err)[:1000]})
-        budget = _budget_bytes(cfg)
+        budget = budget_bytes(cfg)
         if budget is not None:
             trial.set_user_attr("budget_bytes", budget)
         return overrides, self._prescreen(trial, cfg, budget)
@@ -314,13 +324,6 @@ class GrpoOptunaSweeper(Sweeper):
     def _prescreen(self, trial: Any, cfg: DictConfig, budget: float | None) -> Outcome | None:
         """PRUNE a point the estimator predicts over budget by more than the margin (never run it)."""
         if not self.conf.prescreen:
-            return None
-        try:
-            from grpo_sweep.estimator import estimate
-        except ImportError:
-            if not getattr(self, "_warned_estimator", False):
-                log.warning("Pre-screening off: grpo_sweep.estimator is not installed")
-                self._warned_estimator = True
             return None
         try:
             est = estimate(cfg)
@@ -333,14 +336,17 @@ class GrpoOptunaSweeper(Sweeper):
         return for_sampler(verdict, self.conf.sampler, self.conf.direction)
 
     def _judge(self, trial: Any, ret: Any) -> Outcome:
-        from grpo_sweep.metrics import read_metrics
-
         out_dir = None
         if getattr(ret, "hydra_cfg", None) is not None:
             out_dir = ret.hydra_cfg.hydra.runtime.output_dir
         record = read_metrics(Path(out_dir)) if out_dir else None
-        outcome = judge(record, objective=self.objective, direction=self.conf.direction,
-                        budget_bytes=trial.user_attrs.get("budget_bytes"), headroom=self.conf.headroom)
+        outcome = judge(
+            record,
+            objective=self.objective,
+            direction=self.conf.direction,
+            budget_bytes=trial.user_attrs.get("budget_bytes"),
+            headroom=self.conf.headroom,
+        )
         if record is None and getattr(ret, "status", None) is not None and ret.status.name == "FAILED":
             outcome.attrs["error"] = f"job raised: {ret._return_value!r}"[:1000]
         if out_dir:
@@ -360,8 +366,15 @@ class GrpoOptunaSweeper(Sweeper):
                 raise
         shown = f"{outcome.value:.1f}" if outcome.value is not None and outcome.state == "COMPLETE" else "-"
         feasible = outcome.constraint is None or outcome.constraint <= 0
-        log.info("Trial %d: %s %s (%s=%s%s)", trial.number, outcome.state, outcome.attrs.get("status"),
-                 self.objective, shown, "" if feasible else ", infeasible")
+        log.info(
+            "Trial %d: %s %s (%s=%s%s)",
+            trial.number,
+            outcome.state,
+            outcome.attrs.get("status"),
+            self.objective,
+            shown,
+            "" if feasible else ", infeasible",
+        )
 
     # ---------------------------------------------------------------- helpers
     def _compose(self, overrides: Sequence[str]) -> DictConfig:
@@ -371,11 +384,17 @@ class GrpoOptunaSweeper(Sweeper):
         return cfg
 
     def _write_report(self, study: Any, quiet: bool = False) -> Any:
-        from .report import write_report
+        from .summary import write_summary
 
-        return write_report(
-            study, self.sweep_dir, storage_url=self.storage_url, objective=self.objective,
-            fixed=self.fixed, top_k=self.conf.top_k, headroom=self.conf.headroom, quiet=quiet,
+        return write_summary(
+            study,
+            self.sweep_dir,
+            storage_url=self.storage_url,
+            objective=self.objective,
+            fixed=self.fixed,
+            top_k=self.conf.top_k,
+            headroom=self.conf.headroom,
+            quiet=quiet,
         )
 
 
@@ -407,11 +426,6 @@ def _fixed_in(trial: Any, key: str) -> bool:
     return key in (trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
 
 
-def _budget_bytes(cfg: DictConfig) -> float | None:
-    gib = OmegaConf.select(cfg, "gpu.memory_gib", default=None)
-    return int(float(gib) * GIB) if gib is not None else None
-
-
 def _mask_storage_in(config: DictConfig, url: str) -> None:
     """Keep a storage password out of every config Hydra writes (job .hydra/hydra.yaml, multirun.yaml).
 
@@ -425,7 +439,5 @@ def _mask_storage_in(config: DictConfig, url: str) -> None:
         if raw is not None and "${" not in str(raw):
             config.hydra.sweeper.storage = masked
         config.hydra.overrides.hydra = [
-            mask(o) if o.split("=", 1)[0].lstrip("+~") == "hydra.sweeper.storage" else o
-            for o in config.hydra.overrides.hydra
+            mask(o) if o.split("=", 1)[0].lstrip("+~") == "hydra.sweeper.storage" else o for o in config.hydra.overrides.hydra
         ]
-

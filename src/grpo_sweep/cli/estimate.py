@@ -1,0 +1,70 @@
+"""`grpo-sweep estimate`: predict a config's peak memory on its target card, without a GPU.
+
+Never imports torch: the prediction is pure arithmetic (grpo_sweep.memory.estimator) and is for
+the target card, so it runs on a laptop for an L4 as well as on the L4.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..config.compose import compose_train_config
+from ..config.schema import ConfigError, validate
+from ..memory.estimator import LOGITS_MODES, estimate, fmt_gib, format_table, target_device, verdict
+
+USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [logits_mode=chunked|full] [--json]
+
+Predict peak memory for a config without a GPU, e.g.
+  grpo-sweep estimate model=gemma3_1b gpu=l4_24g gpu.memory_gib=22 preset=seed_baseline logits_mode=full"""
+
+
+def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
+    """Hydra overrides, the CLI-level logits_mode, and --json."""
+    overrides, mode, as_json = [], None, False
+    for arg in argv:
+        if arg == "--json":
+            as_json = True
+        elif arg.startswith("logits_mode="):
+            mode = arg.split("=", 1)[1]
+            if mode not in LOGITS_MODES:
+                raise ConfigError(f"logits_mode={mode}: must be one of {', '.join(LOGITS_MODES)}")
+        else:
+            overrides.append(arg)
+    return overrides, mode, as_json
+
+
+def cli(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    try:
+        overrides, mode, as_json = split_args(argv)
+        cfg = compose_train_config(overrides)
+        # The estimate is for the target machine: CUDA rules as on a card, no local install check.
+        validate(cfg, cuda=target_device(cfg) == "cuda")
+        est = estimate(cfg, logits_mode=mode)
+    except (ConfigError, ValueError) as exc:
+        print(f"grpo-sweep estimate: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - Hydra's override/composition errors
+        print(f"grpo-sweep estimate: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(est.to_json())
+        return 0
+    a = est.assumptions
+    print(
+        f"model={cfg.model.name} gpu={cfg.gpu.name} backend={a['backend']} device={a['device']} "
+        f"logits_mode={a['logits_mode']} ({a['logits_mode_source']}) peak phase={est.peak_phase}"
+    )
+    print(format_table(est))
+    if a.get("kv_cache_needed_bytes") is not None:
+        print(
+            f"vLLM KV cache: needs {fmt_gib(a['kv_cache_needed_bytes'])} for {a['generation_batch']} x "
+            f"{cfg.max_seq_length} tokens, {fmt_gib(a['kv_cache_available_bytes'])} available"
+        )
+    for key in ("backend_note", "weights"):
+        if key in a:
+            print(f"note: {a[key]}")
+    print(verdict(est))
+    return 0

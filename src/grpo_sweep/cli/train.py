@@ -1,0 +1,30 @@
+"""`python -m grpo_sweep [overrides]` (and the repository's `train.py`): one real GRPO trial, or
+many with `-m`. Thin on purpose: Hydra composes the packaged conf/ (plus any directory on
+`hydra.searchpath`), the config is checked here before anything loads, a child process runs the
+trial, and the objective goes back to Hydra's sweeper (NaN when the trial did not finish).
+"""
+
+from __future__ import annotations
+
+import math
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from ..config.local import validate_here
+from ..config.schema import ConfigError, register
+from ..trial.parent import run_trial
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    try:
+        validate_here(cfg)
+    except ConfigError as err:
+        raise SystemExit(f"Invalid configuration: {err}") from None
+    record = run_trial(cfg, HydraConfig.get().runtime.output_dir)
+    value = record.get(cfg.objective)
+    return float(value) if record["status"] == "ok" and value is not None else math.nan

@@ -1,0 +1,106 @@
+"""The one table that describes each backend: what it needs, where it runs, how its trials start.
+
+Pure data and pure functions (no torch, no imports of the backends themselves): the schema checks
+a config against it, the estimator asks whether vLLM is in the process, the trial side looks up
+the module that implements it and its start method, the install hint comes from its pip extra.
+
+| backend    | generation                          | runs on     | packages         |
+| ---------- | ----------------------------------- | ----------- | ---------------- |
+| `trl`      | HF `generate`                       | CPU, CUDA   | trl              |
+| `trl_vllm` | vLLM colocate, same process         | CUDA        | trl, vllm        |
+| `unsloth`  | vLLM through Unsloth fast_inference | CUDA        | unsloth, vllm    |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    module: str  # the trial-side module with build_trainer(cfg, ctx) and effective(trainer)
+    packages: tuple[str, ...]  # import names that must be installed
+    extra: str | None  # the pip extra of grpo-sweep that brings them
+    cuda_only: bool
+    runs_vllm: bool  # vLLM's pool shares the card with training (estimator, enforcement)
+    # multiprocessing start method of its trials: "auto" (forkserver on CPU, spawn with CUDA) or
+    # "spawn" always (Unsloth patches transformers/TRL on import and must come first).
+    start_method: str = "auto"
+
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("trl", "grpo_sweep.trial.backends.trl", ("trl",), None, cuda_only=False, runs_vllm=False),
+        Backend("trl_vllm", "grpo_sweep.trial.backends.trl_vllm", ("trl", "vllm"), "vllm", cuda_only=True, runs_vllm=True),
+        Backend(
+            "unsloth",
+            "grpo_sweep.trial.backends.unsloth",
+            ("unsloth", "vllm"),
+            "unsloth",
+            cuda_only=True,
+            runs_vllm=True,
+            start_method="spawn",
+        ),
+    )
+}
+NAMES: tuple[str, ...] = (AUTO, *BACKENDS)
+# `backend=auto` on CUDA: the fastest stack that is installed; on CPU always plain TRL (fast start).
+AUTO_ORDER_CUDA: tuple[str, ...] = ("unsloth", "trl_vllm", "trl")
+
+
+def get(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name}: unknown (choose one of {', '.join(NAMES)})")
+    return BACKENDS[name]
+
+
+def resolve(name: str, *, cuda: bool, installed: Callable[[str], bool]) -> str:
+    """`auto` -> a concrete backend. `installed(package)` says what is present where it will run:
+    the trial passes the local check; a prediction for another machine passes its own assumption."""
+    if name != AUTO:
+        return name
+    if not cuda:
+        return "trl"
+    for candidate in AUTO_ORDER_CUDA:
+        if all(installed(p) for p in BACKENDS[candidate].packages):
+            return candidate
+    return "trl"
+
+
+def runs_vllm(name: str) -> bool:
+    return name in BACKENDS and BACKENDS[name].runs_vllm
+
+
+def start_method(name: str, requested: str, cuda: bool) -> str:
+    """The multiprocessing start method for a trial of backend `name` (already resolved).
+
+    `auto` (the default) is forkserver without CUDA: the server has imported transformers and TRL
+    once (trial.parent.PRELOAD), so later trials start in about a second. With CUDA it is spawn:
+    those imports can initialise CUDA in the server (bitsandbytes does when peft imports it), and a
+    process forked after that cannot use CUDA at all (seen on an H200: every trial failed with
+    "Cannot re-initialize CUDA in forked subprocess"); a few seconds of imports are small next to
+    a GPU trial. A backend whose table entry says spawn always spawns.
+    """
+    if name in BACKENDS and BACKENDS[name].start_method != "auto":
+        return BACKENDS[name].start_method
+    if requested == "auto":
+        return "spawn" if cuda else "forkserver"
+    return requested
+
+
+def packages_for(name: str, load_in_4bit: bool = False) -> list[str]:
+    need = list(BACKENDS[name].packages) if name in BACKENDS else []
+    return [*need, "bitsandbytes"] if load_in_4bit else need
+
+
+def install_hint(name: str, missing: list[str] | None = None) -> str:
+    """How to get a backend's packages: its pip extra, or the missing packages themselves."""
+    extra = BACKENDS[name].extra if name in BACKENDS else None
+    if extra:
+        return f"pip install 'grpo-sweep[{extra}]' (from a checkout: pip install -e '.[{extra}]')"
+    return "pip install " + " ".join(missing or ["grpo-sweep"])

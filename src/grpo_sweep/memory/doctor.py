@@ -1,0 +1,420 @@
+"""`grpo-sweep doctor`: explain an OOM message and print the smallest set of overrides that fits.
+
+Input: the message users paste (a file, `-` for stdin) or a trial's metrics.json (its `error`, and
+the config.yaml beside it), plus the config it ran with (Hydra overrides, as for train.py).
+
+How it decides:
+1. `parse_oom_message` gives what the message states (requested, free, total, KV cache, ...).
+2. The estimator predicts the config's peak. When the message proves the run needed more than
+   predicted (in use + requested > estimate), the gap is kept as *unexplained overhead* and added
+   to every candidate, so a fix is never judged on a smaller need than the one observed.
+3. If the failed allocation is a vocabulary-sized tensor (tokens x vocab x 2/4/8 bytes), the run
+   materialised full logits (an older stack): the estimate uses logits_mode=full and the doctor
+   reports whether upgrading to TRL >= 1.16's chunked head alone fixes it.
+4. Each lever move (checkpointing, smaller micro-batch at the same generation batch, 4-bit, lower
+   vLLM share, smaller rank, shorter sequences) is scored by GiB freed and the throughput it costs
+   (estimator.relative_step_time), and ranked by GiB per % of speed lost.
+5. The smallest change set that fits with >= 5 % headroom (the fastest among equally small ones)
+   is printed as Hydra overrides, and a faster larger set when there is one. Shorter sequences
+   change the experiment, so they are used only when nothing else fits. `--verify` runs a real trial with them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ..units import GIB as GiB
+from . import estimator as est_mod
+from . import throughput
+
+HEADROOM = 0.05
+
+
+@dataclass
+class Move:
+    group: str
+    overrides: dict
+    label: str
+    changes_experiment: bool = False
+
+
+def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
+    """'full' when the failed allocation is a whole (tokens x vocab) tensor of 2, 4 or 8 bytes per
+    element for this config's batch and lengths: only a materialised logits tensor has that size."""
+    req = parsed.get("requested_bytes")
+    if not req:
+        return None
+    B, S, P = cfg.per_device_train_batch_size, cfg.max_seq_length, cfg.max_prompt_length
+    C = S - P
+    V = cfg.model.arch.vocab_size
+    for tokens in (B * S, B * (S - 1), B * C, B * (C + 1)):
+        for nbytes in (2, 4, 8):
+            if abs(req / (tokens * V * nbytes) - 1) < 0.01:
+                return "full"
+    return None
+
+
+def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
+    """Bounds on gpu_memory_utilization that a vLLM start-up error proves, whatever the estimate says.
+
+    KV cache too small: the pool must grow by the KV shortfall plus the rest of the generation
+    batch's KV (the message counts one max-length request). Free memory below the desired share:
+    the share must fit in what was free at start-up. Both rounded to 0.05 (inwards).
+    """
+    import math
+
+    budget = base.budget_bytes or parsed.get("total_bytes")
+    lo, hi = 0.0, 1.0
+    if not budget:
+        return lo, hi
+    if parsed.get("kv_cache_needed_bytes") is not None and parsed.get("kv_cache_available_bytes") is not None:
+        short = parsed["kv_cache_needed_bytes"] - parsed["kv_cache_available_bytes"]
+        batch = base.assumptions.get("kv_cache_needed_bytes") or 0
+        extra = max(short, 0) + max(batch - parsed["kv_cache_needed_bytes"], 0)
+        lo = min(math.ceil((cfg.gpu_memory_utilization + extra / budget) * 20 - 1e-9) / 20, 0.95)
+        lo = max(lo, round(cfg.gpu_memory_utilization + 0.05, 2))
+    if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None:
+        hi = math.floor(parsed["free_bytes"] / (parsed.get("total_bytes") or budget) * 20) / 20
+    return lo, hi
+
+
+def with_overrides(cfg: Any, overrides: dict):
+    new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for key, value in overrides.items():
+        OmegaConf.update(new, key, value, merge=False)
+    return new
+
+
+def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
+    moves: list[Move] = []
+    if not cfg.gradient_checkpointing and backend != "unsloth":
+        moves.append(Move("checkpointing", {"gradient_checkpointing": True}, "gradient checkpointing on"))
+    B, GA = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    factor = 2
+    while B // factor >= 1 and B % factor == 0:
+        moves.append(
+            Move(
+                "micro_batch",
+                {"per_device_train_batch_size": B // factor, "gradient_accumulation_steps": GA * factor},
+                f"micro-batch {B} -> {B // factor} (grad-accum x{factor}: same generation batch)",
+            )
+        )
+        factor *= 2
+    if device == "cuda" and not cfg.load_in_4bit:
+        moves.append(Move("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights"))
+    if backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib") and est_mod.estimate(cfg).kv_cache_ok is False:
+        # vLLM's KV cache cannot hold the batch: the fix is a larger share, not a smaller one.
+        util = round(cfg.gpu_memory_utilization + 0.05, 2)
+        while util <= 0.95:
+            if est_mod.estimate(with_overrides(cfg, {"gpu_memory_utilization": util})).kv_cache_ok:
+                moves.append(
+                    Move(
+                        "vllm_share",
+                        {"gpu_memory_utilization": util},
+                        f"vLLM share {cfg.gpu_memory_utilization} -> {util} (room for the KV cache)",
+                    )
+                )
+                break
+            util = round(util + 0.05, 2)
+    elif backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib"):
+        util = round(cfg.gpu_memory_utilization - 0.05, 2)
+        best = None
+        while util >= 0.1:
+            trial = with_overrides(cfg, {"gpu_memory_utilization": util})
+            if est_mod.estimate(trial).kv_cache_ok:
+                best = util
+            else:
+                break
+            util = round(util - 0.05, 2)
+        if best is not None:
+            moves.append(
+                Move(
+                    "vllm_share",
+                    {"gpu_memory_utilization": best},
+                    f"vLLM share {cfg.gpu_memory_utilization} -> {best} (KV cache still holds the batch)",
+                )
+            )
+    if cfg.lora_rank >= 8:
+        moves.append(Move("rank", {"lora_rank": cfg.lora_rank // 2}, f"LoRA rank {cfg.lora_rank} -> {cfg.lora_rank // 2}"))
+    completion = cfg.max_seq_length - cfg.max_prompt_length
+    if completion >= 32:
+        shorter = cfg.max_prompt_length + completion // 2
+        moves.append(
+            Move(
+                "sequence",
+                {"max_seq_length": shorter},
+                f"max_seq_length {cfg.max_seq_length} -> {shorter} (halves the completion budget)",
+                changes_experiment=True,
+            )
+        )
+    return moves
+
+
+def _valid(cfg: Any, device: str) -> bool:
+    from ..config.schema import ConfigError, validate
+
+    try:
+        validate(cfg, cuda=device == "cuda")  # advice for the target machine: no local package check
+        return True
+    except ConfigError:
+        return False
+
+
+def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
+    """The doctor's answer as data: parsed message, deficit, ranked levers, chosen overrides."""
+    if cfg.gpu.get("memory_gib") is None and parsed.get("total_bytes"):
+        cfg = with_overrides(cfg, {"gpu.memory_gib": parsed["total_bytes"] / GiB})
+    mode_source = "given" if logits_mode else None
+    if logits_mode is None:
+        logits_mode = infer_logits_mode(parsed, cfg)
+        mode_source = "inferred from the failed allocation (a tokens x vocab tensor)" if logits_mode else None
+    base = est_mod.estimate(cfg, logits_mode)
+    mode = base.assumptions["logits_mode"]
+    device, backend = base.assumptions["device"], base.assumptions["backend"]
+    budget = base.budget_bytes
+    observed = None
+    if parsed.get("requested_bytes") is not None:
+        in_use = parsed.get("process_in_use_bytes")
+        if in_use is None and parsed.get("total_bytes") is not None and parsed.get("free_bytes") is not None:
+            in_use = parsed["total_bytes"] - parsed["free_bytes"]
+        if in_use is not None:
+            observed = in_use + parsed["requested_bytes"]
+    unexplained = max(0, observed - base.total_bytes) if observed is not None else 0
+    if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None and parsed.get("total_bytes"):
+        # vLLM start-up: what was in use before vLLM allocated beyond the trainer's weights and context
+        # (often another process) stays in use.
+        before_vllm = base.components["weights"] + base.components["cuda_context"]
+        unexplained = max(unexplained, parsed["total_bytes"] - parsed["free_bytes"] - before_vllm)
+    limit = None if budget is None else int(budget * (1 - HEADROOM))
+    deficit = parsed.get("deficit_bytes")
+    if deficit is None and budget is not None:
+        deficit = max(0, base.total_bytes + unexplained - budget)
+
+    base_speed = throughput.relative_step_time(cfg, mode)["tokens_per_s"]
+    util_min, util_max = vllm_limits(cfg, parsed, base)
+
+    def score(overrides: dict) -> dict | None:
+        new = with_overrides(cfg, overrides)
+        if not _valid(new, device):
+            return None
+        e = est_mod.estimate(new, mode)
+        speed = throughput.relative_step_time(new, mode)["tokens_per_s"]
+        need = e.total_bytes + unexplained
+        ok = limit is not None and need <= limit and e.kv_cache_ok is not False and e.fits
+        ok = ok and util_min - 1e-9 <= new.gpu_memory_utilization <= util_max + 1e-9
+        return {
+            "estimate": e,
+            "need": need,
+            "fits": ok,
+            "speed_cost_pct": 100 * (1 - speed / base_speed),
+            "saving": base.total_bytes - e.total_bytes,
+        }
+
+    moves = candidate_moves(cfg, backend, device)
+    if util_min > cfg.gpu_memory_utilization or util_max < cfg.gpu_memory_utilization:
+        # The error bounds the share: offer every allowed value, nearest to the current one first
+        # (equal cost: the search keeps the first, i.e. the least change).
+        moves = [m for m in moves if m.group != "vllm_share"]
+        if util_min > cfg.gpu_memory_utilization:
+            shares = [round(util_min + 0.05 * i, 2) for i in range(int((0.95 - util_min) / 0.05) + 1)]
+        else:
+            shares = [round(util_max - 0.05 * i, 2) for i in range(int((util_max - 0.1) / 0.05) + 1)]
+        for util in shares:
+            moves.append(
+                Move(
+                    "vllm_share",
+                    {"gpu_memory_utilization": util},
+                    f"vLLM share {cfg.gpu_memory_utilization} -> {util} (within what the vLLM error allows)",
+                )
+            )
+    levers = []
+    shares = [m for m in moves if m.group == "vllm_share"]
+    for move in moves:
+        if move.group == "vllm_share" and move not in (shares[0], shares[-1]):
+            continue  # list the nearest and the farthest allowed share, not every 0.05 step
+        s = score(move.overrides)
+        if s is None:
+            continue
+        cost = s["speed_cost_pct"]
+        gib = s["saving"] / GiB
+        levers.append(
+            {
+                "lever": move.label,
+                "overrides": _fmt(move.overrides),
+                "saving_bytes": int(s["saving"]),
+                "speed_cost_pct": round(cost, 1),
+                "gib_per_pct": None if cost <= 0.05 else gib / cost,
+                "changes_experiment": move.changes_experiment,
+            }
+        )
+    levers.sort(
+        key=lambda r: (
+            r["changes_experiment"],
+            -(r["gib_per_pct"] if r["gib_per_pct"] is not None else 1e9 * (r["saving_bytes"] > 0)),
+            r["lever"],
+        )
+    )
+
+    chosen = fastest = None
+    if limit is not None:
+        groups: dict[str, list[Move]] = {}
+        for move in moves:
+            groups.setdefault(move.group, []).append(move)
+        names = list(groups)
+        for allow_experiment in (False, True):
+            usable = [g for g in names if allow_experiment or not groups[g][0].changes_experiment]
+            by_size: dict[int, tuple] = {}
+            for size in range(len(usable) + 1):
+                for combo in itertools.combinations(usable, size):
+                    for picks in itertools.product(*(groups[g] for g in combo)):
+                        overrides: dict = {}
+                        for move in picks:
+                            overrides.update(move.overrides)
+                        s = score(overrides)
+                        if not (s and s["fits"]):
+                            continue
+                        best = by_size.get(size)
+                        if best is None or s["speed_cost_pct"] < best[1]["speed_cost_pct"]:
+                            by_size[size] = (overrides, s)
+            if by_size:
+                chosen = by_size[min(by_size)]
+                fastest = min(by_size.values(), key=lambda c: c[1]["speed_cost_pct"])
+                break
+
+    upgrade = None
+    if mode == "full":
+        chunked = est_mod.estimate(cfg, "chunked")
+        upgrade = {
+            "saving_bytes": base.total_bytes - chunked.total_bytes,
+            "fits": limit is not None and chunked.total_bytes + unexplained <= limit,
+            "what": "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost",
+        }
+    result = {
+        "parsed": parsed,
+        "deficit_bytes": deficit,
+        "overrides": _fmt(chosen[0]) if chosen else [],
+        "fits_after": bool(chosen),
+        "estimate": base.to_dict(),
+        "logits_mode": mode,
+        "logits_mode_source": mode_source or base.assumptions["logits_mode_source"],
+        "observed_need_bytes": observed,
+        "unexplained_bytes": unexplained,
+        "limit_bytes": limit,
+        "levers": levers,
+        "stack_upgrade": upgrade,
+    }
+    if chosen:
+        result["after"] = {
+            "total_bytes": chosen[1]["estimate"].total_bytes,
+            "need_bytes": chosen[1]["need"],
+            "speed_cost_pct": round(chosen[1]["speed_cost_pct"], 1),
+        }
+        if fastest[1]["speed_cost_pct"] < chosen[1]["speed_cost_pct"] - 0.5:
+            result["fastest"] = {
+                "overrides": _fmt(fastest[0]),
+                "need_bytes": fastest[1]["need"],
+                "speed_cost_pct": round(fastest[1]["speed_cost_pct"], 1),
+            }
+    return result
+
+
+def _fmt(overrides: dict) -> list[str]:
+    def value(v):
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    return [f"{k}={value(v)}" for k, v in overrides.items()]
+
+
+def gib_text(n) -> str:
+    return "?" if n is None else f"{n / GiB:.2f} GiB"
+
+
+def format_report(r: dict, cfg: Any) -> str:
+    p = r["parsed"]
+    out = []
+    stated = ", ".join(f"{k}={gib_text(v) if k.endswith('_bytes') else v}" for k, v in p.items()) or "nothing parseable"
+    out.append(f"message: {stated}")
+    out.append(
+        f"deficit: {gib_text(r['deficit_bytes'])} short"
+        + (f" (the run needed at least {gib_text(r['observed_need_bytes'])})" if r["observed_need_bytes"] else "")
+    )
+    e = r["estimate"]
+    out.append(
+        f"estimate for this config: {gib_text(e['total_bytes'])} of {gib_text(e['budget_bytes'])} "
+        f"(logits_mode={r['logits_mode']}: {r['logits_mode_source']}; dominant {e['dominant']})"
+    )
+    if r["unexplained_bytes"]:
+        out.append(f"unexplained by the estimate: {gib_text(r['unexplained_bytes'])} (kept in every candidate below)")
+    if r["stack_upgrade"]:
+        u = r["stack_upgrade"]
+        out.append(
+            f"stack: {u['what']}: frees {gib_text(u['saving_bytes'])}"
+            + (" and fits on its own: the cheapest fix" if u["fits"] else ", not enough on its own")
+        )
+    out.append("levers (ranked by GiB freed per % of throughput lost):")
+    for row in r["levers"]:
+        ratio = "free" if row["gib_per_pct"] is None else f"{row['gib_per_pct']:.3g} GiB/%"
+        flag = "  [changes the experiment]" if row["changes_experiment"] else ""
+        out.append(
+            f"  {row['lever']:<62} saves {row['saving_bytes'] / GiB:6.2f} GiB  "
+            f"speed {-row['speed_cost_pct']:+6.1f} %  {ratio}{flag}"
+        )
+    if r["overrides"]:
+        a = r["after"]
+        out.append(
+            f"smallest change that fits with >= {int(HEADROOM * 100)} % headroom "
+            f"(needs {gib_text(a['need_bytes'])}, speed {-a['speed_cost_pct']:+.1f} %):"
+        )
+        out.append("  " + " ".join(r["overrides"]))
+        if r.get("fastest"):
+            f = r["fastest"]
+            out.append(f"faster, with more changes (needs {gib_text(f['need_bytes'])}, speed {-f['speed_cost_pct']:+.1f} %):")
+            out.append("  " + " ".join(f["overrides"]))
+    elif r["limit_bytes"] is None:
+        out.append("no budget known: pass gpu=<card> or gpu.memory_gib=...")
+    else:
+        out.append("no combination of these levers fits: use a larger card or a smaller model")
+    return "\n".join(out)
+
+
+def read_message(source: str) -> tuple[str, Path | None, dict]:
+    """The message text, the config.yaml beside a metrics.json (or None), and fields the record parsed."""
+    if source == "-":
+        return sys.stdin.read(), None, {}
+    path = Path(source)
+    if not path.exists():
+        raise ValueError(f"--message {source}: no such file")
+    text = path.read_text()
+    if path.suffix == ".json":
+        record = json.loads(text)
+        fields = {
+            k: record[k] for k in ("requested_bytes", "free_bytes", "total_bytes", "deficit_bytes") if record.get(k) is not None
+        }
+        config = path.with_name("config.yaml")
+        return record.get("error") or "", config if config.exists() else None, fields
+    return text, None, {}
+
+
+def load_config(config_path: Path | None, overrides: list[str]):
+    from ..config.compose import compose_train_config
+
+    if config_path is None:
+        return compose_train_config(overrides)
+    cfg = OmegaConf.load(config_path)
+    for item in overrides:
+        key = item.partition("=")[0]
+        if key in ("model", "gpu", "backend", "task", "preset", "lora", "quant", "logger"):
+            raise ValueError(f"{item}: a trial's config.yaml is already composed; set keys (e.g. gpu.memory_gib=22)")
+    return apply_dotlist(cfg, overrides)
+
+
+def apply_dotlist(cfg: Any, overrides: list[str]):
+    """`key=value` overrides with YAML-typed values (2 -> int, true -> bool, [a,b] -> list)."""
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg

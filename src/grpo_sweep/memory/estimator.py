@@ -1,0 +1,547 @@
+"""Predict a GRPO trial's peak memory from the config alone: pure arithmetic, no torch, no GPU.
+
+`estimate(cfg)` takes the composed train config (the same one train.py runs) and returns bytes per
+component at the predicted peak, the budget of the target card (`gpu.memory_gib`) and the verdict.
+Every term is derived from the model's `arch` numbers (conf/model/*.yaml) and the levers, following
+what the code that really runs (TRL 1.16, transformers 5.x, PEFT, PyTorch autograd) allocates; each
+function's docstring names its source. `bench/estimator_accuracy.py` measures the error against the
+CPU tensor tracker, `bench/fake_trace.py` against a FakeTensorMode trace of Gemma 3 1B.
+
+Two phases are modelled and the larger one is the peak:
+- training (one micro-batch forward + backward, then AdamW): weights, LoRA parameters, their
+  gradients and optimiser state, saved activations, the logits computation, inputs;
+- generation (HF `generate` for `trl`, vLLM's pool for `trl_vllm` / `unsloth`).
+
+Device: `gpu=cpu` / `gpu=cpu_sim` (or any `gpu.simulated=true`) is the CPU path (float32, TRL's
+torch fallback for the fused LM head); every real card is CUDA (bfloat16, Triton fused LM head).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..config import backends
+from ..units import GIB as GiB
+from ..units import MIB as MiB
+from ..units import budget_bytes
+
+LOGITS_MODES = ("chunked", "full")
+# TRL 1.16 trl/trainer/utils.py `_CHUNKED_LOGPROB_CHUNK_SIZE` (vocabulary columns per tile) and
+# trl/kernels/chunked_logprob.py `TOKEN_CHUNK_SIZE` (tokens per tile).
+VOCAB_TILE = 32768
+TOKEN_TILE = 4096
+# CUDA context + cuBLAS/cuDNN workspaces: outside PyTorch's allocator but inside the card's total
+# capacity. 300-600 MiB on recent drivers (CUDA 12, torch 2.x); we take 512 MiB.
+CUDA_CONTEXT_BYTES = 512 * MiB
+# vLLM: memory inside its pool that is not KV cache besides the weights: CUDA graphs for the decode
+# batch sizes (a few hundred MiB for 1B models) and the profiling run's activations, which vLLM
+# measures with max_num_batched_tokens=4096 (TRL 1.16 vllm_generation.py passes that value).
+VLLM_GRAPHS_BYTES = 512 * MiB
+VLLM_PROFILE_TOKENS = 4096
+
+
+@dataclass
+class Estimate:
+    """Bytes per component at the predicted peak; they sum to `total_bytes`."""
+
+    components: dict[str, int]
+    total_bytes: int
+    budget_bytes: int | None
+    headroom_bytes: int | None
+    fits: bool
+    kv_cache_ok: bool | None
+    assumptions: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)  # phase -> total bytes
+    peak_phase: str = "training"
+
+    @property
+    def dominant(self) -> str:
+        return max(self.components, key=lambda k: self.components[k])
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["dominant"] = self.dominant
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The numbers every formula uses, read once from the config."""
+
+    family: str  # "llama" (llama, qwen2, ...) or "gemma3"
+    H: int
+    L: int
+    nh: int
+    nkv: int
+    hd: int
+    I: int
+    V: int
+    tied: bool
+    qkv_bias: bool
+    sliding_window: int | None
+    B: int  # per-device micro-batch (completions)
+    GA: int
+    G: int  # generation batch = B x GA (TRL: generation_batch_size)
+    S: int  # max_seq_length (prompt + completion), the worst case a trial forces
+    P: int  # prompt tokens
+    C: int  # completion tokens
+    rank: int
+    targets: tuple
+    device: str  # "cpu" | "cuda"
+    wb: int  # bytes per weight/activation element in the model dtype
+    four_bit: bool
+    ckpt: bool
+
+    @property
+    def qd(self) -> int:
+        return self.nh * self.hd
+
+    @property
+    def kd(self) -> int:
+        return self.nkv * self.hd
+
+
+def target_device(cfg: Any) -> str:
+    """CPU for `gpu=cpu`, `gpu=cpu_sim` and any simulated card; CUDA for a real card."""
+    gpu = cfg.gpu
+    return "cpu" if gpu.name in ("cpu", "cpu_sim") or bool(gpu.get("simulated", False)) else "cuda"
+
+
+def dtype_bytes(cfg: Any, device: str) -> int:
+    """Model dtype as models.torch_dtype picks it: auto = bfloat16 on CUDA, float32 on CPU."""
+    name = cfg.model.get("dtype", "auto")
+    if name == "auto":
+        return 2 if device == "cuda" else 4
+    return 4 if name == "float32" else 2
+
+
+def resolve_backend_for(cfg: Any, device: str) -> str:
+    """The backend the estimate models. `backend=auto` is resolved as the trial would resolve it on
+    the target, but without looking at what is installed *here* (a prediction for another machine
+    must not depend on this one): on CUDA that is plain TRL, with a note to name trl_vllm or
+    unsloth explicitly. A trial passes the backend it really resolved (`estimate(backend=...)`)."""
+    return backends.resolve(cfg.backend.name, cuda=device == "cuda", installed=lambda _package: False)
+
+
+def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
+    arch = cfg.model.arch
+    device = device or target_device(cfg)
+    family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"
+    S = int(cfg.max_seq_length)
+    P = int(cfg.max_prompt_length)
+    return Shapes(
+        family=family,
+        H=arch.hidden_size,
+        L=arch.num_hidden_layers,
+        nh=arch.num_attention_heads,
+        nkv=arch.num_key_value_heads,
+        hd=arch.head_dim,
+        I=arch.intermediate_size,
+        V=arch.vocab_size,
+        tied=bool(arch.tie_word_embeddings),
+        qkv_bias=arch.model_type == "qwen2",
+        sliding_window=512 if family == "gemma3" else None,  # models._EXTRA_CONFIG
+        B=cfg.per_device_train_batch_size,
+        GA=cfg.gradient_accumulation_steps,
+        G=cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps,
+        S=S,
+        P=P,
+        C=S - P,
+        rank=cfg.lora_rank,
+        targets=tuple(cfg.lora_target_modules),
+        device=device,
+        wb=dtype_bytes(cfg, device),
+        four_bit=bool(cfg.load_in_4bit),
+        # Unsloth always checkpoints (use_gradient_checkpointing="unsloth", offloaded to CPU RAM).
+        ckpt=bool(cfg.gradient_checkpointing) or backend == "unsloth",
+    )
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def linear_shapes(s: Shapes) -> dict[str, tuple[int, int]]:
+    """(in, out) of each projection in one decoder layer (transformers' Llama/Qwen2/Gemma3 layers)."""
+    return {
+        "q_proj": (s.H, s.qd),
+        "k_proj": (s.H, s.kd),
+        "v_proj": (s.H, s.kd),
+        "o_proj": (s.qd, s.H),
+        "gate_proj": (s.H, s.I),
+        "up_proj": (s.H, s.I),
+        "down_proj": (s.I, s.H),
+    }
+
+
+def param_counts(s: Shapes) -> dict[str, int]:
+    """Parameter counts: projections (what 4-bit quantises), embeddings and norms (kept in bf16).
+
+    Source: transformers' modeling_llama / modeling_qwen2 (q/k/v biases) / modeling_gemma3 (four
+    norms per layer plus q_norm/k_norm); a tied LM head shares the embedding matrix.
+    """
+    linear = s.L * sum(i * o for i, o in linear_shapes(s).values())
+    bias = s.L * (s.qd + 2 * s.kd) if s.qkv_bias else 0
+    norms_per_layer = 4 * s.H + 2 * s.hd if s.family == "gemma3" else 2 * s.H
+    other = s.V * s.H * (1 if s.tied else 2) + s.L * norms_per_layer + s.H + bias
+    return {"linear": linear, "other": other, "total": linear + other}
+
+
+def weights_bytes(s: Shapes) -> int:
+    """Base weights: model dtype, or bitsandbytes NF4 for the projections.
+
+    NF4 (bitsandbytes Linear4bit, blocksize 64, double quantisation as backends/trl.py configures):
+    0.5 byte per weight + one 8-bit absmax per 64 weights + one fp32 constant per 256 absmax blocks
+    (= 0.5 + 1/64 + 4/16384 bytes). Embeddings, norms and the (tied) LM head stay in bf16.
+    """
+    n = param_counts(s)
+    if s.four_bit:
+        per_weight = 0.5 + 1 / 64 + 4 / (64 * 256)
+        return int(n["linear"] * per_weight) + n["other"] * 2
+    return n["total"] * s.wb
+
+
+def lora_param_count(s: Shapes) -> int:
+    """r x (in + out) per adapted projection per layer (PEFT LoraLayer: lora_A in->r, lora_B r->out)."""
+    shapes_ = linear_shapes(s)
+    return s.L * sum(s.rank * sum(shapes_[m]) for m in s.targets if m in shapes_)
+
+
+def lora_bytes(s: Shapes) -> int:
+    """LoRA weights in fp32: PEFT's get_peft_model(autocast_adapter_dtype=True) upcasts bf16 adapters."""
+    return lora_param_count(s) * 4
+
+
+def optimizer_bytes(s: Shapes) -> int:
+    """AdamW exp_avg + exp_avg_sq in fp32 per trainable parameter (torch.optim.AdamW; transformers 5
+    defaults to adamw_torch_fused on torch >= 2.8, which needs no foreach temporaries)."""
+    return 2 * lora_bytes(s)
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def _norm_saved(width: int) -> int:
+    """Bytes per token an RMSNorm saves when its input requires grad: the fp32 input (`x.float()` /
+    `x.to(float32)`, a no-op copy in fp32 models) for pow/mul backward, plus the fp32 rsqrt scalar.
+    Source: LlamaRMSNorm / Gemma3RMSNorm forward in transformers 5.x."""
+    return 4 * width + 4
+
+
+def layer_saved_bytes_per_token(s: Shapes, *, first: bool = False, masked: bool = False) -> int:
+    """Bytes per token one decoder layer keeps for backward (autograd's saved tensors).
+
+    Walks the layer's forward (transformers 5.x Llama/Qwen2/Gemma3 with PEFT LoRA, SDPA) and counts
+    what each op saves when its inputs require grad; with frozen base weights a plain `F.linear`
+    saves nothing (its weight gradient is not needed), so only LoRA inputs, norms, attention and the
+    MLP's elementwise ops keep tensors. This is why the naive `hidden x layers x 2` is ~35x too low:
+    the MLP alone keeps 3 x intermediate_size per token (gate, act(gate), up).
+
+    - norms: `_norm_saved` (2 per Llama layer, 4 + q_norm/k_norm per Gemma 3 layer);
+    - LoRA: each adapter's input in fp32 (PEFT `_cast_input_dtype` copies bf16 inputs per adapter,
+      so adapters sharing an input share one tensor only in fp32 models) + lora_A's output r x fp32;
+    - attention: SDPA saves q, k, v, the output and the fp32 logsumexp; rotary `q*cos + rot(q)*sin`
+      saves only cos/sin (shared). With an attention mask and GQA, transformers' `repeat_kv` expands
+      k and v to all heads first (`use_gqa_in_sdpa` is False with a mask);
+    - MLP: act_fn saves gate, the product saves act(gate) and up: 3 x I;
+    - `first`: layer 0's input (the frozen embedding) needs no grad, so its input norm saves nothing.
+    """
+    wb = s.wb
+    n = 0
+    norms = [s.H] * (4 if s.family == "gemma3" else 2)
+    if first:
+        norms = norms[1:]
+    n += sum(_norm_saved(w) for w in norms)
+    if s.family == "gemma3":
+        n += _norm_saved(s.qd)  # q_norm over the heads (q requires grad once any adapter touches it)
+        if not first or "k_proj" in s.targets:
+            n += _norm_saved(s.kd)
+    # LoRA inputs grouped by the tensor they read.
+    groups = {
+        "attn_in": ("q_proj", "k_proj", "v_proj"),
+        "o_in": ("o_proj",),
+        "mlp_in": ("gate_proj", "up_proj"),
+        "down_in": ("down_proj",),
+    }
+    widths = {"attn_in": s.H, "o_in": s.qd, "mlp_in": s.H, "down_in": s.I}
+    for group, modules in groups.items():
+        adapters = sum(1 for m in modules if m in s.targets)
+        if adapters:
+            copies = 1 if wb == 4 else adapters
+            n += copies * 4 * widths[group]
+            n += adapters * 4 * s.rank
+    kv_width = s.qd if (masked and s.nkv != s.nh) else s.kd
+    n += wb * (s.qd + 2 * kv_width + s.qd) + 4 * s.nh  # q, k, v, out, logsumexp
+    n += 3 * wb * s.I
+    return n
+
+
+def masked_layers(s: Shapes) -> int:
+    """Layers whose SDPA gets an explicit mask: Gemma 3's sliding-window layers (5 of every 6) when
+    the sequence is longer than the window; without padding the full-attention layers use is_causal
+    (worst-case lengths pad nothing)."""
+    if s.family != "gemma3" or s.sliding_window is None or s.S <= s.sliding_window:
+        return 0
+    return sum(1 for i in range(s.L) if (i + 1) % 6)
+
+
+def activation_bytes(s: Shapes) -> int:
+    """Saved activations of one micro-batch (B x S tokens) at the end of the forward pass.
+
+    Without checkpointing: every layer's `layer_saved_bytes_per_token`, plus rotary cos/sin
+    (2 per rotary embedding, 2 embeddings in Gemma 3), the masks, the final norm and the hidden
+    states handed to the LM head (a copy of `last_hidden_state[:, :-1]`).
+    With checkpointing (HF `gradient_checkpointing_enable`, non-reentrant): each layer keeps only its
+    input hidden state; backward recomputes one layer at a time, so one full layer is added.
+    Unsloth's checkpointing offloads those inputs to CPU RAM: only the recomputed layer remains.
+    """
+    T = s.B * s.S
+    masked = masked_layers(s)
+    per_layer = []
+    for i in range(s.L):
+        per_layer.append(layer_saved_bytes_per_token(s, first=(i == 0 and not s.ckpt), masked=i < masked))
+    rotary = 2 * (2 if s.family == "gemma3" else 1) * s.hd * s.wb
+    head_in = _norm_saved(s.H) + s.H * s.wb
+    masks = (2 * s.S) if masked else 0  # bool [B, 1, S, S] for the sliding and the full pattern
+    if s.ckpt:
+        body = s.L * s.H * s.wb + max(per_layer)
+    else:
+        body = sum(per_layer)
+    return T * (body + rotary + head_in + masks)
+
+
+def input_bytes(s: Shapes) -> int:
+    """The generation batch's tensors the trainer keeps (prompt/completion ids and masks int64,
+    sampling log-probs, advantages): about 5 int64/fp32 values per token."""
+    return s.G * s.S * 8 * 5
+
+
+def logits_bytes(s: Shapes, mode: str) -> int:
+    """Memory for turning hidden states into per-token log-probabilities, at its own peak.
+
+    chunked (TRL >= 1.16 `add_fused_lm_head` + trl/kernels/chunked_logprob.py, and Unsloth's chunked
+    GRPO loss): a tile buffer `[min(N, 4096), 32768]` in the compute dtype, reused for every vocab
+    slice, plus `grad_hidden` `[N, H]` fp32 in backward. On CUDA (Triton) only the completion
+    positions are scored (N = B x C) and the fold is in-kernel; on CPU (torch fallback) every
+    position is scored (N = B x (S-1)) and `_backward_tile` holds 7.25 tile-sized fp32 temporaries
+    at once (y, z, log_p, p, grad, is_target.float(), the difference, the bool is_target; measured
+    with bench/live_tensor_tracker.py on ChunkedLogProbFunction alone: 7.25 tiles besides the buffer).
+    full (a plain causal-LM loss, as TRL < 1.16 and HF's ForCausalLMLoss): logits for every position,
+    upcast to fp32, log-softmax saved, and its gradient: at log-softmax backward three fp32
+    `[B x S, V]` tensors are alive (the issue's Gemma 3 1B trace: 12 of 22 GiB). TRL < 1.16 kept only
+    completion positions but also the model-dtype logits; we use the plain-loss form, an upper bound.
+    """
+    if mode == "full":
+        return 3 * 4 * s.B * s.S * s.V
+    if s.device == "cuda":
+        N = s.B * s.C
+        tile = min(N, TOKEN_TILE) * VOCAB_TILE * s.wb
+        return tile + N * s.H * 4 + N * 4 * 8
+    N = s.B * (s.S - 1)
+    n = min(N, TOKEN_TILE)
+    tile = n * VOCAB_TILE * 4
+    temps = int(7.25 * n * min(s.V, VOCAB_TILE) * 4)
+    return tile + temps + N * s.H * 4 + N * 4 * 8
+
+
+def kv_bytes_per_token(s: Shapes, kv_bytes: int = 2) -> int:
+    """K and V for every layer: 2 x L x num_kv_heads x head_dim x dtype bytes."""
+    return 2 * s.L * s.kd * kv_bytes
+
+
+def hf_generation_bytes(s: Shapes) -> int:
+    """HF `generate` (backend=trl): the DynamicCache for the whole generation batch (Gemma 3's
+    sliding layers keep only the window), the prefill's largest transient (one layer's MLP on the
+    prompt, no grad) and the fp32 next-token logits (`logits[:, -1, :].float()`), x2 for sampling."""
+    sliding = s.L - math.ceil(s.L / 6) if s.family == "gemma3" else 0
+    window = min(s.S, s.sliding_window or s.S)
+    kv = s.G * s.kd * 2 * s.wb * ((s.L - sliding) * s.S + sliding * window)
+    prefill = s.G * s.P * (3 * s.I + 4 * s.H) * s.wb
+    return kv + prefill + 2 * s.G * s.V * 4
+
+
+def vllm_pool_bytes(utilization: float, budget: int) -> int:
+    """vLLM reserves `gpu_memory_utilization x total memory` at start-up for its weights, activations,
+    CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py `determine_available_memory`); colocated
+    with training, that share is gone for the trainer unless sleep mode releases it."""
+    return int(utilization * budget)
+
+
+def vllm_kv_available(s: Shapes, pool: int, backend: str) -> int:
+    """KV cache vLLM can allocate inside its pool: pool - its weights - the profiling run's
+    activations (max_num_batched_tokens=4096 tokens through one layer's MLP and the sampler's fp32
+    logits for up to 256 sequences) - CUDA graphs. vLLM loads bf16 weights (TRL colocate passes
+    `quantization="bitsandbytes"` when the trainer's model is 4-bit; Unsloth shares its own)."""
+    vllm_weights = weights_bytes(s) if (backend == "unsloth" or s.four_bit) else param_counts(s)["total"] * 2
+    profile = VLLM_PROFILE_TOKENS * (3 * s.I + 4 * s.H) * 2 + 256 * s.V * 4
+    return pool - vllm_weights - profile - VLLM_GRAPHS_BYTES
+
+
+# ----------------------------------------------------------------------------- estimate
+
+
+def default_logits_mode(backend: str) -> tuple[str, str]:
+    """What the chosen backend really does, and why.
+
+    trl / trl_vllm: TRL >= 1.16 patches the model with `add_fused_lm_head` (chunked); older TRL
+    materialised full logits. unsloth: Unsloth's GRPO computes log-probs in chunks.
+    """
+    if backend == "unsloth":
+        return "chunked", "Unsloth's chunked GRPO log-prob computation"
+    try:
+        from importlib.metadata import version
+
+        trl_version = version("trl")
+        parts = tuple(int(p) for p in trl_version.split(".")[:2])
+    except Exception:  # noqa: BLE001 - not installed or odd version string: assume the pinned range
+        trl_version, parts = "unknown", (1, 16)
+    if parts >= (1, 16):
+        return "chunked", f"TRL {trl_version} >= 1.16 fused chunked LM head (add_fused_lm_head)"
+    return "full", f"TRL {trl_version} < 1.16 materialises full-vocabulary logits"
+
+
+def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = None, backend: str | None = None) -> Estimate:
+    """Predict the peak for `cfg` (a composed train config). `logits_mode`: chunked | full | None
+    (None: what the backend really does, see `default_logits_mode`). `device` ("cpu" | "cuda")
+    overrides the target card's device, and `backend` the resolved backend, for a trial predicting
+    the process it runs in."""
+    device = device or target_device(cfg)
+    backend = backend or resolve_backend_for(cfg, device)
+    s = shapes(cfg, backend, device)
+    why_mode = "given on the command line"
+    if logits_mode is None:
+        logits_mode, why_mode = default_logits_mode(backend)
+    if logits_mode not in LOGITS_MODES:
+        raise ValueError(f"logits_mode={logits_mode}: must be one of {', '.join(LOGITS_MODES)}")
+    budget = budget_bytes(cfg)
+    vllm = backends.runs_vllm(backend)
+    sleep = (
+        bool(cfg.backend.get("vllm_enable_sleep_mode", False))
+        if backend == "trl_vllm"
+        else bool(cfg.backend.get("unsloth_standby", False))
+    )
+
+    weights = weights_bytes(s)
+    lora = lora_bytes(s)
+    act = activation_bytes(s)
+    if backend == "unsloth" and s.ckpt:
+        act -= s.B * s.S * s.L * s.H * s.wb  # checkpoints offloaded to CPU RAM
+    train = {
+        "weights": 0 if backend == "unsloth" else weights,  # Unsloth shares vLLM's weights
+        "lora_params": lora,
+        "gradients": lora,
+        "optimizer_state": optimizer_bytes(s),
+        "activations": act + input_bytes(s),
+        "logits": logits_bytes(s, logits_mode),
+        "generation": 0,
+        "vllm_pool": 0,
+        "cuda_context": CUDA_CONTEXT_BYTES if device == "cuda" else 0,
+    }
+    pool = vllm_pool_bytes(cfg.gpu_memory_utilization, budget) if (vllm and budget is not None) else 0
+    gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
+    if vllm:
+        train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
+        gen["vllm_pool"] = pool
+    else:
+        gen["generation"] = hf_generation_bytes(s)
+    phases = {"training": train, "generation": gen}
+    peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
+    components = {k: int(v) for k, v in phases[peak_phase].items()}
+    total = sum(components.values())
+    headroom = None if budget is None else budget - total
+
+    kv_ok = None
+    kv_info: dict = {}
+    if vllm and budget is not None:
+        available = vllm_kv_available(s, pool, backend)
+        needed = s.G * s.S * kv_bytes_per_token(s)
+        kv_ok = available >= needed
+        kv_info = {
+            "kv_cache_available_bytes": int(available),
+            "kv_cache_needed_bytes": int(needed),
+            "kv_cache_tokens": max(int(available // kv_bytes_per_token(s)), 0),
+            "kv_cache_one_sequence_ok": available >= s.S * kv_bytes_per_token(s),
+        }
+        if backend == "trl_vllm":
+            free_at_start = budget - weights - CUDA_CONTEXT_BYTES
+            kv_info["vllm_startup_ok"] = free_at_start >= pool
+    fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
+    assumptions = {
+        "device": device,
+        "dtype_bytes": s.wb,
+        "backend": backend,
+        "backend_requested": cfg.backend.name,
+        "logits_mode": logits_mode,
+        "logits_mode_source": why_mode,
+        "gradient_checkpointing": s.ckpt,
+        "worst_case_lengths": "prompt = max_prompt_length, completion = max_seq_length - max_prompt_length",
+        "prompt_tokens": s.P,
+        "completion_tokens": s.C,
+        "micro_batch_tokens": s.B * s.S,
+        "generation_batch": s.G,
+        "per_device_train_batch_size_counts": "completions (TRL 1.x); num_generations only groups them",
+        "trainable_params": lora_param_count(s),
+        "params": param_counts(s)["total"],
+        "vllm_sleep": sleep if vllm else None,
+        **kv_info,
+    }
+    if backend == "unsloth":
+        assumptions["weights"] = "shared with vLLM (inside vllm_pool)"
+    if cfg.backend.name == "auto" and device == "cuda" and backend == "trl":
+        assumptions["backend_note"] = (
+            "backend=auto resolved to trl because neither unsloth nor vllm is installed here; "
+            "pass backend=trl_vllm or backend=unsloth to model vLLM colocate"
+        )
+    return Estimate(
+        components=components,
+        total_bytes=total,
+        budget_bytes=budget,
+        headroom_bytes=headroom,
+        fits=bool(fits),
+        kv_cache_ok=kv_ok,
+        assumptions=assumptions,
+        phases={p: int(sum(c.values())) for p, c in phases.items()},
+        peak_phase=peak_phase,
+    )
+
+
+# ----------------------------------------------------------------------------- presentation
+
+
+def fmt_gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GiB:.2f} GiB"
+
+
+def format_table(est: Estimate) -> str:
+    rows = [f"{'component':<18}{'bytes':>14}  {'GiB':>8}  share"]
+    total = est.total_bytes or 1
+    for key, value in est.components.items():
+        rows.append(f"{key:<18}{value:>14,}  {value / GiB:>8.3f}  {100 * value / total:5.1f} %")
+    rows.append(f"{'total':<18}{est.total_bytes:>14,}  {est.total_bytes / GiB:>8.3f}")
+    rows.append(
+        f"{'budget':<18}{'' if est.budget_bytes is None else f'{est.budget_bytes:,}':>14}  {fmt_gib(est.budget_bytes):>8}"
+    )
+    return "\n".join(rows)
+
+
+def verdict(est: Estimate) -> str:
+    dom = f"dominant: {est.dominant} ({est.components[est.dominant] / GiB:.2f} GiB)"
+    if est.budget_bytes is None:
+        return f"no budget (gpu.memory_gib is null): needs {est.total_bytes / GiB:.2f} GiB; {dom}"
+    extra = ""
+    if est.kv_cache_ok is False:
+        extra = "; vLLM's KV cache cannot hold max_seq_length for the generation batch"
+    if est.assumptions.get("vllm_startup_ok") is False:
+        extra += "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"
+    if est.headroom_bytes >= 0:
+        word = "fits" if est.fits else "memory fits but"
+        return f"{word} with {est.headroom_bytes / GiB:.2f} GiB headroom{extra}; {dom}"
+    return f"short by {-est.headroom_bytes / GiB:.2f} GiB{extra}; {dom}"

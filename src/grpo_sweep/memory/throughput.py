@@ -1,0 +1,62 @@
+"""A coarse throughput model: seconds per GRPO step on the target card, for ranking memory fixes.
+
+Pure arithmetic like the estimator (no torch). The card's speed comes from its own
+`conf/gpu/*.yaml` (`tflops_bf16`, `bandwidth_gbs`) and nowhere else: a card without them is an
+error that names the file to fix, never another card's numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import backends
+from ..config.schema import ConfigError
+from .estimator import kv_bytes_per_token, param_counts, resolve_backend_for, shapes, target_device, weights_bytes
+
+
+def card_speed(cfg: Any) -> tuple[float, float]:
+    """(peak dense bf16 TFLOP/s, memory bandwidth GB/s) of the target card, from its config."""
+    gpu = cfg.gpu
+    tflops, gbs = gpu.get("tflops_bf16"), gpu.get("bandwidth_gbs")
+    if not tflops or not gbs or tflops <= 0 or gbs <= 0:
+        raise ConfigError(
+            f"gpu={gpu.name}: gpu.tflops_bf16={tflops} and gpu.bandwidth_gbs={gbs}: both must be positive numbers "
+            f"to model throughput (add them to conf/gpu/{gpu.name}.yaml from the card's datasheet, "
+            "or pass gpu.tflops_bf16=... gpu.bandwidth_gbs=...)"
+        )
+    return float(tflops), float(gbs)
+
+
+def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
+    """A coarse time-per-step model (seconds on the target card) for ranking memory fixes.
+
+    training: FLOPs per micro-batch (TRL's compute_flops_per_token, with LoRA's backward ~ one
+    forward since base-weight gradients are not needed, +1 forward with checkpointing, + the chunked
+    head's recompute) at 40 % of peak, scaled by a micro-batch efficiency `tokens / (tokens + 2048)`;
+    4-bit adds the dequantisation traffic (bitsandbytes dequantises each projection to bf16 before
+    the matmul: +4.5 bytes per weight per pass, training and decode alike). generation: one decode
+    step per completion token, bound by reading the weights and the KV cache at 60 % of bandwidth,
+    plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms). Sources: NVIDIA datasheets
+    (`tflops_bf16`, `bandwidth_gbs` in conf/gpu/*.yaml), TRL `compute_flops_per_token`. Only ratios between configs are used.
+    """
+    device = target_device(cfg)
+    backend = resolve_backend_for(cfg, device)
+    s = shapes(cfg, backend)
+    tflops, gbs = card_speed(cfg)
+    peak, bw = tflops * 1e12 * 0.4, gbs * 1e9 * 0.6
+    n = param_counts(s)
+    tokens = s.B * s.S
+    layer_flops = 2 * n["linear"] + 4 * s.nh * s.hd * s.S * s.L  # per token, forward
+    head_flops = 2 * s.V * s.H
+    passes = 2 + (1 if s.ckpt else 0)
+    flops = tokens * (layer_flops * passes + head_flops * (2 if logits_mode == "full" else 4))
+    eff = tokens / (tokens + 2048)
+    train = flops / (peak * eff)
+    dequant = n["linear"] * 4.5 if s.four_bit else 0  # read NF4, write + read a bf16 copy per pass
+    train += passes * dequant / bw
+    train *= s.GA
+    weight_read = weights_bytes(s) + dequant
+    kv_read = s.G * (s.P + s.C / 2) * kv_bytes_per_token(s, s.wb)
+    overhead = 0.003 if backends.runs_vllm(backend) else 0.00035 * s.L
+    gen = s.C * ((weight_read + kv_read) / bw + overhead)
+    return {"training_s": train, "generation_s": gen, "step_s": train + gen, "tokens_per_s": s.G * s.S / (train + gen)}

@@ -1,0 +1,228 @@
+"""report.html: one self-contained page (inline CSS and JS, no CDN) next to its PNG figures.
+
+The table sorts by any column on a click (numbers numerically); `#sort=<column>` in the URL sorts
+on load, so a link can point at a sorted view. When the script has run it sets
+`data-report-js="ready"` on <body> (and counts images that loaded), which the headless-browser
+test reads back.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
+from . import figures as figs
+from .trials import REPORT_FILE, Trial, best_trial, budget_gib, lever_effects, lever_label, overrides
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
+h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem}
+table{border-collapse:collapse;font-size:.85rem} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
+th{background:#f3f3f3;cursor:pointer;user-select:none} td{white-space:nowrap}
+td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-align:left}
+tr.feasible td.status{color:#2a9d8f} tr.over_headroom td.status{color:#219ebc}
+tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777}
+tr.failed td.status{color:#d27d2d} tr.best{background:#fff8d6}
+.wide{overflow-x:auto} pre{background:#f6f6f6;padding:.6rem;white-space:pre-wrap}
+"""
+
+JS = """
+(function () {
+  function cellValue(row, i) {
+    var c = row.cells[i], v = c.getAttribute('data-v');
+    if (v === null) v = c.textContent.trim();
+    var n = parseFloat(v);
+    return (v !== '' && !isNaN(n) && isFinite(v)) ? n : v.toLowerCase();
+  }
+  function sortBy(table, i, desc) {
+    var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = cellValue(a, i), y = cellValue(b, i);
+      if (x === y) return 0;
+      if (x === '') return 1; if (y === '') return -1;
+      var r = (typeof x === typeof y) ? (x < y ? -1 : 1) : (typeof x === 'number' ? -1 : 1);
+      return desc ? -r : r;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+    table.setAttribute('data-sorted-by', table.tHead.rows[0].cells[i].getAttribute('data-key'));
+  }
+  var tables = document.querySelectorAll('table.sortable');
+  Array.prototype.forEach.call(tables, function (table) {
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, i) {
+      th.addEventListener('click', function () {
+        var desc = th.getAttribute('data-desc') !== 'true';
+        th.setAttribute('data-desc', desc ? 'true' : 'false');
+        sortBy(table, i, desc);
+      });
+    });
+  });
+  var m = /sort=([^&]+)/.exec(location.hash), trials = document.getElementById('trials');
+  if (m && trials) {
+    var desc = m[1].charAt(0) === '-', key = decodeURIComponent(m[1].replace(/^-/, ''));
+    Array.prototype.forEach.call(trials.tHead.rows[0].cells, function (th, i) {
+      if (th.getAttribute('data-key') === key) sortBy(trials, i, desc);
+    });
+  }
+  function countImages() {
+    var imgs = document.images, ok = 0;
+    for (var i = 0; i < imgs.length; i++) if (imgs[i].complete && imgs[i].naturalWidth > 0) ok++;
+    document.body.setAttribute('data-images-loaded', ok + '/' + imgs.length);
+  }
+  countImages();
+  window.addEventListener('load', countImages);
+  document.body.setAttribute('data-report-js', 'ready');
+})();
+"""
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def _fmt(value, digits=1) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return lever_label(value) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _lever_getter(name: str):
+    return lambda t: t.levers.get(name)
+
+
+def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
+    """(key, header, getter) for the trials table; optional columns only when some trial has them."""
+    objective = trials[0].objective_name
+    cols = [
+        ("number", "#", lambda t: t.number),
+        ("name", "trial", lambda t: t.name),
+        ("status", "status", lambda t: t.status),
+        (objective, objective, lambda t: t.record.get(objective)),
+        ("samples_per_s", "samples/s", lambda t: t.record.get("samples_per_s")),
+        ("step_time_s", "step s", lambda t: t.record.get("step_time_s")),
+        ("peak_gib", "peak GiB", lambda t: t.gib("peak_memory_bytes")),
+    ]
+    optional = [
+        ("predicted_gib", "predicted GiB", lambda t: t.gib("predicted_peak_bytes")),
+        ("budget_gib", "budget GiB", lambda t: t.gib("budget_bytes")),
+        ("peak_phase", "peak phase", lambda t: t.record.get("peak_phase")),
+        ("oom_phase", "OOM phase", lambda t: t.record.get("oom_phase")),
+        ("deficit_gib", "deficit GiB", lambda t: t.gib("deficit_bytes")),
+    ]
+    if all(t.number is None for t in trials):
+        cols.pop(0)  # a plain multirun has no Optuna trial numbers
+    cols += [c for c in optional if any(c[2](t) is not None for t in trials)]
+    cols += [(lv, lv, _lever_getter(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
+    cols += [
+        ("reward_mean", "reward", lambda t: t.record.get("reward_mean")),
+        ("preset", "seed preset", lambda t: t.preset),
+        ("wandb", "W&B run", lambda t: t.record.get("wandb_url") or t.record.get("wandb_run_id")),
+        ("error", "error", lambda t: (t.record.get("error") or "").splitlines()[0][:120] if t.record.get("error") else None),
+    ]
+    return cols
+
+
+def trials_table(trials: list[Trial], best: Trial | None) -> str:
+    cols = _columns(trials)
+    head = "".join(
+        f'<th data-key="{_e(k)}" class="{"l" if k in ("name", "status", "error") else ""}">{_e(h)}</th>' for k, h, _ in cols
+    )
+    rows = []
+    for t in trials:
+        cells = []
+        for key, _, get in cols:
+            value = get(t)
+            digits = 3 if key.endswith("gib") or key in ("reward_mean", "step_time_s") else 1
+            raw = "" if value is None else (value if not isinstance(value, (list, tuple)) else len(value))
+            cls = "l " + key if key in ("name", "status", "error") else key
+            tip = f' title="{_e(t.record.get("error"))}"' if key == "error" and value else ""
+            cells.append(f'<td class="{cls}" data-v="{_e(raw)}"{tip}>{_e(_fmt(value, digits))}</td>')
+        extra = " best" if t is best else ""
+        rows.append(f'<tr class="{t.category}{extra}" data-status="{_e(t.status)}">{"".join(cells)}</tr>')
+    return (
+        f'<div class="wide"><table id="trials" class="sortable"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def effects_table(rows: list[dict], objective: str) -> str:
+    if not rows:
+        return '<p class="note">No lever took two values among the feasible trials.</p>'
+    head = (
+        f"<tr><th class=l>lever</th><th>from</th><th>to</th><th>peak memory</th><th>{_e(objective)}</th>"
+        "<th class=l>measured on</th><th class=l>expected (levers.py)</th></tr>"
+    )
+    body = "".join(
+        f"<tr><td class=l>{_e(r['lever'])}</td><td>{_e(r['low'])}</td><td>{_e(r['high'])}</td>"
+        f'<td data-v="{_e(_fmt(r["peak_change_pct"]))}">{_fmt(r["peak_change_pct"])}%</td>'
+        f'<td data-v="{_e(_fmt(r["objective_change_pct"]))}">{_fmt(r["objective_change_pct"])}%</td>'
+        f"<td class=l>{_e(r['basis'])}</td><td class=l>{_e(r['expected'])}</td></tr>"
+        for r in rows
+    )
+    return f'<table id="effects" class="sortable"><thead>{head}</thead><tbody>{body}</tbody></table>'
+
+
+def _figure(path: Path | None, alt: str, missing: str) -> str:
+    if path is None:
+        return f'<p class="note">{_e(missing)}</p>'
+    return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
+
+
+def write_report(
+    trials: list[Trial], out: Path, *, title: str, importances: dict | None = None, importance_note: str | None = None
+) -> Path:
+    out = Path(out)
+    best = best_trial(trials)
+    budget = budget_gib(trials)
+    objective = trials[0].objective_name
+    scatter = figs.throughput_vs_memory(trials, out / "throughput_vs_memory.png", budget=budget, best=best)
+    effects_png = figs.lever_effects(trials, out / "lever_effects.png")
+    rewards = figs.reward_curves(trials, out / "reward_curves.png")
+    predicted = figs.predicted_vs_measured(trials, out / "predicted_vs_measured.png")
+    imp_png = figs.importances(importances or {}, out / "param_importances.png")
+
+    counts = {}
+    for t in trials:
+        counts[t.category] = counts.get(t.category, 0) + 1
+    summary = ", ".join(f"{n} {c}" for c, n in counts.items())
+    if best is not None:
+        best_html = (
+            f"<p>Best feasible trial: <b>{_e(best.name)}</b>, {_e(objective)} "
+            f"{best.objective:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB.</p>"
+            f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
+        )
+    else:
+        best_html = '<p class="note">No trial finished within memory: no best config.</p>'
+    sections = [
+        f"<h1>{_e(title)}</h1><p>{len(trials)} trials: {_e(summary)}."
+        + (f" Budget {budget:.2f} GiB." if budget is not None else " No memory budget (gpu.memory_gib unset).")
+        + "</p>",
+        "<h2>Best config</h2>" + best_html,
+        "<h2>Throughput vs peak memory</h2>"
+        + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
+        + '<p class="note">OOM trials sit at budget + deficit (what they needed) when both are known, '
+        "else at the peak reached before the failure; pruned trials at their predicted peak.</p>",
+        "<h2>Each lever's measured effect</h2>"
+        + effects_table(lever_effects(trials), objective)
+        + _figure(effects_png, "lever effects", "No lever varied across trials."),
+        "<h2>Reward curves</h2>" + _figure(rewards, "reward curves", "No trial logged a reward."),
+        "<h2>Predicted vs measured peak</h2>"
+        + _figure(predicted, "predicted vs measured peak", "No trial has a memory prediction (predicted_peak_bytes)."),
+    ]
+    if importances is not None and (importances or importance_note):
+        sections.append(
+            "<h2>Parameter importances (Optuna)</h2>"
+            + _figure(imp_png, "parameter importances", f"Not available: {importance_note}")
+        )
+    sections.append("<h2>Trials</h2><p class=note>Click a column header to sort.</p>" + trials_table(trials, best))
+    page = (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style>"
+        f"</head><body>{''.join(sections)}<script>{JS}</script></body></html>"
+    )
+    path = out / REPORT_FILE
+    path.write_text(page)
+    return path

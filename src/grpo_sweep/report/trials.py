@@ -1,0 +1,316 @@
+"""The report's trial records and the comparisons derived from them.
+
+People decide from a picture: throughput against peak memory with the budget drawn in, what each
+lever measurably did, and the config to copy. This module loads trials (metrics.json files under
+a directory, or an Optuna study whose user attrs hold the metrics and run_dir), derives the
+comparisons, and hands drawing to figures.py, HTML to html.py and the W&B Report to
+wandb_report.py. Keys added by other modules (predicted_peak_bytes, budget_bytes, oom_phase,
+deficit_bytes, ...) are used when present and never required.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES, LEVERS
+from ..metrics import METRICS_FILE, read_metrics
+from ..study import best as best_rule
+
+CATEGORIES = ("feasible", "over_headroom", "oom", "pruned", "failed")
+REPORT_FILE = "report.html"
+# A trial's status when its storage has no metrics for it (e.g. pruned before it ran).
+OPTUNA_STATUS = {"COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
+
+
+@dataclass
+class Trial:
+    """One trial as the report sees it, whichever source it came from."""
+
+    name: str
+    record: dict
+    config: dict = field(default_factory=dict)
+    number: int | None = None
+    run_dir: str | None = None
+    optuna_state: str | None = None
+    preset: str | None = None  # the seed preset whose levers this trial runs, if any
+    # Ran without OOM but the study marked it infeasible: its peak is over the sweep's headroom
+    # (hydra.sweeper.headroom), so it is not a config the user asked for and never the best.
+    over_headroom: bool = False
+    # The study's direction for its objective (hydra.sweeper.direction); the best-trial rule follows it.
+    direction: str = "maximize"
+    # From a study: the value Optuna was told, and the objective's name the sweeper recorded.
+    value: float | None = None
+    objective_key: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.optuna_state == "PRUNED" and self.record.get("status") not in ("ok", "oom"):
+            return "pruned"
+        return self.record.get("status") or ("running" if self.optuna_state == "RUNNING" else "unknown")
+
+    @property
+    def category(self) -> str:
+        if self.status == "ok" and self.over_headroom:
+            return "over_headroom"
+        return {"ok": "feasible", "oom": "oom", "pruned": "pruned"}.get(self.status, "failed")
+
+    @property
+    def levers(self) -> dict:
+        return self.record.get("levers") or {}
+
+    @property
+    def objective_name(self) -> str:
+        return self.objective_key or self.config.get("objective") or "tokens_per_s"
+
+    @property
+    def objective(self) -> float | None:
+        value = self.value if self.value is not None else self.record.get(self.objective_name)
+        return value if self.status == "ok" and _finite(value) else None
+
+    def gib(self, key: str) -> float | None:
+        value = self.record.get(key)
+        return value / 2**30 if _finite(value) else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _natural_key(path: Path):
+    return [int(p) if p.isdigit() else p for p in path.parts]
+
+
+def _load_config(run_dir: Path) -> dict:
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return {}
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def sweep_settings(root: Path) -> dict:
+    """The sweep's own objective and direction from the multirun.yaml Hydra wrote in `root`, if any."""
+    path = Path(root) / "multirun.yaml"
+    if not path.exists():
+        return {}
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    sweeper = OmegaConf.select(cfg, "hydra.sweeper", default=None) or {}
+    out = {}
+    if sweeper.get("direction"):
+        out["direction"] = best_rule.normalize_direction(sweeper.get("direction"))
+    objective = sweeper.get("objective") or cfg.get("objective")
+    if objective:
+        out["objective"] = objective
+    return out
+
+
+def load_dir(root: Path) -> list[Trial]:
+    """Every trial under a multirun (or sweep) directory: each directory holding a metrics.json."""
+    direction = sweep_settings(root).get("direction", "maximize")
+    trials = []
+    for path in sorted(Path(root).rglob(METRICS_FILE), key=_natural_key):
+        run_dir = path.parent
+        record = read_metrics(run_dir) or {}
+        config = _load_config(run_dir)
+        number = (config.get("trial") or {}).get("number")
+        name = str(run_dir.relative_to(root)) if run_dir != Path(root) else run_dir.name
+        trials.append(Trial(name=name, record=record, config=config, number=number, run_dir=str(run_dir), direction=direction))
+    return trials
+
+
+def trials_from_study(study) -> list[Trial]:
+    """Optuna trials, with the metrics.json of their run_dir when it still exists, else user attrs."""
+    trials = []
+    for ft in study.get_trials(deepcopy=False):
+        attrs = dict(ft.user_attrs)
+        run_dir = attrs.get("run_dir")
+        # The sweeper's flat attrs (status, predicted_peak_bytes, deficit_bytes, ...), then a nested
+        # "metrics" dict if any, then the trial's own metrics.json, which wins where they overlap.
+        record = {k: v for k, v in attrs.items() if k not in ("metrics", "run_dir")}
+        record.update(attrs.get("metrics") if isinstance(attrs.get("metrics"), dict) else {})
+        if run_dir and Path(run_dir).exists():
+            record.update(read_metrics(Path(run_dir)) or {})
+        record.setdefault("levers", {k: v for k, v in ft.params.items()})
+        record.setdefault("status", OPTUNA_STATUS.get(ft.state.name, ft.state.name.lower()))
+        config = _load_config(Path(run_dir)) if run_dir and Path(run_dir).exists() else {}
+        trials.append(
+            Trial(
+                name=f"trial {ft.number}",
+                record=record,
+                config=config,
+                number=ft.number,
+                run_dir=run_dir,
+                optuna_state=ft.state.name,
+                preset=attrs.get("preset"),
+                over_headroom=ft.state.name == "COMPLETE" and any(v > 0 for v in (ft.constraints or {}).values()),
+                direction=best_rule.normalize_direction(study.direction),
+                value=ft.value if ft.state.name == "COMPLETE" else None,
+                objective_key=study.user_attrs.get("objective"),
+            )
+        )
+    return trials
+
+
+def param_importances(study) -> tuple[dict, str | None]:
+    """Optuna's importances of each parameter for the objective, or why they cannot be computed."""
+    import optuna
+
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    if len(complete) < 2:
+        return {}, f"needs at least 2 completed trials (this study has {len(complete)})"
+    try:
+        return dict(optuna.importance.get_param_importances(study)), None
+    except Exception as exc:  # noqa: BLE001 - e.g. a single distinct value, multi-objective studies
+        return {}, f"{type(exc).__name__}: {exc}"
+
+
+# --- derived comparisons ---------------------------------------------------------------------
+
+
+def load_presets(conf_dir: Path | None = None) -> dict[str, dict]:
+    """The seed presets' lever values (conf/preset/*.yaml), to mark trials that run them."""
+    from omegaconf import OmegaConf
+
+    from ..config.compose import CONF_DIR
+
+    presets = {}
+    for path in sorted((conf_dir or CONF_DIR).joinpath("preset").glob("*.yaml")):
+        values = OmegaConf.to_container(OmegaConf.load(path))
+        presets[path.stem] = {k: v for k, v in values.items() if k in LEVER_NAMES + EXTRA_LEVER_NAMES}
+    return presets
+
+
+def match_preset(levers: dict, presets: dict[str, dict]) -> str | None:
+    for name, values in presets.items():
+        if values and all(levers.get(k) == v for k, v in values.items()):
+            return name
+    return None
+
+
+def best_trial(trials: list[Trial]) -> Trial | None:
+    """The feasible trial with the best objective in the study's direction (grpo_sweep.study.best)."""
+    if not trials:
+        return None
+    feasible = [t for t in trials if t.category == "feasible"]
+    return best_rule.best(feasible, value=lambda t: t.objective, direction=trials[0].direction)
+
+
+def budget_gib(trials: list[Trial]) -> float | None:
+    """The memory budget: budget_bytes from the memory modules, else the target GPU's memory_gib."""
+    for t in trials:
+        if _finite(t.record.get("budget_bytes")):
+            return t.record["budget_bytes"] / 2**30
+    for t in trials:
+        gib = (t.config.get("gpu") or {}).get("memory_gib")
+        if _finite(gib):
+            return float(gib)
+    return None
+
+
+def sort_key(value):
+    """Order lever values: numbers and booleans by value, module lists by how many modules."""
+    if isinstance(value, (list, tuple)):
+        return (1, len(value), str(value))
+    if isinstance(value, (int, float)):
+        return (0, float(value), "")
+    return (2, 0, str(value))
+
+
+def lever_label(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _pct(new, old):
+    return 100.0 * (new / old - 1.0) if old else math.nan
+
+
+def lever_effects(trials: list[Trial]) -> list[dict]:
+    """Each lever's measured effect on peak memory and the objective, from feasible trials.
+
+    Prefer pairs of trials that differ only in that lever (a controlled comparison); otherwise
+    compare the median at the lever's lowest and highest value, and say that other levers varied.
+    """
+    measured = [t for t in trials if t.objective is not None and t.gib("peak_memory_bytes")]
+    names = LEVER_NAMES + EXTRA_LEVER_NAMES
+    rows = []
+    for lever in names:
+        values = sorted({lever_label(t.levers.get(lever)): t.levers.get(lever) for t in measured}.values(), key=sort_key)
+        if len(values) < 2:
+            continue
+        pairs = []
+        for a, b in combinations(measured, 2):
+            if a.levers.get(lever) == b.levers.get(lever):
+                continue
+            if any(a.levers.get(k) != b.levers.get(k) for k in names if k != lever):
+                continue
+            lo, hi = sorted((a, b), key=lambda t: sort_key(t.levers.get(lever)))
+            pairs.append((_pct(hi.record["peak_memory_bytes"], lo.record["peak_memory_bytes"]), _pct(hi.objective, lo.objective)))
+        if pairs:
+            d_peak = statistics.median(p[0] for p in pairs)
+            d_obj = statistics.median(p[1] for p in pairs)
+            basis = f"{len(pairs)} pair(s) differing only in {lever}"
+        else:
+
+            def at(value, lever=lever):
+                group = [t for t in measured if t.levers.get(lever) == value]
+                return (
+                    statistics.median(t.record["peak_memory_bytes"] for t in group),
+                    statistics.median(t.objective for t in group),
+                )
+
+            (lo_peak, lo_obj), (hi_peak, hi_obj) = at(values[0]), at(values[-1])
+            d_peak, d_obj = _pct(hi_peak, lo_peak), _pct(hi_obj, lo_obj)
+            basis = f"medians over {len(measured)} trials; other levers varied too"
+        guess = next((lv.memory for lv in LEVERS if lv.name == lever), "")
+        rows.append(
+            {
+                "lever": lever,
+                "low": lever_label(values[0]),
+                "high": lever_label(values[-1]),
+                "peak_change_pct": d_peak,
+                "objective_change_pct": d_obj,
+                "basis": basis,
+                "expected": guess,
+            }
+        )
+    return rows
+
+
+def overrides(trial: Trial) -> str:
+    """The trial's config as the command line that reruns it (the sweeper's own overrides if stored)."""
+    if isinstance(trial.record.get("overrides"), list) and trial.record["overrides"]:
+        import shlex
+
+        return "python train.py " + " ".join(shlex.quote(str(o)) for o in trial.record["overrides"])
+    parts = []
+    for group in ("model", "gpu"):
+        name = (trial.config.get(group) or {}).get("name")
+        if name:
+            parts.append(f"{group}={name}")
+    for lever in LEVER_NAMES + EXTRA_LEVER_NAMES:
+        if lever in trial.levers:
+            value = trial.levers[lever]
+            text = "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else value
+            parts.append(f"{lever}={str(text).lower() if isinstance(value, bool) else text}")
+    for key in ("max_prompt_length", "gradient_checkpointing"):
+        if key in trial.config:
+            value = trial.config[key]
+            parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return "python train.py " + " ".join(parts)
+
+
+def wandb_group(trials: list[Trial], study_name: str | None, root: Path | None) -> str | None:
+    """The W&B group the trials were logged under (as wandb_logger chose it), for the W&B Report."""
+    for t in trials:
+        if t.record.get("wandb_group"):
+            return t.record["wandb_group"]
+    if study_name:
+        return study_name
+    return str(root) if root is not None else None

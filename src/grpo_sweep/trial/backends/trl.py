@@ -1,0 +1,149 @@
+"""Plain TRL: GRPOTrainer with a PEFT LoRA adapter and HF `generate` for sampling.
+
+`grpo_args` is the single translation of our levers into GRPOConfig arguments; the other
+backends start from it and add their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...config.schema import generation_batch_size
+
+
+def lora_alpha(cfg: Any) -> int:
+    return cfg.lora_alpha if cfg.lora_alpha is not None else 2 * cfg.lora_rank
+
+
+def completion_budget(cfg: Any) -> int:
+    """max_seq_length is prompt + completion (as in Unsloth); the completion gets the rest."""
+    return cfg.max_seq_length - cfg.max_prompt_length
+
+
+def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") -> dict:
+    """GRPOConfig keyword arguments for our levers (tested against GRPOConfig's real signature).
+
+    `sampler` names what generates completions: "hf" (transformers `generate`, whose
+    GenerationConfig calls the floor `min_new_tokens`) or "vllm" (`SamplingParams`: `min_tokens`).
+    The vLLM backends add their own arguments on top of these (trl_vllm.vllm_args).
+    """
+    completion = completion_budget(cfg)
+    args = dict(
+        output_dir=output_dir,
+        max_steps=cfg.trial.steps,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        num_generations=cfg.num_generations,
+        generation_batch_size=generation_batch_size(cfg),
+        max_completion_length=completion,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        learning_rate=cfg.learning_rate,
+        beta=cfg.beta,
+        seed=cfg.seed,
+        bf16=on_cuda and cfg.model.dtype in ("auto", "bfloat16"),
+        use_cpu=not on_cuda,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        shuffle_dataset=True,
+    )
+    if cfg.trial.worst_case_lengths:
+        # Force every completion to the full budget: the peak a trial measures is the worst case.
+        floor = {"hf": "min_new_tokens", "vllm": "min_tokens"}[sampler]
+        args["generation_kwargs"] = {floor: completion}
+    return args
+
+
+def lora_config(cfg: Any):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=lora_alpha(cfg),
+        target_modules=list(cfg.lora_target_modules),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def quantization_config(cfg: Any):
+    """bitsandbytes NF4 for `load_in_4bit` on CUDA (validated before we get here)."""
+    if not cfg.load_in_4bit:
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+
+
+def build_trainer(cfg: Any, ctx: Any):
+    """ctx carries what the worker prepared: tokenizer, dataset, reward_funcs, callbacks, run_dir."""
+    from trl import GRPOConfig
+
+    from ..models import load_model
+
+    model = load_model(cfg, ctx.tokenizer, on_cuda=ctx.on_cuda, quantization_config=quantization_config(cfg))
+    args = GRPOConfig(**grpo_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer")))
+    return make_trainer(ctx, model, args, peft_config=lora_config(cfg))
+
+
+def trainer_kwargs(ctx: Any, model, args, peft_config=None) -> dict:
+    """GRPOTrainer keyword arguments shared by every backend (tested against its signature)."""
+    return dict(
+        model=model,
+        reward_funcs=list(ctx.reward_funcs),
+        args=args,
+        train_dataset=ctx.dataset,
+        processing_class=ctx.tokenizer,
+        peft_config=peft_config,
+        callbacks=list(ctx.callbacks),
+    )
+
+
+def make_trainer(ctx: Any, model, args, peft_config=None):
+    """GRPOTrainer as imported now (Unsloth's patched class once Unsloth has been imported)."""
+    from transformers import PrinterCallback
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(**trainer_kwargs(ctx, model, args, peft_config))
+    trainer.remove_callback(PrinterCallback)  # our meter prints one line per step instead
+    return trainer
+
+
+def effective(trainer) -> dict:
+    """The levers as the trainer really runs them, read back from the built trainer."""
+    args = trainer.args
+    model = trainer.model
+    peft_cfg = getattr(model, "peft_config", {}).get("default")
+    quant = getattr(getattr(model, "config", None), "quantization_config", None)
+    vllm_util = args.vllm_gpu_memory_utilization if getattr(args, "use_vllm", False) else None
+    return {
+        "max_completion_length": trainer.max_completion_length,
+        "gpu_memory_utilization": vllm_util,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "num_generations": trainer.num_generations,
+        "generation_batch_size": args.generation_batch_size,
+        "lora_rank": peft_cfg.r if peft_cfg else None,
+        "lora_target_modules": sorted(peft_cfg.target_modules) if peft_cfg else None,
+        "load_in_4bit": bool(quant and _get(quant, "load_in_4bit")) or _has_4bit_layers(model),
+        # TRL can switch checkpointing on for k-bit models: read the model, not only the args.
+        "gradient_checkpointing": bool(args.gradient_checkpointing) or bool(getattr(model, "is_gradient_checkpointing", False)),
+    }
+
+
+def _get(obj, key):
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _has_4bit_layers(model) -> bool:
+    """bitsandbytes' 4-bit linear layers present (whatever the config says)."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())

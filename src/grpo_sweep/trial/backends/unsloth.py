@@ -1,0 +1,109 @@
+"""Unsloth: FastLanguageModel with vLLM fast inference (colocated), 4-bit weights and its GRPO patches.
+
+Unsloth patches transformers, peft and TRL when it is imported, so it must be imported first:
+trials of this backend start in a fresh interpreter (`backends.start_method` -> spawn) and import
+Unsloth before anything else (`backends.prepare_imports`, which also sets UNSLOTH_VLLM_STANDBY
+for standby mode). After that, `from trl import GRPOConfig, GRPOTrainer` returns Unsloth's
+patched classes; the lever translation is still `trl.grpo_args`.
+
+Unsloth builds its own vLLM engine inside `from_pretrained(fast_inference=True)` with
+`gpu_memory_utilization` (rescaled for an emulated card, as for trl_vllm) and
+`max_lora_rank=lora_rank`; its GRPO trainer then samples with it (use_vllm, colocate).
+Unsloth may rewrite `per_device_train_batch_size` (unsloth#3572): `effective` reads it back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import trl as trl_backend
+from .trl_vllm import remember_budget, vllm_readback
+from .vllm_util import device_utilization
+
+
+def from_pretrained_kwargs(cfg: Any, model_name: str, *, device_util: float, dtype=None) -> dict:
+    """FastLanguageModel.from_pretrained arguments (tested against its signature where installed)."""
+    return dict(
+        model_name=model_name,
+        max_seq_length=cfg.max_seq_length,
+        dtype=dtype,
+        load_in_4bit=bool(cfg.load_in_4bit),
+        fast_inference=True,
+        max_lora_rank=cfg.lora_rank,
+        gpu_memory_utilization=device_util,
+        random_state=cfg.seed,
+        unsloth_vllm_standby=bool(cfg.backend.unsloth_standby),
+    )
+
+
+def peft_kwargs(cfg: Any) -> dict:
+    """FastLanguageModel.get_peft_model arguments.
+
+    `use_gradient_checkpointing="unsloth"` (Unsloth's offloaded checkpointing) when the
+    `gradient_checkpointing` lever is on, False when off: the lever means the same in every
+    backend, so the sweep can trade it like the others.
+    """
+    return dict(
+        r=cfg.lora_rank,
+        target_modules=list(cfg.lora_target_modules),
+        lora_alpha=trl_backend.lora_alpha(cfg),
+        lora_dropout=0.0,
+        bias="none",
+        use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing else False,
+        random_state=cfg.seed,
+    )
+
+
+def grpo_unsloth_args(cfg: Any, *, on_cuda: bool, output_dir: str) -> dict:
+    """`trl.grpo_args` for a vLLM sampler; Unsloth's trainer turns on use_vllm/colocate itself,
+    we set them too so the config says what runs. gradient_checkpointing is Unsloth's (above)."""
+    args = trl_backend.grpo_args(cfg, on_cuda=on_cuda, output_dir=output_dir, sampler="vllm")
+    args.update(use_vllm=True, vllm_mode="colocate", gradient_checkpointing=False)
+    return args
+
+
+def build_trainer(cfg: Any, ctx: Any):
+    import unsloth  # noqa: F401  (already imported first by prepare_imports; kept for direct callers)
+    from unsloth import FastLanguageModel
+
+    from ..models import model_path, torch_dtype
+
+    util = device_utilization(cfg)
+    name = model_path(cfg, ctx.tokenizer, on_cuda=ctx.on_cuda)
+    print(
+        f"[trial] Unsloth + vLLM: gpu_memory_utilization {cfg.gpu_memory_utilization} on {cfg.gpu.name} "
+        f"-> {util:.4f} of this card; standby={bool(cfg.backend.unsloth_standby)}",
+        flush=True,
+    )
+    model, _unsloth_tokenizer = FastLanguageModel.from_pretrained(
+        **from_pretrained_kwargs(cfg, name, device_util=util, dtype=torch_dtype(cfg, ctx.on_cuda))
+    )
+    model = FastLanguageModel.get_peft_model(model, **peft_kwargs(cfg))
+    from trl import GRPOConfig  # Unsloth's patched config (imported after unsloth)
+
+    args = GRPOConfig(**grpo_unsloth_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer")))
+    trainer = trl_backend.make_trainer(ctx, model, args)
+    remember_budget(trainer, cfg, util)
+    trainer.grpo_sweep_vllm["sleep_mode"] = bool(cfg.backend.unsloth_standby)
+    trainer.grpo_sweep_gradient_checkpointing = bool(cfg.gradient_checkpointing)
+    return trainer
+
+
+def find_engine(model) -> Any:
+    """Unsloth hangs its vLLM engine on the base model as `vllm_engine`; PEFT wraps it."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        engine = getattr(model, "vllm_engine", None)
+        if engine is not None:
+            return engine
+        model = getattr(model, "base_model", None) or getattr(model, "model", None)
+    return None
+
+
+def effective(trainer) -> dict:
+    out = trl_backend.effective(trainer)
+    out.update(vllm_readback(trainer, find_engine(trainer.model)))
+    # Unsloth checkpoints inside the model (get_peft_model), not through TrainingArguments.
+    out["gradient_checkpointing"] = getattr(trainer, "grpo_sweep_gradient_checkpointing", out["gradient_checkpointing"])
+    return out

@@ -1,0 +1,65 @@
+"""vLLM's `gpu_memory_utilization` on an emulated card.
+
+vLLM reserves `gpu_memory_utilization x total_memory` of the *physical* card up front. When a
+sweep emulates a smaller target card (`gpu=l4_24g` on an H100), the same lever value would hand
+vLLM far more bytes than the target card has, so the value passed to vLLM is rescaled to reserve
+the bytes the target card would reserve: util x target_bytes / actual_bytes. The lever recorded in
+metrics.json stays in target-card terms (see `target_equivalent`).
+
+Pure functions on purpose (no torch import): tested on CPU; the CUDA total is passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...units import budget_bytes
+
+
+def rescale_utilization(util: float, target_bytes: float | None, actual_bytes: float | None) -> float:
+    """The fraction of the physical card that reserves what `util` reserves on the target card.
+
+    No rescale without a target, or when the target is not smaller than the card (a budget can
+    only shrink what vLLM gets: emulating a bigger card than the one present is not possible).
+    """
+    if not target_bytes or not actual_bytes or target_bytes >= actual_bytes:
+        return float(util)
+    return float(util) * float(target_bytes) / float(actual_bytes)
+
+
+def target_equivalent(device_util: float, target_bytes: float | None, actual_bytes: float | None) -> float:
+    """Inverse of `rescale_utilization`: the lever value a device-level fraction stands for."""
+    if not target_bytes or not actual_bytes or target_bytes >= actual_bytes:
+        return float(device_util)
+    return float(device_util) * float(actual_bytes) / float(target_bytes)
+
+
+def cuda_total_bytes() -> int | None:
+    """Total memory of CUDA device 0 as torch reports it (None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def device_utilization(cfg: Any, actual_bytes: float | None = None) -> float:
+    """The `gpu_memory_utilization` to hand vLLM on this machine for `cfg`'s target card."""
+    actual = cuda_total_bytes() if actual_bytes is None else actual_bytes
+    return rescale_utilization(cfg.gpu_memory_utilization, budget_bytes(cfg), actual)
+
+
+def engine_utilization(llm: Any) -> float | None:
+    """The fraction a built vLLM engine really reserved (read back from its cache config)."""
+    for path in (
+        ("llm_engine", "vllm_config", "cache_config", "gpu_memory_utilization"),
+        ("llm_engine", "cache_config", "gpu_memory_utilization"),
+    ):
+        obj = llm
+        for name in path:
+            obj = getattr(obj, name, None)
+            if obj is None:
+                break
+        if isinstance(obj, (int, float)):
+            return float(obj)
+    return None

@@ -1,0 +1,73 @@
+"""What every task shares: answer extraction, the two rewards, and worst-case prompt padding."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ANSWER_RE = re.compile(r"<answer>\s*(-?[\d,\.]+)\s*</answer>")
+INSTRUCTION = "Think, then give the final number as <answer>N</answer>.\n"
+FILLER = " ."  # one token in byte-level BPE vocabularies; pads prompts to their worst-case length
+
+
+def extract_answer(text: str) -> str | None:
+    match = ANSWER_RE.search(text)
+    return match.group(1).replace(",", "") if match else None
+
+
+def correctness_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """1.0 when the number inside <answer>...</answer> equals the reference answer."""
+    return [1.0 if extract_answer(c) == str(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def format_reward(completions: list[str], **_: Any) -> list[float]:
+    """0.2 for a well-formed <answer>N</answer>, regardless of correctness (shapes early training)."""
+    return [0.2 if ANSWER_RE.search(c) else 0.0 for c in completions]
+
+
+class Task:
+    """Base task: subclasses provide `examples()` as (question, answer) pairs."""
+
+    reward_funcs = (correctness_reward, format_reward)
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    def examples(self) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def corpus(self) -> list[str]:
+        """Text for training a local tokenizer: prompts and well-formed answers."""
+        return [INSTRUCTION + q + f" <answer>{a}</answer>" + FILLER * 8 for q, a in self.examples()]
+
+    def dataset(self, tokenizer):
+        """Prompts for GRPOTrainer, padded to exactly max_prompt_length tokens when worst-case is on.
+
+        Long prompts are cut from the left (keeping the question's end); TRL 1.16 no longer truncates.
+        """
+        from datasets import Dataset
+
+        max_len = self.cfg.max_prompt_length
+        pad = self.cfg.trial.worst_case_lengths
+        rows = {"prompt": [], "answer": []}
+        for question, answer in self.examples():
+            rows["prompt"].append(fit_prompt(INSTRUCTION + question, tokenizer, max_len, pad))
+            rows["answer"].append(answer)
+        return Dataset.from_dict(rows)
+
+
+def fit_prompt(text: str, tokenizer, max_len: int, pad: bool) -> str:
+    """Cut `text` to at most `max_len` tokens; with `pad`, prepend filler up to exactly `max_len`."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_len:
+        return tokenizer.decode(ids[-max_len:])
+    if not pad:
+        return text
+    padded = FILLER * (max_len - len(ids)) + text
+    # Filler merges differently in some vocabularies: trim or extend until the count is exact.
+    for _ in range(8):
+        n = len(tokenizer(padded, add_special_tokens=False)["input_ids"])
+        if n == max_len:
+            break
+        padded = padded[len(FILLER) :] if n > max_len else FILLER + padded
+    return padded

@@ -1,0 +1,174 @@
+"""The child-process side of a trial: build the trainer, run N real GRPO steps, write metrics.json.
+
+Runs in its own process (see trial.py) so that an OOM, a crash or a hang cannot take the sweep
+with it, and so that all GPU memory is returned to the driver when it exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+
+class _Tee:
+    """Echo the child's output to the console and to the run directory's trial.log."""
+
+    def __init__(self, stream, path: Path):
+        self.stream, self.file = stream, open(path, "a", buffering=1)
+
+    def write(self, text):
+        self.stream.write(text)
+        self.file.write(text)
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.file.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, the CPU allocator's failure, and vLLM's start-up memory errors."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    needles = (
+        "out of memory",
+        "can't allocate memory",
+        "No available memory for the cache blocks",
+        "larger than the available KV cache memory",
+        "less than desired GPU memory utilization",
+    )
+    return isinstance(exc, (RuntimeError, ValueError, MemoryError)) and any(n in text for n in needles)
+
+
+def inject_fault(kind: str | None) -> None:
+    """Debug faults for containment tests (trial.debug_fault); never set in real runs."""
+    if kind == "raise":
+        raise RuntimeError("debug_fault=raise: injected failure")
+    if kind == "signal":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    if kind == "oom":
+        import torch
+
+        # A real allocator failure: far more bytes than any machine has.
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def main(container: dict, run_dir: str) -> None:
+    """Entry point in the child. Always leaves metrics.json unless killed from outside."""
+    os.setpgrp()  # our own process group: the parent can kill us and anything we started
+    run_path = Path(run_dir)
+    sys.stdout = _Tee(sys.stdout, run_path / "trial.log")
+    sys.stderr = _Tee(sys.stderr, run_path / "trial.log")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from omegaconf import OmegaConf
+
+    from ..levers import requested_levers
+    from ..metrics import empty_metrics, versions, write_metrics
+
+    cfg = OmegaConf.create(container)
+    record = empty_metrics("failed", None, requested_levers(cfg))
+    wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
+    meter = None
+    memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
+    oom, error_text = False, ""
+    try:
+        import torch
+
+        from ..config import backends
+        from ..config.local import installed
+        from .backends import get_backend, prepare_imports
+
+        on_cuda = torch.cuda.is_available()
+        backend_name = backends.resolve(cfg.backend.name, cuda=on_cuda, installed=installed)
+        prepare_imports(backend_name, cfg)  # Unsloth first, before anything imports transformers/TRL
+        from ..config.schema import generation_batch_size
+        from .measure.memory_meter import MemoryMeter
+        from .measure.speed_meter import StepMeter
+        from .tasks import get_task
+
+        record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
+        print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
+        try:  # the estimator's prediction beside the measured peak; never fails the trial
+            from ..memory.estimator import estimate
+
+            predicted = estimate(cfg, device=record["device"], backend=backend_name)
+            record["predicted_peak_bytes"] = predicted.total_bytes
+            record["predicted_peak_breakdown"] = predicted.components
+        except Exception as exc:  # noqa: BLE001
+            record["predicted_peak_bytes"] = None
+            print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
+        backend = get_backend(backend_name)
+        memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
+        task = get_task(cfg)
+        from .models import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg, task.corpus())
+        from .wandb_logger import open_logger  # imports wandb only when logger=wandb
+
+        wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
+        dataset = task.dataset(tokenizer)
+        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=memory.probe, tracking=memory.tracking)
+        ctx = SimpleNamespace(
+            tokenizer=tokenizer,
+            dataset=dataset,
+            reward_funcs=task.reward_funcs,
+            callbacks=[meter, memory.callback()],
+            run_dir=run_path,
+            on_cuda=on_cuda,
+        )
+        trainer = backend.build_trainer(cfg, ctx)
+        meter.on_step = wb.log_step  # each step's row to W&B too
+        prompt_tokens = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in dataset["prompt"])
+        effective = backend.effective(trainer)
+        effective["max_prompt_tokens"] = prompt_tokens
+        effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
+        record["effective"] = effective
+        record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
+        from .backends.readback import format_mismatch, lever_mismatch
+
+        record["lever_mismatch"] = lever_mismatch(record["levers"], effective, worst_case_lengths=cfg.trial.worst_case_lengths)
+        if record["lever_mismatch"]:
+            print(
+                f"[trial] WARNING levers changed by {backend_name}: {format_mismatch(record['lever_mismatch'])}"
+                " (metrics.json lever_mismatch; throughput is for the effective values)",
+                flush=True,
+            )
+        record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        inject_fault(cfg.trial.debug_fault)
+        memory.attach(trainer)
+        with memory.running():
+            trainer.train()
+        record["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
+        oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
+        record["status"] = "oom" if oom else "failed"
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        if not oom:
+            traceback.print_exc()
+    finally:
+        if meter is not None:
+            record.update(meter.summary())
+            record["history"] = meter.rows
+            record["first_step_begin_unix"] = meter.first_step_begin_unix
+        if memory is not None:
+            record.update(memory.result(error_text if oom else None))
+        write_metrics(run_path, record)
+        if wb is not None:
+            wb.finish(record)  # after metrics.json: a slow or failing upload never costs the result
+        sys.stdout.flush()
+        sys.stderr.flush()

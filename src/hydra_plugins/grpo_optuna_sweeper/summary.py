@@ -1,0 +1,230 @@
+"""The sweep's summary: trials.csv, best.yaml, a table of the top trials, the line to run the winner.
+
+Written by every worker when it finishes (atomically, from the shared study), so the sweep directory
+always describes the whole study, not just one worker's share. The storage URL is shown masked.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from grpo_sweep.credentials import mask_url as mask
+from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
+from grpo_sweep.study import best as best_rule
+from grpo_sweep.study.storage import is_journal, journal_path
+from grpo_sweep.units import GIB
+
+FIRST_COLUMNS = [
+    "number",
+    "state",
+    "status",
+    "feasible",
+    "objective",
+    "peak_memory_bytes",
+    "predicted_peak_bytes",
+    "budget_bytes",
+    "deficit_bytes",
+]
+LAST_COLUMNS = ["preset", "worker", "run_dir", "wandb_run_id", "error"]
+
+
+def _feasible(trial: Any) -> bool:
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def _is_ok(trial: Any) -> bool:
+    from optuna.trial import TrialState
+
+    return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and _feasible(trial)
+
+
+def best_trial(study: Any) -> Any | None:
+    """The feasible trial with the best value in the study's direction (grpo_sweep.study.best)."""
+    ok = [t for t in study.get_trials(deepcopy=False) if _is_ok(t)]
+    return best_rule.best(ok, value=lambda t: t.value, direction=study.direction)
+
+
+def _lever_names(trials: list) -> list[str]:
+    names = list(LEVER_NAMES + EXTRA_LEVER_NAMES)
+    for t in trials:  # search-space keys that are not levers (config groups such as `lora`)
+        names += [k for k in t.params if k not in names]
+    return names
+
+
+def rows(study: Any) -> tuple[list[str], list[dict]]:
+    trials = study.get_trials(deepcopy=False)
+    levers = _lever_names(trials)
+    out = []
+    for t in trials:
+        attrs = t.user_attrs
+        row = {
+            "number": t.number,
+            "state": t.state.name,
+            "status": attrs.get("status"),
+            "feasible": _feasible(t) if t.state.name in ("COMPLETE", "PRUNED") else "",
+            "objective": t.value if _is_ok(t) else "",
+        }
+        for key in FIRST_COLUMNS[5:]:
+            row[key] = attrs.get(key, "")
+        lever_values = attrs.get("levers") or {}
+        for name in levers:
+            value = t.params.get(name, lever_values.get(name, ""))
+            row[name] = " ".join(value) if isinstance(value, list) else value
+        for key in LAST_COLUMNS:
+            row[key] = str(attrs.get(key, "")).splitlines()[0][:300] if attrs.get(key) else ""
+        out.append(row)
+    return FIRST_COLUMNS + levers + LAST_COLUMNS, out
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def command_line(trial: Any) -> str:
+    return "python train.py " + " ".join(shlex.quote(o) for o in trial.user_attrs.get("overrides", []))
+
+
+def dashboard_command(storage_url: str) -> str:
+    target = str(journal_path(storage_url)) if is_journal(storage_url) else mask(storage_url)
+    return f"optuna-dashboard {shlex.quote(target)}"
+
+
+def vs_presets(study: Any, best: Any) -> dict:
+    """best / preset objective for each seed preset that ran in this study (or why it has no ratio)."""
+    out = {}
+    for t in study.get_trials(deepcopy=False):
+        preset = t.user_attrs.get("preset")
+        if not preset or t.state.name in ("WAITING", "RUNNING"):
+            continue
+        if _is_ok(t) and best is not None and t.value:
+            out[preset] = {"trial": t.number, "objective": t.value, "ratio": best.value / t.value}
+        else:
+            out.setdefault(preset, {"trial": t.number, "status": t.user_attrs.get("status"), "ratio": None})
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def table(study: Any, objective: str, top_k: int) -> str:
+    ok = best_rule.ranked(
+        [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
+    )
+    keys = sorted({k for t in ok[:top_k] for k in t.params})
+    header = ["rank", "trial", objective, "peak GiB", "pred GiB", *keys]
+    lines = [header]
+    for rank, t in enumerate(ok[:top_k], 1):
+        peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
+        lines.append(
+            [
+                str(rank),
+                str(t.number),
+                _fmt(t.value),
+                f"{peak / GIB:.2f}" if peak else "-",
+                f"{pred / GIB:.2f}" if pred else "-",
+                *[_fmt(t.params.get(k, "")) for k in keys],
+            ]
+        )
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
+
+
+def write_summary(
+    study: Any,
+    sweep_dir: Path,
+    *,
+    storage_url: str,
+    objective: str,
+    fixed: list[str],
+    top_k: int,
+    headroom: float | None,
+    quiet: bool = False,
+) -> dict:
+    import yaml
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    columns, data = rows(study)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(data)
+    _atomic_write(sweep_dir / "trials.csv", buf.getvalue())
+
+    best = best_trial(study)
+    states: dict[str, int] = {}
+    for row in data:
+        label = "infeasible" if row["feasible"] is False and row["state"] == "COMPLETE" else row["state"]
+        states[label] = states.get(label, 0) + 1
+    summary = {
+        "study": study.study_name,
+        "storage": mask(storage_url),
+        "objective": objective,
+        "direction": study.direction.name.lower(),
+        "trials": states,
+        "dashboard": dashboard_command(storage_url),
+    }
+    if best is not None:
+        attrs = best.user_attrs
+        summary.update(
+            {
+                "best_trial": best.number,
+                "best_value": best.value,
+                "params": dict(best.params),
+                "levers": attrs.get("levers"),
+                "peak_memory_bytes": attrs.get("peak_memory_bytes"),
+                "predicted_peak_bytes": attrs.get("predicted_peak_bytes"),
+                "budget_bytes": attrs.get("budget_bytes"),
+                "headroom": headroom,
+                "run_dir": attrs.get("run_dir"),
+                "overrides": attrs.get("overrides"),
+                "command": command_line(best),
+                "vs_presets": vs_presets(study, best),
+            }
+        )
+        _atomic_write(sweep_dir / "best.yaml", yaml.safe_dump(summary, sort_keys=False))
+    if quiet:
+        return summary
+    print(f"\n=== Study {study.study_name}: {states} ===")
+    if best is None:
+        print("No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status).")
+    else:
+        print(table(study, objective, top_k))
+        print(f"\nBest: trial {best.number}, {objective}={best.value:.4g}")
+        for preset, info in summary["vs_presets"].items():
+            if info.get("ratio"):
+                print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
+            else:
+                print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
+        print(f"Run it:\n  {summary['command']}")
+        print(f"Wrote {sweep_dir / 'best.yaml'} and {sweep_dir / 'trials.csv'}")
+    report = write_html_report(study, sweep_dir)
+    if report is not None:
+        print(f"Report: {report}")
+        summary["report"] = str(report)
+    print(f"Dashboard: {summary['dashboard']}")
+    return summary
+
+
+def write_html_report(study: Any, sweep_dir: Path) -> Path | None:
+    """report.html with its figures in the sweep directory, covering every trial of the study.
+    A report that cannot be drawn never costs the sweep its summary: it says why instead."""
+    try:
+        from grpo_sweep.report.build import build_for_study, counts
+
+        path, trials = build_for_study(study, sweep_dir)
+        print(f"Report of {counts(trials)}")
+        return path
+    except Exception as err:  # noqa: BLE001 - the study and best.yaml are already written
+        print(f"Report not written ({type(err).__name__}: {err}); run: grpo-sweep report {sweep_dir}")
+        return None

@@ -1,0 +1,114 @@
+"""Workers sharing one study: what they need beyond Optuna's defaults (the storage itself is opened
+by grpo_sweep.study.storage, the one opener the report uses too).
+
+- dead-worker recovery: a worker killed mid-trial leaves its trial RUNNING forever. RDB storages
+  have Optuna's heartbeat (`heartbeat_interval`, `grace_period`, a retry callback); JournalStorage
+  has none in Optuna 5, so `JournalHeartbeat` does the same with a timestamp in the trial's system
+  attributes, and `fail_stale_trials()` fails and re-enqueues silent trials for both kinds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+HEARTBEAT_ATTR = "grpo_sweep:heartbeat"
+
+
+OUTCOME_ATTRS = ("status", "error", "run_dir", "worker")
+
+
+def retry(study: Any, frozen: Any, max_retry: int) -> None:
+    """Re-enqueue a failed trial's parameters, as Optuna's RetryFailedTrialCallback does (same
+    `failed_trial` / `retry_history` system attributes), minus what belonged to the failed attempt:
+    its outcome attributes and its heartbeat (a fresh trial must not look stale before it beats)."""
+    import optuna
+
+    system_attrs = {"failed_trial": frozen.number, "retry_history": [], **frozen.system_attrs}
+    system_attrs["retry_history"] = [*system_attrs["retry_history"], frozen.number]
+    system_attrs.pop(HEARTBEAT_ATTR, None)
+    if max_retry is not None and max_retry < len(system_attrs["retry_history"]):
+        return
+    user_attrs = {k: v for k, v in frozen.user_attrs.items() if k not in OUTCOME_ATTRS}
+    study.add_trial(
+        optuna.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params=frozen.params,
+            distributions=frozen.distributions,
+            user_attrs=user_attrs,
+            system_attrs=system_attrs,
+        )
+    )
+
+
+def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int]:
+    """Fail (and re-enqueue) RUNNING trials whose worker stopped beating. Returns their numbers."""
+    import warnings
+
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    if not _is_journal_storage(storage):  # RDB: Optuna's own heartbeat machinery
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+            optuna.storages.fail_stale_trials(study)
+            after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+        return sorted(after - before)
+    now = time.time()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, trial.datetime_start.timestamp())
+        if now - beat <= grace_period:
+            continue
+        try:
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial.number)
+                retry(study, storage.get_trial(trial._trial_id), max_retry)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker got there first
+    return failed
+
+
+class Heartbeat:
+    """While trials run, stamp them every `interval` s so other workers know this one is alive.
+
+    RDB storages: Optuna's `record_heartbeat` (study.optimize would start it; we ask/tell ourselves).
+    Journal storages: a timestamp in the trial's system attributes, read by `fail_stale_trials`.
+    """
+
+    def __init__(self, study: Any, trial_ids: list[int], interval: int):
+        storage = study._storage
+        if _is_journal_storage(storage):
+            self._beat_one = lambda tid: storage.set_trial_system_attr(tid, HEARTBEAT_ATTR, time.time())
+        else:
+            self._beat_one = storage.record_heartbeat
+        self.trial_ids, self.interval = list(trial_ids), interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="grpo-sweep-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            for trial_id in self.trial_ids:
+                try:
+                    self._beat_one(trial_id)
+                except Exception:  # noqa: BLE001, S110 - finished meanwhile; a heartbeat never kills the sweep
+                    pass
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _is_journal_storage(storage: Any) -> bool:
+    from optuna.storages.journal import JournalStorage
+
+    return isinstance(storage, JournalStorage)
