@@ -98,6 +98,10 @@ class TrialConfig:
     timeout_s: float = 600.0
     worst_case_lengths: bool = True  # prompts at max_prompt_length, completions at the full budget
     start_method: str = "auto"  # forkserver on CPU, spawn with CUDA (backends.start_method)
+    # CPU trials: torch intra-op threads. 1 by default: the tiny model's ops are too small to gain from
+    # threads, and on a shared or loaded machine OpenMP threads contend (measured on 2 cores under
+    # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
+    cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
@@ -176,6 +180,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         _positive(cfg, key)
     if cfg.lora_alpha is not None:
         _positive(cfg, "lora_alpha")
+    if cfg.trial.get("cpu_threads") is not None:
+        _positive(cfg, "trial.cpu_threads")
     _positive(cfg, "logger.init_timeout_s")
     if not 0.0 < cfg.gpu_memory_utilization < 1.0:
         raise ConfigError(f"gpu_memory_utilization={cfg.gpu_memory_utilization}: must be strictly between 0 and 1")

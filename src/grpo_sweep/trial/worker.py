@@ -94,6 +94,8 @@ def main(container: dict, run_dir: str) -> None:
         from .backends import get_backend, prepare_imports
 
         on_cuda = torch.cuda.is_available()
+        if not on_cuda and cfg.trial.get("cpu_threads"):
+            torch.set_num_threads(int(cfg.trial.cpu_threads))  # trial.cpu_threads (schema.TrialConfig)
         backend_name = backends.resolve(cfg.backend.name, cuda=on_cuda, installed=installed)
         prepare_imports(backend_name, cfg)  # Unsloth first, before anything imports transformers/TRL
         from ..config.schema import generation_batch_size
