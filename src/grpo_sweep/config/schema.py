@@ -304,9 +304,10 @@ def check_known_keys(cfg: Any) -> None:
                 close = difflib.get_close_matches(dotted, list(SCHEMA_KEYS), n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]}?" if close else "no known key is close."
                 level = prefix.rstrip(".") or "the top level"
+                siblings = [k[len(prefix) :] for k in SCHEMA_KEYS if k.startswith(prefix)]
                 raise ConfigError(
                     f"{dotted}={shown}: not a key of the configuration ({hint} Keys at {level}: "
-                    f"{', '.join(k[len(prefix) :] for k in SCHEMA_KEYS if k.startswith(prefix) and '.' not in k[len(prefix) :])}). "
+                    f"{', '.join(k for k in siblings if '.' not in k)}). "
                     "A key added with `+` must exist in the schema (config/schema.py); a config group "
                     "must exist under conf/ before `+group=option` selects it."
                 )
