@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import ROOT, compose
 
 from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
@@ -316,40 +317,49 @@ def test_doctor_bad_input_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_doctor_verify_runs_a_real_trial(tmp_path):
-    # A tiny CPU config with a budget the estimator says it exceeds; --verify runs the fix for real.
-    message = tmp_path / "oom.txt"
-    message.write_text(
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a "
-        "total capacity of 0.06 GiB of which 1.00 MiB is free."
-    )
-    args = [
-        sys.executable,
-        "-m",
-        "grpo_sweep.cli",
-        "doctor",
-        "--message",
-        str(message),
-        "gpu=cpu_sim",
-        "gpu.memory_gib=0.06",
-        "trial.steps=2",
-        "task.num_prompts=16",
-        "per_device_train_batch_size=8",
-        "num_generations=4",
-        "--verify",
-        "--json",
-    ]
+def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path):
+    """The doctor's advice judged by a real run, not by its own estimate: a tiny trial really runs out
+    of memory on a 30.72 MiB simulated card; the doctor reads that trial's metrics.json (and the
+    config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish."""
+    import os
+
+    from conftest import FAST, run_train
+
+    budget = int(0.03 * 2**30)
+    first = run_train([*FAST, "gpu=cpu_sim", "gpu.memory_gib=0.03", f"hydra.run.dir={tmp_path}/oom"], timeout=600)
+    record = json.loads((tmp_path / "oom" / "metrics.json").read_text())
+    assert record["status"] == "oom", first.stdout[-2000:] + first.stderr[-2000:]
+    assert record["requested_bytes"] > record["free_bytes"]
     result = subprocess.run(
-        args,
+        [
+            sys.executable,
+            "-m",
+            "grpo_sweep.cli",
+            "doctor",
+            "--message",
+            str(tmp_path / "oom" / "metrics.json"),
+            "--verify",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=600,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")},
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
+    assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
-    assert data["overrides"], data
-    assert data["verify"]["status"] == "ok", data["verify"]
+    assert data["overrides"] and not data["fits_as_is"], data
+    verified = data["verify"]
+    assert verified["status"] == "ok", verified
+    assert verified["peak_memory_bytes"] <= budget  # measured under the same simulated card
+    # The verify trial really ran the overrides (its own config.yaml), with the same generation batch.
+    ran = yaml.safe_load((tmp_path / verified["run_dir"] / "config.yaml").read_text())
+    for item in data["overrides"]:
+        key, value = item.split("=", 1)
+        assert str(ran[key]).lower() == value.lower(), (key, ran[key], value)
+    assert ran["per_device_train_batch_size"] * ran["gradient_accumulation_steps"] == 4
+    assert ran["gpu"]["memory_gib"] == 0.03
 
 
 # --- vLLM's start-up and KV-cache errors as vLLM 0.10-0.33 print them --------------------------------
