@@ -59,7 +59,7 @@ def test_seed_message():
     p = parse_oom_message(SEED_MESSAGE)
     assert p["requested_bytes"] == int(6.01 * GiB)
     assert p["total_bytes"] == int(22.06 * GiB) and p["free_bytes"] == int(2.72 * GiB)
-    assert p["deficit_bytes"] == int(6.01 * GiB) - int(2.72 * GiB)
+    assert p["deficit_bytes"] == pytest.approx(3.29 * GiB, abs=1)  # 6.01 - 2.72 GiB, by hand
 
 
 def test_torch2_full_message_with_rank_prefixes():
@@ -69,7 +69,7 @@ def test_torch2_full_message_with_rank_prefixes():
     assert p["process_in_use_bytes"] == int(14.74 * GiB)
     assert p["allocated_by_pytorch_bytes"] == int(14.50 * GiB)
     assert p["reserved_unallocated_bytes"] == 100 * MiB
-    assert p["deficit_bytes"] == 20 * MiB - int(3.06 * MiB)
+    assert p["deficit_bytes"] == pytest.approx(16.94 * MiB, abs=1)  # 20 - 3.06 MiB, by hand
 
 
 def test_torch2_wrapped_with_log_prefix_and_kib():
@@ -87,8 +87,8 @@ def test_torch1_message():
     assert p["total_bytes"] == int(15.78 * GiB)
     assert p["free_bytes"] == int(10.44 * MiB)
     assert p["allocated_by_pytorch_bytes"] == int(14.20 * GiB)
-    assert p["reserved_unallocated_bytes"] == int(14.50 * GiB) - int(14.20 * GiB)
-    assert p["deficit_bytes"] == 2 * GiB - int(10.44 * MiB)
+    assert p["reserved_unallocated_bytes"] == pytest.approx(0.30 * GiB, abs=1)  # 14.50 - 14.20 GiB, by hand
+    assert p["deficit_bytes"] == pytest.approx((2048 - 10.44) * MiB, abs=1)  # 2 GiB - 10.44 MiB, by hand
 
 
 def test_vllm_kv_cache_message_split_over_prefixed_lines():
@@ -96,7 +96,7 @@ def test_vllm_kv_cache_message_split_over_prefixed_lines():
     assert p["max_seq_len"] == 40960
     assert p["kv_cache_needed_bytes"] == int(5.62 * GiB)
     assert p["kv_cache_available_bytes"] == int(4.50 * GiB)
-    assert p["deficit_bytes"] == int(5.62 * GiB) - int(4.50 * GiB)
+    assert p["deficit_bytes"] == pytest.approx(1.12 * GiB, abs=1)  # 5.62 - 4.50 GiB, by hand
 
 
 def test_vllm_startup_message():
@@ -104,7 +104,7 @@ def test_vllm_startup_message():
     assert p["free_bytes"] == int(6.92 * GiB) and p["total_bytes"] == int(22.06 * GiB)
     assert p["gpu_memory_utilization"] == 0.6
     assert p["desired_bytes"] == int(13.24 * GiB)
-    assert p["deficit_bytes"] == int(13.24 * GiB) - int(6.92 * GiB)
+    assert p["deficit_bytes"] == pytest.approx(6.32 * GiB, abs=1)  # 13.24 - 6.92 GiB, by hand
 
 
 def test_vllm_no_cache_blocks_and_old_token_wording():
@@ -382,7 +382,7 @@ VLLM_REAL = [
             "kv_cache_needed_bytes": 16 * GiB,
             "kv_cache_available_bytes": int(0.71 * GiB),
             "estimated_max_model_len": 5632,
-            "deficit_bytes": 16 * GiB - int(0.71 * GiB),
+            "deficit_bytes": pytest.approx(15.29 * GiB, abs=2),  # 16.00 - 0.71
             "kv_cache_too_small": True,
         },
         id="kv_cache_utils-tpu-inference#223",
@@ -396,7 +396,7 @@ VLLM_REAL = [
             "max_seq_len": 131072,
             "kv_cache_needed_bytes": int(4.54 * GiB),
             "kv_cache_available_bytes": int(1.71 * GiB),
-            "deficit_bytes": int(4.54 * GiB) - int(1.71 * GiB),
+            "deficit_bytes": pytest.approx(2.83 * GiB, abs=2),  # 4.54 - 1.71
         },
         id="vllm#27508-engine-core-tag",
     ),
@@ -466,7 +466,7 @@ VLLM_REAL = [
             "total_bytes": 4 * GiB,
             "gpu_memory_utilization": 0.9,
             "desired_bytes": int(3.6 * GiB),
-            "deficit_bytes": int(3.6 * GiB) - int(3.22 * GiB),
+            "deficit_bytes": pytest.approx(0.38 * GiB, abs=2),  # 3.6 - 3.22
         },
         id="vllm#25837-gpu_worker",
     ),
@@ -529,7 +529,7 @@ VLLM_REAL = [
             "total_bytes": int(14.34 * GiB),
             "gpu_memory_utilization": 0.9,
             "desired_bytes": int(12.91 * GiB),
-            "deficit_bytes": int(12.91 * GiB) - int(10.5 * GiB),
+            "deficit_bytes": pytest.approx(2.41 * GiB, abs=2),  # 12.91 - 10.50
         },
         id="cpu_worker-startup",
     ),
@@ -558,7 +558,7 @@ VLLM_REAL = [
             "form": "vllm_cpu_kv",
             "free_bytes": int(11.89 * GiB),
             "kv_cache_requested_bytes": int(93.13 * GiB),
-            "deficit_bytes": int(93.13 * GiB) - int(11.89 * GiB),
+            "deficit_bytes": pytest.approx(81.24 * GiB, abs=2),  # 93.13 - 11.89
         },
         id="FINDINGS-cpu-explicit-kv-too-large",
     ),
