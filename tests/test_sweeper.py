@@ -315,36 +315,31 @@ def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
     assert [t.user_attrs["status"] for t in first] == ["ok", "ok"]
 
 
-def _live_trial_dirs(sweep_dir) -> set[Path]:
-    """Run directories whose trial.log a live process holds open (a trial under way)."""
+def _open_trial_logs(sweep_dir) -> dict[int, set[Path]]:
+    """pid -> the run directories under sweep_dir whose trial.log that process holds open."""
     import os
 
-    dirs = set()
+    out = {}
     for proc_dir in Path("/proc").iterdir():
         if proc_dir.name.isdigit():
             try:
                 targets = [os.readlink(fd) for fd in (proc_dir / "fd").iterdir()]
             except OSError:
                 continue
-            dirs |= {Path(t).parent for t in targets if t.startswith(str(sweep_dir)) and t.endswith("trial.log")}
-    return dirs
+            dirs = {Path(t).parent for t in targets if t.startswith(str(sweep_dir)) and t.endswith("trial.log")}
+            if dirs:
+                out[int(proc_dir.name)] = dirs
+    return out
+
+
+def _live_trial_dirs(sweep_dir) -> set[Path]:
+    """Run directories whose trial.log a live process holds open (a trial under way)."""
+    return set().union(*_open_trial_logs(sweep_dir).values())
 
 
 def _trial_processes(sweep_dir) -> list[int]:
     """Processes that still hold a trial.log under sweep_dir open (a trial child outliving its sweep)."""
-    import os
-    from pathlib import Path
-
-    pids = []
-    for proc_dir in Path("/proc").iterdir():
-        if proc_dir.name.isdigit():
-            try:
-                targets = [os.readlink(fd) for fd in (proc_dir / "fd").iterdir()]
-            except OSError:
-                continue
-            if any(t.startswith(str(sweep_dir)) and t.endswith("trial.log") for t in targets):
-                pids.append(int(proc_dir.name))
-    return pids
+    return list(_open_trial_logs(sweep_dir))
 
 
 @pytest.mark.slow
