@@ -343,7 +343,10 @@ def _fmt(overrides: dict) -> list[str]:
 
 
 def gib_text(n) -> str:
-    return "?" if n is None else f"{n / GiB:.2f} GiB"
+    """GiB with two decimals; below 0.1 GiB in MiB (a simulated CPU card's sizes would read 0.00 GiB)."""
+    if n is None:
+        return "?"
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB else f"{n / 2**20:.2f} MiB"
 
 
 def format_report(r: dict, cfg: Any) -> str:
