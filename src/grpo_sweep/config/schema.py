@@ -358,7 +358,9 @@ def check_ranges(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value <= 0:
             raise ConfigError(f"{key}={value}: must be > 0, or null (the card's datasheet number)")
-    arch = cfg.model.arch
+    arch = cfg.model.get("arch")
+    if not isinstance(arch, DictConfig):
+        return  # no architecture block (a hub model read from its config.json)
     for name in (
         "hidden_size",
         "num_hidden_layers",
@@ -382,8 +384,8 @@ def check_ranges(cfg: Any) -> None:
 def check_lora_modules(cfg: Any) -> None:
     """Each LoRA target names a linear layer of the chosen architecture (for the model types we know)."""
     targets = [str(t) for t in cfg.lora_target_modules]
-    arch = cfg.model.arch
-    if "model_type" not in arch or OmegaConf.is_missing(arch, "model_type"):
+    arch = cfg.model.get("arch")
+    if not isinstance(arch, DictConfig) or "model_type" not in arch or OmegaConf.is_missing(arch, "model_type"):
         return  # a hub model before its config.json is read: the trial's PEFT checks
     model_type = arch.model_type
     known = LORA_MODULES.get(model_type)
