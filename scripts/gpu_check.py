@@ -180,46 +180,16 @@ def run(cmd: list[str], timeout: float, log: Log, title: str, env: dict | None =
     return {"rc": rc, "wall_s": round(wall, 1), "output": out or ""}
 
 
-KEEP = (
-    "status",
-    "backend",
-    "device",
-    "tokens_per_s",
-    "samples_per_s",
-    "step_time_s",
-    "steps",
-    "measured_steps",
-    "peak_memory_bytes",
-    "memory_source",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-    "nvml_peak_bytes",
-    "nvml_source",
-    "memory_cap",
-    "predicted_peak_bytes",
-    "predicted_peak_breakdown",
-    "peak_memory_breakdown",
-    "peak_phase",
-    "budget_bytes",
-    "simulated_device",
-    "oom_phase",
-    "requested_bytes",
-    "free_bytes",
-    "total_bytes",
-    "deficit_bytes",
-    "lever_mismatch",
-    "effective",
-    "levers",
-    "versions",
-    "wall_time_s",
-    "start_latency_s",
-    "exitcode",
-)
+# Every metrics.json key (grpo_sweep.metrics, the one definition) but the per-step history, the
+# W&B bookkeeping and the error (kept shortened).
+DROP = {"history", "error", "run_dir"}
 
 
 def metrics_summary(m: dict) -> dict:
     """The fields of a metrics.json that the check reports (absent ones stay absent)."""
-    out = {k: m[k] for k in KEEP if k in m}
+    from grpo_sweep.metrics import KEYS
+
+    out = {k: m[k] for k in sorted(KEYS - DROP) if k in m and not k.startswith("wandb_")}
     if m.get("error"):
         out["error"] = m["error"][:800]
     return out
@@ -351,18 +321,38 @@ def sweep(overrides: list[str], timeout: float, log: Log, cpu: bool) -> dict:
     }
 
 
+VERSIONS = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "hydra-core",
+    "optuna",
+    "bitsandbytes",
+    "unsloth",
+    "unsloth_zoo",
+    "vllm",
+    "xformers",
+    "cut_cross_entropy",
+    "triton",
+    "nvidia-ml-py",
+)
 PROBE = """
-import json, platform, importlib.metadata as md
+import json, platform, sys, importlib.metadata as md
 out = {'python': platform.python_version()}
-for d in ('torch', 'transformers', 'trl', 'peft', 'accelerate', 'datasets', 'hydra-core', 'optuna', 'bitsandbytes',
-          'unsloth', 'unsloth_zoo', 'vllm', 'xformers', 'cut_cross_entropy', 'triton', 'nvidia-ml-py'):
+for d in sys.argv[1].split(','):
     try: out[d] = md.version(d)
     except Exception: out[d] = None
-import torch
-c = torch.cuda.is_available()
-p = torch.cuda.get_device_properties(0) if c else None
-out.update(cuda=c, gpu=p.name if c else None, total_memory_bytes=int(p.total_memory) if c else None,
-           cuda_version=torch.version.cuda)
+if sys.argv[2] == 'cuda':
+    import torch
+    c = torch.cuda.is_available()
+    p = torch.cuda.get_device_properties(0) if c else None
+    out.update(cuda=c, gpu=p.name if c else None, total_memory_bytes=int(p.total_memory) if c else None,
+               cuda_version=torch.version.cuda)
+else:
+    out['cuda'] = False  # the dry run never asks for a card (and skips importing torch for it)
 print(json.dumps(out))
 """
 
@@ -376,7 +366,11 @@ def environment(cpu: bool) -> dict:
         probes.append(("versions_unsloth_case", unsloth_env()))
     for key, extra in probes:
         proc = subprocess.run(
-            [sys.executable, "-c", PROBE], capture_output=True, text=True, check=False, env={**os.environ, **extra}
+            [sys.executable, "-c", PROBE, ",".join(VERSIONS), "cpu" if cpu else "cuda"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, **extra},
         )
         try:
             env[key] = json.loads(proc.stdout.strip().splitlines()[-1])
