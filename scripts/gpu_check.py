@@ -277,7 +277,8 @@ def doctor(oom: dict, timeout: float, log: Log) -> dict:
         return out
     data = json.loads(line)
     out["overrides"] = data.get("overrides")
-    out["estimate_after"] = data.get("estimate")
+    out["estimate_before"] = data.get("estimate")  # the OOM's config, as the doctor estimated it
+    out["estimate_after"] = data.get("after")  # with its overrides: total_bytes, speed_cost_pct
     verify = data.get("verify") or {}
     out["verify"] = {k: v for k, v in verify.items() if k != "error"}
     if verify.get("error"):
@@ -418,13 +419,14 @@ def table(results: dict) -> str:
     for name, r in results["cases"].items():
         if name == "sweep":
             for i, t in enumerate(r.get("trials", [])):
-                row(f"sweep/{i}", {**t, "wall_s": round(t.get("wall_time_s") or 0)})
+                # est: the trial's own prediction (metrics.json predicted_peak_bytes)
+                est = {"total_bytes": t.get("predicted_peak_bytes")}
+                row(f"sweep/{i}", {**t, "wall_s": round(t.get("wall_time_s") or 0), "estimate": est})
         elif name == "doctor":
             v = r.get("verify") or {}
-            row(
-                "doctor --verify",
-                {**v, "status": f"{v.get('status')} {' '.join(r.get('overrides') or [])}"[:22], "wall_s": r.get("wall_s")},
-            )
+            est = {"total_bytes": (r.get("estimate_after") or {}).get("total_bytes")}
+            row("doctor --verify", {**v, "status": f"verify {v.get('status')}", "wall_s": r.get("wall_s"), "estimate": est})
+            rows.append(f"{'':<17} the doctor's overrides: {' '.join(r.get('overrides') or []) or '-'}")
         else:
             row(name, r)
     for name, why in results["skipped"].items():
