@@ -15,6 +15,11 @@ if it had run the trial, over SEEDS seeds:
 Reported per strategy: trials run until a config within 5 % of the grid optimum is found (pruned
 points cost no trial; median and 90th percentile), OOM trials wasted before that, and whether the
 final pick is feasible.
+
+Then the same search in machine seconds, with early stop and confirmation, and how often the final
+pick is truly within 5 % under run-to-run noise, on two landscapes (bench/search_seconds.py,
+bench/landscapes.py): the tiny grid measured for real, and a model of the seed's Gemma 3 1B / L4
+space (suffix `_gemma_l4`).
 """
 
 from __future__ import annotations
@@ -144,6 +149,59 @@ def random_strategy(grid: dict, seed: int) -> list[dict]:
     return points
 
 
+SECONDS_SEEDS = 30  # seconds and pick rates: each seed replays 3 sweeps with Optuna (minutes on 2 shared cores)
+STOP_BELOW_SCAN = (None, 0.3, 0.5, 0.7)  # hydra.sweeper.stop_below candidates (None: off)
+SCAN_SEEDS = 20
+
+
+def seconds_and_picks() -> tuple[dict, list[dict], dict]:
+    """The `*_seconds` and `pick_within_5pct_rate*` keys for both landscapes, their table, and the scan
+    of stop_below on the tiny grid that justifies the default."""
+    import landscapes
+    import search_seconds
+
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+
+    default_stop = GrpoOptunaSweeperConf().stop_below
+    tiny = landscapes.tiny_cpu()
+    scan = {}
+    for stop in STOP_BELOW_SCAN:
+        scan[str(stop)] = search_seconds.scan(tiny, SCAN_SEEDS, stop)
+    keys: dict = {}
+    rows = []
+    noisy = landscapes.tiny_cpu(spread=search_seconds.spread_of(tiny["points"]))  # the grid's own 2-thread spread
+    gemma = landscapes.gemma3_1b_l4(spread=tiny["spread_today"])
+    for suffix, land in (("", tiny), ("_noisy_machine", noisy), ("_gemma_l4", gemma)):
+        r = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=suffix != "_noisy_machine")
+        keys.update({f"{k}{suffix}": v for k, v in r.items() if k != "stop_below"})
+        keys[f"run_spread{suffix}"] = land["spread"]
+        rows.append(
+            {
+                "landscape": land["name"] + (" (grid's 2-thread noise)" if suffix == "_noisy_machine" else ""),
+                "run spread": land["spread"],
+                "ours s": r["search_median_seconds"],
+                "ours s, no confirm": r["search_median_seconds_no_confirm"],
+                "random s": r.get("random_median_seconds", ""),
+                "tpe unconstrained s": r.get("tpe_unconstrained_median_seconds", ""),
+                "grid s": r.get("grid_seconds", ""),
+                "pick within 5%": r["pick_within_5pct_rate"],
+                "pick, no confirm": r["pick_within_5pct_rate_no_confirm"],
+            }
+        )
+    info = {
+        "stop_below": default_stop,
+        "stop_below_scan": scan,
+        "seconds_seeds": SECONDS_SEEDS,
+        "sweep_trials_for_pick": search_seconds.N_TRIALS,
+        "tiny_cost_model": tiny["cost_model"],
+        "tiny_how": tiny["how"],
+        "gemma_how": gemma["how"],
+        "gemma_points": len(gemma["points"]),
+        "gemma_points_within_5pct": sum(search_seconds.good(p, gemma) for p in gemma["points"]),
+    }
+    return keys, rows, info
+
+
 def main() -> dict:
     grid = load_grid()
     strategies = {
@@ -198,6 +256,9 @@ def main() -> dict:
         "infeasible_final_picks": summary["ours"]["infeasible_final_picks"],
         "strategies": summary,
     }
+    seconds, seconds_table, seconds_info = seconds_and_picks()
+    result.update(seconds)
+    result["seconds"] = seconds_info
     assert not math.isnan(result["search_median_trials"])
     spread = facts["grid_median_run_spread"]
     write_result(
@@ -208,6 +269,15 @@ def main() -> dict:
         f"{facts['grid_points_within_5pct']} points within 5 % of the optimum"
         + (f", median run-to-run spread of a point {spread:.0%})" if spread is not None else ")"),
     )
+    path = write_result(
+        "search_seconds",
+        {k: v for k, v in result.items() if "seconds" in k or "pick" in k or k == "seconds"},
+        seconds_table,
+        f"Search cost in machine seconds and pick rate over {SECONDS_SEEDS} seeds (stop_below="
+        f"{seconds_info['stop_below']}, confirm 3 x 2 in a {seconds_info['sweep_trials_for_pick']}-trial sweep; "
+        "gemma3_1b_l4 is a MODEL, not a measurement)",
+    )
+    print(f"wrote {path}")
     return result
 
 
