@@ -189,20 +189,14 @@ def build_gemma() -> dict:
                 cfg[name] = value
         est = estimate(cfg)
         speed = relative_step_time(cfg)
-        rows.append(
-            {
-                "levers": levers,
-                "predicted_peak_bytes": int(est.total_bytes),
-                "step_s": speed["step_s"],
-                "tokens_per_s": speed["tokens_per_s"],
-            }
-        )
+        rows.append([*values, int(est.total_bytes), round(speed["step_s"], 5), round(speed["tokens_per_s"], 3)])
     out = {
         "how": "python bench/landscapes.py: every point of sweeps/gemma3_1b_l4.yaml (a model: estimator + throughput model)",
         "measured_at": measured_at(),
         "budget_bytes": int(base[next(iter(base))].gpu.memory_gib * 2**30),
         "steps": int(base[next(iter(base))].trial.steps),
         "grid": space,
+        "columns": [*space, "predicted_peak_bytes", "step_s", "tokens_per_s"],
         "points": rows,
     }
     GEMMA.write_text(json.dumps(out) + "\n")
@@ -217,7 +211,9 @@ def gemma3_1b_l4(spread: float) -> dict:
     budget, steps = data["budget_bytes"], data["steps"]
     rng = random.Random(SEED)
     points = []
-    for row in data["points"]:
+    names = list(data["grid"])
+    for values in data["points"]:
+        row = {"levers": dict(zip(names, values)), **dict(zip(data["columns"][len(names) :], values[len(names) :]))}
         true_peak = row["predicted_peak_bytes"] * math.exp(rng.gauss(0, GEMMA_ESTIMATOR_SIGMA))
         ok = true_peak <= budget
         points.append(
