@@ -65,8 +65,8 @@ def summarize() -> dict:
                 f"pick_within_5pct_rate_no_confirm{suffix}",
             )
         },
-        "pick_within_5pct_rate_noisy_machine": search.get("pick_within_5pct_rate_noisy_machine"),
-        "pick_within_5pct_rate_no_confirm_noisy_machine": search.get("pick_within_5pct_rate_no_confirm_noisy_machine"),
+        "pick_within_5pct_rate_today_noise": search.get("pick_within_5pct_rate_today_noise"),
+        "pick_within_5pct_rate_no_confirm_today_noise": search.get("pick_within_5pct_rate_no_confirm_today_noise"),
         "stop_below": (search.get("seconds") or {}).get("stop_below"),
         "estimator_median_abs_err": accuracy["median_abs_error"],
         "estimator_max_abs_err": accuracy["worst_abs_error"],

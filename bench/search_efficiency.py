@@ -152,6 +152,7 @@ def random_strategy(grid: dict, seed: int) -> list[dict]:
 SECONDS_SEEDS = 30  # seconds and pick rates: each seed replays 3 sweeps with Optuna (minutes on 2 shared cores)
 STOP_BELOW_SCAN = (None, 0.3, 0.5, 0.7)  # hydra.sweeper.stop_below candidates (None: off)
 SCAN_SEEDS = 20
+CONFIRM_SCAN = ((3, 2), (3, 4), (2, 6))  # (confirm_top, confirm_repeats) in the same 40-trial sweep
 
 
 def seconds_and_picks() -> tuple[dict, list[dict], dict]:
@@ -163,21 +164,24 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
 
     default_stop = GrpoOptunaSweeperConf().stop_below
-    tiny = landscapes.tiny_cpu()
-    scan = {}
-    for stop in STOP_BELOW_SCAN:
-        scan[str(stop)] = search_seconds.scan(tiny, SCAN_SEEDS, stop)
+    grid_spread = grid_facts(load_grid())["grid_median_run_spread"]
+    tiny = landscapes.tiny_cpu(spread=grid_spread)  # noise like the grid's own 3 runs per point
+    scan = {str(stop): search_seconds.scan(tiny, SCAN_SEEDS, stop) for stop in STOP_BELOW_SCAN}
+    today = landscapes.tiny_cpu()  # noise like today's repeated runs of the top points (record_grid --wall-times)
+    gemma = landscapes.gemma3_1b_l4(spread=grid_spread)
     keys: dict = {}
     rows = []
-    noisy = landscapes.tiny_cpu(spread=search_seconds.spread_of(tiny["points"]))  # the grid's own 2-thread spread
-    gemma = landscapes.gemma3_1b_l4(spread=tiny["spread_today"])
-    for suffix, land in (("", tiny), ("_noisy_machine", noisy), ("_gemma_l4", gemma)):
-        r = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=suffix != "_noisy_machine")
+    for suffix, land, label in (
+        ("", tiny, "tiny_cpu"),
+        ("_today_noise", today, "tiny_cpu, today's run-to-run noise"),
+        ("_gemma_l4", gemma, "gemma3_1b_l4 (MODEL)"),
+    ):
+        r = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=suffix != "_today_noise")
         keys.update({f"{k}{suffix}": v for k, v in r.items() if k != "stop_below"})
         keys[f"run_spread{suffix}"] = land["spread"]
         rows.append(
             {
-                "landscape": land["name"] + (" (grid's 2-thread noise)" if suffix == "_noisy_machine" else ""),
+                "landscape": label,
                 "run spread": land["spread"],
                 "ours s": r["search_median_seconds"],
                 "ours s, no confirm": r["search_median_seconds_no_confirm"],
@@ -188,9 +192,15 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
                 "pick, no confirm": r["pick_within_5pct_rate_no_confirm"],
             }
         )
+    repeats = {}
+    for top, rep in CONFIRM_SCAN:  # what to set on a noisy machine
+        for suffix, land in (("", tiny), ("_today_noise", today)):
+            picks = search_seconds.picks(land, SCAN_SEEDS, default_stop, top, rep)
+            repeats[f"top{top}_x{rep}{suffix}"] = picks
     info = {
         "stop_below": default_stop,
         "stop_below_scan": scan,
+        "confirm_scan": repeats,
         "seconds_seeds": SECONDS_SEEDS,
         "sweep_trials_for_pick": search_seconds.N_TRIALS,
         "tiny_cost_model": tiny["cost_model"],

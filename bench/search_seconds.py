@@ -191,6 +191,17 @@ def scan(land: dict, seeds: int, stop_below: float | None) -> dict:
     }
 
 
+def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: int) -> dict:
+    """The pick rate of an N_TRIALS sweep confirming `top` finalists `repeats` more times each."""
+    runs = [
+        sweep(land, s, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=top, confirm_repeats=repeats) for s in range(seeds)
+    ]
+    return {
+        "pick_within_5pct_rate": _rate((r["pick"] for r in runs), land),
+        "median_confirm_seconds": median(r["confirm_s"] for r in runs),
+    }
+
+
 def evaluate(
     land: dict, seeds: int, stop_below: float | None, *, confirm_top: int = 3, confirm_repeats: int = 2, others: bool = True
 ) -> dict:
