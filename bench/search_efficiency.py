@@ -178,6 +178,9 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
     ):
         r = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=suffix != "_today_noise")
         keys.update({f"{k}{suffix}": v for k, v in r.items() if k != "stop_below"})
+        fr = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=False, frontier=FRONTIER)
+        keys[f"search_median_seconds_frontier_start{suffix}"] = fr["search_median_seconds"]
+        keys[f"pick_within_5pct_rate_frontier_start{suffix}"] = fr["pick_within_5pct_rate"]
         keys[f"run_spread{suffix}"] = land["spread"]
         rows.append(
             {
@@ -190,6 +193,8 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
                 "grid s": r.get("grid_seconds", ""),
                 "pick within 5%": r["pick_within_5pct_rate"],
                 "pick, no confirm": r["pick_within_5pct_rate_no_confirm"],
+                f"ours + frontier_start={FRONTIER} s": fr["search_median_seconds"],
+                "its pick": fr["pick_within_5pct_rate"],
             }
         )
     repeats = {}

@@ -72,6 +72,7 @@ def sweep(
     constrained: bool = True,
     until_found: bool = False,
     sampler: str = "tpe",
+    frontier: int = 0,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials."""
@@ -96,6 +97,16 @@ def sweep(
     conf = GrpoOptunaSweeperConf()
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space))
+    if frontier:  # hydra.sweeper.frontier_start: the estimator's fullest predicted fits first
+        from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
+
+        fullness = [
+            (params, land["by_key"][key(params)]["predicted_peak_bytes"] / land["budget_bytes"])
+            for params in frontier_start.candidates(land["grid"], seed)
+            if key(params) in land["by_key"]
+        ]
+        for params in frontier_start.pick(fullness, frontier, seed):
+            study.enqueue_trial(params)
     rng = random.Random(1_000_003 * seed + 17)
     top = confirm.effective_top(n_trials, confirm_top, confirm_repeats, sampler)
     n_search = n_trials - top * confirm_repeats
@@ -164,6 +175,7 @@ def sweep(
         "pick": pick,
         "pick_no_confirm": pick_no_confirm,
         "trials": counted,
+        "study": study,
     }
 
 
@@ -203,15 +215,21 @@ def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: i
 
 
 def evaluate(
-    land: dict, seeds: int, stop_below: float | None, *, confirm_top: int = 3, confirm_repeats: int = 2, others: bool = True
+    land: dict,
+    seeds: int,
+    stop_below: float | None,
+    *,
+    confirm_top: int = 3,
+    confirm_repeats: int = 2,
+    others: bool = True,
+    frontier: int = 0,
 ) -> dict:
     """Every strategy over `seeds` seeds on `land`; the summary keys (without a landscape suffix)."""
     runs_found, runs_pick = [], []
     for seed in range(seeds):
-        runs_found.append(sweep(land, seed, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=0, until_found=True))
-        runs_pick.append(
-            sweep(land, seed, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=confirm_top, confirm_repeats=confirm_repeats)
-        )
+        common = {"n_trials": N_TRIALS, "stop_below": stop_below, "frontier": frontier}
+        runs_found.append(sweep(land, seed, confirm_top=0, until_found=True, **common))
+        runs_pick.append(sweep(land, seed, confirm_top=confirm_top, confirm_repeats=confirm_repeats, **common))
     charged = [_charge(f) + p["confirm_s"] for f, p in zip(runs_found, runs_pick)]
     out = {
         "search_median_seconds": median(charged),

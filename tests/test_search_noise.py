@@ -90,7 +90,9 @@ def test_slow_trial_stops_after_its_first_timed_step_with_its_peak(tmp_path, gpu
 
 
 def test_fast_trial_is_not_stopped(tmp_path):
-    record = run_trial(compose(["trial.steps=3", "task.num_prompts=64", *SMALL, "num_generations=2", "trial.stop_below=0.001"]), tmp_path)
+    record = run_trial(
+        compose(["trial.steps=3", "task.num_prompts=64", *SMALL, "num_generations=2", "trial.stop_below=0.001"]), tmp_path
+    )
     assert record["status"] == "ok" and record["steps"] == 3 and record["error"] is None
 
 
