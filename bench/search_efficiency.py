@@ -193,6 +193,7 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
                 "grid s": r.get("grid_seconds", ""),
                 "pick within 5%": r["pick_within_5pct_rate"],
                 "pick, no confirm": r["pick_within_5pct_rate_no_confirm"],
+                "search ran a good point": r["good_point_run_rate"],
                 f"ours + frontier_start={FRONTIER} s": fr["search_median_seconds"],
                 "its pick": fr["pick_within_5pct_rate"],
             }

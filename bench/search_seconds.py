@@ -112,6 +112,7 @@ def sweep(
     n_search = n_trials - top * confirm_repeats
     budget = land["budget_bytes"]
     clock, found_s, counted, pick_no_confirm = 0.0, None, 0, None
+    stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
 
     def run(trial, point, threshold):
         nonlocal clock, found_s
@@ -137,6 +138,8 @@ def sweep(
             )
         if found_s is None and record["status"] == "ok" and good(point, land):
             found_s = clock
+        if record["status"] == "slow" and good(point, land):
+            stopped_good.append(trial.number)
 
     while counted < n_search or (until_found and found_s is None and counted < CAP):
         if counted == n_search and pick_no_confirm is None:
@@ -175,6 +178,7 @@ def sweep(
         "pick": pick,
         "pick_no_confirm": pick_no_confirm,
         "trials": counted,
+        "stopped_good": len(stopped_good),
         "study": study,
     }
 
@@ -200,6 +204,8 @@ def scan(land: dict, seeds: int, stop_below: float | None) -> dict:
     return {
         "search_median_seconds_no_confirm": median(_charge(f) for f in runs),
         "pick_within_5pct_rate_no_confirm": _rate((f["pick_no_confirm"] for f in runs), land),
+        "good_trials_stopped_early": sum(f["stopped_good"] for f in runs),
+        "trials_stopped_early": sum(sum(t.user_attrs.get("status") == "slow" for t in f["study"].trials) for f in runs),
     }
 
 
@@ -238,6 +244,9 @@ def evaluate(
         "search_median_confirm_seconds": median(p["confirm_s"] for p in runs_pick),
         "pick_within_5pct_rate": _rate((p["pick"] for p in runs_pick), land),
         "pick_within_5pct_rate_no_confirm": _rate((f["pick_no_confirm"] for f in runs_found), land),
+        # The ceiling on the pick rate: sweeps whose search phase ran a truly-good point to its end at all.
+        "good_point_run_rate": sum(p["found_s"] is not None for p in runs_pick) / len(runs_pick),
+        "good_trials_stopped_early": sum(f["stopped_good"] for f in runs_found),
         "stop_below": stop_below,
     }
     if others:
