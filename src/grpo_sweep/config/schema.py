@@ -122,6 +122,9 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    # Early stop: after the first timed step (once the peak is measured) a trial below this many
+    # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
+    stop_below: float | None = None
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -202,6 +205,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         _positive(cfg, "lora_alpha")
     if cfg.trial.get("cpu_threads") is not None:
         _positive(cfg, "trial.cpu_threads")
+    if cfg.trial.get("stop_below") is not None:
+        _positive(cfg, "trial.stop_below")
     _positive(cfg, "logger.init_timeout_s")
     if not 0.0 < cfg.gpu_memory_utilization < 1.0:
         raise ConfigError(f"gpu_memory_utilization={cfg.gpu_memory_utilization}: must be strictly between 0 and 1")
