@@ -155,8 +155,8 @@ class NullLogger:
     def log_step(self, row: dict) -> None:
         pass
 
-    def finish(self, record: dict) -> None:
-        pass
+    def finish(self, record: dict) -> bool:
+        return False
 
 
 class WandbTrialLogger:
@@ -179,7 +179,9 @@ class WandbTrialLogger:
         except Exception as exc:  # noqa: BLE001
             self._failed("logging a step to W&B", exc)
 
-    def finish(self, record: dict) -> None:
+    def finish(self, record: dict) -> bool:
+        """End the run (failed unless the trial is ok; the error in its summary). True when it was
+        closed cleanly (metrics.json `wandb_finished`)."""
         import wandb
 
         sync_dir = None
@@ -198,6 +200,7 @@ class WandbTrialLogger:
                 _say(f"run: {self.run.url}")
         elif sync_dir is not None:
             _say(f"offline run saved in {sync_dir}\n[wandb] upload it with: wandb sync {sync_dir}")
+        return not self._broken
 
 
 def _init(cfg: Any, run_dir: Path, record: dict, mode: str):
