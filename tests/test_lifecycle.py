@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, ROOT, load_metrics
+from conftest import FAST, ROOT, load_metrics, run_train
 from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd, trials_so_far, wait_for
 from test_wandb import OFFLINE_ENV, read_run
 
@@ -92,14 +92,7 @@ def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path):
 
     run_dir = tmp_path / "run"
     cmd = [*FAST, "trial.debug_fault=hang", "trial.timeout_s=60", "logger=wandb", f"hydra.run.dir={run_dir}"]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *cmd],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **OFFLINE_ENV},
-    )
+    result = run_train(cmd, env=OFFLINE_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(run_dir)
     assert m["status"] == "timeout" and "trial.timeout_s=60" in m["error"], m["error"]
@@ -146,3 +139,22 @@ def _last_beat(journal: str, number: int) -> float:
 
     trial = next(t for t in trials_so_far(journal) if t.number == number)
     return max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, trial.datetime_start.timestamp())
+
+
+@pytest.mark.slow
+def test_a_trial_killed_before_closing_its_wandb_run_leaves_a_note(tmp_path):
+    """SIGKILL from outside (trial.debug_fault=signal, after the W&B run started): nothing can finish
+    the run, so metrics.json and the run directory say so."""
+    from grpo_sweep.trial.worker import WANDB_NOTE_FILE
+
+    result = run_train([*FAST, "trial.debug_fault=signal", "logger=wandb", f"hydra.run.dir={tmp_path}"], env=OFFLINE_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "failed" and "SIGKILL" in m["error"]
+    assert "was not finished" in m["wandb_note"] and "SIGKILL" in m["wandb_note"]
+    assert (tmp_path / WANDB_NOTE_FILE).read_text().strip() == m["wandb_note"]
+    # The parent closed the run from outside (same id, resumed offline): complete, failed, with the reason.
+    assert "The parent closed it as failed" in m["wandb_note"] and not m.get("wandb_finished")
+    summary, _ = read_run(m["wandb_dir"])
+    assert summary["state"] == "failed" and m["wandb_dir"].endswith(summary["run_id"])
+    assert summary["summary"]["status"] == "failed" and "SIGKILL" in summary["summary"]["error"]

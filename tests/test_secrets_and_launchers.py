@@ -62,7 +62,13 @@ def test_no_secret_reaches_any_output(tmp_path):
     assert _files_holding(sweep_dir, secrets) == []
     for stream in (result.stdout, result.stderr):
         assert password not in stream and FAKE_WANDB_KEY not in stream
-    attrs = repr([study.user_attrs, study._storage.get_study_system_attrs(study._study_id), [(t.user_attrs, t.system_attrs) for t in study.trials]])
+    attrs = repr(
+        [
+            study.user_attrs,
+            study._storage.get_study_system_attrs(study._study_id),
+            [(t.user_attrs, t.system_attrs) for t in study.trials],
+        ]
+    )
     assert password not in attrs and FAKE_WANDB_KEY not in attrs
 
 

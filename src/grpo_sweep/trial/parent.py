@@ -16,6 +16,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from ..levers import requested_levers
 from ..metrics import empty_metrics, read_metrics, write_metrics
 from . import worker
 
+WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
 STOP_GRACE_S = 20.0  # SIGTERM -> SIGKILL: time to write metrics.json and finish the W&B run
 PRELOAD = ["torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.trial.worker"]
 
@@ -65,15 +68,45 @@ def stop_trial(proc, run_dir: Path, status: str, reason: str, grace_s: float = S
 def wandb_note(record: dict, run_dir: Path) -> None:
     """A W&B run the worker started but could not finish (killed first): say so in metrics.json and
     in the run directory, next to the run files."""
-    if not record.get("wandb_run_id") or record.get("wandb_finished"):
+    if record.get("wandb_finished"):
         return
+    where = record.get("wandb_dir")
+    if not where:  # killed before metrics.json named the run: W&B's own directory says it was started
+        runs = sorted(p for p in (Path(run_dir) / "wandb").glob("*run-*") if p.is_dir() and not p.is_symlink())
+        if not runs:
+            return
+        where = str(runs[-1])
     note = (
-        f"W&B run {record['wandb_run_id']} was not finished: the trial process ended ({record.get('status')}: "
-        f"{(record.get('error') or 'no error recorded').splitlines()[0][:300]}) before closing it. "
-        f"Its files in {record.get('wandb_dir')} may stop early; metrics.json is the trial's record."
+        f"W&B run in {where} was not finished: the trial process ended ({record.get('status')}: "
+        f"{(record.get('error') or 'no error recorded').splitlines()[0][:300]}) before closing it."
     )
+    closed = None
+    if record.get("wandb_mode") in (None, "offline"):
+        write_metrics(run_dir, record)  # the closing process reads the outcome from metrics.json
+        closed = _close_offline_run(run_dir)
+    if closed:
+        record["wandb_dir"] = closed
+        note += f" The parent closed it as failed, with this reason, in {closed} (same run id)."
+    else:
+        note += " Its files may stop early (`wandb sync` uploads what is there); metrics.json is the trial's record."
     record["wandb_note"] = note
     (Path(run_dir) / worker.WANDB_NOTE_FILE).write_text(note + "\n")
+
+
+def _close_offline_run(run_dir: Path) -> str | None:
+    """wandb_logger.close_unfinished in a fresh process (the parent never starts W&B itself)."""
+    code = (
+        "import sys; from grpo_sweep.trial.wandb_logger import close_unfinished; print('CLOSED', close_unfinished(sys.argv[1]))"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, timeout=WANDB_CLOSE_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    last = [line for line in out.stdout.splitlines() if line.startswith("CLOSED ")]
+    closed = last[-1].split(" ", 1)[1] if last else "None"
+    return None if closed == "None" else closed
 
 
 def format_summary(record: dict, run_dir: Path) -> str:
