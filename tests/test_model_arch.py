@@ -121,3 +121,14 @@ def test_a_trial_runs_a_model_saved_in_a_local_directory(tmp_path):
     saved = OmegaConf.load(run_dir / "config.yaml").model.arch  # the numbers, recorded for the doctor
     assert saved.hidden_size == 64 and saved.num_key_value_heads == 1 and saved.head_dim == 32
     assert saved.vocab_size == len(tokenizer) and saved.tie_word_embeddings is True
+
+
+def test_the_doctor_reads_the_vocabulary_from_config_json(tmp_path):
+    """The doctor recognises a whole logits tensor by the vocabulary size: config.json's for model=hub."""
+    from grpo_sweep.memory.doctor import infer_logits_mode
+
+    (tmp_path / "config.json").write_text(json.dumps(_gemma3_multimodal_config()))
+    cfg = compose(["model=hub", f"model.hub_id={tmp_path}", "gpu=l4_24g"])
+    B, S = cfg.per_device_train_batch_size, cfg.max_seq_length
+    assert infer_logits_mode({"requested_bytes": B * S * 262144 * 4}, cfg) == "full"
+    assert infer_logits_mode({"requested_bytes": B * S * 151936 * 4}, cfg) is None  # another vocabulary
