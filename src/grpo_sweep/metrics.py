@@ -69,6 +69,7 @@ class TrialMetrics(TypedDict, total=False):
     nvml_peak_bytes: int | None  # the driver's view of the process and its children (50 ms samples)
     nvml_source: str | None  # nvml-process | nvml-device
     memory_cap: dict[str, Any] | None  # set_per_process_memory_fraction: actual, target, fraction
+    cuda_alloc_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF the trial ran with (the expandable_segments lever)
     # --- an OOM's numbers (memory/oom_message.py)
     oom_phase: str | None  # the phase the OOM happened in
     requested_bytes: int | None  # the failed allocation
@@ -83,6 +84,8 @@ class TrialMetrics(TypedDict, total=False):
     wandb_group: str | None  # the study or multirun directory
     wandb_url: str  # online runs only
     wandb_error: str  # why W&B could not start (redacted); the trial ran regardless
+    wandb_finished: bool  # the worker closed the W&B run (failed runs too, with the reason in its summary)
+    wandb_note: str  # the parent's note when the run was left open (also in WANDB_RUN_NOT_FINISHED.txt)
 
 
 KEYS: frozenset[str] = frozenset(TrialMetrics.__annotations__)

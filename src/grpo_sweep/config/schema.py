@@ -57,8 +57,9 @@ class ArchConfig:
     head_dim: int = MISSING
     intermediate_size: int = MISSING
     vocab_size: int = MISSING
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 131072
+    # No defaults: a model=hub config leaves every number to the model's config.json (config/model_arch.py).
+    tie_word_embeddings: bool = MISSING
+    max_position_embeddings: int = MISSING
 
 
 @dataclass
@@ -145,6 +146,9 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     learning_rate: float = 5e-6
     beta: float = 0.0  # KL coefficient; 0 loads no reference model (TRL's default)
+    # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
+    expandable_segments: bool = False
     seed: int = 0
     objective: str = "tokens_per_s"
 
