@@ -32,6 +32,26 @@ def test_doctor_suggests_expandable_segments_for_a_fragmented_oom():
     assert fragmentation_advice(parse_oom_message("RuntimeError: something else"), cfg) is None
 
 
+def test_doctor_report_says_it(tmp_path):
+    """`grpo-sweep doctor` shows the allocator advice beside the levers (text and --json)."""
+    import json
+    import subprocess
+    import sys
+
+    message = tmp_path / "oom.txt"
+    message.write_text(FRAGMENTED)
+    args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "model=gemma3_1b", "gpu=l4_24g"]
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "allocator: 4.30 GiB (21 % of PyTorch's reserved memory) was reserved but unallocated" in text.stdout
+    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    assert data["fragmentation"]["overrides"] == {"expandable_segments": True}
+    tight = tmp_path / "tight.txt"
+    tight.write_text(TIGHT)
+    args[args.index(str(message))] = str(tight)
+    assert "allocator:" not in subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+
+
 def test_alloc_conf_keeps_the_users_other_settings(monkeypatch):
     from grpo_sweep.trial.worker import set_alloc_conf
 

@@ -319,6 +319,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         "limit_bytes": limit,
         "levers": levers,
         "stack_upgrade": upgrade,
+        "fragmentation": fragmentation_advice(parsed, cfg),
     }
     if chosen:
         result["after"] = {
@@ -371,6 +372,8 @@ def format_report(r: dict, cfg: Any) -> str:
             f"stack: {u['what']}: frees {gib_text(u['saving_bytes'])}"
             + (" and fits on its own: the cheapest fix" if u["fits"] else ", not enough on its own")
         )
+    if r.get("fragmentation"):
+        out.append(f"allocator: {r['fragmentation']['why']}: try expandable_segments=true first (no speed cost)")
     out.append("levers (ranked by GiB freed per % of throughput lost):")
     for row in r["levers"]:
         ratio = "free" if row["gib_per_pct"] is None else f"{row['gib_per_pct']:.3g} GiB/%"
