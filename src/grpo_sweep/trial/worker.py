@@ -115,7 +115,7 @@ def main(container: dict, run_dir: str) -> None:
             record["predicted_peak_bytes"] = None
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
-        memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
+        memory = MemoryMeter(cfg, on_cuda, vllm=backends.runs_vllm(backend_name))  # caps CUDA before the model loads
         task = get_task(cfg)
         from .models import load_tokenizer
 
@@ -141,6 +141,7 @@ def main(container: dict, run_dir: str) -> None:
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
         record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
+        memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
         from .backends.readback import format_mismatch, lever_mismatch
 
         record["lever_mismatch"] = lever_mismatch(record["levers"], effective, worst_case_lengths=cfg.trial.worst_case_lengths)
@@ -155,6 +156,8 @@ def main(container: dict, run_dir: str) -> None:
         memory.attach(trainer)
         with memory.running():
             trainer.train()
+        if hasattr(backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
+            backend.after_train(trainer, record)
         record["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
         oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
