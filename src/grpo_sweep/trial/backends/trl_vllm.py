@@ -345,10 +345,8 @@ def after_train(trainer, record: dict) -> None:
     # correction under min_tokens, but not a weight-sync error.
     trusted = [] if trainer.args.generation_kwargs and "min_tokens" in trainer.args.generation_kwargs else per_step
     worst = max([diff, *[d for d in trusted if d is not None and math.isfinite(d)]])
-    print(
-        f"[trial] vLLM weight sync: max |dlogp| {diff:.3g} after the last sync (TRL per step: {record['vllm_sampling_logp_diff_max']})",
-        flush=True,
-    )
+    trl_max = record["vllm_sampling_logp_diff_max"]
+    print(f"[trial] vLLM weight sync: max |dlogp| {diff:.3g} after the last sync (TRL per step: {trl_max})", flush=True)
     if worst > tolerance:
         raise RuntimeError(
             f"vLLM weight sync check failed: vLLM's log-probs differ from the trained model's by up to {worst:.3g} "
