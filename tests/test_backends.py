@@ -248,7 +248,8 @@ def test_every_backend_module_loads_without_its_packages():
 
 def test_unsloth_trials_start_fresh_interpreters():
     assert backends.start_method("unsloth", "forkserver", cuda=True) == "spawn"
-    assert backends.start_method("trl_vllm", "forkserver", cuda=True) == "forkserver"
+    assert backends.start_method("trl_vllm", "forkserver", cuda=True) == "spawn"  # TRL with vLLM: fresh
+    assert backends.start_method("trl_vllm", "auto", cuda=False) == "spawn"
     assert backends.start_method("trl", "spawn", cuda=False) == "spawn"
     # auto: the warm forkserver only where no CUDA can be initialised before the fork
     assert backends.start_method("trl", "auto", cuda=False) == "forkserver"

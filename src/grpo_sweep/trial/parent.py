@@ -22,7 +22,8 @@ from ..levers import requested_levers
 from ..metrics import empty_metrics, read_metrics, write_metrics
 from . import worker
 
-PRELOAD = ["torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.trial.worker"]
+# without_vllm first: the forkserver serves trl trials; TRL there loads without vLLM (see the module).
+PRELOAD = ["grpo_sweep.trial.without_vllm", "torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.trial.worker"]
 
 
 def _context(start_method: str):
