@@ -8,7 +8,7 @@ ARGS ?=
 
 install: .venv/.installed
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml Makefile  # Makefile too: a change in what install does (vLLM) reinstalls
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	# No NVIDIA driver: take the CPU build of torch first, so nothing pulls a multi-GB CUDA build.
