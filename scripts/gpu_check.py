@@ -1,19 +1,31 @@
-"""One prepared device check: real GRPO trials on CUDA, as users run them, summarised in one JSON.
+"""One prepared device check: the seed's own case (Gemma 3 1B on an emulated 22 GiB L4) for real.
 
-Run through scripts/gpu_check.sh (which installs the carried wheels). Every case is a
+Run through scripts/gpu_check.sh (which installs the carried wheels). Every trial is a
 `python train.py ...` subprocess, exactly as a user types it, with random weights on a real
-architecture (Qwen2.5-0.5B's config) and the local tokenizer, so nothing is downloaded:
+architecture (`model.source=random model.tokenizer=local`), so nothing is downloaded. Each case
+has its own time cap (subprocess and `trial.timeout_s`); a case that would start with less time
+left than it needs is recorded as skipped, never half-run.
 
-  l4        a trial under `gpu=l4_24g` emulation: measured peak next to `grpo-sweep estimate`
-  oom       a config over a small emulated budget: the trial must end `oom` with a parsed
-            deficit and the parent (the Hydra job) must exit 0. If the budget is not enforced
-            (status ok), `oom_card` runs a config too big for the whole physical card.
-  nf4       the same trial as `l4` with 4-bit weights, when bitsandbytes is importable
-  sweep     3 trials with `python train.py -m` (the grpo_optuna sweeper when present, else basic)
+  seed_baseline     Gemma 3 1B, gpu=l4_24g, backend=trl, preset=seed_baseline     (part a)
+  seed_optimized    the same with preset=seed_optimized (4-bit: needs bitsandbytes) (part a)
+  oom               a config the estimator sizes to ~1.3x the cap: must end `oom` with a parsed
+                    deficit; then `grpo-sweep doctor --message <its metrics.json> --json --verify`
+                    must print overrides that fit when run                           (part a)
+  oom_2x            only if `oom` did not end oom (the estimate too high): the same at ~2x (part a)
+  unsloth           backend=unsloth on Qwen2.5-0.5B's architecture; fast_inference off when vLLM
+                    is absent (HF generation); its peak against the estimate         (part b)
+  alloc_default     one near-the-wall config (~0.95x the cap by the estimator) with the default
+  alloc_expandable  allocator, then PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (part b)
+  sweep             5 trials through hydra/sweeper=grpo_optuna on Gemma 3 1B, gpu=l4_24g (part b)
 
-`--cpu-dry-run` runs the same flow on CPU with the tiny model and simulated budgets, to check the
-script's logic before device time is spent. Writes OUT/gpu_check.json and OUT/gpu_check.log, and
-prints a table. Each case is bounded in time; the whole check aims at < 6 minutes on an H200.
+Part a needs the base wheels + bitsandbytes, part b the base wheels + Unsloth's (two carries of
+< 64 MiB, scripts/gpu_wheels.sh); `--part all` runs both where everything is installed.
+
+`--cpu-dry-run` runs the same flow on CPU: the tiny model, simulated budgets (gpu=cpu_sim), and
+"skipped: needs CUDA" for what needs a card (4-bit, Unsloth, the CUDA allocator). Writes
+OUT/gpu_check_<card>_<date>.json (every case: status, tokens/s, allocator and NVML peaks, the
+estimate, versions) and OUT/gpu_check.log, and prints a table. `--merge A.json B.json` joins the
+two parts' files into one (bench/results/ by default).
 """
 
 from __future__ import annotations
@@ -23,6 +35,9 @@ import glob
 import importlib.util
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -31,58 +46,108 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 WORK = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
+SWEEP_CONF = ROOT / "scripts" / "gpu_check_conf"
+NEEDS_CUDA = "skipped: needs CUDA"
+NO_VLLM_NOTE = (
+    "gpu_memory_utilization is a vLLM lever: backend=trl generates with HF generate and reserves "
+    "nothing for it, so the preset's value is irrelevant here (effective.gpu_memory_utilization null)"
+)
 
-# Random weights on a real architecture, local tokenizer: no download, real memory shapes.
-GPU_BASE = [
-    "model=qwen2_5_0_5b",
-    "model.source=random",
-    "model.tokenizer=local",
-    "backend=trl",
-    "task.num_prompts=64",
-    "trial.steps=3",
-    "trial.timeout_s=240",
-    "max_seq_length=384",
-    "max_prompt_length=128",
-    "per_device_train_batch_size=8",
-    "num_generations=4",
-    "lora_rank=16",
-]
-CPU_BASE = ["model=tiny", "backend=trl", "task.num_prompts=64", "trial.steps=2", "trial.timeout_s=240"]
+GEMMA = ["model=gemma3_1b", "model.source=random", "model.tokenizer=local", "backend=trl", "task.num_prompts=32"]
+QWEN = ["model=qwen2_5_0_5b", "model.source=random", "model.tokenizer=local", "task.num_prompts=32"]
+TINY = ["model=tiny", "backend=trl", "task.num_prompts=32"]
+
+# name -> (part, cap in seconds for the whole subprocess, the least time worth starting it with),
+# in the order they run (the most decisive first: what is cut at the end of a part is the least).
+CASES = {
+    "seed_baseline": ("a", 170, 110),
+    "oom": ("a", 90, 50),
+    "oom_2x": ("a", 90, 50),  # only when `oom` did not end oom (the estimate was too high): ~2x the cap
+    "doctor": ("a", 150, 80),
+    "seed_optimized": ("a", 120, 70),
+    "unsloth": ("b", 240, 150),
+    "alloc_default": ("b", 75, 50),
+    "alloc_expandable": ("b", 75, 50),
+    "sweep": ("b", 240, 90),
+}
+# Seconds of cases per device call: 15 minutes of device time hold one machine start (~1.5 min),
+# two transfers and installs (~1 min) and 330 + 370 s of cases; each call stays under 600 s.
+PART_BUDGET_S = {"a": 330, "b": 370}
+
+
+def steps_and_cap(cap: int) -> list[str]:
+    """Two optimiser steps (the first is warm-up, excluded from tokens/s); the trial records a
+    `timeout` itself 25 s before the subprocess would be killed."""
+    return ["trial.steps=2", f"trial.timeout_s={max(cap - 25, 30)}"]
+
+
+def size_to(
+    base: list[str], ratio: float, batches=(4, 8, 12, 16, 24, 32), seqs=range(128, 4097, 128), completion: int = 64
+) -> list[str]:
+    """Batch and prompt length (completions stay `completion` tokens: one prefill, a short
+    generate) whose estimated peak / cap is closest to `ratio`, by grpo_sweep's estimator (pure
+    arithmetic, the same the `estimate` CLI prints; composed once, then the levers are varied)."""
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.memory.estimator import estimate
+    from grpo_sweep.units import budget_bytes
+
+    cfg = compose_train_config(base)
+    budget = budget_bytes(cfg)
+    best = None
+    for b in batches:
+        for seq in seqs:
+            OmegaConf.update(cfg, "per_device_train_batch_size", b)
+            OmegaConf.update(cfg, "max_seq_length", seq)
+            OmegaConf.update(cfg, "max_prompt_length", seq - completion)
+            r = estimate(cfg).total_bytes / budget
+            if best is None or abs(r - ratio) < abs(best[0] - ratio):
+                best = (r, b, seq)
+    _, b, seq = best
+    return [f"per_device_train_batch_size={b}", f"max_seq_length={seq}", f"max_prompt_length={seq - completion}"]
 
 
 def plan(cpu: bool) -> dict:
-    """Overrides per case. The OOM case keeps completions short (fast generation) and the
-    training batch x sequence far over the budget, so it fails in the training forward."""
+    """Overrides per case (None: skipped on this flavour). Sized cases ask the estimator."""
     if cpu:
+        sim = ["gpu=cpu_sim"]
+        oom_base = [*TINY, *sim, "gpu.memory_gib=0.25", "num_generations=4"]
+        short = ["max_seq_length=96", "max_prompt_length=64"]  # the presets' shapes, cut for a CPU
         return {
-            "l4": [*CPU_BASE, "gpu=cpu_sim", "gpu.memory_gib=1.0"],
-            "oom": [*CPU_BASE, "gpu=cpu_sim", "gpu.memory_gib=0.001"],
-            # No giant allocation on a shared CPU box: a real allocator failure on demand instead.
-            "oom_card": [*CPU_BASE, "gpu=cpu", "trial.debug_fault=oom"],
-            "nf4": None,  # bitsandbytes 4-bit needs CUDA (validation refuses it on CPU)
-            "sweep": [*CPU_BASE, "gpu=cpu_sim", "gpu.memory_gib=1.0"],
+            "seed_baseline": [*TINY, *sim, "gpu.memory_gib=1.0", "preset=seed_baseline", *short, *steps_and_cap(100)],
+            "seed_optimized": None,  # load_in_4bit: bitsandbytes kernels run on CUDA only
+            "oom": [*oom_base, *size_to(oom_base, 1.3, seqs=range(64, 1025, 32), completion=16), *steps_and_cap(90)],
+            "oom_2x": [*oom_base, *size_to(oom_base, 2.0, seqs=range(64, 1025, 32), completion=16), *steps_and_cap(90)],
+            "unsloth": None,  # Unsloth runs on CUDA only
+            "alloc_default": None,  # the CUDA caching allocator
+            "alloc_expandable": None,
+            "sweep": [*TINY, *sim, "gpu.memory_gib=1.0", *steps_and_cap(60)],
         }
+    l4 = ["gpu=l4_24g"]
+    oom_base = [*GEMMA, *l4, "num_generations=4"]
+    near = [*oom_base, *size_to(oom_base, 0.95)]
     return {
-        "l4": [*GPU_BASE, "gpu=l4_24g"],
-        "oom": [
-            *GPU_BASE,
-            "gpu=t4_16g",
-            "gpu.memory_gib=2.0",
-            "per_device_train_batch_size=16",
-            "max_seq_length=1024",
-            "max_prompt_length=960",
+        "seed_baseline": [*GEMMA, *l4, "preset=seed_baseline", *steps_and_cap(CASES["seed_baseline"][1])],
+        "seed_optimized": [*GEMMA, *l4, "preset=seed_optimized", *steps_and_cap(CASES["seed_optimized"][1])],
+        "oom": [*oom_base, *size_to(oom_base, 1.3), *steps_and_cap(CASES["oom"][1])],
+        "oom_2x": [*oom_base, *size_to(oom_base, 2.0), *steps_and_cap(CASES["oom_2x"][1])],
+        # The earlier H200 TRL case's shape (bench/results/gpu_check_h200.json: 325 tok/s), under Unsloth.
+        "unsloth": [
+            *QWEN,
+            "backend=unsloth",
+            *l4,
+            "max_seq_length=384",
+            "max_prompt_length=128",
+            "per_device_train_batch_size=8",
+            "num_generations=4",
+            "lora_rank=16",
+            *steps_and_cap(CASES["unsloth"][1]),
         ],
-        # ~1M tokens in one training micro-batch: terabytes of activations, over any card.
-        "oom_card": [
-            *GPU_BASE,
-            "gpu=h200_141g",
-            "gpu.memory_gib=null",
-            "per_device_train_batch_size=64",
-            "max_seq_length=16448",
-            "max_prompt_length=16384",
-        ],
-        "nf4": [*GPU_BASE, "gpu=l4_24g", "quant=nf4"],
-        "sweep": [*GPU_BASE, "gpu=l4_24g"],
+        "alloc_default": [*near, *steps_and_cap(CASES["alloc_default"][1])],
+        "alloc_expandable": [*near, *steps_and_cap(CASES["alloc_expandable"][1])],
+        # Per trial: 2 steps of 256-token completions; the sweeper's space is in gpu_check_conf/.
+        "sweep": [*GEMMA, *l4, "max_seq_length=384", "max_prompt_length=128", "num_generations=4", *steps_and_cap(75)],
     }
 
 
@@ -94,144 +159,244 @@ class Log:
         self.file.write(f"\n===== {title} =====\n{text}\n")
 
 
-def run(cmd: list[str], timeout: float, log: Log, title: str) -> dict:
+def run(cmd: list[str], timeout: float, log: Log, title: str, env: dict | None = None, cwd: Path = ROOT) -> dict:
+    """Run `cmd` in its own process group; at the cap kill the whole group (a trial's child too,
+    so no process keeps card memory into the next case)."""
     started = time.monotonic()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True
+    )
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
+        out, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
         rc = "timeout"
-        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
     wall = time.monotonic() - started
-    log.section(f"{title}: {' '.join(cmd[1:])} (rc={rc}, {wall:.1f} s)", out[-20000:])
-    return {"rc": rc, "wall_s": round(wall, 1), "output": out}
+    log.section(f"{title}: {' '.join(cmd[1:])} (rc={rc}, {wall:.1f} s)", (out or "")[-30000:])
+    return {"rc": rc, "wall_s": round(wall, 1), "output": out or ""}
+
+
+# Every metrics.json key (grpo_sweep.metrics, the one definition) but the per-step history, the
+# W&B bookkeeping and the error (kept shortened).
+DROP = {"history", "error", "run_dir"}
 
 
 def metrics_summary(m: dict) -> dict:
     """The fields of a metrics.json that the check reports (absent ones stay absent)."""
-    keep = (
-        "status",
-        "backend",
-        "device",
-        "tokens_per_s",
-        "samples_per_s",
-        "step_time_s",
-        "steps",
-        "peak_memory_bytes",
-        "memory_source",
-        "predicted_peak_bytes",
-        "peak_memory_breakdown",
-        "peak_phase",
-        "budget_bytes",
-        "simulated_device",
-        "oom_phase",
-        "requested_bytes",
-        "free_bytes",
-        "deficit_bytes",
-        "lever_mismatch",
-        "effective",
-        "levers",
-        "wall_time_s",
-        "exitcode",
-        "cuda_reserved_peak_bytes",
-        "nvml_peak_bytes",
-    )
-    out = {k: m[k] for k in keep if k in m}
+    from grpo_sweep.metrics import KEYS
+
+    out = {k: m[k] for k in sorted(KEYS - DROP) if k in m and not k.startswith("wandb_")}
     if m.get("error"):
-        out["error"] = m["error"][:600]
+        out["error"] = m["error"][:800]
     return out
 
 
 def parse_deficit(m: dict) -> dict:
     """Deficit from metrics.json, else parsed from the recorded error with oom_message."""
     if m.get("deficit_bytes") is not None:
-        return {"deficit_bytes": m["deficit_bytes"], "deficit_source": "metrics.json"}
-    try:
-        from grpo_sweep.memory.oom_message import parse_oom_message
-    except ImportError:
-        return {}
+        return {"deficit_source": "metrics.json"}
+    from grpo_sweep.memory.oom_message import parse_oom_message
+
     parsed = parse_oom_message(m.get("error") or "")
-    return {**parsed, "deficit_source": "parsed error"} if parsed else {}
+    return {**parsed, "deficit_source": "parsed error"} if parsed else {"deficit_source": None}
 
 
-def trial(name: str, overrides: list[str], timeout: float, log: Log) -> dict:
+def start_estimate(args: list[str]) -> subprocess.Popen:
+    """`grpo-sweep estimate ARGS --json` in the background (it never touches the card)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpo_sweep.cli", "estimate", *args, "--json"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish_estimate(proc: subprocess.Popen, log: Log) -> dict:
+    try:
+        text, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return {"error": "estimate timed out"}
+    log.section(f"estimate: {' '.join(proc.args[3:])} (rc={proc.returncode})", text)
+    try:
+        data = json.loads(text[text.find("{") : text.rfind("}") + 1])
+    except ValueError:
+        return {"rc": proc.returncode, "error": text[-800:]}
+    keep = ("fits", "total_bytes", "budget_bytes", "headroom_bytes", "components", "peak_phase", "logits_mode", "assumptions")
+    return {k: data[k] for k in keep if k in data}
+
+
+def trial(name: str, overrides: list[str], timeout: float, log: Log, env: dict | None = None, estimates=None) -> dict:
+    """One `python train.py` trial plus its estimate(s) ({key: estimate args}, default the trial's
+    own overrides as `estimate`), computed while it runs."""
     run_dir = WORK / name
-    res = run([sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"], timeout, log, name)
-    out = {"overrides": overrides, "parent_rc": res["rc"], "wall_s": res["wall_s"]}
+    shutil.rmtree(run_dir, ignore_errors=True)  # a rerun on a warm machine starts clean
+    pending = {key: start_estimate(args) for key, args in (estimates or {"estimate": overrides}).items()}
+    res = run([sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"], timeout, log, name, env)
+    out = {"overrides": overrides, "parent_rc": res["rc"], "wall_s": res["wall_s"], "cap_s": timeout}
     summary = [ln for ln in res["output"].splitlines() if ln.startswith("trial ")]
     out["summary_line"] = summary[-1][:300] if summary else None
     path = run_dir / "metrics.json"
     if path.exists():
         m = json.loads(path.read_text())
         out.update(metrics_summary(m))
+        out["metrics_json"] = str(path)
         if m.get("status") == "oom":
             out.update(parse_deficit(m))
     else:
-        out["status"] = "no metrics.json"
-        out["tail"] = res["output"][-1500:]
+        out["status"] = "timeout (killed at cap)" if res["rc"] == "timeout" else "no metrics.json"
+        out["tail"] = res["output"][-2000:]
+    for key, proc in pending.items():
+        out[key] = finish_estimate(proc, log)
+    est = (out.get("estimate") or {}).get("total_bytes")
+    if est and out.get("peak_memory_bytes"):
+        out["measured_over_estimate"] = round(out["peak_memory_bytes"] / est, 3)
     return out
 
 
-def estimate(overrides: list[str], log: Log) -> dict:
-    """`grpo-sweep estimate ... --json` when the estimator exists in this build."""
-    if importlib.util.find_spec("grpo_sweep.memory.estimator") is None:
-        return {"available": False}
-    res = run([sys.executable, "-m", "grpo_sweep.cli", "estimate", *overrides, "--json"], 120, log, "estimate")
+def doctor(oom: dict, timeout: float, log: Log) -> dict:
+    """`grpo-sweep doctor --message <metrics.json> --json --verify`: its overrides, then a real
+    trial with them (run by the doctor itself, under its cwd's outputs/doctor/: WORK here)."""
+    res = run(
+        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", oom["metrics_json"], "--json", "--verify"],
+        timeout,
+        log,
+        "doctor",
+        cwd=WORK,
+    )
+    out = {"parent_rc": res["rc"], "wall_s": res["wall_s"], "cap_s": timeout}
     text = res["output"]
-    start = text.find("{")
-    try:
-        data = json.loads(text[start : text.rfind("}") + 1])
-    except ValueError:
-        return {"available": True, "rc": res["rc"], "error": text[-800:]}
-    keep = ("fits", "total_bytes", "budget_bytes", "headroom_bytes", "components", "logits_mode")
-    return {"available": True, **{k: data[k] for k in keep if k in data}}
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        out.update(status="no doctor output", tail=text[-2000:])
+        return out
+    data = json.loads(line)
+    out["overrides"] = data.get("overrides")
+    out["estimate_before"] = data.get("estimate")  # the OOM's config, as the doctor estimated it
+    out["estimate_after"] = data.get("after")  # with its overrides: total_bytes, speed_cost_pct
+    verify = data.get("verify") or {}
+    out["verify"] = {k: v for k, v in verify.items() if k != "error"}
+    if verify.get("error"):
+        out["verify"]["error"] = verify["error"][:600]
+    run_dir = verify.get("run_dir")
+    if run_dir and (WORK / run_dir / "metrics.json").exists():
+        m = json.loads((WORK / run_dir / "metrics.json").read_text())
+        out["verify"].update(
+            {k: m.get(k) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "nvml_peak_bytes", "budget_bytes")}
+        )
+    out["status"] = verify.get("status", "no verify")
+    return out
 
 
-def sweep(overrides: list[str], timeout: float, log: Log) -> dict:
+def sweep(overrides: list[str], timeout: float, log: Log, cpu: bool) -> dict:
+    """`python train.py -m` through the grpo_optuna sweeper (its space: gpu_check_conf/)."""
     sweep_dir = WORK / "sweep"
-    optuna = importlib.util.find_spec("hydra_plugins.grpo_optuna_sweeper") is not None
-    if optuna:  # hydra.sweeper.params cannot be set from the command line: a config file sets it
-        how = [f"hydra.searchpath=[file://{ROOT / 'scripts' / 'gpu_check_conf'}]", "+gpu_check=optuna3"]
-    else:
-        how = ["lora_rank=8,16,32"]
+    shutil.rmtree(sweep_dir, ignore_errors=True)  # else a rerun resumes the finished study and runs nothing
+    how = [f"hydra.searchpath=[file://{SWEEP_CONF}]", "+gpu_check=sweep_cpu" if cpu else "+gpu_check=sweep_l4"]
     res = run([sys.executable, "train.py", "-m", *overrides, *how, f"hydra.sweep.dir={sweep_dir}"], timeout, log, "sweep")
     trials = []
     for path in sorted(glob.glob(str(sweep_dir / "**" / "metrics.json"), recursive=True)):
         m = json.loads(Path(path).read_text())
-        row = {k: m.get(k) for k in ("status", "tokens_per_s", "peak_memory_bytes", "wall_time_s")}
-        row["lora_rank"] = (m.get("levers") or {}).get("lora_rank")
+        row = {k: m.get(k) for k in ("status", "tokens_per_s", "peak_memory_bytes", "nvml_peak_bytes", "predicted_peak_bytes")}
+        row["wall_time_s"] = m.get("wall_time_s")
+        row["levers"] = {k: (m.get("levers") or {}).get(k) for k in ("per_device_train_batch_size", "lora_rank")}
+        row["gradient_checkpointing"] = (m.get("effective") or {}).get("gradient_checkpointing")
         trials.append(row)
+    # The sweeper's own account (pre-screened points, the table it prints at the end).
+    decisions = [ln for ln in res["output"].splitlines() if re.search(r"prescreen|pruned|frontier|best|infeasible", ln, re.I)]
     return {
-        "sweeper": "grpo_optuna" if optuna else "basic",
+        "sweeper": "grpo_optuna",
+        "overrides": [*overrides, *how],
         "parent_rc": res["rc"],
         "wall_s": res["wall_s"],
+        "cap_s": timeout,
         "trials": trials,
-        "tail": res["output"][-1200:] if res["rc"] != 0 else None,
+        "sweeper_lines": decisions[-30:],
+        "status": "ok" if res["rc"] == 0 else f"parent rc {res['rc']}",
+        "tail": res["output"][-1500:] if res["rc"] != 0 else None,
     }
 
 
+VERSIONS = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "hydra-core",
+    "optuna",
+    "bitsandbytes",
+    "unsloth",
+    "unsloth_zoo",
+    "vllm",
+    "xformers",
+    "cut_cross_entropy",
+    "triton",
+    "nvidia-ml-py",
+)
+PROBE = """
+import json, platform, sys, importlib.metadata as md
+out = {'python': platform.python_version()}
+for d in sys.argv[1].split(','):
+    try: out[d] = md.version(d)
+    except Exception: out[d] = None
+if sys.argv[2] == 'cuda':
+    import torch
+    c = torch.cuda.is_available()
+    p = torch.cuda.get_device_properties(0) if c else None
+    out.update(cuda=c, gpu=p.name if c else None, total_memory_bytes=int(p.total_memory) if c else None,
+               cuda_version=torch.version.cuda)
+else:
+    out['cuda'] = False  # the dry run never asks for a card (and skips importing torch for it)
+print(json.dumps(out))
+"""
+
+
 def environment(cpu: bool) -> dict:
-    """Versions and the card, read in a throw-away process: this one never holds a CUDA context."""
-    probe = (
-        "import json, platform, torch; c = torch.cuda.is_available(); p = c and torch.cuda.get_device_properties(0);"
-        "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__, 'cuda': c,"
-        " 'gpu': p.name if c else None, 'total_memory_bytes': int(p.total_memory) if c else None,"
-        " 'cuda_version': torch.version.cuda}))"
-    )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
-    env = (
-        json.loads(proc.stdout.strip().splitlines()[-1])
-        if proc.returncode == 0
-        else {"probe_error": proc.stderr[-500:], "cuda": False}
-    )
-    env["cpu_dry_run"] = cpu
-    for mod in ("trl", "transformers", "peft", "hydra", "optuna", "bitsandbytes", "vllm", "unsloth"):
-        spec = importlib.util.find_spec(mod)
-        env[f"has_{mod}"] = spec is not None
-    for mod in ("grpo_sweep.memory.estimator", "grpo_sweep.trial.measure.enforce", "grpo_sweep.trial.measure.tracker"):
-        env[f"has_{mod.split('.')[-1]}"] = importlib.util.find_spec(mod) is not None
+    """Versions and the card, read in throw-away processes: this one never holds a CUDA context.
+    `versions_unsloth_case`: what the Unsloth case's interpreter sees (its own site first)."""
+    env = {"cpu_dry_run": cpu}
+    probes = [("versions", {})]
+    if os.environ.get("GPU_CHECK_UNSLOTH_SITE"):
+        probes.append(("versions_unsloth_case", unsloth_env()))
+    for key, extra in probes:
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, ",".join(VERSIONS), "cpu" if cpu else "cuda"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, **extra},
+        )
+        try:
+            env[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            env[key] = {"probe_error": proc.stderr[-500:]}
+    env["cuda"] = bool(env["versions"].get("cuda"))
+    env["gpu"] = env["versions"].get("gpu")
+    env["total_memory_bytes"] = env["versions"].get("total_memory_bytes")
     return env
+
+
+def unsloth_env() -> dict:
+    """The Unsloth case's environment: its wheels' site (trl 1.15 with it) before the base one."""
+    site = os.environ.get("GPU_CHECK_UNSLOTH_SITE")
+    extra = {"UNSLOTH_DISABLE_STATISTICS": "1", "HF_HUB_OFFLINE": "1"}
+    if site:
+        extra["PYTHONPATH"] = f"{site}:{os.environ.get('PYTHONPATH', '')}"
+    return extra
+
+
+def card_slug(env: dict) -> str:
+    if not env.get("cuda"):
+        return "cpu"
+    name = (env.get("gpu") or "gpu").lower().replace("nvidia", "")
+    return re.sub(r"[^a-z0-9]+", "_", name).strip("_") or "gpu"
 
 
 def gib(x) -> str:
@@ -239,113 +404,205 @@ def gib(x) -> str:
 
 
 def table(results: dict) -> str:
-    rows = [f"{'case':<9} {'status':<16} {'tok/s':>9} {'peak GiB':>9} {'est GiB':>8} {'deficit GiB':>11} {'wall s':>7}"]
-    for name in ("l4", "oom", "oom_card", "nf4"):
-        r = results["cases"].get(name)
-        if not r:
-            continue
-        est = (r.get("estimate") or {}).get("total_bytes") or r.get("predicted_peak_bytes")
+    head = f"{'case':<17} {'status':<22} {'tok/s':>7} {'alloc':>6} {'resvd':>6} {'NVML':>6} {'est':>6} {'deficit':>7} {'wall':>5}"
+    rows = [head, "(GiB; est = grpo-sweep estimate --json total)"]
+
+    def row(name, r):
+        est = (r.get("estimate") or {}).get("total_bytes")
         tps = r.get("tokens_per_s")
         rows.append(
-            f"{name:<9} {str(r.get('status'))[:16]:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
-            f"{gib(r.get('peak_memory_bytes')):>9} {gib(est):>8} {gib(r.get('deficit_bytes')):>11} "
-            f"{r.get('wall_s', '-'):>7}"
+            f"{name:<17} {str(r.get('status'))[:22]:<22} {('-' if tps is None else f'{tps:.0f}'):>7} "
+            f"{gib(r.get('peak_allocated_bytes') or r.get('peak_memory_bytes')):>6} {gib(r.get('peak_reserved_bytes')):>6} "
+            f"{gib(r.get('nvml_peak_bytes')):>6} {gib(est):>6} {gib(r.get('deficit_bytes')):>7} {r.get('wall_s', '-')!s:>5}"
         )
-    sw = results["cases"].get("sweep")
-    if sw:
-        for i, t in enumerate(sw["trials"]):
-            tps = t.get("tokens_per_s")
-            rows.append(
-                f"{'sweep/' + str(i):<9} {t.get('status')!s:<16} {('-' if tps is None else f'{tps:.0f}'):>9} "
-                f"{gib(t.get('peak_memory_bytes')):>9} {'-':>8} {'-':>11} {round(t.get('wall_time_s') or 0, 1):>7}"
-            )
+
+    for name, r in results["cases"].items():
+        if name == "sweep":
+            for i, t in enumerate(r.get("trials", [])):
+                # est: the trial's own prediction (metrics.json predicted_peak_bytes)
+                est = {"total_bytes": t.get("predicted_peak_bytes")}
+                row(f"sweep/{i}", {**t, "wall_s": round(t.get("wall_time_s") or 0), "estimate": est})
+        elif name == "doctor":
+            v = r.get("verify") or {}
+            est = {"total_bytes": (r.get("estimate_after") or {}).get("total_bytes")}
+            row("doctor --verify", {**v, "status": f"verify {v.get('status')}", "wall_s": r.get("wall_s"), "estimate": est})
+            rows.append(f"{'':<17} the doctor's overrides: {' '.join(r.get('overrides') or []) or '-'}")
+        else:
+            row(name, r)
+    for name, why in results["skipped"].items():
+        rows.append(f"{name:<17} {why}")
     return "\n".join(rows)
 
 
 def checks(results: dict) -> dict:
-    """The verdicts the device check exists for."""
+    """The verdicts the device check exists for (absent: the case did not run)."""
     c = results["cases"]
     out = {}
-    if "l4" in c:
-        out["l4_ok"] = c["l4"].get("status") == "ok"
-    oom = c.get("oom_card") if c.get("oom", {}).get("status") != "oom" else c.get("oom")
+    for name in ("seed_baseline", "seed_optimized", "unsloth", "alloc_default", "alloc_expandable"):
+        if name in c:
+            out[f"{name}_status"] = c[name].get("status")
+    oom = c.get("oom_2x") if c.get("oom", {}).get("status") != "oom" and "oom_2x" in c else c.get("oom")
     if oom:
+        out["oom_case"] = "oom_2x" if oom is c.get("oom_2x") else "oom"
         out["oom_recorded"] = oom.get("status") == "oom"
         out["oom_deficit_parsed"] = (oom.get("deficit_bytes") or 0) > 0
-        out["parent_survived_oom"] = oom.get("parent_rc") == 0 and "trial oom" in (oom.get("summary_line") or "")
-    if "oom" in c:
-        out["budget_enforced"] = c["oom"].get("status") == "oom"
-    if c.get("nf4"):
-        out["nf4_ok"] = c["nf4"].get("status") == "ok"
+        out["parent_survived_oom"] = oom.get("parent_rc") == 0
+    if "doctor" in c:
+        v = c["doctor"].get("verify") or {}
+        budget = v.get("budget_bytes") or (oom or {}).get("budget_bytes")
+        out["doctor_overrides"] = c["doctor"].get("overrides")
+        out["doctor_verify_fits"] = v.get("status") == "ok" and (budget is None or (v.get("peak_memory_bytes") or 0) <= budget)
     if "sweep" in c:
-        trials = c["sweep"]["trials"]
-        out["sweep_3_trials"] = len(trials) == 3 and c["sweep"]["parent_rc"] == 0
+        out["sweep_trials"] = len(c["sweep"]["trials"])
+        out["sweep_statuses"] = [t.get("status") for t in c["sweep"]["trials"]]
     return out
+
+
+def notes(results: dict) -> dict:
+    c, out = results["cases"], {}
+    if "seed_baseline" in c or "seed_optimized" in c:
+        out["gpu_memory_utilization"] = NO_VLLM_NOTE
+    u = c.get("unsloth")
+    if u:
+        fast = (u.get("effective") or {}).get("fast_inference")
+        out["unsloth"] = (
+            f"fast_inference={fast}: without vLLM Unsloth keeps no engine and generates with HF generate on the "
+            "training model; nothing is reserved up front (gpu_memory_utilization ignored). `estimate` is the tool's "
+            "prediction for backend=unsloth (it assumes a vLLM pool and no separate weights); `estimate_hf` is the "
+            "same levers with backend=trl and chunked log-probs (HF generation, the model's own weights); "
+            "`estimate_without_vllm_bytes` is `estimate` less its vLLM pool, plus the weights."
+        )
+    return out
+
+
+def merge(paths: list[str], out_dir: Path) -> Path:
+    """Join the parts' JSON files (one device call each) into one gpu_check_<card>_<date>.json."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    merged = {**parts[0], "cases": {}, "skipped": {}, "parts": []}
+    for p in parts:
+        merged["cases"].update(p["cases"])
+        merged["skipped"].update({k: v for k, v in p["skipped"].items() if k not in merged["cases"]})
+        merged["parts"] += p.get("parts", [])
+        merged.setdefault("env_by_part", {})[",".join(p.get("parts", []))] = p["env"]
+    merged["skipped"] = {k: v for k, v in merged["skipped"].items() if k not in merged["cases"]}
+    merged["elapsed_s"] = round(sum(p.get("elapsed_s", 0) for p in parts), 1)
+    merged["checks"], merged["notes"] = checks(merged), notes(merged)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / Path(paths[0]).name
+    path.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str))
+    print(table(merged))
+    print(f"wrote {path}")
+    return path
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-dry-run", action="store_true", help="same flow on CPU: tiny model, simulated budgets")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "gpu_check"))
-    ap.add_argument("--only", default="l4,oom,nf4,sweep", help="comma-separated cases to run")
-    ap.add_argument("--budget-s", type=float, default=330, help="skip cases that would start after this")
+    ap.add_argument("--part", default="all", choices=("a", "b", "all"), help="a: TRL + bitsandbytes cases, b: Unsloth's")
+    ap.add_argument("--only", default=None, help="comma-separated cases (default: all of the part)")
+    ap.add_argument("--budget-s", type=float, default=None, help=f"skip cases that would not fit (default {PART_BUDGET_S})")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the parts' files into --out (default bench/results)")
     args = ap.parse_args()
+    if args.merge:
+        merge(args.merge, Path(args.out if "--out" in sys.argv else ROOT / "bench" / "results"))
+        return 0
+    t0 = time.monotonic()
+    cpu = args.cpu_dry_run
+    parts = ["a", "b"] if args.part == "all" else [args.part]
+    budget = args.budget_s or sum(PART_BUDGET_S[p] for p in parts)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
     log = Log(out_dir / "gpu_check.log")
-    t0 = time.monotonic()
-    cases = plan(args.cpu_dry_run)
-    only = set(args.only.split(","))
-    results = {"env": environment(args.cpu_dry_run), "cases": {}, "skipped": {}}
-    if not args.cpu_dry_run and not results["env"]["cuda"]:
+    env = environment(cpu)
+    if not cpu and not env["cuda"]:
         print("gpu_check: no CUDA device; use --cpu-dry-run", file=sys.stderr)
         return 2
+    cases = plan(cpu)
+    wanted = [n for n, (part, _, _) in CASES.items() if part in parts]
+    if args.only:
+        wanted = [n for n in wanted if n in args.only.split(",")]
+    results = {"env": env, "parts": parts, "cases": {}, "skipped": {}, "plan": {k: v for k, v in cases.items() if k in wanted}}
+    path = out_dir / f"gpu_check_{card_slug(env)}_{time.strftime('%Y-%m-%d')}.json"
 
     def left() -> float:
-        return args.budget_s - (time.monotonic() - t0)
+        return budget - (time.monotonic() - t0)
 
     def save():
         results["elapsed_s"] = round(time.monotonic() - t0, 1)
-        results["checks"] = checks(results)
-        (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
+        results["checks"], results["notes"] = checks(results), notes(results)
+        path.write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
 
-    if "l4" in only:
-        r = trial("l4", cases["l4"], 200, log)
-        r["estimate"] = estimate(cases["l4"], log)
-        est = r["estimate"].get("total_bytes")
-        if est and r.get("peak_memory_bytes"):
-            r["measured_over_estimate"] = round(r["peak_memory_bytes"] / est, 3)
-        results["cases"]["l4"] = r
-        save()
-    if "oom" in only:
-        r = trial("oom", cases["oom"], 200, log)
-        r["estimate"] = estimate(cases["oom"], log)
-        results["cases"]["oom"] = r
-        save()
-        if r.get("status") != "oom":
-            # The emulated budget did not bite (not enforced in this build): force a real OOM.
-            results["cases"]["oom_card"] = trial("oom_card", cases["oom_card"], max(60, min(200, left())), log)
+    def cap(name: str) -> float | None:
+        """This case's cap, shortened to what is left; None (and recorded) when it cannot start."""
+        _, full, least = CASES[name]
+        if left() < least:
+            results["skipped"][name] = f"skipped: time budget ({left():.0f} s left, needs {least} s)"
+            return None
+        return min(full, left())
+
+    def ended_oom(name: str) -> bool:
+        return results["cases"].get(name, {}).get("status") == "oom" and bool(results["cases"][name].get("metrics_json"))
+
+    for name in wanted:
+        overrides = cases.get(name)
+        if name == "oom_2x" and (ended_oom("oom") or "oom" not in results["cases"]):
+            results["skipped"][name] = "not needed: the oom case ended oom" if ended_oom("oom") else "skipped: no oom case"
             save()
-    if "nf4" in only:
-        has_bnb = importlib.util.find_spec("bitsandbytes") is not None
-        if cases["nf4"] is None or not has_bnb:
-            results["skipped"]["nf4"] = "CPU dry run" if cases["nf4"] is None else "bitsandbytes not carried"
-        elif left() < 60:
-            results["skipped"]["nf4"] = "time budget"
+            continue
+        if name == "doctor":
+            oom = results["cases"].get("oom" if ended_oom("oom") else "oom_2x")
+            if not oom or oom.get("status") != "oom" or not oom.get("metrics_json"):
+                results["skipped"][name] = "skipped: no case ended oom"
+            elif (c := cap(name)) is not None:
+                results["cases"][name] = doctor(oom, c, log)
+            save()
+            continue
+        if overrides is None:
+            results["skipped"][name] = NEEDS_CUDA
+            save()
+            continue
+        if name == "seed_optimized" and importlib.util.find_spec("bitsandbytes") is None:
+            results["skipped"][name] = "skipped: bitsandbytes not installed (carry it: scripts/gpu_wheels.sh bnb)"
+            save()
+            continue
+        if (c := cap(name)) is None:
+            save()
+            continue
+        if name == "sweep":
+            results["cases"][name] = sweep(overrides, c, log, cpu)
+        elif name == "unsloth":
+            # What ran without vLLM: HF generation, the model's own weights, Unsloth's chunked log-probs.
+            hf = [*(o for o in overrides if o != "backend=unsloth"), "backend=trl", "logits_mode=chunked"]
+            r = trial(name, overrides, c, log, env=unsloth_env(), estimates={"estimate": overrides, "estimate_hf": hf})
+            est_u, est_hf = r.get("estimate") or {}, r.get("estimate_hf") or {}
+            if est_u.get("components") and est_hf.get("components"):
+                # The unsloth estimate with no vLLM pool and the weights held by the model itself.
+                comp = est_u["components"]
+                r["estimate_without_vllm_bytes"] = (
+                    est_u["total_bytes"] - comp.get("vllm_pool", 0) - comp.get("weights", 0) + est_hf["components"]["weights"]
+                )
+            if r["estimate_hf"].get("total_bytes") and r.get("peak_memory_bytes"):
+                r["measured_over_estimate_hf"] = round(r["peak_memory_bytes"] / r["estimate_hf"]["total_bytes"], 3)
+            results["cases"][name] = r
         else:
-            results["cases"]["nf4"] = trial("nf4", cases["nf4"], min(200, left()), log)
-        save()
-    if "sweep" in only:
-        if left() < 60:
-            results["skipped"]["sweep"] = "time budget"
-        else:
-            results["cases"]["sweep"] = sweep(cases["sweep"], max(60, left() + 60), log)
+            alloc = {"alloc_default": None, "alloc_expandable": "expandable_segments:True"}
+            extra_env = {"PYTORCH_CUDA_ALLOC_CONF": alloc[name]} if name in alloc else None
+            r = trial(name, overrides, c, log, env=extra_env)
+            if name in alloc:
+                r["pytorch_cuda_alloc_conf"] = alloc[name]  # None: unset, PyTorch's default
+                if r.get("peak_reserved_bytes") and r.get("peak_allocated_bytes"):
+                    r["reserved_minus_allocated_bytes"] = r["peak_reserved_bytes"] - r["peak_allocated_bytes"]
+            if name in ("oom", "oom_2x", "alloc_default"):
+                est = (r.get("estimate") or {}).get("total_bytes")
+                r["estimate_over_cap"] = round(est / r["budget_bytes"], 3) if est and r.get("budget_bytes") else None
+            results["cases"][name] = r
         save()
     save()
     print(table(results))
-    print(json.dumps({"checks": results["checks"], "skipped": results["skipped"], "elapsed_s": results["elapsed_s"]}, indent=1))
-    print(f"wrote {out_dir / 'gpu_check.json'} and gpu_check.log")
+    print(json.dumps({"checks": results["checks"], "elapsed_s": results["elapsed_s"]}, indent=1, default=str))
+    print(f"wrote {path} and {out_dir / 'gpu_check.log'}")
     return 0
 
 

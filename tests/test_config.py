@@ -166,3 +166,111 @@ def test_plain_install_ships_the_configs(tmp_path):
         timeout=120,
     )
     assert est.returncode == 0 and "fits" in est.stdout, est.stderr[-2000:]
+
+
+# --- errors before any model loads: `+` typos, the objective, LoRA modules, every range -------------
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["+lora_rnk=8"], ["lora_rnk=8: not a key of the configuration", "did you mean lora_rank?"]),
+        (["+experiment=learn"], ["experiment=learn: not a key", "a config group must exist under conf/"]),
+        (["+trial.stpes=5"], ["trial.stpes=5: not a key", "did you mean trial.steps?"]),
+        (["objective=bogus"], ["objective=bogus: must name a numeric metrics.json key", "tokens_per_s"]),
+        (["objective=status"], ["objective=status: must name a numeric metrics.json key"]),  # a string key
+        (["lora_target_modules=[q_proj,foo]"], ["foo not a linear layer of model_type=llama", "allowed: q_proj, k_proj"]),
+        (["learning_rate=-1"], ["learning_rate=-1.0: must be a positive number (> 0)"]),
+        (["beta=-0.1"], ["beta=-0.1: must be >= 0"]),
+        (["seed=-1"], ["seed=-1: must be >= 0"]),
+        (["lora_alpha=0"], ["lora_alpha=0: must be a positive"]),
+        (["trial.timeout_s=0"], ["trial.timeout_s=0.0: must be a positive"]),
+        (["task.num_prompts=0"], ["task.num_prompts=0: must be a positive"]),
+        (["gpu.memory_gib=-2"], ["gpu.memory_gib=-2.0: must be > 0, or null"]),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) and v and "=" in v[0] else None,
+)
+def test_train_rejects_before_any_trial(tmp_path, args, needles):
+    """`python train.py ...` as a user types it: the message names the key, the value and what is
+    allowed, and no trial starts (no [trial] line, no metrics.json)."""
+    result = run_train([*args, f"hydra.run.dir={tmp_path}/run"], timeout=180)
+    text = result.stderr + result.stdout
+    assert result.returncode != 0, text[-2000:]
+    for needle in needles:
+        assert needle in text, text[-2000:]
+    assert "[trial]" not in text
+    assert not list(tmp_path.rglob("metrics.json"))
+
+
+def test_objective_allows_exactly_the_numeric_metrics_keys():
+    from grpo_sweep.config.schema import numeric_metrics
+
+    allowed = numeric_metrics()
+    # By hand from metrics.TrialMetrics: throughput and memory numbers are; strings, dicts, lists,
+    # bools and the mixed `tracked_steps` (int or "all") are not.
+    assert {"tokens_per_s", "samples_per_s", "step_time_s", "peak_memory_bytes", "reward_mean", "wall_time_s"} <= set(allowed)
+    assert not {"status", "error", "levers", "history", "throughput_tracked", "tracked_steps", "memory_source"} & set(allowed)
+    for key in ("tokens_per_s", "peak_memory_bytes", "reward_mean"):
+        validate(compose([f"objective={key}"]), cuda=False)
+
+
+def test_lora_modules_of_every_shipped_model_and_unknown_model_types():
+    import warnings
+
+    from grpo_sweep.config.schema import ConfigWarning
+
+    for model in ("tiny", "gemma3_1b", "llama3_2_1b", "qwen2_5_0_5b"):
+        validate(compose([f"model={model}", "lora=all_linear"]), cuda=True)
+    with pytest.raises(ConfigError, match=r"all-linear not a linear layer .*use lora=all_linear"):
+        validate(compose(["lora_target_modules=[all-linear]"]), cuda=False)
+    # A dotted PEFT name ending in a known layer is fine.
+    validate(compose(["lora_target_modules=[self_attn.q_proj]"]), cuda=False)
+    # A model type grpo-sweep does not know: not checked, and said so.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        validate(compose(["model.arch.model_type=phi3", "lora_target_modules=[qkv_proj]"]), cuda=False)
+    assert any(
+        issubclass(w.category, ConfigWarning) and "model_type=phi3 is not one grpo-sweep knows" in str(w.message) for w in caught
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (
+            ["model.arch.num_key_value_heads=3", "model.arch.num_attention_heads=4"],
+            "must divide model.arch.num_attention_heads=4",
+        ),
+        (["model.arch.hidden_size=0"], "model.arch.hidden_size=0: must be a positive"),
+        (["gpu=l4_24g", "gpu.tflops_bf16=-1"], "gpu.tflops_bf16=-1.0: must be > 0, or null"),
+        (["task.max_operand=0"], "task.max_operand=0: must be >= 1"),
+    ],
+)
+def test_more_ranges(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), cuda=False)
+    assert needle in str(err.value)
+
+
+def test_estimate_and_doctor_reject_unknown_keys_too(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    est = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "estimate", "+lora_rnk=8"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert est.returncode == 2 and "did you mean lora_rank?" in est.stderr
+    message = tmp_path / "oom.txt"
+    message.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 22.06 GiB of which 1.00 GiB is free."
+    )
+    doc = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "gpu=l4_24g", "+lora_rnk=8"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert doc.returncode == 2 and "did you mean lora_rank?" in doc.stderr and doc.stdout == ""

@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import ROOT, compose
 
 from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
-from grpo_sweep.memory.estimator import GiB, MiB, estimate
+from grpo_sweep.memory.estimator import GiB, MiB
 from grpo_sweep.memory.oom_message import parse_oom_message
 
 SEED_MESSAGE = (
@@ -58,7 +59,7 @@ def test_seed_message():
     p = parse_oom_message(SEED_MESSAGE)
     assert p["requested_bytes"] == int(6.01 * GiB)
     assert p["total_bytes"] == int(22.06 * GiB) and p["free_bytes"] == int(2.72 * GiB)
-    assert p["deficit_bytes"] == int(6.01 * GiB) - int(2.72 * GiB)
+    assert p["deficit_bytes"] == pytest.approx(3.29 * GiB, abs=1)  # 6.01 - 2.72 GiB, by hand
 
 
 def test_torch2_full_message_with_rank_prefixes():
@@ -68,7 +69,7 @@ def test_torch2_full_message_with_rank_prefixes():
     assert p["process_in_use_bytes"] == int(14.74 * GiB)
     assert p["allocated_by_pytorch_bytes"] == int(14.50 * GiB)
     assert p["reserved_unallocated_bytes"] == 100 * MiB
-    assert p["deficit_bytes"] == 20 * MiB - int(3.06 * MiB)
+    assert p["deficit_bytes"] == pytest.approx(16.94 * MiB, abs=1)  # 20 - 3.06 MiB, by hand
 
 
 def test_torch2_wrapped_with_log_prefix_and_kib():
@@ -86,8 +87,8 @@ def test_torch1_message():
     assert p["total_bytes"] == int(15.78 * GiB)
     assert p["free_bytes"] == int(10.44 * MiB)
     assert p["allocated_by_pytorch_bytes"] == int(14.20 * GiB)
-    assert p["reserved_unallocated_bytes"] == int(14.50 * GiB) - int(14.20 * GiB)
-    assert p["deficit_bytes"] == 2 * GiB - int(10.44 * MiB)
+    assert p["reserved_unallocated_bytes"] == pytest.approx(0.30 * GiB, abs=1)  # 14.50 - 14.20 GiB, by hand
+    assert p["deficit_bytes"] == pytest.approx((2048 - 10.44) * MiB, abs=1)  # 2 GiB - 10.44 MiB, by hand
 
 
 def test_vllm_kv_cache_message_split_over_prefixed_lines():
@@ -95,7 +96,7 @@ def test_vllm_kv_cache_message_split_over_prefixed_lines():
     assert p["max_seq_len"] == 40960
     assert p["kv_cache_needed_bytes"] == int(5.62 * GiB)
     assert p["kv_cache_available_bytes"] == int(4.50 * GiB)
-    assert p["deficit_bytes"] == int(5.62 * GiB) - int(4.50 * GiB)
+    assert p["deficit_bytes"] == pytest.approx(1.12 * GiB, abs=1)  # 5.62 - 4.50 GiB, by hand
 
 
 def test_vllm_startup_message():
@@ -103,7 +104,7 @@ def test_vllm_startup_message():
     assert p["free_bytes"] == int(6.92 * GiB) and p["total_bytes"] == int(22.06 * GiB)
     assert p["gpu_memory_utilization"] == 0.6
     assert p["desired_bytes"] == int(13.24 * GiB)
-    assert p["deficit_bytes"] == int(13.24 * GiB) - int(6.92 * GiB)
+    assert p["deficit_bytes"] == pytest.approx(6.32 * GiB, abs=1)  # 13.24 - 6.92 GiB, by hand
 
 
 def test_vllm_no_cache_blocks_and_old_token_wording():
@@ -122,17 +123,23 @@ def test_seed_allocation_is_recognised_as_full_logits():
     assert infer_logits_mode({"requested_bytes": 20 * MiB}, cfg) is None
 
 
-def test_doctor_on_the_seed_returns_overrides_the_estimator_says_fit():
+def test_doctor_on_the_seed_reads_the_message_and_keeps_the_generation_batch():
+    """Oracles by hand, from the message and the preset (the doctor's estimate is not its own judge;
+    test_doctor_fix_of_a_real_oom_runs_for_real runs a suggested fix for real)."""
     cfg = compose(SEED_CONFIG)
     result = diagnose(cfg, parse_oom_message(SEED_MESSAGE))
-    assert result["deficit_bytes"] == parse_oom_message(SEED_MESSAGE)["deficit_bytes"]
+    assert result["deficit_bytes"] == pytest.approx(3.29 * GiB, abs=1)  # 6.01 GiB asked, 2.72 GiB free
+    # The run needed what was in use (22.06 - 2.72 GiB) plus the failed 6.01 GiB: 25.35 GiB.
+    assert result["observed_need_bytes"] == pytest.approx(25.35 * GiB, abs=2)
+    # 6.01 GiB = 4 completions x 769 positions (768-token completion + 1) x 262144 vocab x 8 bytes:
+    # a whole logits-sized tensor, so the run materialised full logits.
+    assert 4 * 769 * 262144 * 8 == pytest.approx(6.01 * GiB, rel=1e-3)
     assert result["logits_mode"] == "full"
-    assert result["overrides"], result
+    assert result["overrides"] and not result["fits_as_is"], result
     fixed = compose(SEED_CONFIG + result["overrides"])
-    after = estimate(fixed, "full")
-    assert after.fits
-    # >= 5 % headroom even with the overhead the message proves the estimate misses.
-    assert after.total_bytes + result["unexplained_bytes"] <= 0.95 * after.budget_bytes
+    # GRPO's generation batch (micro-batch x grad-accum = 4 x 1 in the preset) is the experiment: kept.
+    assert fixed.per_device_train_batch_size * fixed.gradient_accumulation_steps == 4
+    assert fixed.max_seq_length == 1024 and fixed.num_generations == 4
     # Upgrading to the chunked head is reported as a fix on its own.
     assert result["stack_upgrade"]["fits"] and result["stack_upgrade"]["saving_bytes"] > 10 * GiB
     # Levers are ranked by GiB freed per % of speed lost, experiment-changing moves last.
@@ -148,11 +155,13 @@ def test_doctor_with_vllm_lowers_the_pool_when_the_kv_cache_allows():
         "capacity of 22.06 GiB of which 100.00 MiB is free."
     )
     result = diagnose(cfg, parse_oom_message(msg))
-    assert any(o.startswith("gpu_memory_utilization=") for row in result["levers"] for o in row["overrides"])
+    shares = [
+        float(o.split("=")[1]) for row in result["levers"] for o in row["overrides"] if o.startswith("gpu_memory_utilization=")
+    ]
+    assert shares and all(s < 0.6 for s in shares)  # training ran out: the pool may only shrink
     assert result["overrides"]
-    assert estimate(
-        compose(["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm"] + result["overrides"])
-    ).fits
+    # By hand: every 0.05 of the share is 0.05 x 22.06 GiB = 1.10 GiB, more than the 412 MiB short.
+    assert 0.05 * 22.06 * GiB > result["deficit_bytes"] == 412 * MiB
 
 
 def test_doctor_on_a_vllm_kv_cache_error_raises_the_share():
@@ -165,12 +174,72 @@ def test_doctor_on_a_vllm_kv_cache_error_raises_the_share():
     )
     result = diagnose(cfg, parse_oom_message(msg))
     assert result["deficit_bytes"] == int(0.01 * GiB)
-    util = [o for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
-    assert util and float(util[0].split("=")[1]) > 0.1
-    after = estimate(
-        compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"] + result["overrides"])
+    util = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert util and util[0] >= 0.15  # a KV-cache error needs a larger pool: at least one 0.05 step
+
+
+def _kv_error(case_id: str) -> str:
+    (text,) = [p.values[0] for p in VLLM_REAL if p.id == case_id]
+    return text
+
+
+@pytest.mark.parametrize("case_id", ["FINDINGS-cpu-0.0-GiB", "FINDINGS-cpu-no-cache-blocks", "gpustack#1800-v0-worker"])
+def test_doctor_on_kv_errors_without_sizes_still_raises_the_share(case_id):
+    """vLLM says the KV cache is too small but gives no usable size: the share must grow anyway,
+    even where the estimate thinks the pool holds the batch."""
+    cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
+    result = diagnose(cfg, parse_oom_message(_kv_error(case_id)))
+    util = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert util and util[0] >= 0.55, result["overrides"]  # from 0.5, at least one 0.05 step
+    assert not result["fits_as_is"]
+
+
+def test_doctor_on_the_cpu_builds_negative_kv_share_raises_the_share():
+    """FINDINGS: a share of 0.29 GiB on a 14.34 GiB node, 0.34 GiB short before any KV: by hand the share
+    must grow by at least 0.34 / 14.34 = 0.024, i.e. from 0.1 to 0.15 or more (0.05 steps)."""
+    cfg = compose(
+        ["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm", "gpu_memory_utilization=0.1"]
     )
-    assert after.kv_cache_ok and after.fits
+    result = diagnose(cfg, parse_oom_message(_kv_error("FINDINGS-cpu-negative-kv")))
+    util = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert util and util[0] >= 0.15, result["overrides"]
+
+
+def test_doctor_says_a_config_that_fits_fits(tmp_path):
+    """Fragmentation: 2 MiB asked with 10 GiB free. The tiny model on an L4 needs well under 1 GiB (its
+    weights are 147,776 float parameters): the doctor says it fits, never "use a larger card"."""
+    msg = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity "
+        "of 22.06 GiB of which 10.00 GiB is free."
+    )
+    result = diagnose(compose(["gpu=l4_24g"]), parse_oom_message(msg))
+    assert result["fits_as_is"] and result["fits_after"] and result["overrides"] == []
+    message = tmp_path / "oom.txt"
+    message.write_text(msg)
+    args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "gpu=l4_24g"]
+    text = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "this config fits as it is" in text.stdout
+    assert "no combination" not in text.stdout and "larger card" not in text.stdout
+
+
+def test_doctor_cannot_read_a_message_says_so_and_exits_2(tmp_path):
+    crash = tmp_path / "crash.txt"
+    crash.write_text("Segmentation fault (core dumped)\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"status": "failed", "error": "KeyError: 'prompt'"}))
+    for source in (crash, run / "metrics.json"):
+        for extra in ([], ["--json"]):
+            args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(source), "gpu=l4_24g", *extra]
+            result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+            assert result.returncode == 2, result.stdout + result.stderr
+            assert result.stdout == ""  # no advice
+            assert f"could not read an out-of-memory message in {source}" in result.stderr
+            # ... and what it looked for
+            assert "Tried to allocate" in result.stderr and "KV cache is needed" in result.stderr
+            assert "Free memory on device" in result.stderr and "Available memory on node" in result.stderr
+            assert "levers" not in result.stderr and "fits" not in result.stderr
 
 
 def test_doctor_on_a_vllm_startup_error_keeps_the_share_within_free_memory():
@@ -184,8 +253,6 @@ def test_doctor_on_a_vllm_startup_error_keeps_the_share_within_free_memory():
     assert result["unexplained_bytes"] > 5 * GiB  # memory held by something else at start-up
     (util,) = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
     assert util <= 0.65  # at most floor(15 / 22.06, 0.05): the share must fit in what was free
-    after = estimate(with_util(cfg, util))
-    assert after.kv_cache_ok and after.total_bytes + result["unexplained_bytes"] <= 0.95 * after.budget_bytes
 
 
 def with_util(cfg, util):
@@ -250,37 +317,275 @@ def test_doctor_bad_input_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_doctor_verify_runs_a_real_trial(tmp_path):
-    # A tiny CPU config with a budget the estimator says it exceeds; --verify runs the fix for real.
-    message = tmp_path / "oom.txt"
-    message.write_text(
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a "
-        "total capacity of 0.06 GiB of which 1.00 MiB is free."
-    )
-    args = [
-        sys.executable,
-        "-m",
-        "grpo_sweep.cli",
-        "doctor",
-        "--message",
-        str(message),
-        "gpu=cpu_sim",
-        "gpu.memory_gib=0.06",
-        "trial.steps=2",
-        "task.num_prompts=16",
-        "per_device_train_batch_size=8",
-        "num_generations=4",
-        "--verify",
-        "--json",
-    ]
+def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path):
+    """The doctor's advice judged by a real run, not by its own estimate: a tiny trial really runs out
+    of memory on a 30.72 MiB simulated card; the doctor reads that trial's metrics.json (and the
+    config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish."""
+    import os
+
+    from conftest import FAST, run_train
+
+    budget = int(0.03 * 2**30)
+    first = run_train([*FAST, "gpu=cpu_sim", "gpu.memory_gib=0.03", f"hydra.run.dir={tmp_path}/oom"], timeout=600)
+    record = json.loads((tmp_path / "oom" / "metrics.json").read_text())
+    assert record["status"] == "oom", first.stdout[-2000:] + first.stderr[-2000:]
+    assert record["requested_bytes"] > record["free_bytes"]
     result = subprocess.run(
-        args,
+        [
+            sys.executable,
+            "-m",
+            "grpo_sweep.cli",
+            "doctor",
+            "--message",
+            str(tmp_path / "oom" / "metrics.json"),
+            "--verify",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=600,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")},
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
+    assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
-    assert data["overrides"], data
-    assert data["verify"]["status"] == "ok", data["verify"]
+    assert data["overrides"] and not data["fits_as_is"], data
+    verified = data["verify"]
+    assert verified["status"] == "ok", verified
+    assert verified["peak_memory_bytes"] <= budget  # measured under the same simulated card
+    # The verify trial really ran the overrides (its own config.yaml), with the same generation batch.
+    ran = yaml.safe_load((tmp_path / verified["run_dir"] / "config.yaml").read_text())
+    for item in data["overrides"]:
+        key, value = item.split("=", 1)
+        assert str(ran[key]).lower() == value.lower(), (key, ran[key], value)
+    assert ran["per_device_train_batch_size"] * ran["gradient_accumulation_steps"] == 4
+    assert ran["gpu"]["memory_gib"] == 0.03
+
+
+# --- vLLM's start-up and KV-cache errors as vLLM 0.10-0.33 print them --------------------------------
+# Each case: where the text comes from, the text, and the numbers it must give (hand-read from the
+# text; GiB as vLLM prints it, two decimals). Texts from an issue tracker are quoted as posted (with
+# their process tags, timestamps and log prefixes); texts from vLLM's source are its f-string with
+# numbers filled in; "FINDINGS" are the vLLM 0.31 CPU build's messages measured on this project's
+# CI machine (/work/scratch/vllm/FINDINGS.md section 3, 2026-11-30).
+VLLM_REAL = [
+    pytest.param(
+        # vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory` ("models's", before the CPU
+        # wording); the same text in vllm-project/tpu-inference#223.
+        "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.71 GiB). Based on the available memory, the "
+        "estimated maximum model length is 5632. Try increasing `gpu_memory_utilization` or decreasing "
+        "`max_model_len` when initializing the engine.",
+        {
+            "form": "vllm_kv_cache",
+            "max_seq_len": 131072,
+            "kv_cache_needed_bytes": 16 * GiB,
+            "kv_cache_available_bytes": int(0.71 * GiB),
+            "estimated_max_model_len": 5632,
+            "deficit_bytes": pytest.approx(15.29 * GiB, abs=2),  # 16.00 - 0.71
+            "kv_cache_too_small": True,
+        },
+        id="kv_cache_utils-tpu-inference#223",
+    ),
+    pytest.param(
+        # vllm-project/vllm#27508 (gpt-oss-120b on an H100): the EngineCore process tag.
+        "(EngineCore_DP0 pid=6880) ValueError: To serve at least one request with the models's max seq len (131072), "
+        "(4.54 GiB KV cache is needed, which is larger than the available KV cache memory (1.71 GiB).",
+        {
+            "form": "vllm_kv_cache",
+            "max_seq_len": 131072,
+            "kv_cache_needed_bytes": int(4.54 * GiB),
+            "kv_cache_available_bytes": int(1.71 * GiB),
+            "deficit_bytes": pytest.approx(2.83 * GiB, abs=2),  # 4.54 - 1.71
+        },
+        id="vllm#27508-engine-core-tag",
+    ),
+    pytest.param(
+        # SergiioB/intel-arc-pro-b70-inference-cookbook#4: a terminal wrapped the line mid-word, the
+        # continuation without the process tag.
+        "(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach\n"
+        "e is needed, which is larger than the available KV cache memory (4.25 GiB).",
+        {
+            "form": "vllm_kv_cache",
+            "max_seq_len": 100000,
+            "kv_cache_needed_bytes": int(4.26 * GiB),
+            "kv_cache_available_bytes": int(4.25 * GiB),
+        },
+        id="intel-arc-cookbook#4-wrapped-mid-word",
+    ),
+    pytest.param(
+        # FINDINGS: vLLM 0.31 CPU, kv_cache_memory_bytes=262144 for max_model_len 512. The GiB figures
+        # round to 0.0: no size is taken from them.
+        "[rank0]: ValueError: To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, the "
+        "estimated maximum model length is 384. Try increasing `gpu_memory_utilization` (which also controls CPU "
+        "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+        {"form": "vllm_kv_cache", "max_seq_len": 512, "estimated_max_model_len": 384, "kv_cache_too_small": True},
+        id="FINDINGS-cpu-0.0-GiB",
+    ),
+    pytest.param(
+        # FINDINGS: one block (0 usable): the "Based on the available memory" sentence is left out.
+        "ValueError: To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, "
+        "which is larger than the available KV cache memory (0.0 GiB). Try increasing `gpu_memory_utilization` "
+        "(which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine.",
+        {"form": "vllm_kv_cache", "max_seq_len": 512, "kv_cache_too_small": True},
+        id="FINDINGS-cpu-no-estimate",
+    ),
+    pytest.param(
+        # FINDINGS: kv_cache_memory_bytes=0 on the CPU build.
+        "[rank0]: ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite its "
+        "name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+        {"form": "vllm_no_cache_blocks", "no_cache_blocks": True, "kv_cache_available_bytes": 0, "kv_cache_too_small": True},
+        id="FINDINGS-cpu-no-cache-blocks",
+    ),
+    pytest.param(
+        # vllm-project/vllm#10439 (V0 worker.py): docker compose's column and V0's logger format.
+        "vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. Try "
+        "increasing `gpu_memory_utilization` when initializing the engine.",
+        {"form": "vllm_no_cache_blocks", "no_cache_blocks": True, "kv_cache_available_bytes": 0},
+        id="vllm#10439-docker-compose",
+    ),
+    pytest.param(
+        # gpustack/gpustack#1800 (vllm/worker/worker.py `raise_if_cache_size_invalid`, V0 engine).
+        "ERROR 04-17 15:10:09 [engine.py:448] ValueError: The model's max seq len (8192) is larger than the maximum "
+        "number of tokens that can be stored in KV cache (2400). Try increasing `gpu_memory_utilization` or "
+        "decreasing `max_model_len` when initializing the engine.",
+        {"form": "vllm_kv_tokens", "max_seq_len": 8192, "kv_cache_tokens": 2400, "kv_cache_too_small": True},
+        id="gpustack#1800-v0-worker",
+    ),
+    pytest.param(
+        # vllm-project/vllm#25837 (v1 gpu_worker.py, no device name yet).
+        "(EngineCore_DP0 pid=17374) ERROR 09-28 15:47:24 [core.py:718] ValueError: Free memory on device (3.22/4.0 GiB) "
+        "on startup is less than desired GPU memory utilization (0.9, 3.6 GiB). Decrease GPU memory utilization or "
+        "reduce GPU memory used by other processes.",
+        {
+            "form": "vllm_startup",
+            "free_bytes": int(3.22 * GiB),
+            "total_bytes": 4 * GiB,
+            "gpu_memory_utilization": 0.9,
+            "desired_bytes": int(3.6 * GiB),
+            "deficit_bytes": pytest.approx(0.38 * GiB, abs=2),  # 3.6 - 3.22
+        },
+        id="vllm#25837-gpu_worker",
+    ),
+    pytest.param(
+        # QinYang79/ICL#3: a worker process tag with a rank.
+        "(VllmWorker rank=0 pid=3926141) ERROR 08-12 01:36:10 [multiproc_executor.py:511] ValueError: Free memory on "
+        "device (16.61/23.68 GiB) on startup is less than desired GPU memory utilization (0.8, 18.95 GiB). Decrease "
+        "GPU memory utilization or reduce GPU memory used by other processes.",
+        {
+            "form": "vllm_startup",
+            "free_bytes": int(16.61 * GiB),
+            "total_bytes": int(23.68 * GiB),
+            "desired_bytes": int(18.95 * GiB),
+        },
+        id="ICL#3-vllmworker-rank-tag",
+    ),
+    pytest.param(
+        # vllm/v1/worker/utils.py `request_memory` (the device named) as in vllm-project/vllm-omni#1842,
+        # with its stage tag.
+        "(Worker pid=2291010) [Stage-0] ERROR 03-12 08:22:28 [multiproc_executor.py:800] ValueError: Free memory on "
+        "device cuda:0 (111.99/139.8 GiB) on startup is less than desired GPU memory utilization (0.95, 132.81 GiB). "
+        "Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+        {
+            "form": "vllm_startup",
+            "free_bytes": int(111.99 * GiB),
+            "total_bytes": int(139.8 * GiB),
+            "gpu_memory_utilization": 0.95,
+            "desired_bytes": int(132.81 * GiB),
+        },
+        id="utils.request_memory-vllm-omni#1842",
+    ),
+    pytest.param(
+        # pytorch/pytorch#175666: the CI log's timestamp and EngineCore tag, the message from its title.
+        "[2026-02-24T20:21:58Z] (EngineCore_DP0 pid=6940) ValueError: Free memory on device cuda:0 (19.77/22.05 GiB) "
+        "on startup is less than desired GPU memory utilization (0.9, 19.84 GiB).",
+        {"form": "vllm_startup", "free_bytes": int(19.77 * GiB), "desired_bytes": int(19.84 * GiB)},
+        id="pytorch#175666-ci-timestamp",
+    ),
+    pytest.param(
+        # The same, wrapped by a terminal over three lines, each with the worker's tag and logger prefix.
+        "(VllmWorker rank=0 pid=7) ERROR 08-12 01:36:10 [multiproc_executor.py:511] ValueError: Free memory on device\n"
+        "(VllmWorker rank=0 pid=7) ERROR 08-12 01:36:10 [multiproc_executor.py:511]  cuda:0 (16.61/23.68 GiB) on startup is\n"
+        "(VllmWorker rank=0 pid=7) ERROR 08-12 01:36:10 [multiproc_executor.py:511] less than desired GPU memory utilization (0.8, 18.95 GiB).",
+        {
+            "form": "vllm_startup",
+            "free_bytes": int(16.61 * GiB),
+            "total_bytes": int(23.68 * GiB),
+            "desired_bytes": int(18.95 * GiB),
+        },
+        id="startup-wrapped-with-prefixes",
+    ),
+    pytest.param(
+        # vllm/v1/worker/cpu_worker.py `CPUWorker.__init__` (the CPU build's start-up check).
+        "ValueError: Available memory on node 0 (10.50/14.34 GiB) on startup is less than desired CPU memory "
+        "utilization (0.9, 12.91 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls the fraction "
+        "of CPU memory reserved (despite its name).",
+        {
+            "form": "vllm_cpu_startup",
+            "free_bytes": int(10.5 * GiB),
+            "total_bytes": int(14.34 * GiB),
+            "gpu_memory_utilization": 0.9,
+            "desired_bytes": int(12.91 * GiB),
+            "deficit_bytes": pytest.approx(2.41 * GiB, abs=2),  # 12.91 - 10.50
+        },
+        id="cpu_worker-startup",
+    ),
+    pytest.param(
+        # FINDINGS: auto-sized KV with gpu_memory_utilization=0.02: the share (0.29 GiB) is below what the
+        # process holds, so the KV share is negative (-0.34 GiB).
+        "[rank0]: ValueError: Available memory on node 0 (11.38/14.34 GiB) on kv cache allocation is less than "
+        "requested memory for kv (-0.34/0.29 GiB). Reduce CPU memory used by other processes.",
+        {
+            "form": "vllm_cpu_kv",
+            "free_bytes": int(11.38 * GiB),
+            "total_bytes": int(14.34 * GiB),
+            "kv_cache_requested_bytes": -int(0.34 * GiB),
+            "vllm_share_bytes": int(0.29 * GiB),
+            "deficit_bytes": int(0.34 * GiB),
+            "kv_cache_too_small": True,
+        },
+        id="FINDINGS-cpu-negative-kv",
+    ),
+    pytest.param(
+        # FINDINGS: explicit kv_cache_memory_bytes larger than the node's free memory.
+        "ValueError: Available memory on node 0 (11.89/14.34 GiB) on kv cache allocation is less than requested "
+        "memory for kv (93.13 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory "
+        "used by other processes.",
+        {
+            "form": "vllm_cpu_kv",
+            "free_bytes": int(11.89 * GiB),
+            "kv_cache_requested_bytes": int(93.13 * GiB),
+            "deficit_bytes": pytest.approx(81.24 * GiB, abs=2),  # 93.13 - 11.89
+        },
+        id="FINDINGS-cpu-explicit-kv-too-large",
+    ),
+]
+
+
+@pytest.mark.parametrize("text, expected", VLLM_REAL)
+def test_vllm_errors_as_printed(text, expected):
+    parsed = parse_oom_message(text)
+    assert {k: parsed.get(k) for k in expected} == expected, parsed
+    if expected.get("form") == "vllm_kv_cache" and "kv_cache_needed_bytes" not in expected:
+        # "0.0 GiB" is below the message's precision: no size, no deficit taken from it.
+        assert "kv_cache_needed_bytes" not in parsed and "deficit_bytes" not in parsed
+    if expected.get("form") == "vllm_cpu_kv" and "vllm_share_bytes" not in expected:
+        assert "kv_cache_too_small" not in parsed  # too large for the node, not too small
+
+
+def test_prefix_stripping_keeps_message_text_that_looks_like_a_tag():
+    """A continuation line starting "(40960)," or "(5.62 GiB" is message, not a process tag."""
+    text = (
+        "ValueError: To serve at least one request with the model's max seq len\n"
+        "(40960), (5.62 GiB KV cache is needed, which is larger than the available KV cache memory\n"
+        "(4.50 GiB)."
+    )
+    p = parse_oom_message(text)
+    assert (p["max_seq_len"], p["kv_cache_needed_bytes"], p["kv_cache_available_bytes"]) == (
+        40960,
+        int(5.62 * GiB),
+        int(4.5 * GiB),
+    )

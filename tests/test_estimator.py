@@ -89,11 +89,27 @@ def test_cpu_is_float32_and_cuda_is_bfloat16():
     assert cpu.budget_bytes is None and cpu.fits and cpu.headroom_bytes is None
 
 
-def test_components_sum_to_total_and_are_non_negative():
+# Gemma 3 1B has 999,885,952 parameters (the count Hugging Face lists for google/gemma-3-1b-it; by
+# hand: embeddings 262144 x 1152 + 26 layers x (q 1152x1024 + k, v 1152x256 + o 1024x1152 + MLP
+# 3 x 1152x6912 + 4 norms x 1152 + q/k norms 2 x 256) + the final norm 1152).
+GEMMA3_1B_PARAMS = 999_885_952
+
+
+def lora_params_by_hand(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, rank: int) -> int:
+    """LoRA on q_proj and v_proj: A (rank x in) + B (out x rank) per module, per layer."""
+    q = rank * hidden + heads * head_dim * rank
+    v = rank * hidden + kv_heads * head_dim * rank
+    return layers * (q + v)
+
+
+def test_weights_and_lora_bytes_by_hand():
+    """Independent oracles: the published parameter count, and LoRA's shapes counted by hand."""
     est = estimate(compose(SEED + ["preset=seed_baseline"]))
-    assert sum(est.components.values()) == est.total_bytes
+    assert est.components["weights"] == 2 * GEMMA3_1B_PARAMS  # bfloat16 on a CUDA card
+    lora = lora_params_by_hand(1152, 26, 4, 1, 256, rank=32)  # 2,981,888 parameters
+    assert est.components["lora_params"] == 4 * lora  # LoRA weights are float32
+    assert est.components["gradients"] == 4 * lora and est.components["optimizer_state"] == 8 * lora  # AdamW: 2 moments
     assert all(v >= 0 for v in est.components.values())
-    assert est.headroom_bytes == est.budget_bytes - est.total_bytes
 
 
 def test_seed_case():
@@ -135,8 +151,7 @@ def test_estimate_cli_table_and_json():
     js = subprocess.run(args + ["--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     data = json.loads(js.stdout)
     assert data["fits"] is TRL_CHUNKED and data["budget_bytes"] == 22 * GiB
-    assert data["total_bytes"] == sum(data["components"].values())
-    assert data["headroom_bytes"] == data["budget_bytes"] - data["total_bytes"]
+    assert data["components"]["weights"] == 2 * GEMMA3_1B_PARAMS
     assert data["assumptions"]["logits_mode"] == ("chunked" if TRL_CHUNKED else "full")
     bad = subprocess.run(args + ["logits_mode=tiled"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "logits_mode=tiled" in bad.stderr and "chunked, full" in bad.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -220,12 +219,15 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     proc = start(cmd, tmp_path / "first.log")
     try:
 
-        def one_done_one_running():
+        def one_done_one_mid_trial():
+            """A finished trial in the study, and a trial process alive now that has not yet written
+            its metrics.json: the signal then lands during a trial, not between two."""
             states = [t.state.name for t in trials_so_far(journal)]
-            return "COMPLETE" in states and "RUNNING" in states
+            if "COMPLETE" not in states or "RUNNING" not in states:
+                return False
+            return any(not (d / "metrics.json").exists() for d in _live_trial_dirs(tmp_path))
 
-        wait_for(one_done_one_running, timeout=300, proc=proc)
-        time.sleep(1.0)
+        wait_for(one_done_one_mid_trial, timeout=300, every=0.1, proc=proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     finally:
@@ -313,21 +315,31 @@ def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
     assert [t.user_attrs["status"] for t in first] == ["ok", "ok"]
 
 
-def _trial_processes(sweep_dir) -> list[int]:
-    """Processes that still hold a trial.log under sweep_dir open (a trial child outliving its sweep)."""
+def _open_trial_logs(sweep_dir) -> dict[int, set[Path]]:
+    """pid -> the run directories under sweep_dir whose trial.log that process holds open."""
     import os
-    from pathlib import Path
 
-    pids = []
+    out = {}
     for proc_dir in Path("/proc").iterdir():
         if proc_dir.name.isdigit():
             try:
                 targets = [os.readlink(fd) for fd in (proc_dir / "fd").iterdir()]
             except OSError:
                 continue
-            if any(t.startswith(str(sweep_dir)) and t.endswith("trial.log") for t in targets):
-                pids.append(int(proc_dir.name))
-    return pids
+            dirs = {Path(t).parent for t in targets if t.startswith(str(sweep_dir)) and t.endswith("trial.log")}
+            if dirs:
+                out[int(proc_dir.name)] = dirs
+    return out
+
+
+def _live_trial_dirs(sweep_dir) -> set[Path]:
+    """Run directories whose trial.log a live process holds open (a trial under way)."""
+    return set().union(*_open_trial_logs(sweep_dir).values())
+
+
+def _trial_processes(sweep_dir) -> list[int]:
+    """Processes that still hold a trial.log under sweep_dir open (a trial child outliving its sweep)."""
+    return list(_open_trial_logs(sweep_dir))
 
 
 @pytest.mark.slow

@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..config.schema import validate
 from ..memory.doctor import apply_dotlist, diagnose, format_report, load_config, read_message
 from ..memory.doctor import gib_text as fmt
-from ..memory.oom_message import parse_oom_message
+from ..memory.estimator import target_device
+from ..memory.oom_message import forms_text, parse_oom_message
 from .estimate import split_args
 
 USAGE = """usage: grpo-sweep doctor --message FILE|-|metrics.json [HYDRA_OVERRIDES ...] [logits_mode=full|chunked]
@@ -33,6 +35,17 @@ def verify(cfg: Any, overrides: list[str]) -> dict:
     record = run_trial(new, run_dir)
     record["run_dir"] = str(run_dir)
     return record
+
+
+def unreadable(source: str, text: str) -> str:
+    """Said plainly when the message holds nothing the parser knows: where, and what it looked for."""
+    where = "stdin" if source == "-" else source
+    what = "it is empty" if not text.strip() else f"it begins {text.strip()[:120]!r}"
+    return (
+        f"grpo-sweep doctor: could not read an out-of-memory message in {where} ({what}); no advice without one.\n"
+        f"It looked for one of these (with any log prefixes, timestamps or line breaks):\n{forms_text()}\n"
+        "Paste the whole error (the traceback's last lines), or pass the trial's metrics.json."
+    )
 
 
 def cli(argv: list[str]) -> int:
@@ -63,8 +76,13 @@ def cli(argv: list[str]) -> int:
         overrides, mode, _ = split_args(rest)
         text, config_path, fields = read_message(source)
         cfg = load_config(config_path, overrides)
+        # Keys and ranges as train.py checks them (a `+typo` is an error here too), for the target card.
+        validate(cfg, cuda=target_device(cfg) == "cuda")
         # The trial already parsed its OOM against the emulated card (capped free memory): those win.
         parsed = {**parse_oom_message(text), **fields}
+        if not parsed:
+            print(unreadable(source, text), file=sys.stderr)
+            return 2
         result = diagnose(cfg, parsed, mode)
     except Exception as exc:  # noqa: BLE001 - any bad input ends in one clear line
         print(f"grpo-sweep doctor: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -8,7 +8,10 @@ the module that implements it and its start method, the install hint comes from 
 | ---------- | ----------------------------------- | ----------- | ---------------- |
 | `trl`      | HF `generate`                       | CPU, CUDA   | trl              |
 | `trl_vllm` | vLLM colocate, same process         | CPU, CUDA   | trl, vllm        |
-| `unsloth`  | vLLM through Unsloth fast_inference | CUDA        | unsloth, vllm    |
+| `unsloth`  | vLLM through Unsloth fast_inference | CUDA        | unsloth (+ vllm) |
+
+Unsloth without vLLM runs with `fast_inference=False` and HF generation (trial/backends/unsloth.py),
+so only `unsloth` is required; the estimator still assumes its vLLM pool (`runs_vllm`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "unsloth",
             "grpo_sweep.trial.backends.unsloth",
-            ("unsloth", "vllm"),
+            ("unsloth",),  # vLLM optional: fast_inference when importable, else HF generate
             "unsloth",
             cuda_only=True,
             runs_vllm=True,

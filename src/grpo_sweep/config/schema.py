@@ -8,12 +8,17 @@ input fails in a second with a message that names the key and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ..metrics import TrialMetrics
 from . import backends
 
 MODEL_SOURCES = ("random", "hub")
@@ -24,6 +29,20 @@ START_METHODS = ("auto", "forkserver", "spawn")
 
 class ConfigError(ValueError):
     """A configuration value is out of range; the message names the key and what is allowed."""
+
+
+class ConfigWarning(UserWarning):
+    """Something validate cannot check (e.g. LoRA modules of a model type it does not know)."""
+
+
+# The linear layers PEFT can wrap, per transformers model_type (the module names in
+# transformers/models/<type>/modeling_<type>.py). A model type not listed is not checked here (PEFT
+# checks when the model loads); validate says so.
+_DECODER_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MODULES: dict[str, tuple[str, ...]] = {
+    t: _DECODER_LINEAR
+    for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "olmo", "olmo2", "granite")
+}
 
 
 @dataclass
@@ -103,6 +122,9 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    # Early stop: after the first timed step (once the peak is measured) a trial below this many
+    # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
+    stop_below: float | None = None
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -167,6 +189,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check). `config.local.validate_here` passes this machine's facts; the estimator and the doctor
     pass the target card's (CUDA for a real card) and no package check.
     """
+    check_known_keys(cfg)
     for key in (
         "max_seq_length",
         "per_device_train_batch_size",
@@ -182,6 +205,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         _positive(cfg, "lora_alpha")
     if cfg.trial.get("cpu_threads") is not None:
         _positive(cfg, "trial.cpu_threads")
+    if cfg.trial.get("stop_below") is not None:
+        _positive(cfg, "trial.stop_below")
     _positive(cfg, "logger.init_timeout_s")
     if not 0.0 < cfg.gpu_memory_utilization < 1.0:
         raise ConfigError(f"gpu_memory_utilization={cfg.gpu_memory_utilization}: must be strictly between 0 and 1")
@@ -202,6 +227,9 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         )
     if not cfg.lora_target_modules:
         raise ConfigError("lora_target_modules: must name at least one module (e.g. [q_proj, v_proj])")
+    check_lora_modules(cfg)
+    check_ranges(cfg)
+    check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
     _one_of(cfg, "model.tokenizer", ("local", "hub"))
@@ -248,3 +276,142 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
         )
     return cfg
+
+
+# --- keys the schema does not know (added with `+`), ranges, the objective, LoRA modules ----------
+
+
+def _schema_keys(node: type, prefix: str = "") -> dict[str, bool]:
+    """Every dotted key of a schema dataclass -> whether it is a section (a nested dataclass)."""
+    out: dict[str, bool] = {}
+    hints = typing.get_type_hints(node)
+    for f in dataclasses.fields(node):
+        kind = hints.get(f.name)
+        nested = dataclasses.is_dataclass(kind)
+        out[prefix + f.name] = nested
+        if nested:
+            out.update(_schema_keys(kind, prefix + f.name + "."))
+    return out
+
+
+SCHEMA_KEYS: dict[str, bool] = _schema_keys(TrainConfig)
+
+
+def check_known_keys(cfg: Any) -> None:
+    """Reject a key the schema does not declare, with the closest known key.
+
+    Hydra's `+key=value` adds a key even to a structured config (it bypasses struct mode), so
+    `+lora_rnk=8` or `+experiment=learn` (before an experiment group exists) would otherwise run a
+    trial with the defaults and say nothing.
+    """
+
+    def walk(node: Any, prefix: str) -> None:
+        for key in node.keys() if isinstance(node, DictConfig) else ():
+            dotted = f"{prefix}{key}"
+            if dotted not in SCHEMA_KEYS:
+                value = OmegaConf.select(node, str(key), throw_on_missing=False)
+                shown = OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+                close = difflib.get_close_matches(dotted, list(SCHEMA_KEYS), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]}?" if close else "no known key is close."
+                level = prefix.rstrip(".") or "the top level"
+                siblings = [k[len(prefix) :] for k in SCHEMA_KEYS if k.startswith(prefix)]
+                raise ConfigError(
+                    f"{dotted}={shown}: not a key of the configuration ({hint} Keys at {level}: "
+                    f"{', '.join(k for k in siblings if '.' not in k)}). "
+                    "A key added with `+` must exist in the schema (config/schema.py); a config group "
+                    "must exist under conf/ before `+group=option` selects it."
+                )
+            if SCHEMA_KEYS[dotted]:
+                walk(node[key], dotted + ".")
+
+    walk(cfg, "")
+
+
+def numeric_metrics() -> tuple[str, ...]:
+    """metrics.json keys whose value is a number (int or float, maybe null): what `objective` may name."""
+    out = []
+    for key, hint in typing.get_type_hints(TrialMetrics).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if all(a in (int, float) for a in args):
+            out.append(key)
+    return tuple(sorted(out))
+
+
+def check_objective(cfg: Any) -> None:
+    allowed = numeric_metrics()
+    if cfg.objective not in allowed:
+        close = difflib.get_close_matches(str(cfg.objective), allowed, n=1)
+        raise ConfigError(
+            f"objective={cfg.objective}: must name a numeric metrics.json key"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; allowed: {', '.join(allowed)}"
+        )
+
+
+def _at_least(cfg: Any, key: str, low: float, *, optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key, throw_on_missing=False)
+    if value is None and optional:
+        return
+    if value is None or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{key}={value}: must be >= {low}" + (", or null" if optional else ""))
+
+
+def check_ranges(cfg: Any) -> None:
+    """The numeric companions' ranges (the levers' own are checked in validate)."""
+    if not cfg.learning_rate > 0:
+        raise ConfigError(f"learning_rate={cfg.learning_rate}: must be a positive number (> 0)")
+    _at_least(cfg, "beta", 0)
+    _at_least(cfg, "seed", 0)
+    _at_least(cfg, "task.max_operand", 1)
+    _at_least(cfg, "trial.number", 0, optional=True)
+    for key in ("gpu.tflops_bf16", "gpu.bandwidth_gbs"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key}={value}: must be > 0, or null (the card's datasheet number)")
+    arch = cfg.model.get("arch")
+    if not isinstance(arch, DictConfig):
+        return  # no architecture block (a hub model read from its config.json)
+    for name in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+    ):
+        if name in arch and not OmegaConf.is_missing(arch, name):
+            _positive(cfg, f"model.arch.{name}")
+    heads = [n for n in ("num_attention_heads", "num_key_value_heads") if n in arch and not OmegaConf.is_missing(arch, n)]
+    if len(heads) == 2 and arch.num_attention_heads % arch.num_key_value_heads:
+        raise ConfigError(
+            f"model.arch.num_key_value_heads={arch.num_key_value_heads}: must divide "
+            f"model.arch.num_attention_heads={arch.num_attention_heads} (grouped-query attention)"
+        )
+
+
+def check_lora_modules(cfg: Any) -> None:
+    """Each LoRA target names a linear layer of the chosen architecture (for the model types we know)."""
+    targets = [str(t) for t in cfg.lora_target_modules]
+    arch = cfg.model.get("arch")
+    if not isinstance(arch, DictConfig) or "model_type" not in arch or OmegaConf.is_missing(arch, "model_type"):
+        return  # a hub model before its config.json is read: the trial's PEFT checks
+    model_type = arch.model_type
+    known = LORA_MODULES.get(model_type)
+    if known is None:
+        warnings.warn(
+            ConfigWarning(
+                f"lora_target_modules={targets}: not checked: model.arch.model_type={model_type} is not one grpo-sweep "
+                f"knows ({', '.join(sorted(LORA_MODULES))}); PEFT checks them when the model loads"
+            ),
+            stacklevel=3,
+        )
+        return
+    wrong = [t for t in targets if t.rsplit(".", 1)[-1] not in known]
+    if wrong:
+        hint = " (for every linear layer use lora=all_linear)" if any("all" in t for t in wrong) else ""
+        raise ConfigError(
+            f"lora_target_modules={targets}: {', '.join(wrong)} not a linear layer of model_type={model_type}; "
+            f"allowed: {', '.join(known)}{hint}"
+        )

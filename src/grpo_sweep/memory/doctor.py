@@ -64,9 +64,11 @@ def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
 def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
     """Bounds on gpu_memory_utilization that a vLLM start-up error proves, whatever the estimate says.
 
-    KV cache too small: the pool must grow by the KV shortfall plus the rest of the generation
-    batch's KV (the message counts one max-length request). Free memory below the desired share:
-    the share must fit in what was free at start-up. Both rounded to 0.05 (inwards).
+    KV cache too small (any of vLLM's wordings): the share must grow, by at least 0.05, and by the KV
+    shortfall plus the rest of the generation batch's KV where the message states sizes (it counts one
+    max-length request). On vLLM's CPU build a negative KV share says the share is that much below
+    what the process already holds. Free memory below the desired share: the share must fit in what
+    was free at start-up. Both rounded to 0.05 (inwards).
     """
     import math
 
@@ -74,12 +76,18 @@ def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
     lo, hi = 0.0, 1.0
     if not budget:
         return lo, hi
-    if parsed.get("kv_cache_needed_bytes") is not None and parsed.get("kv_cache_available_bytes") is not None:
-        short = parsed["kv_cache_needed_bytes"] - parsed["kv_cache_available_bytes"]
-        batch = base.assumptions.get("kv_cache_needed_bytes") or 0
-        extra = max(short, 0) + max(batch - parsed["kv_cache_needed_bytes"], 0)
-        lo = min(math.ceil((cfg.gpu_memory_utilization + extra / budget) * 20 - 1e-9) / 20, 0.95)
-        lo = max(lo, round(cfg.gpu_memory_utilization + 0.05, 2))
+    util = cfg.gpu_memory_utilization
+    batch = base.assumptions.get("kv_cache_needed_bytes") or 0
+    needed, available = parsed.get("kv_cache_needed_bytes"), parsed.get("kv_cache_available_bytes")
+    if parsed.get("kv_cache_too_small") or (needed is not None and available is not None):
+        extra, scale = 0, budget
+        if needed is not None and available is not None:
+            extra = max(needed - available, 0) + max(batch - needed, 0)
+        elif (parsed.get("kv_cache_requested_bytes") or 0) < 0:
+            extra = -parsed["kv_cache_requested_bytes"] + batch
+            scale = parsed.get("total_bytes") or budget  # the share is of what vLLM sees (the node)
+        lo = min(math.ceil((util + extra / scale) * 20 - 1e-9) / 20, 0.95)
+        lo = max(lo, round(util + 0.05, 2))
     if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None:
         hi = math.floor(parsed["free_bytes"] / (parsed.get("total_bytes") or budget) * 20) / 20
     return lo, hi
@@ -301,6 +309,8 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         "deficit_bytes": deficit,
         "overrides": _fmt(chosen[0]) if chosen else [],
         "fits_after": bool(chosen),
+        # The estimate (with what the message proves beyond it) fits as the config stands: no change.
+        "fits_as_is": bool(chosen) and not chosen[0],
         "estimate": base.to_dict(),
         "logits_mode": mode,
         "logits_mode_source": mode_source or base.assumptions["logits_mode_source"],
@@ -333,13 +343,16 @@ def _fmt(overrides: dict) -> list[str]:
 
 
 def gib_text(n) -> str:
-    return "?" if n is None else f"{n / GiB:.2f} GiB"
+    """GiB with two decimals; below 0.1 GiB in MiB (a simulated CPU card's sizes would read 0.00 GiB)."""
+    if n is None:
+        return "?"
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB else f"{n / 2**20:.2f} MiB"
 
 
 def format_report(r: dict, cfg: Any) -> str:
     p = r["parsed"]
     out = []
-    stated = ", ".join(f"{k}={gib_text(v) if k.endswith('_bytes') else v}" for k, v in p.items()) or "nothing parseable"
+    stated = ", ".join(f"{k}={gib_text(v) if k.endswith('_bytes') else v}" for k, v in p.items()) or "nothing read"
     out.append(f"message: {stated}")
     out.append(
         f"deficit: {gib_text(r['deficit_bytes'])} short"
@@ -366,7 +379,17 @@ def format_report(r: dict, cfg: Any) -> str:
             f"  {row['lever']:<62} saves {row['saving_bytes'] / GiB:6.2f} GiB  "
             f"speed {-row['speed_cost_pct']:+6.1f} %  {ratio}{flag}"
         )
-    if r["overrides"]:
+    if r["fits_as_is"]:
+        a = r["after"]
+        out.append(
+            f"this config fits as it is: it needs {gib_text(a['need_bytes'])} "
+            f"(the estimate + what the message proves beyond it) of {gib_text(r['limit_bytes'])} "
+            f"(the card with {int(HEADROOM * 100)} % headroom), so no lever needs to change. "
+            "If it ran out of memory anyway, the run differed from this config (another card, other "
+            "processes on the card, fragmentation) or the estimate misses something: check the "
+            "overrides, or run a real trial with --verify."
+        )
+    elif r["overrides"]:
         a = r["after"]
         out.append(
             f"smallest change that fits with >= {int(HEADROOM * 100)} % headroom "

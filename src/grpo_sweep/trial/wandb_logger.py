@@ -188,7 +188,7 @@ class WandbTrialLogger:
             self.run.summary.update(summary_metrics(record, self.objective))
             status = record.get("status") or "unknown"
             self.run.tags = tuple(dict.fromkeys([*self.run.tags, status]))
-            self.run.finish(exit_code=0 if status == "ok" else 1)
+            self.run.finish(exit_code=0 if status in ("ok", "slow") else 1)  # slow: stopped early, not a failure
         except Exception as exc:  # noqa: BLE001
             self._failed("finishing the W&B run", exc)
         with contextlib.suppress(Exception):

@@ -124,7 +124,14 @@ def main(container: dict, run_dir: str) -> None:
 
         wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=memory.probe, tracking=memory.tracking)
+        meter = StepMeter(
+            cfg.trial.steps,
+            generation_batch_size(cfg),
+            memory_probe=memory.probe,
+            tracking=memory.tracking,
+            stop_below=cfg.trial.get("stop_below"),  # set by the sweeper (hydra.sweeper.stop_below)
+            first_timed_step=(memory.track_steps or 1) + 1,  # past the tracker's measuring steps
+        )
         ctx = SimpleNamespace(
             tokenizer=tokenizer,
             dataset=dataset,
@@ -158,7 +165,8 @@ def main(container: dict, run_dir: str) -> None:
             trainer.train()
         if hasattr(backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
             backend.after_train(trainer, record)
-        record["status"] = "ok"
+        record["status"] = "slow" if meter.stopped else "ok"
+        record["error"] = meter.stopped
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
         oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
         record["status"] = "oom" if oom else "failed"

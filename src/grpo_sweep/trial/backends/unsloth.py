@@ -1,4 +1,5 @@
-"""Unsloth: FastLanguageModel with vLLM fast inference (colocated), 4-bit weights and its GRPO patches.
+"""Unsloth: FastLanguageModel with vLLM fast inference (colocated) when vLLM is installed, else HF
+generation; 4-bit weights and its GRPO patches.
 
 Unsloth patches transformers, peft and TRL when it is imported, so it must be imported first:
 trials of this backend start in a fresh interpreter (`backends.start_method` -> spawn) and import
@@ -10,10 +11,16 @@ Unsloth builds its own vLLM engine inside `from_pretrained(fast_inference=True)`
 `gpu_memory_utilization` (rescaled for an emulated card, as for trl_vllm) and
 `max_lora_rank=lora_rank`; its GRPO trainer then samples with it (use_vllm, colocate).
 Unsloth may rewrite `per_device_train_batch_size` (unsloth#3572): `effective` reads it back.
+
+Without vLLM (not importable), `fast_inference=False`: Unsloth keeps no engine, generation is
+transformers `generate` on the training model (Unsloth's patched fast path), the trainer runs with
+`use_vllm=False`, and `gpu_memory_utilization` reserves nothing (effective: None, as for `trl`).
+Unsloth itself refuses `fast_inference=True` without vLLM, so this is the only way it runs there.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from . import trl as trl_backend
@@ -21,19 +28,29 @@ from .trl_vllm import remember_budget, vllm_readback
 from .vllm_util import device_utilization
 
 
-def from_pretrained_kwargs(cfg: Any, model_name: str, *, device_util: float, dtype=None) -> dict:
-    """FastLanguageModel.from_pretrained arguments (tested against its signature where installed)."""
-    return dict(
+def vllm_available() -> bool:
+    """Unsloth's fast inference needs vLLM in this process; without it generation is HF's."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def from_pretrained_kwargs(cfg: Any, model_name: str, *, device_util: float, dtype=None, fast_inference: bool = True) -> dict:
+    """FastLanguageModel.from_pretrained arguments (tested against its signature where installed).
+    The vLLM arguments (pool fraction, LoRA rank cap, standby) only with `fast_inference`."""
+    kwargs = dict(
         model_name=model_name,
         max_seq_length=cfg.max_seq_length,
         dtype=dtype,
         load_in_4bit=bool(cfg.load_in_4bit),
-        fast_inference=True,
-        max_lora_rank=cfg.lora_rank,
-        gpu_memory_utilization=device_util,
+        fast_inference=fast_inference,
         random_state=cfg.seed,
-        unsloth_vllm_standby=bool(cfg.backend.unsloth_standby),
     )
+    if fast_inference:
+        kwargs.update(
+            max_lora_rank=cfg.lora_rank,
+            gpu_memory_utilization=device_util,
+            unsloth_vllm_standby=bool(cfg.backend.unsloth_standby),
+        )
+    return kwargs
 
 
 def peft_kwargs(cfg: Any) -> dict:
@@ -54,11 +71,18 @@ def peft_kwargs(cfg: Any) -> dict:
     )
 
 
-def grpo_unsloth_args(cfg: Any, *, on_cuda: bool, output_dir: str) -> dict:
-    """`trl.grpo_args` for a vLLM sampler; Unsloth's trainer turns on use_vllm/colocate itself,
-    we set them too so the config says what runs. gradient_checkpointing is Unsloth's (above)."""
-    args = trl_backend.grpo_args(cfg, on_cuda=on_cuda, output_dir=output_dir, sampler="vllm")
-    args.update(use_vllm=True, vllm_mode="colocate", gradient_checkpointing=False)
+def grpo_unsloth_args(cfg: Any, *, on_cuda: bool, output_dir: str, fast_inference: bool = True) -> dict:
+    """`trl.grpo_args` for a vLLM sampler; Unsloth's trainer turns on use_vllm/colocate itself
+    when the model carries an engine, we set them too so the config says what runs. Without fast
+    inference: the HF sampler (`min_new_tokens`) and use_vllm=False. gradient_checkpointing is
+    Unsloth's (above)."""
+    sampler = "vllm" if fast_inference else "hf"
+    args = trl_backend.grpo_args(cfg, on_cuda=on_cuda, output_dir=output_dir, sampler=sampler)
+    if fast_inference:
+        args.update(use_vllm=True, vllm_mode="colocate")
+    else:
+        args.update(use_vllm=False)
+    args.update(gradient_checkpointing=False)
     return args
 
 
@@ -68,23 +92,34 @@ def build_trainer(cfg: Any, ctx: Any):
 
     from ..models import model_path, torch_dtype
 
-    util = device_utilization(cfg)
+    fast = vllm_available()
+    util = device_utilization(cfg) if fast else 0.0
     name = model_path(cfg, ctx.tokenizer, on_cuda=ctx.on_cuda)
-    print(
-        f"[trial] Unsloth + vLLM: gpu_memory_utilization {cfg.gpu_memory_utilization} on {cfg.gpu.name} "
-        f"-> {util:.4f} of this card; standby={bool(cfg.backend.unsloth_standby)}",
-        flush=True,
-    )
+    if fast:
+        print(
+            f"[trial] Unsloth + vLLM: gpu_memory_utilization {cfg.gpu_memory_utilization} on {cfg.gpu.name} "
+            f"-> {util:.4f} of this card; standby={bool(cfg.backend.unsloth_standby)}",
+            flush=True,
+        )
+    else:
+        print(
+            "[trial] Unsloth without vLLM (not installed): fast_inference=False, HF generation; "
+            f"gpu_memory_utilization={cfg.gpu_memory_utilization} reserves nothing",
+            flush=True,
+        )
     model, _unsloth_tokenizer = FastLanguageModel.from_pretrained(
-        **from_pretrained_kwargs(cfg, name, device_util=util, dtype=torch_dtype(cfg, ctx.on_cuda))
+        **from_pretrained_kwargs(cfg, name, device_util=util, dtype=torch_dtype(cfg, ctx.on_cuda), fast_inference=fast)
     )
     model = FastLanguageModel.get_peft_model(model, **peft_kwargs(cfg))
     from trl import GRPOConfig  # Unsloth's patched config (imported after unsloth)
 
-    args = GRPOConfig(**grpo_unsloth_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer")))
+    out_dir = str(ctx.run_dir / "trainer")
+    args = GRPOConfig(**grpo_unsloth_args(cfg, on_cuda=ctx.on_cuda, output_dir=out_dir, fast_inference=fast))
     trainer = trl_backend.make_trainer(ctx, model, args)
-    remember_budget(trainer, cfg, util)
-    trainer.grpo_sweep_vllm["sleep_mode"] = bool(cfg.backend.unsloth_standby)
+    if fast:
+        remember_budget(trainer, cfg, util)
+        trainer.grpo_sweep_vllm["sleep_mode"] = bool(cfg.backend.unsloth_standby)
+    trainer.grpo_sweep_fast_inference = fast
     trainer.grpo_sweep_gradient_checkpointing = bool(cfg.gradient_checkpointing)
     return trainer
 
@@ -103,7 +138,12 @@ def find_engine(model) -> Any:
 
 def effective(trainer) -> dict:
     out = trl_backend.effective(trainer)
-    out.update(vllm_readback(trainer, find_engine(trainer.model)))
+    fast = getattr(trainer, "grpo_sweep_fast_inference", True)
+    if fast:
+        out.update(vllm_readback(trainer, find_engine(trainer.model)))
+    else:  # no engine: nothing reserved up front, generation is HF's (gpu_memory_utilization None, as for trl)
+        out.update(gpu_memory_utilization=None, vllm_pool_bytes=0)
+    out["fast_inference"] = fast
     # Unsloth checkpoints inside the model (get_peft_model), not through TrainingArguments.
     out["gradient_checkpointing"] = getattr(trainer, "grpo_sweep_gradient_checkpointing", out["gradient_checkpointing"])
     return out
