@@ -587,7 +587,9 @@ def verdict(est: Estimate) -> str:
     if est.budget_bytes is None:
         return f"no budget (gpu.memory_gib is null): needs {est.total_bytes / GiB:.2f} GiB; {dom}"
     extra = ""
-    if est.kv_cache_ok is False:
+    if est.kv_cache_ok is False and est.assumptions.get("vllm_weights_bytes") is not None:
+        extra = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
+    elif est.kv_cache_ok is False:
         extra = "; vLLM's KV cache cannot hold max_seq_length for the generation batch"
     if est.assumptions.get("vllm_startup_ok") is False:
         extra += "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"
