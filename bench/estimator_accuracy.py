@@ -95,12 +95,25 @@ CONFIGS: dict[str, list[str]] = {
     "gemma_small_seq128": GEMMA_SMALL + ["max_seq_length=128", "max_prompt_length=32"],
     "gemma_small_ckpt": GEMMA_SMALL + SEQ + ["gradient_checkpointing=true"],
 }
+# vLLM colocate on vLLM's CPU build: the pool (gpu_memory_utilization x a simulated card: fp32 weights +
+# the KV cache that share leaves) beside training; measured = the tracker's training peak + the pool
+# read back from the engine. Always measured by a real trial (the in-process fallback runs plain TRL).
+VLLM_CARD = ["backend=trl_vllm", "gpu=cpu_sim", "gpu.memory_gib=0.5"]
+CONFIGS.update(
+    {
+        "vllm_tiny_u01": VLLM_CARD + ["gpu_memory_utilization=0.1"],
+        "vllm_tiny_u03_b8": VLLM_CARD + ["gpu_memory_utilization=0.3", "per_device_train_batch_size=8", "num_generations=4"],
+        "vllm_tiny_u05_seq192": VLLM_CARD + ["gpu_memory_utilization=0.5", "max_seq_length=192", "max_prompt_length=64"],
+        "vllm_small_u02": VLLM_CARD + SMALL + SEQ + ["gpu_memory_utilization=0.2"],
+    }
+)
 
 
 def compose(overrides: list[str]):
     from grpo_sweep.config.compose import compose_train_config
 
-    return compose_train_config(BASE + overrides)
+    base = [o for o in BASE if not (o.startswith("gpu=") and any(x.startswith("gpu=") for x in overrides))]
+    return compose_train_config(base + overrides)
 
 
 def measure_one(overrides: list[str]) -> dict:
@@ -182,7 +195,10 @@ def main() -> int:
             continue
         cfg = compose(overrides)
         est = estimate(cfg)
-        measured = measure_trial(overrides, run_root / name) if source == "trial" else None
+        vllm = "backend=trl_vllm" in overrides
+        measured = measure_trial(overrides, run_root / name) if (source == "trial" or vllm) else None
+        if measured is None and vllm:
+            raise RuntimeError(f"{name}: the trl_vllm trial did not measure a peak (see {run_root / name}/trial.log)")
         if measured is None:
             key = json.dumps(BASE + overrides)
             if key not in cache:

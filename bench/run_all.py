@@ -16,6 +16,7 @@ import overhead  # noqa: E402
 import record_grid  # noqa: E402
 import search_efficiency  # noqa: E402
 import trial_start  # noqa: E402
+import vllm_vs_hf  # noqa: E402
 from common import RESULTS, markdown_table, measured_at, run_python  # noqa: E402
 
 
@@ -25,6 +26,7 @@ def main(record: bool) -> dict:
     trial_start.main()
     overhead.main(rounds=4, tracker_overrides=overhead.TRACKER_OVERRIDES)
     search_efficiency.main()
+    vllm_vs_hf.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
     if done.returncode != 0:
@@ -70,12 +72,16 @@ def summarize() -> dict:
         "stop_below": (search.get("seconds") or {}).get("stop_below"),
         "estimator_median_abs_err": accuracy["median_abs_error"],
         "estimator_max_abs_err": accuracy["worst_abs_error"],
+        "vllm_vs_hf_step_ratio": load("vllm_vs_hf")["vllm_vs_hf_step_ratio"] if (RESULTS / "vllm_vs_hf.json").exists() else None,
+        "vllm_vs_hf_generation_ratio": (
+            load("vllm_vs_hf")["vllm_vs_hf_generation_ratio"] if (RESULTS / "vllm_vs_hf.json").exists() else None
+        ),
         "measured_at": measured_at(),
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rows = [{"figure": k, "value": v} for k, v in summary.items()]
     parts = [f"## Performance (`make bench`, {summary['measured_at']})", "", markdown_table(rows), ""]
-    for name in ("overhead", "trial_start", "search_efficiency", "search_seconds", "estimator_accuracy"):
+    for name in ("overhead", "trial_start", "search_efficiency", "search_seconds", "vllm_vs_hf", "estimator_accuracy"):
         path = RESULTS / f"{name}.md"
         if path.exists():
             parts += [path.read_text(), ""]

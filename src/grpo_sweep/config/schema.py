@@ -255,6 +255,11 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     backend = cfg.backend.name
     if backend in backends.BACKENDS and backends.BACKENDS[backend].cuda_only:
         needs_cuda.append(f"backend={backend} (it runs on CUDA only)")
+    if backend == "trl_vllm" and cfg.backend.get("vllm_enable_sleep_mode") and cuda is False:
+        raise ConfigError(
+            "backend.vllm_enable_sleep_mode=true: vLLM's CPU build refuses sleep mode "
+            '("Sleep mode is not supported on current platform"); use false on CPU'
+        )
     missing = []
     if installed is not None and backend in backends.BACKENDS:
         missing = [p for p in backends.packages_for(backend, cfg.load_in_4bit) if not installed(p)]

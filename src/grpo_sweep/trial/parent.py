@@ -33,7 +33,8 @@ from . import worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
 STOP_GRACE_S = 20.0  # SIGTERM -> SIGKILL: time to write metrics.json and finish the W&B run
-PRELOAD = ["torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.trial.worker"]
+# without_vllm first: the forkserver serves trl trials; TRL there loads without vLLM (see the module).
+PRELOAD = ["grpo_sweep.trial.without_vllm", "torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.trial.worker"]
 
 
 def _context(start_method: str):

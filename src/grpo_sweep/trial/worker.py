@@ -210,7 +210,7 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
             record["predicted_peak_bytes"] = None
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
-        memory = MemoryMeter(cfg, on_cuda)  # caps the CUDA allocator before the model loads
+        memory = MemoryMeter(cfg, on_cuda, vllm=backends.runs_vllm(backend_name))  # caps CUDA before the model loads
         task = get_task(cfg)
         from .models import load_tokenizer
 
@@ -243,6 +243,7 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
         record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
+        memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
         from .backends.readback import format_mismatch, lever_mismatch
 
         record["lever_mismatch"] = lever_mismatch(record["levers"], effective, worst_case_lengths=cfg.trial.worst_case_lengths)
@@ -257,6 +258,8 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
         memory.attach(trainer)
         with memory.running():
             trainer.train()
+        if hasattr(backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
+            backend.after_train(trainer, record)
         record["status"] = "slow" if meter.stopped else "ok"
         record["error"] = meter.stopped
     except TrialStopped as exc:  # the parent's timeout, an interrupted sweep, or the parent died

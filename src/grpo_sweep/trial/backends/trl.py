@@ -115,7 +115,39 @@ def make_trainer(ctx: Any, model, args, peft_config=None):
 
     trainer = GRPOTrainer(**trainer_kwargs(ctx, model, args, peft_config))
     trainer.remove_callback(PrinterCallback)  # our meter prints one line per step instead
+    time_generation(trainer)
     return trainer
+
+
+def time_generation(trainer) -> None:
+    """Seconds of each call to TRL's `_generate_single_turn` (weight sync to vLLM + sampling, HF or
+    vLLM), kept on the trainer for `after_train` (metrics.json `generation_time_s`)."""
+    import functools
+    import time
+
+    inner = getattr(trainer, "_generate_single_turn", None)
+    if inner is None:  # another TRL version: no generation timing
+        return
+    trainer.grpo_sweep_generation_s = []
+
+    @functools.wraps(inner)
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            trainer.grpo_sweep_generation_s.append(time.perf_counter() - started)
+
+    trainer._generate_single_turn = timed
+
+
+def after_train(trainer, record: dict) -> None:
+    """After `train()` (worker): the median generation time, steps after the first (warm-up)."""
+    import statistics
+
+    times = getattr(trainer, "grpo_sweep_generation_s", None) or []
+    steady = times[1:] or times
+    record["generation_time_s"] = statistics.median(steady) if steady else None
 
 
 def effective(trainer) -> dict:

@@ -115,13 +115,21 @@ class MemoryMeter:
     in which the allocator's peak rose is read at every phase transition.
     """
 
-    def __init__(self, cfg, on_cuda: bool):
+    def __init__(self, cfg, on_cuda: bool, vllm: bool = False):
         from ...units import budget_bytes
         from .enforce import cap_cuda_process
         from .tracker import Phases, TensorTracker
 
         self.on_cuda = on_cuda
         self.budget = budget_bytes(cfg)
+        # vLLM colocate on CPU: its share of the card (util x card) is gone for training, as on a GPU;
+        # `charge_pool` adds what vLLM really allocated to the peak and its breakdown.
+        self.vllm_share = None
+        self.vllm_pool: int | None = None
+        if vllm and not on_cuda and self.budget is not None:
+            from ...memory.estimator import vllm_pool_bytes
+
+            self.vllm_share = vllm_pool_bytes(cfg.gpu_memory_utilization, self.budget)
         self.phases = Phases()
         self.tracker = None
         self.track_steps: int | None = None  # None: every step (or no tracker)
@@ -142,9 +150,19 @@ class MemoryMeter:
 
             from .enforce import simulated_oom_error
 
-            self.tracker = TensorTracker(self.budget, self.phases, functools.partial(simulated_oom_error, card=cfg.gpu.name))
+            oom_error = functools.partial(simulated_oom_error, card=cfg.gpu.name)
+            training_budget = self.budget
+            if self.vllm_share is not None:
+                training_budget = self.budget - self.vllm_share
+                oom_error = functools.partial(_with_vllm_share, share=self.vllm_share, card=cfg.gpu.name)
+            self.tracker = TensorTracker(training_budget, self.phases, oom_error)
             every_step = self.budget is not None or not cfg.trial.worst_case_lengths
             self.track_steps = None if every_step else MEASURE_STEPS
+
+    def charge_pool(self, pool_bytes: int | None) -> None:
+        """vLLM's pool as its engine allocated it (CPU): shown beside training in the peak's breakdown."""
+        if self.tracker is not None and pool_bytes:
+            self.vllm_pool = int(pool_bytes)
 
     def tracking(self) -> bool:
         return self.tracker is not None and getattr(self.tracker, "active", False)
@@ -203,6 +221,9 @@ class MemoryMeter:
         if self.tracker is not None:
             self.tracker.detach()
             out.update(self.tracker.result(), memory_source="cpu-tracker")
+            if self.vllm_pool is not None:  # the card holds vLLM's pool beside the training tensors
+                out["peak_memory_bytes"] += self.vllm_pool
+                out["peak_memory_breakdown"]["vllm_pool"] = self.vllm_pool
             out["tracked_steps"] = "all" if self.track_steps is None else self.track_steps
         else:
             import torch
@@ -233,3 +254,10 @@ class MemoryMeter:
             for key in ("requested_bytes", "free_bytes", "deficit_bytes"):
                 out[key] = parsed.get(key)
         return out
+
+
+def _with_vllm_share(requested: int, live: int, budget: int, phase: str, *, share: int, card: str):
+    """The simulated OOM as the whole card would report it: vLLM's share counts as in use."""
+    from .enforce import simulated_oom_error
+
+    return simulated_oom_error(requested, live + share, budget + share, phase, card=card)
