@@ -100,7 +100,7 @@ CONFIGS: dict[str, list[str]] = {
 def compose(overrides: list[str]):
     from grpo_sweep.config.compose import compose_train_config
 
-    return compose_train_config(BASE + overrides)
+    return compose_train_config(BASE + overrides + ["model.init=random"])  # memory does not depend on the weights
 
 
 def measure_one(overrides: list[str]) -> dict:

@@ -22,6 +22,7 @@ from ..metrics import TrialMetrics
 from . import backends
 
 MODEL_SOURCES = ("random", "hub")
+MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
 FAULTS = (None, "raise", "signal", "hang", "oom")
 START_METHODS = ("auto", "forkserver", "spawn")
@@ -62,6 +63,15 @@ class ArchConfig:
 
 
 @dataclass
+class WarmupConfig:
+    """model.init=warm: a supervised warm-up on the task's own text (trial/warmup.py), cached."""
+
+    steps: int = 400  # optimiser steps (deterministic for a seed)
+    lr: float = 3.0e-3  # AdamW, linear decay to 10%
+    batch_size: int = 64  # rows per step (each example once padded to max_prompt_length, once not)
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     source: str = "random"  # random: built from `arch` with random weights; hub: from_pretrained(hub_id)
@@ -69,6 +79,10 @@ class ModelConfig:
     tokenizer: str = "local"  # local: trained on the task text with `tokenizers`; hub: from hub_id
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     arch: ArchConfig = field(default_factory=ArchConfig)
+    # source=random only: random = the seeded random weights; warm = those weights after a short
+    # supervised warm-up on the task's text (trial/warmup.py), so GRPO rewards vary (model=tiny)
+    init: str = "random"
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
 
 @dataclass
@@ -96,6 +110,9 @@ class TaskConfig:
     name: str = "arithmetic"
     num_prompts: int = 512
     max_operand: int = 99
+    # GRPO trains on the first N prompts only (null: all num_prompts); the tokenizer and the warm-up
+    # still see all of them. A few prompts revisited every step: experiment=learn.
+    train_prompts: int | None = None
     dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
 
@@ -122,6 +139,9 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    # Extra GRPOConfig arguments applied after the levers (e.g. lr_scheduler_type: constant for
+    # +experiment=learn); a name GRPOConfig does not take is an error before the model loads.
+    grpo_config: dict = field(default_factory=dict)
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -227,6 +247,17 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
+    tp = cfg.task.get("train_prompts")
+    if tp is not None and not 1 <= tp <= cfg.task.num_prompts:
+        raise ConfigError(
+            f"task.train_prompts={tp}: must be between 1 and task.num_prompts={cfg.task.num_prompts}, or null (all)"
+        )
+    _one_of(cfg, "model.init", MODEL_INITS)
+    if cfg.model.init == "warm" and (cfg.model.warmup.steps < 1 or cfg.model.warmup.batch_size < 1 or cfg.model.warmup.lr <= 0):
+        raise ConfigError(
+            f"model.warmup: steps={cfg.model.warmup.steps}, batch_size={cfg.model.warmup.batch_size} must be >= 1 "
+            f"and lr={cfg.model.warmup.lr} > 0 when model.init=warm"
+        )
     _one_of(cfg, "model.tokenizer", ("local", "hub"))
     _one_of(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
     _one_of(cfg, "logger.name", LOGGERS)
