@@ -110,9 +110,6 @@ class TaskConfig:
     name: str = "arithmetic"
     num_prompts: int = 512
     max_operand: int = 99
-    # GRPO trains on the first N prompts only (null: all num_prompts); the tokenizer and the warm-up
-    # still see all of them. A few prompts revisited every step: experiment=learn.
-    train_prompts: int | None = None
     dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
 
@@ -139,6 +136,9 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
+    # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.
+    full_finetune: bool = False
     # Extra GRPOConfig arguments applied after the levers (e.g. lr_scheduler_type: constant for
     # +experiment=learn); a name GRPOConfig does not take is an error before the model loads.
     grpo_config: dict = field(default_factory=dict)
@@ -247,11 +247,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
-    tp = cfg.task.get("train_prompts")
-    if tp is not None and not 1 <= tp <= cfg.task.num_prompts:
-        raise ConfigError(
-            f"task.train_prompts={tp}: must be between 1 and task.num_prompts={cfg.task.num_prompts}, or null (all)"
-        )
+    if cfg.trial.get("full_finetune") and cfg.backend.name == "unsloth":
+        raise ConfigError("trial.full_finetune=true: not with backend=unsloth (it always adds a LoRA adapter); use backend=trl")
     _one_of(cfg, "model.init", MODEL_INITS)
     if cfg.model.init == "warm" and (cfg.model.warmup.steps < 1 or cfg.model.warmup.batch_size < 1 or cfg.model.warmup.lr <= 0):
         raise ConfigError(

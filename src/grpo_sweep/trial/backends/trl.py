@@ -77,6 +77,9 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
 
 
 def lora_config(cfg: Any):
+    """The LoRA adapter for the levers; None with trial.full_finetune (every weight trains)."""
+    if cfg.trial.get("full_finetune"):
+        return None
     from peft import LoraConfig
 
     return LoraConfig(

@@ -55,9 +55,7 @@ class Task:
         max_len = self.cfg.max_prompt_length
         pad = self.cfg.trial.worst_case_lengths
         rows = {"prompt": [], "answer": []}
-        examples = self.examples()
-        keep = self.cfg.task.get("train_prompts") or len(examples)  # task.train_prompts: the first N only
-        for question, answer in examples[:keep]:
+        for question, answer in self.examples():
             rows["prompt"].append(fit_prompt(INSTRUCTION + question, tokenizer, max_len, pad))
             rows["answer"].append(answer)
         return Dataset.from_dict(rows)
