@@ -319,7 +319,7 @@ def check_known_keys(cfg: Any) -> None:
     """Reject a key the schema does not declare, with the closest known key.
 
     Hydra's `+key=value` adds a key even to a structured config (it bypasses struct mode), so
-    `+lora_rnk=8` or `+experiment=learn` (before an experiment group exists) would otherwise run a
+    `+lora_rnk=8` or `+recipe=learn` (no such config group) would otherwise run a
     trial with the defaults and say nothing.
     """
 
