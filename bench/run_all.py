@@ -51,6 +51,23 @@ def summarize() -> dict:
         "tpe_unconstrained_median_trials": search["tpe_unconstrained_median_trials"],
         "random_median_trials": search["random_median_trials"],
         "infeasible_final_picks": search["infeasible_final_picks"],
+        # Issue 15: search cost in machine seconds (to a point within 5 % of the optimum) and how often the
+        # final pick is truly within 5 % under noise; `_gemma_l4`: a MODEL of the seed's Gemma 3 1B / L4 space.
+        **{
+            k: search.get(k)
+            for suffix in ("", "_gemma_l4")
+            for k in (
+                f"search_median_seconds{suffix}",
+                f"random_median_seconds{suffix}",
+                f"tpe_unconstrained_median_seconds{suffix}",
+                f"grid_seconds{suffix}",
+                f"pick_within_5pct_rate{suffix}",
+                f"pick_within_5pct_rate_no_confirm{suffix}",
+            )
+        },
+        "pick_within_5pct_rate_today_noise": search.get("pick_within_5pct_rate_today_noise"),
+        "pick_within_5pct_rate_no_confirm_today_noise": search.get("pick_within_5pct_rate_no_confirm_today_noise"),
+        "stop_below": (search.get("seconds") or {}).get("stop_below"),
         "estimator_median_abs_err": accuracy["median_abs_error"],
         "estimator_max_abs_err": accuracy["worst_abs_error"],
         "measured_at": measured_at(),
@@ -58,7 +75,7 @@ def summarize() -> dict:
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rows = [{"figure": k, "value": v} for k, v in summary.items()]
     parts = [f"## Performance (`make bench`, {summary['measured_at']})", "", markdown_table(rows), ""]
-    for name in ("overhead", "trial_start", "search_efficiency", "estimator_accuracy"):
+    for name in ("overhead", "trial_start", "search_efficiency", "search_seconds", "estimator_accuracy"):
         path = RESULTS / f"{name}.md"
         if path.exists():
             parts += [path.read_text(), ""]

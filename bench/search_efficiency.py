@@ -15,6 +15,11 @@ if it had run the trial, over SEEDS seeds:
 Reported per strategy: trials run until a config within 5 % of the grid optimum is found (pruned
 points cost no trial; median and 90th percentile), OOM trials wasted before that, and whether the
 final pick is feasible.
+
+Then the same search in machine seconds, with early stop and confirmation, and how often the final
+pick is truly within 5 % under run-to-run noise, on two landscapes (bench/search_seconds.py,
+bench/landscapes.py): the tiny grid measured for real, and a model of the seed's Gemma 3 1B / L4
+space (suffix `_gemma_l4`).
 """
 
 from __future__ import annotations
@@ -144,6 +149,75 @@ def random_strategy(grid: dict, seed: int) -> list[dict]:
     return points
 
 
+SECONDS_SEEDS = 30  # seconds and pick rates: each seed replays 3 sweeps with Optuna (minutes on 2 shared cores)
+STOP_BELOW_SCAN = (None, 0.3, 0.5, 0.7)  # hydra.sweeper.stop_below candidates (None: off)
+SCAN_SEEDS = 20
+CONFIRM_SCAN = ((3, 2), (3, 4), (2, 6))  # (confirm_top, confirm_repeats) in the same 40-trial sweep
+
+
+def seconds_and_picks() -> tuple[dict, list[dict], dict]:
+    """The `*_seconds` and `pick_within_5pct_rate*` keys for both landscapes, their table, and the scan
+    of stop_below on the tiny grid that justifies the default."""
+    import landscapes
+    import search_seconds
+
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+
+    default_stop = GrpoOptunaSweeperConf().stop_below
+    grid_spread = grid_facts(load_grid())["grid_median_run_spread"]
+    tiny = landscapes.tiny_cpu(spread=grid_spread)  # noise like the grid's own 3 runs per point
+    scan = {str(stop): search_seconds.scan(tiny, SCAN_SEEDS, stop) for stop in STOP_BELOW_SCAN}
+    today = landscapes.tiny_cpu()  # noise like today's repeated runs of the top points (record_grid --wall-times)
+    gemma = landscapes.gemma3_1b_l4(spread=grid_spread)
+    keys: dict = {}
+    rows = []
+    for suffix, land, label in (
+        ("", tiny, "tiny_cpu"),
+        ("_today_noise", today, "tiny_cpu, today's run-to-run noise"),
+        ("_gemma_l4", gemma, "gemma3_1b_l4 (MODEL)"),
+    ):
+        r = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=suffix != "_today_noise")
+        keys.update({f"{k}{suffix}": v for k, v in r.items() if k != "stop_below"})
+        fr = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=False, frontier=FRONTIER)
+        keys[f"search_median_seconds_frontier_start{suffix}"] = fr["search_median_seconds"]
+        keys[f"pick_within_5pct_rate_frontier_start{suffix}"] = fr["pick_within_5pct_rate"]
+        keys[f"run_spread{suffix}"] = land["spread"]
+        rows.append(
+            {
+                "landscape": label,
+                "run spread": land["spread"],
+                "ours s": r["search_median_seconds"],
+                "ours s, no confirm": r["search_median_seconds_no_confirm"],
+                "random s": r.get("random_median_seconds", ""),
+                "tpe unconstrained s": r.get("tpe_unconstrained_median_seconds", ""),
+                "grid s": r.get("grid_seconds", ""),
+                "pick within 5%": r["pick_within_5pct_rate"],
+                "pick, no confirm": r["pick_within_5pct_rate_no_confirm"],
+                "search ran a good point": r["good_point_run_rate"],
+                f"ours + frontier_start={FRONTIER} s": fr["search_median_seconds"],
+                "its pick": fr["pick_within_5pct_rate"],
+            }
+        )
+    repeats = {}
+    for top, rep in CONFIRM_SCAN:  # what to set on a noisy machine
+        for suffix, land in (("", tiny), ("_today_noise", today)):
+            picks = search_seconds.picks(land, SCAN_SEEDS, default_stop, top, rep)
+            repeats[f"top{top}_x{rep}{suffix}"] = picks
+    info = {
+        "stop_below": default_stop,
+        "stop_below_scan": scan,
+        "confirm_scan": repeats,
+        "seconds_seeds": SECONDS_SEEDS,
+        "sweep_trials_for_pick": search_seconds.N_TRIALS,
+        "tiny_cost_model": tiny["cost_model"],
+        "tiny_how": tiny["how"],
+        "gemma_how": gemma["how"],
+        "gemma_points": len(gemma["points"]),
+        "gemma_points_within_5pct": sum(search_seconds.good(p, gemma) for p in gemma["points"]),
+    }
+    return keys, rows, info
+
+
 def main() -> dict:
     grid = load_grid()
     strategies = {
@@ -198,6 +272,9 @@ def main() -> dict:
         "infeasible_final_picks": summary["ours"]["infeasible_final_picks"],
         "strategies": summary,
     }
+    seconds, seconds_table, seconds_info = seconds_and_picks()
+    result.update(seconds)
+    result["seconds"] = seconds_info
     assert not math.isnan(result["search_median_trials"])
     spread = facts["grid_median_run_spread"]
     write_result(
@@ -208,6 +285,15 @@ def main() -> dict:
         f"{facts['grid_points_within_5pct']} points within 5 % of the optimum"
         + (f", median run-to-run spread of a point {spread:.0%})" if spread is not None else ")"),
     )
+    path = write_result(
+        "search_seconds",
+        {k: v for k, v in result.items() if "seconds" in k or "pick" in k or k == "seconds"},
+        seconds_table,
+        f"Search cost in machine seconds and pick rate over {SECONDS_SEEDS} seeds (stop_below="
+        f"{seconds_info['stop_below']}, confirm 3 x 2 in a {seconds_info['sweep_trials_for_pick']}-trial sweep; "
+        "gemma3_1b_l4 is a MODEL, not a measurement)",
+    )
+    print(f"wrote {path}")
     return result
 
 

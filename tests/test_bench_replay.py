@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -39,3 +40,30 @@ def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
     found = result["trials_to_5pct"]
     assert se.good_enough(ours[found - 1], grid["optimum"]) and result["final_pick_feasible"]
     assert not any(se.good_enough(p, grid["optimum"]) for p in ours[: found - 1])
+
+
+def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
+    """bench/search_seconds.py: slow trials PRUNED with intermediate values, confirmation runs enqueued by
+    the sweeper's confirm.plan, the pick named by the summary's median-of-runs rule, every trial charged."""
+    import landscapes
+    import search_seconds as ss
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import finalists
+
+    land = landscapes.tiny_cpu(spread=0.3)
+    assert {p["cost_source"] for p in land["points"]} == {"measured", "model"}
+    assert all(p["start_s"] > 0 and len(p["step_s"]) == land["steps"] for p in land["points"] if p["status"] == "ok")
+    assert all(p["oom_s"] > 0 for p in land["points"] if p["status"] == "oom")  # an OOM's time until it failed
+    run = ss.sweep(land, 0, n_trials=ss.N_TRIALS, stop_below=0.9, confirm_top=3, confirm_repeats=2)
+    study = run["study"]
+    slow = [t for t in study.trials if t.user_attrs.get("status") == "slow"]
+    assert slow and all(t.state.name == "PRUNED" and list(t.intermediate_values) == [2] for t in slow)
+    confirmations = [t for t in study.trials if t.user_attrs.get("confirms") is not None]
+    assert len(confirmations) == 6 and len(study.trials) == ss.N_TRIALS
+    assert study.user_attrs["confirmation"]["finalists"] == [c.user_attrs["confirms"] for c in confirmations[:3]]
+    winner = finalists(study)[0]
+    assert run["pick"] is land["by_key"][landscapes.key(winner.item.params)] and len(winner.runs) == 3
+    assert run["confirm_s"] == pytest.approx(
+        sum(ss.full_seconds(land["by_key"][landscapes.key(c.params)]) for c in confirmations)
+    )
+    assert 0 < run["search_s"] < run["seconds"]

@@ -10,7 +10,9 @@ import math
 from pathlib import Path
 from typing import Any, TypedDict
 
-STATUSES = ("ok", "oom", "failed", "timeout")
+# slow: stopped early by trial.stop_below (the sweeper's early stop): its peak and partial throughput
+# are real measurements; it is neither an OOM nor a failure.
+STATUSES = ("ok", "oom", "failed", "timeout", "slow")
 METRICS_FILE = "metrics.json"
 
 
@@ -21,8 +23,8 @@ class TrialMetrics(TypedDict, total=False):
     trial's file against this list). Sizes are bytes, times seconds, throughput per second."""
 
     # --- outcome
-    status: str  # ok | oom | failed | timeout (STATUSES)
-    error: str | None  # "ExceptionType: message" when status is not ok
+    status: str  # ok | oom | failed | timeout | slow (STATUSES)
+    error: str | None  # "ExceptionType: message" when status is not ok (slow: why it was stopped)
     exitcode: int | None  # the trial process's exit code (negative: killed by that signal)
     run_dir: str  # the Hydra job directory holding metrics.json, config.yaml and trial.log
     # --- what was asked and what ran
@@ -36,7 +38,7 @@ class TrialMetrics(TypedDict, total=False):
     # --- speed (trial/measure/speed_meter.py): steady state, the first step excluded
     steps: int  # optimiser steps that finished
     measured_steps: int  # steps the throughput is taken from
-    tokens_per_s: float | None  # prompt + completion tokens trained per second
+    tokens_per_s: float | None  # prompt + completion tokens trained per second (slow: over the steps it ran)
     samples_per_s: float | None  # completions per second
     step_time_s: float | None  # median seconds per optimiser step
     tokens_per_step: float  # tokens per measured step
@@ -72,6 +74,7 @@ class TrialMetrics(TypedDict, total=False):
     nvml_peak_bytes: int | None  # the driver's view of the process and its children (50 ms samples)
     nvml_source: str | None  # nvml-process | nvml-device
     memory_cap: dict[str, Any] | None  # set_per_process_memory_fraction: actual, target, fraction
+    cuda_alloc_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF the trial ran with (the expandable_segments lever)
     # --- an OOM's numbers (memory/oom_message.py)
     oom_phase: str | None  # the phase the OOM happened in
     requested_bytes: int | None  # the failed allocation
@@ -86,6 +89,8 @@ class TrialMetrics(TypedDict, total=False):
     wandb_group: str | None  # the study or multirun directory
     wandb_url: str  # online runs only
     wandb_error: str  # why W&B could not start (redacted); the trial ran regardless
+    wandb_finished: bool  # the worker closed the W&B run (failed runs too, with the reason in its summary)
+    wandb_note: str  # the parent's note when the run was left open (also in WANDB_RUN_NOT_FINISHED.txt)
 
 
 KEYS: frozenset[str] = frozenset(TrialMetrics.__annotations__)

@@ -58,8 +58,9 @@ class ArchConfig:
     head_dim: int = MISSING
     intermediate_size: int = MISSING
     vocab_size: int = MISSING
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 131072
+    # No defaults: a model=hub config leaves every number to the model's config.json (config/model_arch.py).
+    tie_word_embeddings: bool = MISSING
+    max_position_embeddings: int = MISSING
 
 
 @dataclass
@@ -142,6 +143,9 @@ class TrialConfig:
     # Extra GRPOConfig arguments applied after the levers (e.g. lr_scheduler_type: constant for
     # +experiment=learn); a name GRPOConfig does not take is an error before the model loads.
     grpo_config: dict = field(default_factory=dict)
+    # Early stop: after the first timed step (once the peak is measured) a trial below this many
+    # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
+    stop_below: float | None = None
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -162,6 +166,9 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     learning_rate: float = 5e-6
     beta: float = 0.0  # KL coefficient; 0 loads no reference model (TRL's default)
+    # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
+    expandable_segments: bool = False
     seed: int = 0
     objective: str = "tokens_per_s"
 
@@ -222,6 +229,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         _positive(cfg, "lora_alpha")
     if cfg.trial.get("cpu_threads") is not None:
         _positive(cfg, "trial.cpu_threads")
+    if cfg.trial.get("stop_below") is not None:
+        _positive(cfg, "trial.stop_below")
     _positive(cfg, "logger.init_timeout_s")
     if not 0.0 < cfg.gpu_memory_utilization < 1.0:
         raise ConfigError(f"gpu_memory_utilization={cfg.gpu_memory_utilization}: must be strictly between 0 and 1")

@@ -53,7 +53,7 @@ def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
         return None
     B, S, P = cfg.per_device_train_batch_size, cfg.max_seq_length, cfg.max_prompt_length
     C = S - P
-    V = cfg.model.arch.vocab_size
+    V = est_mod.arch_of(cfg).vocab_size  # conf/model, or the model's config.json
     for tokens in (B * S, B * (S - 1), B * C, B * (C + 1)):
         for nbytes in (2, 4, 8):
             if abs(req / (tokens * V * nbytes) - 1) < 0.01:
@@ -441,3 +441,33 @@ def load_config(config_path: Path | None, overrides: list[str]):
 def apply_dotlist(cfg: Any, overrides: list[str]):
     """`key=value` overrides with YAML-typed values (2 -> int, true -> bool, [a,b] -> list)."""
     return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+
+
+# ----------------------------------------------------------------------------- fragmentation
+
+FRAGMENTATION_SHARE = 0.10  # reserved-but-unallocated over this share of PyTorch's reserved memory
+
+
+def fragmentation_advice(parsed: dict, cfg: Any) -> dict | None:
+    """The lever `expandable_segments=true` when a PyTorch OOM shows fragmentation: memory PyTorch
+    reserved but could not use for the failed allocation (`reserved_unallocated_bytes`, parsed from
+    "... is reserved by PyTorch but unallocated") is a large share of what it reserved, or alone
+    would have held the request. None when the message lacks those numbers or the lever is on."""
+    spare = parsed.get("reserved_unallocated_bytes")
+    used = parsed.get("allocated_by_pytorch_bytes")
+    if not spare or used is None or cfg.get("expandable_segments"):
+        return None
+    share = spare / (spare + used)
+    requested = parsed.get("requested_bytes") or 0
+    if share < FRAGMENTATION_SHARE and spare < requested:
+        return None
+    return {
+        "overrides": {"expandable_segments": True},
+        "reserved_unallocated_bytes": spare,
+        "share": share,
+        "why": (
+            f"{spare / GiB:.2f} GiB ({100 * share:.0f} % of PyTorch's reserved memory) was reserved but "
+            "unallocated: fragmentation. expandable_segments=true (PYTORCH_CUDA_ALLOC_CONF="
+            "expandable_segments:True in the trial) lets the allocator grow segments instead"
+        ),
+    }

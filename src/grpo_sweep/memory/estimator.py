@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import backends
+from ..config.model_arch import arch_of
 from ..units import GIB as GiB
 from ..units import MIB as MiB
 from ..units import budget_bytes
@@ -133,7 +134,7 @@ def resolve_backend_for(cfg: Any, device: str) -> str:
 
 
 def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
-    arch = cfg.model.arch
+    arch = arch_of(cfg)  # conf/model's numbers, or the model's own config.json (model=hub)
     device = device or target_device(cfg)
     family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"
     S = int(cfg.max_seq_length)

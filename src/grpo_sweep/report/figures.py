@@ -13,8 +13,15 @@ import matplotlib.pyplot as plt
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from .trials import Trial, lever_label, sort_key
 
-COLORS = {"feasible": "#2a9d8f", "over_headroom": "#8ecae6", "oom": "#e63946", "pruned": "#9e9e9e", "failed": "#f4a261"}
-MARKERS = {"feasible": "o", "over_headroom": "D", "oom": "X", "pruned": "s", "failed": "v"}
+COLORS = {
+    "feasible": "#2a9d8f",
+    "over_headroom": "#8ecae6",
+    "oom": "#e63946",
+    "slow": "#b5838d",
+    "pruned": "#9e9e9e",
+    "failed": "#f4a261",
+}
+MARKERS = {"feasible": "o", "over_headroom": "D", "oom": "X", "slow": "P", "pruned": "s", "failed": "v"}
 
 
 def _save(fig, path: Path) -> Path:

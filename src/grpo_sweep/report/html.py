@@ -13,8 +13,9 @@ import math
 from pathlib import Path
 
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
+from ..study import best as best_rule
 from . import figures as figs
-from .trials import REPORT_FILE, Trial, best_trial, budget_gib, lever_effects, lever_label, overrides
+from .trials import REPORT_FILE, Trial, budget_gib, finalists, lever_effects, lever_label, overrides
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
@@ -24,7 +25,7 @@ table{border-collapse:collapse;font-size:.85rem} th,td{border:1px solid #ddd;pad
 th{background:#f3f3f3;cursor:pointer;user-select:none} td{white-space:nowrap}
 td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-align:left}
 tr.feasible td.status{color:#2a9d8f} tr.over_headroom td.status{color:#219ebc}
-tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777}
+tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777} tr.slow td.status{color:#b5838d}
 tr.failed td.status{color:#d27d2d} tr.best{background:#fff8d6}
 .wide{overflow-x:auto} pre{background:#f6f6f6;padding:.6rem;white-space:pre-wrap}
 """
@@ -192,11 +193,40 @@ def _figure(path: Path | None, alt: str, missing: str) -> str:
     return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
 
 
+def finalists_html(ranked: list, objective: str) -> str:
+    """The confirmed finalists (hydra.sweeper.confirm_top): each one's runs, median and spread, and
+    whether the top two are within each other's noise. Empty when no confirmation ran."""
+    confirmed = [f for f in ranked if len(f.members) > 1]
+    if not confirmed:
+        return ""
+    rows = []
+    for f in confirmed:
+        runs = ", ".join(f"{v:.1f}" for v in f.runs)
+        spread = f"{f.spread:.0%}" if f.spread is not None else "-"
+        rows.append(f"<tr><td class=l>{_e(f.item.name)}</td><td>{f.median:.1f}</td><td class=l>{runs}</td><td>{spread}</td></tr>")
+    note = ""
+    if len(confirmed) >= 2:
+        overlap = best_rule.within_noise(confirmed[0], confirmed[1])
+        if overlap:
+            note = (
+                f"<p id=noise-note>{_e(confirmed[0].item.name)} and {_e(confirmed[1].item.name)} are within each "
+                "other's noise: their runs overlap, so either is as fast as this machine can tell.</p>"
+            )
+        elif overlap is False:
+            note = "<p id=noise-note>The winner's runs all lie above the runner-up's: a clear winner on this machine.</p>"
+    return (
+        f"<h3>Finalists (the best median of {_e(objective)} wins)</h3><table id=finalists><thead><tr>"
+        "<th class=l>config (first run)</th><th>median</th><th class=l>runs</th><th>spread</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>{note}"
+    )
+
+
 def write_report(
     trials: list[Trial], out: Path, *, title: str, importances: dict | None = None, importance_note: str | None = None
 ) -> Path:
     out = Path(out)
-    best = best_trial(trials)
+    ranked = finalists(trials)  # the median-of-runs rule: ranked[0].item is best_trial(trials)
+    best = ranked[0].item if ranked else None
     budget = budget_gib(trials)
     objective = trials[0].objective_name
     scatter = figs.throughput_vs_memory(trials, out / "throughput_vs_memory.png", budget=budget, best=best)
@@ -212,10 +242,11 @@ def write_report(
     if best is not None:
         best_html = (
             f"<p>Best feasible trial: <b>{_e(best.name)}</b>, {_e(objective)} "
-            f"{best.objective:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB, "
+            f"{ranked[0].median:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB, "
             f"{_e(reward_text(best.record))}.</p>"
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
+        best_html += finalists_html(ranked, objective)
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
     sections = [

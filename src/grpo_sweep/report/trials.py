@@ -20,7 +20,8 @@ from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, read_metrics
 from ..study import best as best_rule
 
-CATEGORIES = ("feasible", "over_headroom", "oom", "pruned", "failed")
+# slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
+CATEGORIES = ("feasible", "over_headroom", "oom", "slow", "pruned", "failed")
 REPORT_FILE = "report.html"
 # A trial's status when its storage has no metrics for it (e.g. pruned before it ran).
 OPTUNA_STATUS = {"COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
@@ -48,7 +49,7 @@ class Trial:
 
     @property
     def status(self) -> str:
-        if self.optuna_state == "PRUNED" and self.record.get("status") not in ("ok", "oom"):
+        if self.optuna_state == "PRUNED" and self.record.get("status") not in ("ok", "oom", "slow"):
             return "pruned"
         return self.record.get("status") or ("running" if self.optuna_state == "RUNNING" else "unknown")
 
@@ -56,7 +57,7 @@ class Trial:
     def category(self) -> str:
         if self.status == "ok" and self.over_headroom:
             return "over_headroom"
-        return {"ok": "feasible", "oom": "oom", "pruned": "pruned"}.get(self.status, "failed")
+        return {"ok": "feasible", "oom": "oom", "slow": "slow", "pruned": "pruned"}.get(self.status, "failed")
 
     @property
     def levers(self) -> dict:
@@ -195,11 +196,24 @@ def match_preset(levers: dict, presets: dict[str, dict]) -> str | None:
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:
-    """The feasible trial with the best objective in the study's direction (grpo_sweep.study.best)."""
+    """The feasible trial with the best objective in the study's direction; with confirmation runs,
+    the config with the best median of its runs (grpo_sweep.study.best.best_of_runs)."""
+    ranked = finalists(trials)
+    return ranked[0].item if ranked else None
+
+
+def finalists(trials: list[Trial]) -> list:
+    """Each config's runs (a confirmation run, record key `confirms`, joins the trial it repeats),
+    best median first (grpo_sweep.study.best.finalists)."""
     if not trials:
-        return None
-    feasible = [t for t in trials if t.category == "feasible"]
-    return best_rule.best(feasible, value=lambda t: t.objective, direction=trials[0].direction)
+        return []
+    runs = [t for t in trials if t.category == "feasible" or t.record.get("confirms") is not None]
+    return best_rule.finalists(
+        runs,
+        value=lambda t: t.objective if t.category == "feasible" else None,
+        group=lambda t: t.record.get("confirms", t.number if t.number is not None else t.name),
+        direction=trials[0].direction,
+    )
 
 
 def budget_gib(trials: list[Trial]) -> float | None:

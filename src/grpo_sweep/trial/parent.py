@@ -1,7 +1,12 @@
 """The parent side of a trial: start the worker process, contain whatever happens, return metrics.
 
 An OOM, an exception, a fatal signal or a hang all end as a metrics.json with a status; the
-parent (the Hydra job, the sweep) never dies with the trial and never holds GPU memory. Workers
+parent (the Hydra job, the sweep) never dies with the trial and never holds GPU memory; and the trial never outlives the
+parent: the child holds the read end of a lifeline pipe whose EOF (the parent died, SIGKILL
+included) makes the child's guardian stop the trial and kill its process group (worker.py), after
+which the forkserver exits too (it lives while any client holds its "alive" pipe). A trial stopped
+on purpose (timeout, the sweep interrupted) gets SIGTERM first: the worker writes metrics.json and
+ends its W&B run as failed with the reason, then the group is killed after STOP_GRACE_S. Workers
 are forked from a forkserver that has already imported torch/transformers/trl (and has run no
 torch compute and initialised no CUDA), so every trial after the first starts in about a second.
 """
@@ -11,6 +16,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,10 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import backends
 from ..config.local import cuda_available, installed
+from ..config.model_arch import fill_arch
+from ..config.schema import ConfigError
 from ..levers import requested_levers
 from ..metrics import empty_metrics, read_metrics, write_metrics
 from . import worker
 
+WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
+STOP_GRACE_S = 20.0  # SIGTERM -> SIGKILL: time to write metrics.json and finish the W&B run
 PRELOAD = ["torch", "transformers", "trl", "peft", "datasets", "grpo_sweep.trial.worker"]
 
 
@@ -40,6 +51,62 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_trial(proc, run_dir: Path, status: str, reason: str, grace_s: float = STOP_GRACE_S) -> None:
+    """Ask the worker to stop (reason file + SIGTERM: it records `reason`, ends W&B), then kill its group."""
+    worker.write_stop_request(run_dir, status, reason)
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.join(grace_s)
+    _kill_group(proc.pid)
+    proc.join(5.0)
+
+
+def wandb_note(record: dict, run_dir: Path) -> None:
+    """A W&B run the worker started but could not finish (killed first): say so in metrics.json and
+    in the run directory, next to the run files."""
+    if record.get("wandb_finished"):
+        return
+    where = record.get("wandb_dir")
+    if not where:  # killed before metrics.json named the run: W&B's own directory says it was started
+        runs = sorted(p for p in (Path(run_dir) / "wandb").glob("*run-*") if p.is_dir() and not p.is_symlink())
+        if not runs:
+            return
+        where = str(runs[-1])
+    note = (
+        f"W&B run in {where} was not finished: the trial process ended ({record.get('status')}: "
+        f"{(record.get('error') or 'no error recorded').splitlines()[0][:300]}) before closing it."
+    )
+    closed = None
+    if record.get("wandb_mode") in (None, "offline"):
+        write_metrics(run_dir, record)  # the closing process reads the outcome from metrics.json
+        closed = _close_offline_run(run_dir)
+    if closed:
+        record["wandb_dir"] = closed
+        note += f" The parent closed it as failed, with this reason, in {closed} (same run id)."
+    else:
+        note += " Its files may stop early (`wandb sync` uploads what is there); metrics.json is the trial's record."
+    record["wandb_note"] = note
+    (Path(run_dir) / worker.WANDB_NOTE_FILE).write_text(note + "\n")
+
+
+def _close_offline_run(run_dir: Path) -> str | None:
+    """wandb_logger.close_unfinished in a fresh process (the parent never starts W&B itself)."""
+    code = (
+        "import sys; from grpo_sweep.trial.wandb_logger import close_unfinished; print('CLOSED', close_unfinished(sys.argv[1]))"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, timeout=WANDB_CLOSE_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    last = [line for line in out.stdout.splitlines() if line.startswith("CLOSED ")]
+    closed = last[-1].split(" ", 1)[1] if last else "None"
+    return None if closed == "None" else closed
 
 
 def format_summary(record: dict, run_dir: Path) -> str:
@@ -61,32 +128,42 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     requested_unix = time.time()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:  # model=hub: the architecture from the model's config.json, recorded in config.yaml
+        fill_arch(cfg)
+    except ConfigError as exc:
+        print(f"[trial] architecture not known here ({exc}); the trial loads the model by name", flush=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    stale = run_dir / "metrics.json"
-    if stale.exists():
-        stale.unlink()
+    for stale in (run_dir / "metrics.json", run_dir / worker.STOP_FILE, run_dir / worker.WANDB_NOTE_FILE):
+        stale.unlink(missing_ok=True)
     container = OmegaConf.to_container(cfg, resolve=True)
     cuda = cuda_available()
     backend = backends.resolve(cfg.backend.name, cuda=cuda, installed=installed)
     ctx = _context(backends.start_method(backend, cfg.trial.start_method, cuda))
-    proc = ctx.Process(target=worker.main, args=(container, str(run_dir)), name="grpo-sweep-trial")
+    # The child's lifeline: we hold the write end and never write; its EOF means we are gone.
+    lifeline, keep_alive = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=worker.main, args=(container, str(run_dir), lifeline, STOP_GRACE_S), name="grpo-sweep-trial")
     started = time.monotonic()
     proc.start()
+    lifeline.close()  # the child has its copy; only the child may hold the read end
     try:
-        proc.join(cfg.trial.timeout_s)
-    except BaseException:  # interrupted (SIGINT/SIGTERM in a sweep): the trial must not outlive us
-        _kill_group(proc.pid)
-        raise
-    timed_out = proc.is_alive()
-    if timed_out:
-        _kill_group(proc.pid)
-        proc.join()
-    _kill_group(proc.pid)  # reap anything the trial left running (vLLM workers, dataloaders)
+        try:
+            proc.join(cfg.trial.timeout_s)
+        except BaseException as exc:  # interrupted (SIGINT/SIGTERM in a sweep): the trial must not outlive us
+            stop_trial(proc, run_dir, "failed", f"the trial was stopped: its parent was interrupted ({type(exc).__name__} {exc})")
+            raise
+        timed_out = proc.is_alive()
+        if timed_out:
+            reason = f"trial exceeded trial.timeout_s={cfg.trial.timeout_s} s and was killed"
+            stop_trial(proc, run_dir, "timeout", reason)
+            proc.join()
+        _kill_group(proc.pid)  # reap anything the trial left running (vLLM workers, dataloaders, the guardian)
+    finally:
+        keep_alive.close()
     record = read_metrics(run_dir)
     if timed_out:
         record = record or empty_metrics("timeout", None, requested_levers(cfg))
         record["status"] = "timeout"
-        record["error"] = f"trial exceeded trial.timeout_s={cfg.trial.timeout_s} s and was killed"
+        record["error"] = reason
     elif record is None:
         code = proc.exitcode
         reason = (
@@ -101,6 +178,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     # "Trial requested" to "first GRPO step starts": process start, model build, trainer set-up.
     record["start_latency_s"] = first_step - requested_unix if first_step else None
     record["run_dir"] = str(run_dir)
+    wandb_note(record, run_dir)
     write_metrics(run_dir, record)
     print(format_summary(record, run_dir), flush=True)
     return record

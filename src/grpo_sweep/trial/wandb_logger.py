@@ -155,8 +155,8 @@ class NullLogger:
     def log_step(self, row: dict) -> None:
         pass
 
-    def finish(self, record: dict) -> None:
-        pass
+    def finish(self, record: dict) -> bool:
+        return False
 
 
 class WandbTrialLogger:
@@ -179,7 +179,9 @@ class WandbTrialLogger:
         except Exception as exc:  # noqa: BLE001
             self._failed("logging a step to W&B", exc)
 
-    def finish(self, record: dict) -> None:
+    def finish(self, record: dict) -> bool:
+        """End the run (failed unless the trial is ok; the error in its summary). True when it was
+        closed cleanly (metrics.json `wandb_finished`)."""
         import wandb
 
         sync_dir = None
@@ -188,7 +190,7 @@ class WandbTrialLogger:
             self.run.summary.update(summary_metrics(record, self.objective))
             status = record.get("status") or "unknown"
             self.run.tags = tuple(dict.fromkeys([*self.run.tags, status]))
-            self.run.finish(exit_code=0 if status == "ok" else 1)
+            self.run.finish(exit_code=0 if status in ("ok", "slow") else 1)  # slow: stopped early, not a failure
         except Exception as exc:  # noqa: BLE001
             self._failed("finishing the W&B run", exc)
         with contextlib.suppress(Exception):
@@ -198,9 +200,10 @@ class WandbTrialLogger:
                 _say(f"run: {self.run.url}")
         elif sync_dir is not None:
             _say(f"offline run saved in {sync_dir}\n[wandb] upload it with: wandb sync {sync_dir}")
+        return not self._broken
 
 
-def _init(cfg: Any, run_dir: Path, record: dict, mode: str):
+def _init(cfg: Any, run_dir: Path, record: dict, mode: str, run_id: str | None = None):
     import wandb
 
     settings = wandb.Settings(
@@ -222,6 +225,8 @@ def _init(cfg: Any, run_dir: Path, record: dict, mode: str):
         dir=str(run_dir),
         mode=mode,
         settings=settings,
+        id=run_id,
+        resume="allow" if run_id else None,
     )
 
 
@@ -269,3 +274,27 @@ def _attach(run, mode: str, why: str, cfg: Any, record: dict):
         record["wandb_url"] = run.url
     _say(f"{mode} run {run.id} ({why}), group {run.group or '-'}")
     return WandbTrialLogger(run, mode, cfg.objective)
+
+
+def close_unfinished(run_dir: str | Path) -> str | None:
+    """Close the offline W&B run of a trial killed before it could (SIGKILL from outside).
+
+    W&B 0.31's service process, when the trial dies under it, shuts down without flushing the run's
+    transaction log (its .wandb file keeps only its header). So the run is closed from outside, in
+    a fresh process (the parent calls this through `python -c`): the same run id, resumed offline in
+    the trial's directory, its config and summary from config.yaml and metrics.json, finished as
+    failed with the reason. Returns the closed run's directory, None when there is nothing to close."""
+    from omegaconf import OmegaConf
+
+    from ..metrics import read_metrics
+
+    run_dir = Path(run_dir)
+    record = dict(read_metrics(run_dir) or {})
+    runs = sorted(p for p in (run_dir / "wandb").glob("offline-run-*") if p.is_dir() and not p.is_symlink())
+    if not runs or record.get("wandb_finished") or not (run_dir / "config.yaml").exists():
+        return None
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    run_id = runs[-1].name.rsplit("-", 1)[1]
+    run = _init(cfg, run_dir, record, "offline", run_id=run_id)
+    sync_dir = str(run.settings.sync_dir)
+    return sync_dir if WandbTrialLogger(run, "offline", cfg.objective).finish(record) else None

@@ -6,6 +6,7 @@ with it, and so that all GPU memory is returned to the driver when it exits.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -13,6 +14,70 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
+
+STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_trial or the guardian)
+WANDB_NOTE_FILE = "WANDB_RUN_NOT_FINISHED.txt"  # written by the parent when the W&B run was left open
+
+
+class TrialStopped(BaseException):
+    """SIGTERM from the parent (timeout, interrupted sweep) or from our guardian (the parent died)."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def write_stop_request(run_dir: str | Path, status: str, reason: str) -> None:
+    path = Path(run_dir) / STOP_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"status": status, "reason": reason}))
+    tmp.replace(path)
+
+
+def read_stop_request(run_dir: str | Path) -> tuple[str, str]:
+    try:
+        data = json.loads((Path(run_dir) / STOP_FILE).read_text())
+        return str(data["status"]), str(data["reason"])
+    except (OSError, ValueError, KeyError):
+        return "failed", "the trial process received SIGTERM"
+
+
+def start_guardian(lifeline, run_dir: str, grace_s: float) -> None:
+    """Fork a tiny guardian that outlives nothing: it blocks on the lifeline pipe, whose write end
+    only the trial's parent holds. EOF means the parent is gone (any signal, SIGKILL included): the
+    guardian asks this worker to stop (SIGTERM: metrics.json and the W&B run get the reason), then
+    kills the whole process group (this worker, vLLM's and W&B's processes, itself).
+
+    A separate process, forked before anything starts threads or CUDA, so that it works even while
+    the worker is stuck in native code; prctl(PR_SET_PDEATHSIG) would not do: in a forkserver the
+    worker's parent is the forkserver, not the process that started the trial."""
+    fd = lifeline.fileno()
+    worker_pid = os.getpid()
+    if os.fork() != 0:
+        return
+    try:  # the guardian: only system calls from here on, and always os._exit
+        while True:
+            try:
+                if not os.read(fd, 1):
+                    break
+            except InterruptedError:
+                continue
+        write_stop_request(run_dir, "failed", "the trial was stopped: the process that started it died")
+        os.kill(worker_pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while os.getppid() == worker_pid and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _on_sigterm(run_dir: str):
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: finishing must not be interrupted again
+        raise TrialStopped(*read_stop_request(run_dir))
+
+    return handler
 
 
 class _Tee:
@@ -22,12 +87,18 @@ class _Tee:
         self.stream, self.file = stream, open(path, "a", buffering=1)
 
     def write(self, text):
-        self.stream.write(text)
+        try:  # the console may be gone (the parent died): trial.log still gets everything
+            self.stream.write(text)
+        except (OSError, ValueError):
+            pass
         self.file.write(text)
         return len(text)
 
     def flush(self):
-        self.stream.flush()
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
         self.file.flush()
 
     def __getattr__(self, name):
@@ -58,6 +129,7 @@ def inject_fault(kind: str | None) -> None:
     if kind == "signal":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
+        print("[trial] debug_fault=hang: hanging until stopped", flush=True)
         while True:
             time.sleep(3600)
     if kind == "oom":
@@ -67,9 +139,31 @@ def inject_fault(kind: str | None) -> None:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def main(container: dict, run_dir: str) -> None:
+def set_alloc_conf(expandable: bool) -> str:
+    """PYTORCH_CUDA_ALLOC_CONF with expandable_segments as the lever says, the user's other settings
+    kept. Before CUDA starts (the allocator reads it on first use): spawn children have not imported
+    torch yet; forkserver children have, but never initialise CUDA there (trial.start_method)."""
+    others = [
+        part
+        for part in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
+        if part.strip() and not part.strip().startswith("expandable_segments")
+    ]
+    value = ",".join([*others, f"expandable_segments:{bool(expandable)}"])
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = value
+    return value
+
+
+def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) -> None:
     """Entry point in the child. Always leaves metrics.json unless killed from outside."""
     os.setpgrp()  # our own process group: the parent can kill us and anything we started
+    if lifeline is not None:
+        start_guardian(lifeline, run_dir, grace_s)
+        lifeline.close()
+    signal.signal(signal.SIGTERM, _on_sigterm(run_dir))
+    from ..credentials import redact
+
+    # W&B records sys.argv (inherited from the sweep: hydra.sweeper.storage=postgresql://user:PASSWORD@...).
+    sys.argv = [redact(arg) for arg in sys.argv]
     run_path = Path(run_dir)
     sys.stdout = _Tee(sys.stdout, run_path / "trial.log")
     sys.stderr = _Tee(sys.stderr, run_path / "trial.log")
@@ -82,6 +176,7 @@ def main(container: dict, run_dir: str) -> None:
 
     cfg = OmegaConf.create(container)
     record = empty_metrics("failed", None, requested_levers(cfg))
+    record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
@@ -124,7 +219,14 @@ def main(container: dict, run_dir: str) -> None:
 
         wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
-        meter = StepMeter(cfg.trial.steps, generation_batch_size(cfg), memory_probe=memory.probe, tracking=memory.tracking)
+        meter = StepMeter(
+            cfg.trial.steps,
+            generation_batch_size(cfg),
+            memory_probe=memory.probe,
+            tracking=memory.tracking,
+            stop_below=cfg.trial.get("stop_below"),  # set by the sweeper (hydra.sweeper.stop_below)
+            first_timed_step=(memory.track_steps or 1) + 1,  # past the tracker's measuring steps
+        )
         ctx = SimpleNamespace(
             tokenizer=tokenizer,
             dataset=dataset,
@@ -158,7 +260,11 @@ def main(container: dict, run_dir: str) -> None:
         memory.attach(trainer)
         with memory.running():
             trainer.train()
-        record["status"] = "ok"
+        record["status"] = "slow" if meter.stopped else "ok"
+        record["error"] = meter.stopped
+    except TrialStopped as exc:  # the parent's timeout, an interrupted sweep, or the parent died
+        record["status"], record["error"] = exc.status, exc.reason
+        print(f"[trial] stopped: {exc.reason}", flush=True)
     except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
         oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
         record["status"] = "oom" if oom else "failed"
@@ -166,6 +272,7 @@ def main(container: dict, run_dir: str) -> None:
         if not oom:
             traceback.print_exc()
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop now waits for metrics.json and W&B
         if meter is not None:
             record.update(meter.summary())
             record["history"] = meter.rows
@@ -173,7 +280,8 @@ def main(container: dict, run_dir: str) -> None:
         if memory is not None:
             record.update(memory.result(error_text if oom else None))
         write_metrics(run_path, record)
-        if wb is not None:
-            wb.finish(record)  # after metrics.json: a slow or failing upload never costs the result
+        if wb is not None and record.get("wandb_run_id"):
+            record["wandb_finished"] = wb.finish(record)  # after metrics.json: a slow upload never costs the result
+            write_metrics(run_path, record)
         sys.stdout.flush()
         sys.stderr.flush()

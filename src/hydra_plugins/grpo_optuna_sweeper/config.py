@@ -45,6 +45,15 @@ class GrpoOptunaSweeperConf:
     grace_period: int | None = None  # None: 4 x heartbeat_interval
     max_retry: int = 2
     top_k: int = 5  # rows of the final table
+    # Early stop (tokens_per_s, maximize): a trial whose first timed step (after its peak is measured)
+    # runs below stop_below x the best feasible tokens/s so far stops: PRUNED, status `slow`, its peak
+    # and partial throughput kept. null or 0: off. 0.5 from bench/search_efficiency.py (README).
+    stop_below: float | None = 0.5
+    # Confirmation: the top confirm_top feasible configs run confirm_repeats more times, interleaved,
+    # and the winner is the best median. Counted in n_trials: the search gets
+    # n_trials - confirm_top x confirm_repeats trials. 0: off.
+    confirm_top: int = 3
+    confirm_repeats: int = 2
 
 
 ConfigStore.instance().store(

@@ -5,6 +5,9 @@
 - oom: COMPLETE but infeasible: constraint = the deficit (bytes over the budget), so constraint-aware
   samplers (TPE, GP, NSGA-II read `trial.constraints` in Optuna 5) learn where the wall is. The value
   is the worst possible (0 tokens/s when maximising): an OOM produced nothing.
+- slow (stopped early by trial.stop_below, the sweeper's early stop): PRUNED with its partial
+  throughput (the last intermediate value) and its measured peak's constraint: neither an OOM nor a
+  failure. A sampler blind to PRUNED (GP) is told COMPLETE at the partial throughput instead.
 - failed / timeout / no metrics: FAIL, the reason in user attributes (samplers ignore FAIL trials).
 - pre-screened (the estimator predicts over budget by more than the margin): PRUNED without running,
   with the predicted deficit as its constraint (TPE ranks infeasible PRUNED trials by it too). A
@@ -112,8 +115,33 @@ def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: 
         if budget_bytes is not None and allowed is not None:
             deficit += budget_bytes - allowed  # with headroom, the wall is `allowed`, not the card
         return Outcome("COMPLETE", worst_value(direction), deficit, attrs)
+    if status == "slow":
+        value = record.get(objective)
+        constraint = 0.0
+        if allowed is not None and peak is not None and comparable(record):
+            constraint = float(peak - allowed)
+        return Outcome("PRUNED", float(value) if _number(value) else None, constraint, attrs)
     attrs.setdefault("error", f"trial status {status!r}")
     return Outcome("FAIL", attrs=attrs)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def timed_steps(record: dict | None, objective: str) -> list[tuple[int, float]]:
+    """(step, value) for each timed step of a trial (its history after the warm-up step): what the
+    sweeper reports to Optuna as intermediate values. Only for an objective the history carries."""
+    rows = (record or {}).get("history") or []
+    return [(int(r["step"]), float(r[objective])) for r in rows[1:] if _number(r.get(objective)) and "step" in r]
+
+
+def stop_threshold(best_value: float | None, stop_below: float | None, objective: str, direction: str) -> float | None:
+    """trial.stop_below for the next trial: stop_below x the best feasible value so far, or None
+    (off, no feasible trial yet, or an objective the speed meter cannot watch: tokens_per_s, maximize)."""
+    if not stop_below or objective != "tokens_per_s" or direction != "maximize" or not _number(best_value):
+        return None
+    return float(stop_below) * float(best_value)
 
 
 def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin: float) -> Outcome | None:
@@ -138,4 +166,8 @@ def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcom
     """A pre-screen verdict as `sampler` can learn from it (see the module docstring)."""
     if outcome is None or outcome.state != "PRUNED" or sampler not in SAMPLERS_BLIND_TO_PRUNED:
         return outcome
+    if outcome.attrs.get("status") == "slow":  # measured, just slower: the partial value is real
+        return Outcome(
+            "COMPLETE", outcome.value if outcome.value is not None else worst_value(direction), outcome.constraint, outcome.attrs
+        )
     return Outcome("COMPLETE", worst_value(direction), outcome.constraint, outcome.attrs)

@@ -45,9 +45,54 @@ def _is_ok(trial: Any) -> bool:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The feasible trial with the best value in the study's direction (grpo_sweep.study.best)."""
-    ok = [t for t in study.get_trials(deepcopy=False) if _is_ok(t)]
-    return best_rule.best(ok, value=lambda t: t.value, direction=study.direction)
+    """The feasible trial with the best value in the study's direction; with confirmation runs, the
+    original trial of the config with the best median (grpo_sweep.study.best.best_of_runs)."""
+    winner = best_finalist(study)
+    return winner.item if winner is not None else None
+
+
+def finalists(study: Any) -> list:
+    """Each config's runs (a confirmation run joins the trial it confirms), best median first."""
+    trials = [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or t.user_attrs.get("confirms") is not None]
+    return best_rule.finalists(
+        trials,
+        value=lambda t: t.value if _is_ok(t) else None,
+        group=lambda t: t.user_attrs.get("confirms", t.number),
+        direction=study.direction,
+    )
+
+
+def best_finalist(study: Any) -> Any | None:
+    ranked = finalists(study)
+    return ranked[0] if ranked else None
+
+
+def noise_summary(ranked: list) -> dict:
+    """best.yaml's `finalists` (each config's runs and spread) and whether the top two overlap."""
+    confirmed = [f for f in ranked if len(f.members) > 1]
+    if not confirmed:
+        return {}
+    out = {
+        "finalists": [
+            {
+                "trial": f.item.number,
+                "runs": [float(v) for v in f.runs],
+                "run_trials": [m.number for m in f.members],
+                "median": float(f.median),
+                "spread": float(f.spread) if f.spread is not None else None,
+            }
+            for f in confirmed
+        ]
+    }
+    if len(confirmed) >= 2:
+        overlap = best_rule.within_noise(confirmed[0], confirmed[1])
+        out["top_two_within_noise"] = overlap
+        if overlap:
+            out["noise_note"] = (
+                f"trials {confirmed[0].item.number} and {confirmed[1].item.number} are within each other's noise "
+                f"(medians {confirmed[0].median:.4g} vs {confirmed[1].median:.4g}): either is as fast as this machine can tell"
+            )
+    return out
 
 
 def _lever_names(trials: list) -> list[str]:
@@ -144,6 +189,22 @@ def table(study: Any, objective: str, top_k: int) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
 
 
+def finalist_table(summary: dict, objective: str) -> str:
+    """The confirmed finalists: every run, the median and the spread, and the noise verdict."""
+    if not summary.get("finalists"):
+        return ""
+    lines = [f"\nConfirmed finalists (median of runs wins; {objective}):"]
+    for f in summary["finalists"]:
+        spread = f"{f['spread']:.0%}" if f["spread"] is not None else "-"
+        runs = ", ".join(f"{v:.4g}" for v in f["runs"])
+        lines.append(f"  trial {f['trial']}: median {f['median']:.4g}  runs [{runs}]  spread {spread}")
+    if summary.get("noise_note"):
+        lines.append(f"  Note: {summary['noise_note']}")
+    elif summary.get("top_two_within_noise") is False:
+        lines.append("  The winner's runs are all above the runner-up's: a clear winner on this machine.")
+    return "\n".join(lines)
+
+
 def write_summary(
     study: Any,
     sweep_dir: Path,
@@ -165,7 +226,8 @@ def write_summary(
     writer.writerows(data)
     _atomic_write(sweep_dir / "trials.csv", buf.getvalue())
 
-    best = best_trial(study)
+    ranked_finalists = finalists(study)
+    best = ranked_finalists[0].item if ranked_finalists else None
     states: dict[str, int] = {}
     for row in data:
         label = "infeasible" if row["feasible"] is False and row["state"] == "COMPLETE" else row["state"]
@@ -183,7 +245,7 @@ def write_summary(
         summary.update(
             {
                 "best_trial": best.number,
-                "best_value": best.value,
+                "best_value": ranked_finalists[0].median,
                 "params": dict(best.params),
                 "levers": attrs.get("levers"),
                 "peak_memory_bytes": attrs.get("peak_memory_bytes"),
@@ -197,6 +259,7 @@ def write_summary(
                 "overrides": attrs.get("overrides"),
                 "command": command_line(best),
                 "vs_presets": vs_presets(study, best),
+                **noise_summary(ranked_finalists),
             }
         )
         _atomic_write(sweep_dir / "best.yaml", yaml.safe_dump(summary, sort_keys=False))
@@ -207,9 +270,10 @@ def write_summary(
         print("No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status).")
     else:
         print(table(study, objective, top_k))
+        print(finalist_table(summary, objective))
         reward = best.user_attrs.get("reward_mean")
         print(
-            f"\nBest: trial {best.number}, {objective}={best.value:.4g}"
+            f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
             + (f", reward {reward:.3f}" if reward is not None else "")
         )
         for preset, info in summary["vs_presets"].items():

@@ -31,8 +31,8 @@ from grpo_sweep.metrics import read_metrics
 from grpo_sweep.study.storage import open_storage
 from grpo_sweep.units import budget_bytes
 
-from . import frontier, space
-from .outcome import CONSTRAINT, Outcome, allowed_bytes, for_sampler, judge, prescreen_verdict
+from . import confirm, frontier, space
+from .outcome import CONSTRAINT, Outcome, allowed_bytes, for_sampler, judge, prescreen_verdict, stop_threshold, timed_steps
 from .workers import Heartbeat, fail_stale_trials, retry
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ class GrpoOptunaSweeper(Sweeper):
                 size *= len(values)
             n_trials = min(n_trials, size)
         self.n_trials = n_trials
+        self.confirm_top = confirm.effective_top(n_trials, conf.confirm_top, conf.confirm_repeats, conf.sampler)
+        self.n_search = n_trials - self.confirm_top * conf.confirm_repeats
+        if conf.confirm_top and not self.confirm_top:
+            log.info(confirm.off_reason(n_trials, conf.confirm_top, conf.confirm_repeats, conf.sampler))
         log.info(
             "Study %r in %s: %s %s, %d trials, sampler %s, search space %s",
             study.study_name,
@@ -107,7 +111,10 @@ class GrpoOptunaSweeper(Sweeper):
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal),
         }
         try:
-            self._loop(study)
+            self._loop(study, self.n_search)
+            if self.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
+                plan = confirm.plan(study, self.confirm_top, self.conf.confirm_repeats, log)
+                self._loop(study, self.n_search + len(plan))
         except _Interrupted as stop:
             log.warning("Sweep interrupted by %s: its running trials are FAIL and re-enqueued", stop)
             self._write_report(study, quiet=True)
@@ -226,7 +233,8 @@ class GrpoOptunaSweeper(Sweeper):
         return counted, running
 
     # ---------------------------------------------------------------- the loop
-    def _loop(self, study: Any) -> None:
+    def _loop(self, study: Any, target: int) -> None:
+        """Run trials until the study counts `target` (the search phase, then its confirmation runs)."""
         waited = False
         while True:
             self._check_stop()
@@ -234,23 +242,23 @@ class GrpoOptunaSweeper(Sweeper):
             if stale:
                 log.warning("Trials %s stopped beating (worker gone): FAIL, re-enqueued", stale)
             counted, running = self._progress(study)
-            room = self.n_trials - counted - len(running)
+            room = target - counted - len(running)
             if room <= 0:
                 if not running:
                     return
                 if not waited:
-                    log.info("%d/%d trials done; waiting for %d running in other workers", counted, self.n_trials, len(running))
+                    log.info("%d/%d trials done; waiting for %d running in other workers", counted, target, len(running))
                     waited = True
                 time.sleep(min(5.0, self.conf.heartbeat_interval))
                 continue
             batch = [study.ask() for _ in range(min(self.conf.n_jobs, room))]
-            self._run_batch(study, batch)
+            self._run_batch(study, batch, target)
 
-    def _run_batch(self, study: Any, batch: list) -> None:
+    def _run_batch(self, study: Any, batch: list, target: int | None = None) -> None:
         pending = list(batch)  # asked but not yet told: failed and re-enqueued if we are interrupted
         try:
             counted, running = self._progress(study)
-            allowed = self.n_trials - counted
+            allowed = (self.n_trials if target is None else target) - counted
             launch = []
             for trial in batch:
                 if running.index(trial.number) >= allowed:  # another worker asked at the same moment
@@ -308,6 +316,7 @@ class GrpoOptunaSweeper(Sweeper):
             f"trial.number={trial.number}",
             f"hydra.sweep.subdir=trial_{trial.number:04d}",
         ]
+        overrides += self._stop_override(trial)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("overrides", point)
         try:
@@ -320,6 +329,20 @@ class GrpoOptunaSweeper(Sweeper):
         if budget is not None:
             trial.set_user_attr("budget_bytes", budget)
         return overrides, self._prescreen(trial, cfg, budget)
+
+    def _stop_override(self, trial: Any) -> list[str]:
+        """`trial.stop_below=<tokens/s>` (stop_below x the best feasible so far) for a search trial;
+        never for a confirmation run (it must run to its end) or before any trial is feasible."""
+        if trial.user_attrs.get("confirms") is not None:
+            return []
+        from .summary import best_trial
+
+        best = best_trial(trial.study) if self.conf.stop_below else None
+        threshold = stop_threshold(best.value if best else None, self.conf.stop_below, self.objective, self.conf.direction)
+        if threshold is None:
+            return []
+        trial.set_user_attr("stop_below", threshold)
+        return [f"trial.stop_below={threshold:.6g}"]
 
     def _prescreen(self, trial: Any, cfg: DictConfig, budget: float | None) -> Outcome | None:
         """PRUNE a point the estimator predicts over budget by more than the margin (never run it)."""
@@ -347,6 +370,9 @@ class GrpoOptunaSweeper(Sweeper):
             budget_bytes=trial.user_attrs.get("budget_bytes"),
             headroom=self.conf.headroom,
         )
+        for step, value in timed_steps(record, self.objective):  # Optuna's intermediate values
+            trial.report(value, step)
+        outcome = for_sampler(outcome, self.conf.sampler, self.conf.direction)
         if record is None and getattr(ret, "status", None) is not None and ret.status.name == "FAILED":
             outcome.attrs["error"] = f"job raised: {ret._return_value!r}"[:1000]
         if out_dir:

@@ -4,6 +4,12 @@ Memory is measured by memory_meter.MemoryMeter; StepMeter only reads its peak fo
 
 Throughput counts prompt + completion tokens trained per second in steady state: the first step
 (CUDA/kernel warm-up, lazy allocations) is excluded when more than one step ran.
+
+Early stop (trial.stop_below, set by the sweeper to a fraction of the best feasible throughput so
+far): after the first timed step that comes once the peak is measured (`first_timed_step`: step 2
+with worst-case lengths, after the CPU tracker's measuring steps when it stops early), a trial below
+the threshold stops training; the worker then ends it with status `slow`, its peak and partial
+throughput kept. It never stops before that step, so a stopped trial's peak is a real peak.
 """
 
 from __future__ import annotations
@@ -37,7 +43,19 @@ def reward_change(rewards: list[float]) -> float:
 class StepMeter(TrainerCallback):
     """Records one row per optimiser step and prints a progress line for it."""
 
-    def __init__(self, total_steps: int, samples_per_step: int, memory_probe=None, on_step=None, tracking=None):
+    def __init__(
+        self,
+        total_steps: int,
+        samples_per_step: int,
+        memory_probe=None,
+        on_step=None,
+        tracking=None,
+        stop_below: float | None = None,
+        first_timed_step: int = 2,
+    ):
+        self.stop_below = stop_below  # tokens/s; None: never stop early
+        self.first_timed_step = max(2, first_timed_step)  # never before the peak is measured
+        self.stopped: str | None = None  # why training was stopped early (the worker's status `slow`)
         self.total_steps = total_steps
         self.tracking = tracking  # optional () -> bool: is the CPU tensor tracker slowing this step?
         self.samples_per_step = samples_per_step
@@ -88,6 +106,14 @@ class StepMeter(TrainerCallback):
         )
         if self.on_step is not None:
             self.on_step(row)
+        if self.stop_below is not None and not self.stopped and row["step"] >= self.first_timed_step:
+            if row["tokens_per_s"] < self.stop_below and row["step"] < self.total_steps:
+                self.stopped = (
+                    f"stopped early after step {row['step']}: {row['tokens_per_s']:.1f} tokens/s < "
+                    f"trial.stop_below={self.stop_below:.1f}"
+                )
+                print(f"[trial] {self.stopped}", flush=True)
+                control.should_training_stop = True
 
     def summary(self) -> dict:
         """Steady-state throughput over steps after the first (all steps when only one ran).

@@ -1,0 +1,277 @@
+"""Search cost in machine seconds, and how often the final pick is truly within 5 % of the optimum.
+
+Replays the sweep on a landscape (bench/landscapes.py: the tiny CPU grid measured for real, and a
+model of the seed's Gemma 3 1B / L4 space) with the sweeper's own pieces: build_sampler, judge,
+for_sampler, the pre-screen, stop_threshold/timed_steps (early stop: PRUNED with the per-step
+throughputs as intermediate values), confirm.plan (the confirmation runs, enqueued in the study)
+and summary.finalists (the median-of-runs winner, grpo_sweep.study.best). Each run of a point
+shows one noisy throughput (true x exp(N(0, sigma))) and costs its seconds: start + every step it
+ran (an early-stopped trial: up to its first timed step), an OOM its time until it failed.
+
+Per seed:
+- seconds to a point within 5 %: the sweep keeps searching until it has run a truly-good point to
+  its end (an early-stopped good point does not count), plus, for ours, the confirmation runs its
+  sweep spends at the end (charged in full);
+- the pick: a sweep of N_TRIALS trials (counted as the sweeper counts: pruned and invalid too),
+  with confirmation (search N_TRIALS - 3 x 2, then 3 finalists x 2 more runs; best median wins) and
+  without (N_TRIALS search trials; best single run wins); judged by the picked point's true value.
+Strategies: ours (pre-screen + early stop + confirmation), tpe_unconstrained (hydra-optuna-sweeper:
+OOM = failed trial, every trial to its end), random (uniform without replacement, every trial to
+its end), grid (every point: a grid knows its best only after the last).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median
+from landscapes import key
+
+WITHIN = 0.05
+N_TRIALS = 40  # the sweep budget for the final pick (hydra.sweeper.n_trials of the seed's sweeps)
+CAP = 600  # a sweep that has not found a good point after this many trials is charged what it ran
+OBJECTIVE = "tokens_per_s"
+
+
+def good(point: dict, land: dict) -> bool:
+    return point["status"] == "ok" and point["tokens_per_s"] >= (1 - WITHIN) * land["optimum"]
+
+
+def full_seconds(point: dict) -> float:
+    return point["oom_s"] if point["status"] == "oom" else point["start_s"] + sum(point["step_s"])
+
+
+def run_point(land: dict, point: dict, rng: random.Random, threshold: float | None) -> tuple[dict, float]:
+    """One trial of `point` as metrics.json would record it, and its seconds."""
+    base = {"peak_memory_bytes": point.get("peak_memory_bytes"), "memory_source": point.get("memory_source")}
+    if point["status"] == "oom":
+        return {**base, "status": "oom", "deficit_bytes": point.get("deficit_bytes")}, point["oom_s"]
+    value = point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
+    steps, first = land["steps"], land["first_timed_step"]
+    history = [{"step": i + 1, OBJECTIVE: value} for i in range(steps)]
+    if threshold is not None and first < steps and value < threshold:  # the speed meter stops it
+        seconds = point["start_s"] + sum(point["step_s"][:first])
+        return {**base, "status": "slow", OBJECTIVE: value, "history": history[:first]}, seconds
+    return {**base, "status": "ok", OBJECTIVE: value, "history": history}, full_seconds(point)
+
+
+def sweep(
+    land: dict,
+    seed: int,
+    *,
+    n_trials: int,
+    stop_below: float | None,
+    confirm_top: int,
+    confirm_repeats: int = 2,
+    prescreen: bool = True,
+    constrained: bool = True,
+    until_found: bool = False,
+    sampler: str = "tpe",
+    frontier: int = 0,
+) -> dict:
+    """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
+    not found), the search and confirmation seconds, the pick and the counted trials."""
+    import logging
+
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper import confirm
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.outcome import (
+        CONSTRAINT,
+        for_sampler,
+        judge,
+        prescreen_verdict,
+        stop_threshold,
+        timed_steps,
+    )
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, finalists
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    conf = GrpoOptunaSweeperConf()
+    space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
+    study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space))
+    if frontier:  # hydra.sweeper.frontier_start: the estimator's fullest predicted fits first
+        from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
+
+        fullness = [
+            (params, land["by_key"][key(params)]["predicted_peak_bytes"] / land["budget_bytes"])
+            for params in frontier_start.candidates(land["grid"], seed)
+            if key(params) in land["by_key"]
+        ]
+        for params in frontier_start.pick(fullness, frontier, seed):
+            study.enqueue_trial(params)
+    rng = random.Random(1_000_003 * seed + 17)
+    top = confirm.effective_top(n_trials, confirm_top, confirm_repeats, sampler)
+    n_search = n_trials - top * confirm_repeats
+    budget = land["budget_bytes"]
+    clock, found_s, counted, pick_no_confirm = 0.0, None, 0, None
+    stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
+
+    def run(trial, point, threshold):
+        nonlocal clock, found_s
+        record, seconds = run_point(land, point, rng, threshold)
+        clock += seconds
+        if not constrained:  # hydra-optuna-sweeper: an OOM is a failed trial, nothing else is known
+            if record["status"] == "oom":
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                trial.set_user_attr("status", "ok")
+                study.tell(trial, record[OBJECTIVE])
+        else:
+            outcome = for_sampler(
+                judge(record, objective=OBJECTIVE, direction="maximize", budget_bytes=budget, headroom=None), sampler, "maximize"
+            )
+            for step, value in timed_steps(record, OBJECTIVE):
+                trial.report(value, step)
+            trial.set_user_attr("status", outcome.attrs.get("status"))
+            if outcome.constraint is not None:
+                trial.set_constraint(CONSTRAINT, outcome.constraint)
+            study.tell(
+                trial, outcome.value if outcome.state == "COMPLETE" else None, state=optuna.trial.TrialState[outcome.state]
+            )
+        if found_s is None and record["status"] == "ok" and good(point, land):
+            found_s = clock
+        if record["status"] == "slow" and good(point, land):
+            stopped_good.append(trial.number)
+
+    while counted < n_search or (until_found and found_s is None and counted < CAP):
+        if counted == n_search and pick_no_confirm is None:
+            pick_no_confirm = _picked(best_trial(study), land)
+        trial = study.ask(space)
+        counted += 1  # every told trial counts toward n_trials, as the sweeper's _progress counts them
+        point = land["by_key"].get(key(trial.params))
+        if point is None:  # TRL rejects it before any model loads: FAIL, unrun
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        if prescreen:
+            pruned = for_sampler(
+                prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin), sampler, "maximize"
+            )
+            if pruned is not None:
+                trial.set_constraint(CONSTRAINT, pruned.constraint)
+                study.tell(trial, pruned.value, state=optuna.trial.TrialState[pruned.state])
+                continue
+        best = best_trial(study) if constrained and stop_below else None
+        run(trial, point, stop_threshold(best.value if best else None, stop_below, OBJECTIVE, "maximize"))
+    if pick_no_confirm is None:
+        pick_no_confirm = _picked(best_trial(study), land)
+    search_s = clock
+    if top and not until_found:
+        runs = confirm.plan(study, top, confirm_repeats, logging.getLogger("replay"))
+        for _ in runs:
+            trial = study.ask(space)
+            run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
+    ranked = finalists(study) if constrained else []
+    pick = _picked(ranked[0].item, land) if ranked else pick_no_confirm
+    return {
+        "found_s": found_s,
+        "seconds": clock,
+        "search_s": search_s,
+        "confirm_s": clock - search_s,
+        "pick": pick,
+        "pick_no_confirm": pick_no_confirm,
+        "trials": counted,
+        "stopped_good": len(stopped_good),
+        "study": study,
+    }
+
+
+def _picked(trial, land: dict) -> dict | None:
+    return land["by_key"][key(trial.params)] if trial is not None else None
+
+
+def random_seconds(land: dict, seed: int) -> float:
+    points = list(land["points"])
+    random.Random(seed).shuffle(points)
+    clock = 0.0
+    for p in points:
+        clock += full_seconds(p)
+        if good(p, land):
+            return clock
+    return clock
+
+
+def scan(land: dict, seeds: int, stop_below: float | None) -> dict:
+    """Seconds to a good point and the no-confirmation pick rate at one stop_below (no confirmation runs)."""
+    runs = [sweep(land, seed, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=0, until_found=True) for seed in range(seeds)]
+    return {
+        "search_median_seconds_no_confirm": median(_charge(f) for f in runs),
+        "pick_within_5pct_rate_no_confirm": _rate((f["pick_no_confirm"] for f in runs), land),
+        "good_trials_stopped_early": sum(f["stopped_good"] for f in runs),
+        "trials_stopped_early": sum(sum(t.user_attrs.get("status") == "slow" for t in f["study"].trials) for f in runs),
+    }
+
+
+def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: int) -> dict:
+    """The pick rate of an N_TRIALS sweep confirming `top` finalists `repeats` more times each."""
+    runs = [
+        sweep(land, s, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=top, confirm_repeats=repeats) for s in range(seeds)
+    ]
+    return {
+        "pick_within_5pct_rate": _rate((r["pick"] for r in runs), land),
+        "median_confirm_seconds": median(r["confirm_s"] for r in runs),
+    }
+
+
+def evaluate(
+    land: dict,
+    seeds: int,
+    stop_below: float | None,
+    *,
+    confirm_top: int = 3,
+    confirm_repeats: int = 2,
+    others: bool = True,
+    frontier: int = 0,
+) -> dict:
+    """Every strategy over `seeds` seeds on `land`; the summary keys (without a landscape suffix)."""
+    runs_found, runs_pick = [], []
+    for seed in range(seeds):
+        common = {"n_trials": N_TRIALS, "stop_below": stop_below, "frontier": frontier}
+        runs_found.append(sweep(land, seed, confirm_top=0, until_found=True, **common))
+        runs_pick.append(sweep(land, seed, confirm_top=confirm_top, confirm_repeats=confirm_repeats, **common))
+    charged = [_charge(f) + p["confirm_s"] for f, p in zip(runs_found, runs_pick)]
+    out = {
+        "search_median_seconds": median(charged),
+        "search_median_seconds_no_confirm": median(_charge(f) for f in runs_found),
+        "search_p90_seconds": sorted(charged)[int(0.9 * len(charged))],
+        "search_median_confirm_seconds": median(p["confirm_s"] for p in runs_pick),
+        "pick_within_5pct_rate": _rate((p["pick"] for p in runs_pick), land),
+        "pick_within_5pct_rate_no_confirm": _rate((f["pick_no_confirm"] for f in runs_found), land),
+        # The ceiling on the pick rate: sweeps whose search phase ran a truly-good point to its end at all.
+        "good_point_run_rate": sum(p["found_s"] is not None for p in runs_pick) / len(runs_pick),
+        "good_trials_stopped_early": sum(f["stopped_good"] for f in runs_found),
+        "stop_below": stop_below,
+    }
+    if others:
+        tpe = [
+            sweep(
+                land, s, n_trials=N_TRIALS, stop_below=None, confirm_top=0, prescreen=False, constrained=False, until_found=True
+            )
+            for s in range(seeds)
+        ]
+        out["tpe_unconstrained_median_seconds"] = median(_charge(t) for t in tpe)
+        out["random_median_seconds"] = median(random_seconds(land, s) for s in range(seeds))
+        out["grid_seconds"] = sum(full_seconds(p) for p in land["points"])
+    return out
+
+
+def _charge(run: dict) -> float:
+    """Seconds to a good point; a sweep that never found one is charged everything it ran."""
+    return run["found_s"] if run["found_s"] is not None else run["seconds"]
+
+
+def _rate(picks, land: dict) -> float:
+    picks = list(picks)
+    return sum(1 for p in picks if p is not None and good(p, land)) / len(picks)
+
+
+def spread_of(points) -> float:
+    spreads = [(max(r) - min(r)) / statistics.median(r) for p in points if len(r := p.get("tokens_per_s_runs") or []) > 1]
+    return statistics.median(spreads)

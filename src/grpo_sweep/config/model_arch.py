@@ -1,0 +1,99 @@
+"""A model's architecture numbers from its own config.json (`model=hub model.hub_id=<id or dir>`).
+
+The estimator, the doctor and the trial read `model.arch` through `arch_of`: the numbers a
+conf/model/*.yaml gives win; every one it leaves out (`model=hub` gives none) is read from the
+model's config.json: `<hub_id>/config.json` for a local directory, else the hub's file through
+huggingface_hub's cache (offline with HF_HUB_OFFLINE=1 once cached). Plain JSON, as transformers'
+AutoConfig reads it, with its defaults: never imports torch or transformers, so `grpo-sweep
+estimate` and the sweep's pre-screen stay light. Multimodal configs (Gemma 3 4B+) nest the language
+model under `text_config`; `head_dim` defaults to hidden_size / num_attention_heads and
+`num_key_value_heads` to num_attention_heads, as in transformers' Llama/Qwen2 configs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .schema import ArchConfig, ConfigError
+
+ARCH_KEYS: tuple[str, ...] = tuple(ArchConfig.__dataclass_fields__)
+REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# transformers' config classes default tie_word_embeddings per family (Gemma: tied; Llama, Qwen2: not).
+DEFAULT_POSITIONS = 131072  # when config.json does not say
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+def config_json_path(hub_id: str) -> Path:
+    """The model's config.json: in the directory `hub_id`, or fetched/cached from the hub."""
+    local = Path(hub_id).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"model.hub_id={hub_id}: the directory holds no config.json")
+        return path
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(repo_id=hub_id, filename="config.json"))
+    except Exception as exc:  # noqa: BLE001 - offline, gated, unknown id: say what to do
+        raise ConfigError(
+            f"model.hub_id={hub_id}: could not read its config.json ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). "
+            "Give a local directory holding config.json, log in for a gated model (HF_TOKEN), "
+            "or set the numbers with model.arch.*"
+        ) from None
+
+
+def arch_from_config(data: dict) -> dict[str, Any]:
+    """ArchConfig's fields from a config.json's content (a language model's, or its text_config)."""
+    text = data.get("text_config") or data
+    missing = [k for k in REQUIRED if text.get(k) is None]
+    if missing:
+        raise ConfigError(f"config.json has no {', '.join(missing)} (model_type={text.get('model_type')}): set model.arch.*")
+    heads = int(text["num_attention_heads"])
+    model_type = str(text["model_type"])
+    tied = data.get("tie_word_embeddings", text.get("tie_word_embeddings"))
+    return {
+        "model_type": model_type,
+        "hidden_size": int(text["hidden_size"]),
+        "num_hidden_layers": int(text["num_hidden_layers"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(text.get("num_key_value_heads") or heads),
+        "head_dim": int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+        "intermediate_size": int(text["intermediate_size"]),
+        "vocab_size": int(text["vocab_size"]),
+        "tie_word_embeddings": bool(model_type in TIED_BY_DEFAULT if tied is None else tied),
+        "max_position_embeddings": int(text.get("max_position_embeddings") or DEFAULT_POSITIONS),
+    }
+
+
+@functools.lru_cache(maxsize=32)
+def _read(hub_id: str) -> dict[str, Any]:
+    path = config_json_path(hub_id)
+    try:
+        return arch_from_config(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model.hub_id={hub_id}: cannot read {path}: {exc}") from None
+
+
+def arch_of(cfg: Any) -> DictConfig:
+    """`cfg.model.arch` complete: what the config sets, the rest from the model's config.json."""
+    arch = cfg.model.arch
+    given = {k: arch[k] for k in ARCH_KEYS if k in arch and not OmegaConf.is_missing(arch, k)}
+    if len(given) == len(ARCH_KEYS):
+        return arch if isinstance(arch, DictConfig) else OmegaConf.create(dict(arch))
+    if not cfg.model.get("hub_id"):
+        absent = [k for k in ARCH_KEYS if k not in given]
+        raise ConfigError(f"model.arch: {', '.join(absent)} missing and no model.hub_id to read a config.json from")
+    return OmegaConf.create({**_read(str(cfg.model.hub_id)), **given})
+
+
+def fill_arch(cfg: Any) -> None:
+    """Write the complete architecture into `cfg.model.arch` (so config.yaml records the numbers)."""
+    full = arch_of(cfg)
+    for key in ARCH_KEYS:
+        cfg.model.arch[key] = full[key]

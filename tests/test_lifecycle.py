@@ -1,0 +1,160 @@
+"""A trial never outlives the process that started it, and a stopped trial still ends its W&B run.
+
+The parent (`python train.py`, the sweep) is killed with SIGKILL while its trial hangs
+(`trial.debug_fault=hang`): every process of the trial (the worker, its guardian, the forkserver)
+must be gone within seconds, the trial's metrics.json and offline W&B run must say why, and a
+resumed sweep must finish its study with nothing lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAST, ROOT, load_metrics, run_train
+from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd, trials_so_far, wait_for
+from test_wandb import OFFLINE_ENV, read_run
+
+GONE_WITHIN_S = 30  # the guardian's SIGTERM, metrics.json and W&B's offline finish, then SIGKILL
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _hanging(log: Path) -> bool:
+    return log.exists() and "debug_fault=hang: hanging until stopped" in log.read_text(errors="replace")
+
+
+def _hanging_under(root: Path) -> Path | None:
+    return next((log.parent for log in root.glob("*/trial.log") if _hanging(log)), None)
+
+
+def _kill_parent_during_hang(cmd: list[str], log: Path, trial_log, env: dict | None = None) -> list[psutil.Process]:
+    """Start `cmd`, wait until its trial hangs (`trial_log`: a path, or a callable), SIGKILL it;
+    return the trial's processes as they were."""
+    hanging = trial_log if callable(trial_log) else (lambda: _hanging(trial_log))
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    )
+    try:
+        wait_for(hanging, timeout=300, proc=proc)
+        trial = _descendants(proc.pid)
+        names = " ".join(" ".join(p.cmdline()) for p in trial)
+        assert len(trial) >= 2 and "forkserver" in names, names  # the forkserver and the worker (and its guardian)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return trial
+
+
+@pytest.mark.slow
+def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), *FAST, "trial.debug_fault=hang", "logger=wandb", f"hydra.run.dir={run_dir}"]
+    trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", run_dir / "trial.log", env=OFFLINE_ENV)
+
+    wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
+    # The worker recorded why it stopped, and closed its W&B run as failed with the reason.
+    m = load_metrics(run_dir)
+    assert m["status"] == "failed" and "the process that started it died" in m["error"]
+    assert m["wandb_finished"] is True
+    summary, _ = read_run(m["wandb_dir"])
+    assert summary["state"] == "failed"
+    assert "the process that started it died" in summary["summary"]["error"]
+
+
+@pytest.mark.slow
+def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path):
+    from grpo_sweep.trial.worker import WANDB_NOTE_FILE
+
+    run_dir = tmp_path / "run"
+    cmd = [*FAST, "trial.debug_fault=hang", "trial.timeout_s=60", "logger=wandb", f"hydra.run.dir={run_dir}"]
+    result = run_train(cmd, env=OFFLINE_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    m = load_metrics(run_dir)
+    assert m["status"] == "timeout" and "trial.timeout_s=60" in m["error"], m["error"]
+    if not _hanging(run_dir / "trial.log"):
+        pytest.skip("this machine took over 60 s to reach the hang; the W&B run was not open yet")
+    assert m["wandb_finished"] is True and not (run_dir / WANDB_NOTE_FILE).exists()
+    summary, _ = read_run(m["wandb_dir"])
+    assert summary["state"] == "failed" and "timeout" in summary["tags"]
+    assert "trial.timeout_s=60" in summary["summary"]["error"]
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothing(tmp_path):
+    """A finished trial; a second run whose trial hangs is SIGKILLed; the same command finishes the study."""
+    journal = f"journal:{tmp_path / 'study.journal'}"
+    beat = ["hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL]
+    result = run(sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=1"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    kept = load_study(journal).trials[0]
+    assert kept.state.name == "COMPLETE"
+
+    cmd = sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=2")
+    trial = _kill_parent_during_hang([*cmd, "trial.debug_fault=hang"], tmp_path / "killed.log", lambda: _hanging_under(tmp_path))
+    wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
+    killed_dir = _hanging_under(tmp_path)
+    assert load_metrics(killed_dir)["status"] == "failed"  # the worker recorded why it stopped
+    killed = load_study(journal).trials[1]
+    assert killed.state.name == "RUNNING"  # SIGKILL: nobody told the study
+
+    # Resume once the killed sweep's heartbeat is older than the grace period (what a real resume sees).
+    wait_for(lambda: time.time() - _last_beat(journal, 1) > 3.5, timeout=30, every=0.5)
+    result = run(cmd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(journal)
+    assert study.trials[0].value == kept.value and study.trials[0].user_attrs["run_dir"] == kept.user_attrs["run_dir"]
+    assert study.trials[1].state.name == "FAIL"  # the killed trial, failed as stale and retried
+    retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
+    assert len(retry) == 1 and retry[0].state.name == "COMPLETE" and retry[0].params == killed.params
+    assert len(counted(study)) == 2
+
+
+def _last_beat(journal: str, number: int) -> float:
+    from hydra_plugins.grpo_optuna_sweeper.workers import HEARTBEAT_ATTR
+
+    trial = next(t for t in trials_so_far(journal) if t.number == number)
+    return max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, trial.datetime_start.timestamp())
+
+
+@pytest.mark.slow
+def test_a_trial_killed_before_closing_its_wandb_run_leaves_a_note(tmp_path):
+    """SIGKILL from outside (trial.debug_fault=signal, after the W&B run started): nothing can finish
+    the run, so metrics.json and the run directory say so."""
+    from grpo_sweep.trial.worker import WANDB_NOTE_FILE
+
+    result = run_train([*FAST, "trial.debug_fault=signal", "logger=wandb", f"hydra.run.dir={tmp_path}"], env=OFFLINE_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "failed" and "SIGKILL" in m["error"]
+    assert "was not finished" in m["wandb_note"] and "SIGKILL" in m["wandb_note"]
+    assert (tmp_path / WANDB_NOTE_FILE).read_text().strip() == m["wandb_note"]
+    # The parent closed the run from outside (same id, resumed offline): complete, failed, with the reason.
+    assert "The parent closed it as failed" in m["wandb_note"] and not m.get("wandb_finished")
+    summary, _ = read_run(m["wandb_dir"])
+    assert summary["state"] == "failed" and m["wandb_dir"].endswith(summary["run_id"])
+    assert summary["summary"]["status"] == "failed" and "SIGKILL" in summary["summary"]["error"]

@@ -1,0 +1,186 @@
+"""Issue 15: early stop of trials that cannot win, and a winner confirmed under noise.
+
+Fast tests check the rules (the median-of-runs winner, the stop threshold, what Optuna is told for a
+slow trial); the real ones run tiny-model trials (a trial stopped by its speed meter, with its peak
+kept) and real sweeps (`python train.py -m +sweeps=tiny_cpu`, a real journal storage).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import compose, load_metrics
+from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+
+from grpo_sweep.metrics import KEYS, STATUSES
+from grpo_sweep.study import best as best_rule
+from grpo_sweep.trial.parent import run_trial
+from hydra_plugins.grpo_optuna_sweeper import confirm
+from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, judge, stop_threshold, timed_steps
+
+
+# ------------------------------------------------------------------------------------- the rules
+def test_best_median_wins_not_the_luckiest_run():
+    # (group, value): config 0 had one lucky run (200) and two slow ones; config 1 is steadily fast.
+    runs = [(0, 200.0), (1, 150.0), (2, 90.0), (0, 100.0), (1, 140.0), (0, 110.0), (1, 145.0), (2, None)]
+    ranked = best_rule.finalists(runs, value=lambda r: r[1], group=lambda r: r[0], direction="maximize")
+    assert [f.item for f in ranked] == [(1, 150.0), (0, 200.0), (2, 90.0)]
+    assert ranked[0].median == 145.0 and ranked[0].runs == [150.0, 140.0, 145.0]
+    assert ranked[1].spread == pytest.approx((200 - 100) / 110)
+    assert best_rule.within_noise(ranked[0], ranked[1]) is True  # 0's range 100-200 covers 1's 140-150
+    assert best_rule.best_of_runs(runs, value=lambda r: r[1], group=lambda r: r[0], direction="minimize").item[0] == 2
+    # Without confirmation runs the rule is the plain best; a single run says nothing about noise.
+    single = [(0, 1.0), (1, 3.0), (2, 2.0)]
+    winner = best_rule.best_of_runs(single, value=lambda r: r[1], group=lambda r: r[0], direction="maximize")
+    assert winner.item == best_rule.best(single, value=lambda r: r[1], direction="maximize") == (1, 3.0)
+    assert best_rule.within_noise(winner, winner) is None
+    # Clear winner: ranges apart.
+    apart = [(0, 10.0), (0, 11.0), (1, 5.0), (1, 6.0)]
+    top = best_rule.finalists(apart, value=lambda r: r[1], group=lambda r: r[0], direction="maximize")
+    assert best_rule.within_noise(top[0], top[1]) is False
+
+
+def test_stop_threshold_and_slow_outcome():
+    assert stop_threshold(1000.0, 0.5, "tokens_per_s", "maximize") == 500.0
+    assert stop_threshold(None, 0.5, "tokens_per_s", "maximize") is None  # nothing feasible yet
+    assert stop_threshold(1000.0, None, "tokens_per_s", "maximize") is None  # off
+    assert stop_threshold(1000.0, 0.5, "reward_mean", "maximize") is None  # the meter watches tokens/s only
+    record = {
+        "status": "slow",
+        "tokens_per_s": 120.0,
+        "peak_memory_bytes": 50,
+        "memory_source": "cpu-tracker",
+        "history": [{"step": 1, "tokens_per_s": 80.0}, {"step": 2, "tokens_per_s": 120.0}],
+    }
+    out = judge(record, objective="tokens_per_s", direction="maximize", budget_bytes=100, headroom=None)
+    assert (out.state, out.value, out.constraint, out.attrs["status"]) == ("PRUNED", 120.0, -50.0, "slow")
+    assert timed_steps(record, "tokens_per_s") == [(2, 120.0)]  # the warm-up step is not reported
+    assert for_sampler(out, "tpe", "maximize").state == "PRUNED"
+    gp = for_sampler(out, "gp", "maximize")  # GP learns from COMPLETE only: the partial value is real
+    assert (gp.state, gp.value) == ("COMPLETE", 120.0)
+    assert "slow" in STATUSES
+
+
+def test_confirmation_budget_rule():
+    assert confirm.effective_top(20, 3, 2, "tpe") == 3
+    assert confirm.effective_top(12, 3, 2, "tpe") == 2
+    assert confirm.effective_top(8, 3, 2, "tpe") == 0  # one finalist cannot change the winner: off
+    assert confirm.effective_top(40, 0, 2, "tpe") == 0
+    assert confirm.effective_top(40, 3, 2, "grid") == 0
+
+
+# ----------------------------------------------------------------------------------- real trials
+@pytest.mark.parametrize(
+    "gpu, first_timed",
+    [
+        (["gpu=cpu_sim", "gpu.memory_gib=0.1"], 2),  # the tracker enforces a budget on every step
+        (["gpu=cpu"], 3),  # the tracker measures steps 1-2 and stops: step 3 is the first untracked one
+    ],
+)
+def test_slow_trial_stops_after_its_first_timed_step_with_its_peak(tmp_path, gpu, first_timed):
+    overrides = ["trial.steps=5", "task.num_prompts=64", *SMALL, "num_generations=2", *gpu, "trial.stop_below=1e9"]
+    record = run_trial(compose(overrides), tmp_path)
+    assert record["status"] == "slow", record["error"]
+    assert "trial.stop_below" in record["error"]
+    on_disk = load_metrics(tmp_path)
+    assert set(on_disk) <= KEYS
+    assert on_disk["steps"] == first_timed and [r["step"] for r in on_disk["history"]] == list(range(1, first_timed + 1))
+    assert on_disk["peak_memory_bytes"] > 0 and on_disk["memory_source"] == "cpu-tracker"
+    assert on_disk["tokens_per_s"] > 0  # the partial throughput is kept
+
+
+def test_fast_trial_is_not_stopped(tmp_path):
+    record = run_trial(
+        compose(["trial.steps=3", "task.num_prompts=64", *SMALL, "num_generations=2", "trial.stop_below=0.001"]), tmp_path
+    )
+    assert record["status"] == "ok" and record["steps"] == 3 and record["error"] is None
+
+
+def test_stop_below_must_be_positive():
+    from grpo_sweep.config.schema import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="trial.stop_below"):
+        validate(compose(["trial.stop_below=-5"]))
+
+
+# ----------------------------------------------------------------------------------- real sweeps
+@pytest.mark.slow
+def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
+    """stop_below=50: once a trial is feasible, every later one is below 50x its throughput and stops."""
+    result = run(
+        sweep_cmd(
+            tmp_path,
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.stop_below=50",
+            "hydra.sweeper.sampler=random",
+            "trial.steps=3",
+            "max_seq_length=64",
+            "per_device_train_batch_size=2",
+        )
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    first, *rest = study.trials
+    assert first.state.name == "COMPLETE" and first.user_attrs["status"] == "ok"
+    assert sorted(first.intermediate_values) == [2, 3]  # each timed step's tokens/s
+    assert rest and len(counted(study)) == 3  # a slow trial counts as a trial, like any other
+    for t in rest:
+        assert t.state.name == "PRUNED" and t.user_attrs["status"] == "slow", t.user_attrs
+        assert t.user_attrs["stop_below"] == pytest.approx(50 * first.value, rel=1e-5)
+        assert list(t.intermediate_values) == [2] and t.value == t.intermediate_values[2]
+        assert t.user_attrs["peak_memory_bytes"] > 0 and t.constraints["memory_over_budget_bytes"] <= 0
+        metrics = load_metrics(t.user_attrs["run_dir"])
+        assert metrics["status"] == "slow" and metrics["steps"] == 2
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best["best_trial"] == first.number and best["trials"] == {"COMPLETE": 1, "PRUNED": 2}
+    report = (tmp_path / "report.html").read_text()
+    assert "2 slow" in report and 'class="slow' in report
+
+
+@pytest.mark.slow
+def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
+    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist once more, all in the study."""
+    result = run(
+        sweep_cmd(
+            tmp_path,
+            "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.confirm_top=2",
+            "hydra.sweeper.confirm_repeats=1",
+            "hydra.sweeper.stop_below=null",
+            "hydra.sweeper.prescreen=false",
+            "max_seq_length=64,128",
+            "per_device_train_batch_size=2,4",
+            "lora_rank=8",
+            "lora=qv",
+        )
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    assert len(counted(study)) == len(study.trials) == 6  # confirmation runs are counted in n_trials
+    search, confirmations = study.trials[:4], study.trials[4:]
+    ok = sorted((t for t in search if t.user_attrs["status"] == "ok"), key=lambda t: -t.value)
+    finalists = [t.number for t in ok[:2]]
+    assert [t.user_attrs["confirms"] for t in confirmations] == finalists
+    for t in confirmations:
+        assert t.params == study.trials[t.user_attrs["confirms"]].params
+        assert "stop_below" not in t.user_attrs  # a confirmation run always runs to its end
+    assert study.user_attrs["confirmation"]["finalists"] == finalists
+    medians = {}
+    for n in finalists:
+        values = [study.trials[n].value] + [
+            t.value for t in confirmations if t.user_attrs["confirms"] == n and t.user_attrs["status"] == "ok"
+        ]
+        medians[n] = (
+            sorted(values)[len(values) // 2]
+            if len(values) % 2
+            else sum(sorted(values)[len(values) // 2 - 1 : len(values) // 2 + 1]) / 2
+        )
+    winner = max(medians, key=medians.get)
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best["best_trial"] == winner and best["best_value"] == pytest.approx(medians[winner])
+    assert [f["trial"] for f in best["finalists"]] == sorted(finalists, key=lambda n: -medians[n])
+    assert all(len(f["runs"]) == 2 and f["spread"] is not None for f in best["finalists"])
+    assert isinstance(best["top_two_within_noise"], bool)
+    assert "Confirmed finalists" in result.stdout
+    report = (tmp_path / "report.html").read_text()
+    assert "id=finalists" in report and "id=noise-note" in report

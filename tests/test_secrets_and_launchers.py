@@ -1,0 +1,89 @@
+"""No secret in any output, and the SLURM path (Hydra's submitit launcher) runs real trials.
+
+The secrets test runs a real sweep against PostgreSQL with its password in the storage URL and a
+W&B key in the environment, logging to W&B offline, then searches every byte written under the
+sweep directory (W&B's binary .wandb run files, Hydra's saved configs, logs, metrics.json, the
+report, the study export) and the study's attributes for either secret.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+from test_wandb import OFFLINE_ENV
+
+POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
+FAKE_WANDB_KEY = "0123456789abcdef" * 2 + "fedcba98"  # 40 hex characters, the shape of a real key
+
+
+def _files_holding(root: Path, secrets: list[bytes]) -> list[str]:
+    hits = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            hits += [f"{path.relative_to(root)}: {s.decode()[:4]}..." for s in secrets if s in data]
+    return hits
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not POSTGRES, reason="GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run starts PostgreSQL and sets it)")
+def test_no_secret_reaches_any_output(tmp_path):
+    password = urlparse(POSTGRES).password
+    assert password, "the test needs a storage URL with a password"
+    name = f"secrets-{uuid.uuid4().hex[:8]}"
+    sweep_dir = tmp_path / "sweep"
+    cmd = sweep_cmd(
+        sweep_dir,
+        f"hydra.sweeper.storage={POSTGRES}",
+        f"hydra.sweeper.study_name={name}",
+        "hydra.sweeper.n_trials=2",
+        "logger=wandb",
+        *SMALL,
+    )
+    env = {**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        result = run(cmd)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(POSTGRES, name)
+    assert len(counted(study)) == 2
+    wandb_runs = list(sweep_dir.rglob("run-*.wandb"))
+    assert len(wandb_runs) == 2, "each trial wrote its offline W&B run file"
+    secrets = [password.encode(), FAKE_WANDB_KEY.encode()]
+    assert _files_holding(sweep_dir, secrets) == []
+    for stream in (result.stdout, result.stderr):
+        assert password not in stream and FAKE_WANDB_KEY not in stream
+    attrs = repr(
+        [
+            study.user_attrs,
+            study._storage.get_study_system_attrs(study._study_id),
+            [(t.user_attrs, t.system_attrs) for t in study.trials],
+        ]
+    )
+    assert password not in attrs and FAKE_WANDB_KEY not in attrs
+
+
+@pytest.mark.slow
+def test_sweep_through_submitit_local_launcher(tmp_path):
+    """`hydra/launcher=submitit_local`: the same code path as submitit_slurm, jobs in submitit's own
+    processes; two real trials finish and the study holds them."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    result = run(
+        sweep_cmd(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=2", *SMALL)
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    trials = counted(study)
+    assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+    assert all(t.user_attrs["status"] == "ok" and t.value > 0 for t in trials)
+    assert list(tmp_path.rglob(".submitit")), "the jobs ran through submitit"
+    assert (tmp_path / "best.yaml").exists()
