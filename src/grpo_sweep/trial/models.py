@@ -93,8 +93,9 @@ def is_warm(cfg: Any) -> bool:
     return cfg.model.source == "random" and cfg.model.get("init", "random") == "warm"
 
 
-def build_random(cfg: Any, tokenizer, *, on_cuda: bool):
-    """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU."""
+def build_random(cfg: Any, tokenizer, *, on_cuda: bool, dtype=None):
+    """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU, in
+    `dtype` (default: model.dtype's, models.torch_dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -104,7 +105,7 @@ def build_random(cfg: Any, tokenizer, *, on_cuda: bool):
     config.bos_token_id = tokenizer.bos_token_id
     torch.manual_seed(cfg.seed)
     with torch.device("cuda" if on_cuda else "cpu"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(cfg, on_cuda))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch_dtype(cfg, on_cuda))
 
 
 def cache_root() -> Path:
@@ -170,9 +171,11 @@ def model_path(cfg: Any, tokenizer, *, on_cuda: bool) -> str:
     if cfg.model.source == "hub":
         return cfg.model.hub_id
     if is_warm(cfg):
+        import torch
+
         from .warmup import materialize_warm
 
-        build = lambda: build_random(cfg, tokenizer, on_cuda=False)  # noqa: E731 - float32 on CPU whatever the card
+        build = lambda: build_random(cfg, tokenizer, on_cuda=False, dtype=torch.float32)  # noqa: E731 - whatever the card
         return str(materialize_warm(cfg, tokenizer, build=build, root=cache_root()))
     return str(materialize_random(cfg, tokenizer, on_cuda=on_cuda))
 

@@ -139,7 +139,8 @@ def _locked(path: Path):
 def materialize_warm(cfg: Any, tokenizer, *, build: Callable[[], Any], root: Path, log=print) -> Path:
     """The warm checkpoint for `cfg` (float32, with its tokenizer): built once, then reused.
 
-    `build()` returns the seeded random-weight model (models.build_random) to start from.
+    `build()` returns the seeded random-weight model in float32 on CPU (models.build_random) to
+    start from, whatever model.dtype and the card say (loaders cast the saved float32 weights).
     """
     from .tasks import get_task
 
@@ -151,9 +152,7 @@ def materialize_warm(cfg: Any, tokenizer, *, build: Callable[[], Any], root: Pat
         if (target / "config.json").exists():  # another trial built it while we waited
             return target
         log(f"[warmup] building the warm {cfg.model.name} model ({cfg.model.warmup.steps} steps, once): {target}")
-        import torch
-
-        model = build().to(torch.float32)
+        model = build()
         w = cfg.model.warmup
         info = warm_up(
             model,
