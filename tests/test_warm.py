@@ -4,7 +4,6 @@ has rewards that vary, a policy gradient that is not zero, and (experiment=learn
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ def test_tiny_is_warm_and_the_random_path_stays():
     assert not is_warm(compose(["model=qwen2_5_0_5b"]))  # a hub model is never warmed
 
 
-def test_warm_cache_reused_and_keyed(tmp_path, monkeypatch):
+def test_warm_cache_reused_and_keyed(tmp_path, monkeypatch, capsys):
     """A small recipe in a private cache: the second call takes no time, the weights are
     deterministic for the seed, and a changed architecture (or recipe) builds its own entry."""
     import torch
@@ -43,9 +42,9 @@ def test_warm_cache_reused_and_keyed(tmp_path, monkeypatch):
     info = json.loads((first / "warmup.json").read_text())
     assert info["steps"] == 5 and info["loss"] > 0
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    t0 = time.perf_counter()
-    assert Path(model_path(cfg, tok, on_cuda=False)) == first  # reused
-    assert time.perf_counter() - t0 < 2.0  # a lookup, not a warm-up (the warm-up trains 5 steps here)
+    assert "[warmup] building" in capsys.readouterr().out
+    assert Path(model_path(cfg, tok, on_cuda=False)) == first  # reused: a lookup, no warm-up
+    assert "[warmup]" not in capsys.readouterr().out
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     # What load_model gives the trainer is the cached checkpoint, not fresh random weights.
     loaded = load_model(cfg, tok, on_cuda=False)
