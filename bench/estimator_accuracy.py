@@ -113,7 +113,7 @@ def compose(overrides: list[str]):
     from grpo_sweep.config.compose import compose_train_config
 
     base = [o for o in BASE if not (o.startswith("gpu=") and any(x.startswith("gpu=") for x in overrides))]
-    return compose_train_config(base + overrides)
+    return compose_train_config(base + overrides + ["model.init=random"])  # memory does not depend on the weights
 
 
 def measure_one(overrides: list[str]) -> dict:

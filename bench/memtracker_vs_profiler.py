@@ -28,7 +28,7 @@ def main(overrides: list[str]) -> int:
     from grpo_sweep.trial.tasks import get_task
 
     torch.set_num_threads(1)
-    cfg = compose_train_config(["trial.steps=2", "task.num_prompts=64", *overrides])
+    cfg = compose_train_config(["trial.steps=2", "task.num_prompts=64", "model.init=random", *overrides])
     task = get_task(cfg)
     tokenizer = load_tokenizer(cfg, task.corpus())
     memory = MemoryMeter(cfg, on_cuda=False)

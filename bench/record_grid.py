@@ -38,7 +38,13 @@ GRID = {
     "lora_rank": [8, 32],
     "lora": ["qv", "all_linear"],  # a config group: LoRA target modules (the rank stays the lever above)
 }
-FIXED = ["trial.steps=3", "task.num_prompts=256", "max_prompt_length=32", "gpu=cpu_sim"]
+FIXED = [
+    "trial.steps=3",
+    "task.num_prompts=256",
+    "max_prompt_length=32",
+    "gpu=cpu_sim",
+    "model.init=random",
+]  # memory: weights do not matter
 DATA = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
 WALL_DATA = ROOT / "bench" / "data" / "grid_tiny_cpu_wall.json"
 DEFAULT_BUDGET_GIB = 0.1  # about half of the points fit: the wall runs through the grid

@@ -22,7 +22,9 @@ def latencies(start_method: str) -> list[float]:
     from grpo_sweep.config.compose import compose_train_config
     from grpo_sweep.trial.parent import run_trial
 
-    cfg = compose_train_config(["trial.steps=1", "task.num_prompts=64", f"trial.start_method={start_method}"])
+    cfg = compose_train_config(
+        ["trial.steps=1", "task.num_prompts=64", "model.init=random", f"trial.start_method={start_method}"]
+    )
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(1 + WARM_TRIALS):

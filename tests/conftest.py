@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["trial.steps=2", "task.num_prompts=64"]
+FAST = ["trial.steps=2"]  # the default task: its warm model (model.init=warm) is built once and shared
 
 
 def compose(overrides: list[str] | None = None):

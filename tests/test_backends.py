@@ -324,7 +324,7 @@ def test_random_model_checkpoint_roundtrip(tmp_path, monkeypatch):
     from grpo_sweep.trial.tokenizer import train_local_tokenizer
 
     monkeypatch.setenv("GRPO_SWEEP_CACHE", str(tmp_path))
-    cfg = compose(["model=tiny"])
+    cfg = compose(["model=tiny", "model.init=random"])  # the warm path: tests/test_warm.py
     tok = train_local_tokenizer(["1 + 2 = 3", "4 + 5 = 9"] * 20, vocab_size=300)
     path = materialize_random(cfg, tok, on_cuda=False)
     assert (path / "config.json").exists() and (path / "tokenizer.json").exists()
@@ -336,7 +336,7 @@ def test_random_model_checkpoint_roundtrip(tmp_path, monkeypatch):
     ids = torch.tensor([[1, 5, 7, 9]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, build_random(cfg, tok, on_cuda=False)(ids).logits)
-    other = compose(["model=tiny", "seed=1"])
+    other = compose(["model=tiny", "model.init=random", "seed=1"])
     assert materialize_random(other, tok, on_cuda=False) != path  # the seed is part of the key
 
 

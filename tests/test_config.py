@@ -175,7 +175,7 @@ def test_plain_install_ships_the_configs(tmp_path):
     "args, needles",
     [
         (["+lora_rnk=8"], ["lora_rnk=8: not a key of the configuration", "did you mean lora_rank?"]),
-        (["+experiment=learn"], ["experiment=learn: not a key", "a config group must exist under conf/"]),
+        (["+recipe=learn"], ["recipe=learn: not a key", "a config group must exist under conf/"]),  # no conf/recipe/
         (["+trial.stpes=5"], ["trial.stpes=5: not a key", "did you mean trial.steps?"]),
         (["objective=bogus"], ["objective=bogus: must name a numeric metrics.json key", "tokens_per_s"]),
         (["objective=status"], ["objective=status: must name a numeric metrics.json key"]),  # a string key

@@ -116,7 +116,7 @@ def trials(tmp_path_factory):
     runs = {
         "small": [*FAST, "gpu=cpu_sim", f"gpu.memory_gib={TOO_SMALL}"],
         "large": [*FAST, "gpu=cpu_sim", f"gpu.memory_gib={LARGE}"],
-        "rank32": ["trial.steps=3", "task.num_prompts=64", "lora_rank=32"],
+        "rank32": ["trial.steps=3", "lora_rank=32"],
     }
     out = {}
     for name, overrides in runs.items():

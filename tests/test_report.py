@@ -397,3 +397,43 @@ def test_report_reads_a_postgresql_study(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 trials" in out and "best: trial 0" in out
     assert url.split("://", 1)[1].split("@")[0].split(":")[1] not in out  # the password is never printed
+
+
+def test_reward_change_beside_throughput(tmp_path):
+    """Each trial's reward change in the table, the best config's reward beside its throughput, and
+    a long run's moving reward curve."""
+    from grpo_sweep.report.html import write_report
+
+    base = {**dict.fromkeys(LEVER_NAMES, 1), "lora_target_modules": ["q_proj", "v_proj"]}
+    rewards = [0.1 + 0.003 * i for i in range(40)]
+    history = [{"step": i + 1, "reward": r} for i, r in enumerate(rewards)]
+    trials = [
+        Trial(
+            name="learns",
+            record={
+                "status": "ok",
+                "levers": {**base, "lora_rank": 16},
+                "tokens_per_s": 900.0,
+                "peak_memory_bytes": 2**20,
+                "reward_mean": sum(rewards) / 40,
+                "reward_first": rewards[0],
+                "reward_last": rewards[-1],
+                "reward_change": sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10,
+                "history": history,
+            },
+            config={"objective": "tokens_per_s"},
+        ),
+        Trial(
+            name="slower",
+            record={"status": "ok", "levers": {**base, "lora_rank": 8}, "tokens_per_s": 500.0, "peak_memory_bytes": 2**20},
+            config={"objective": "tokens_per_s"},
+        ),
+    ]
+    page = write_report(trials, tmp_path, title="rewards").read_text()
+    rows = {r["name"]: r for r in table_rows(page)}
+    assert float(rows["learns"]["reward_change"]) == pytest.approx(0.09) and float(rows["learns"]["reward_first"]) == 0.1
+    assert rows["slower"]["reward_change"] == ""  # no reward logged: an empty cell, not a zero
+    mean = sum(rewards) / 40
+    assert f"tokens_per_s 900.0, peak 0.001 GiB, reward {mean:.3f} (first step 0.100 -&gt; last 0.217" in page
+    assert "last quarter - first quarter +0.090)" in page
+    assert (tmp_path / "reward_curves.png").stat().st_size > 5000

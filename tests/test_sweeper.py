@@ -179,6 +179,9 @@ def test_tiny_cpu_sweep(tmp_path):
     assert best["best_value"] == max(t.value for t in trials if t.user_attrs["status"] == "ok")
     assert best["command"].startswith("python train.py +sweeps=tiny_cpu ")
     assert f"max_seq_length={best_trial.params['max_seq_length']}" in best["command"]
+    # The winner's reward beside its throughput (the warm tiny model earns some): "still learns"
+    assert best["reward_mean"] == best_trial.user_attrs["reward_mean"] and best["reward_mean"] > 0
+    assert "reward_change" in best and "reward" in result.stdout.split("=== Study")[-1]
     rows = read_csv(tmp_path / "trials.csv")
     assert [int(r["number"]) for r in rows] == list(range(6))
     assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "lora"} <= set(rows[0])

@@ -27,6 +27,7 @@ STEP_KEYS = (
     "reward",
     "reward_std",
     "loss",
+    "grad_norm",
     "step_time_s",
     "tokens",
     "tokens_per_s",
@@ -122,7 +123,15 @@ def test_offline_run_holds_config_history_and_summary(sweep):
 
     s = summary["summary"]
     assert s["status"] == "ok" and s["objective_name"] == "tokens_per_s"
-    for key in ("tokens_per_s", "samples_per_s", "step_time_s", "peak_memory_bytes", "reward_mean"):
+    for key in (
+        "tokens_per_s",
+        "samples_per_s",
+        "step_time_s",
+        "peak_memory_bytes",
+        "reward_mean",
+        "reward_first",
+        "reward_last",
+    ):
         assert s[key] == pytest.approx(m[key]), key
     assert s["objective"] == pytest.approx(m["tokens_per_s"])
     assert s["peak_memory_gib"] == pytest.approx(m["peak_memory_bytes"] / 2**30)

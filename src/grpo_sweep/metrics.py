@@ -44,13 +44,18 @@ class TrialMetrics(TypedDict, total=False):
     tokens_per_step: float  # tokens per measured step
     generation_time_s: float | None  # median s per step in TRL's generation (vLLM: + weight sync), first step excluded
     throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
-    history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, ...
+    history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, reward_std,
+    #   reward/<function> (each reward function's mean), loss, grad_norm, completion_length, peak_memory_bytes
     first_step_begin_unix: float | None  # wall clock at the first step's start
     start_latency_s: float | None  # trial requested -> first GRPO step started
     wall_time_s: float  # the whole trial process, start to exit
     # --- reward
     reward_mean: float | None  # mean reward over all steps (NaN -> null when none)
     reward_std: float | None  # mean within-group reward standard deviation
+    reward_first: float | None  # the first step's mean reward
+    reward_last: float | None  # the last step's mean reward
+    reward_change: float | None  # mean reward of the last quarter of steps - the first quarter's ("still learns")
+    warmup: dict[str, Any] | None  # model.init=warm: the warm-up's steps, loss, seconds (trial/warmup.py)
     # --- memory (trial/measure/memory_meter.py)
     peak_memory_bytes: int | None  # the peak: allocator (cuda) or live tensors (cpu-tracker)
     memory_source: str | None  # cuda | cpu-tracker

@@ -22,6 +22,7 @@ from ..metrics import TrialMetrics
 from . import backends
 
 MODEL_SOURCES = ("random", "hub")
+MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
 FAULTS = (None, "raise", "signal", "hang", "oom")
 START_METHODS = ("auto", "forkserver", "spawn")
@@ -63,6 +64,15 @@ class ArchConfig:
 
 
 @dataclass
+class WarmupConfig:
+    """model.init=warm: a supervised warm-up on the task's own text (trial/warmup.py), cached."""
+
+    steps: int = 400  # optimiser steps (deterministic for a seed)
+    lr: float = 3.0e-3  # AdamW, linear decay to 10%
+    batch_size: int = 64  # rows per step (each example once padded to max_prompt_length, once not)
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     source: str = "random"  # random: built from `arch` with random weights; hub: from_pretrained(hub_id)
@@ -70,6 +80,10 @@ class ModelConfig:
     tokenizer: str = "local"  # local: trained on the task text with `tokenizers`; hub: from hub_id
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     arch: ArchConfig = field(default_factory=ArchConfig)
+    # source=random only: random = the seeded random weights; warm = those weights after a short
+    # supervised warm-up on the task's text (trial/warmup.py), so GRPO rewards vary (model=tiny)
+    init: str = "random"
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
 
 @dataclass
@@ -123,6 +137,12 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
+    # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.
+    full_finetune: bool = False
+    # Extra GRPOConfig arguments applied after the levers (e.g. lr_scheduler_type: constant for
+    # +experiment=learn); a name GRPOConfig does not take is an error before the model loads.
+    grpo_config: dict = field(default_factory=dict)
     # Early stop: after the first timed step (once the peak is measured) a trial below this many
     # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
     stop_below: float | None = None
@@ -236,6 +256,14 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
+    if cfg.trial.get("full_finetune") and cfg.backend.name == "unsloth":
+        raise ConfigError("trial.full_finetune=true: not with backend=unsloth (it always adds a LoRA adapter); use backend=trl")
+    _one_of(cfg, "model.init", MODEL_INITS)
+    if cfg.model.init == "warm" and (cfg.model.warmup.steps < 1 or cfg.model.warmup.batch_size < 1 or cfg.model.warmup.lr <= 0):
+        raise ConfigError(
+            f"model.warmup: steps={cfg.model.warmup.steps}, batch_size={cfg.model.warmup.batch_size} must be >= 1 "
+            f"and lr={cfg.model.warmup.lr} > 0 when model.init=warm"
+        )
     _one_of(cfg, "model.tokenizer", ("local", "hub"))
     _one_of(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
     _one_of(cfg, "logger.name", LOGGERS)
@@ -305,7 +333,7 @@ def check_known_keys(cfg: Any) -> None:
     """Reject a key the schema does not declare, with the closest known key.
 
     Hydra's `+key=value` adds a key even to a structured config (it bypasses struct mode), so
-    `+lora_rnk=8` or `+experiment=learn` (before an experiment group exists) would otherwise run a
+    `+lora_rnk=8` or `+recipe=learn` (no such config group) would otherwise run a
     trial with the defaults and say nothing.
     """
 

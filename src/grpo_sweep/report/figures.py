@@ -132,10 +132,18 @@ def reward_curves(trials: list[Trial], path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4))
     for t, curve in curves:
-        ax.plot([s for s, _ in curve], [r for _, r in curve], marker="o", markersize=3, label=t.name)
+        steps, rewards = [s for s, _ in curve], [r for _, r in curve]
+        if len(curve) < 20:
+            ax.plot(steps, rewards, marker="o", markersize=3, label=t.name)
+            continue
+        # A long run: each step thin, and the mean of the last `w` steps over it (a step's reward is noisy)
+        (line,) = ax.plot(steps, rewards, linewidth=0.8, alpha=0.35)
+        w = max(2, len(curve) // 10)
+        smooth = [sum(rewards[max(0, i - w + 1) : i + 1]) / len(rewards[max(0, i - w + 1) : i + 1]) for i in range(len(rewards))]
+        ax.plot(steps, smooth, color=line.get_color(), linewidth=2, label=f"{t.name} (mean of {w} steps)")
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("mean reward")
-    ax.set_title("Reward per step, one line per trial")
+    ax.set_title("Reward per step, one line per trial" if len(curves) > 1 else f"Reward per step: {curves[0][0].name}")
     ax.grid(alpha=0.3)
     if len(curves) <= 12:
         ax.legend(fontsize=7, ncol=2)

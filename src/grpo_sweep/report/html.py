@@ -120,6 +120,9 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     cols += [(lv, lv, _lever_getter(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
     cols += [
         ("reward_mean", "reward", lambda t: t.record.get("reward_mean")),
+        ("reward_first", "reward first", lambda t: t.record.get("reward_first")),
+        ("reward_last", "reward last", lambda t: t.record.get("reward_last")),
+        ("reward_change", "reward change", lambda t: t.record.get("reward_change")),
         ("preset", "seed preset", lambda t: t.preset),
         ("wandb", "W&B run", lambda t: t.record.get("wandb_url") or t.record.get("wandb_run_id")),
         ("error", "error", lambda t: (t.record.get("error") or "").splitlines()[0][:120] if t.record.get("error") else None),
@@ -137,7 +140,7 @@ def trials_table(trials: list[Trial], best: Trial | None) -> str:
         cells = []
         for key, _, get in cols:
             value = get(t)
-            digits = 3 if key.endswith("gib") or key in ("reward_mean", "step_time_s") else 1
+            digits = 3 if key.endswith("gib") or key.startswith("reward") or key == "step_time_s" else 1
             raw = "" if value is None else (value if not isinstance(value, (list, tuple)) else len(value))
             cls = "l " + key if key in ("name", "status", "error") else key
             tip = f' title="{_e(t.record.get("error"))}"' if key == "error" and value else ""
@@ -165,6 +168,23 @@ def effects_table(rows: list[dict], objective: str) -> str:
         for r in rows
     )
     return f'<table id="effects" class="sortable"><thead>{head}</thead><tbody>{body}</tbody></table>'
+
+
+def reward_text(record: dict) -> str:
+    """The reward beside the throughput: "reward 0.70 (first 0.65 -> last 0.80, change +0.12)"."""
+    mean = record.get("reward_mean")
+    if not isinstance(mean, (int, float)) or not math.isfinite(mean):
+        return "no reward logged"
+    text = f"reward {mean:.3f}"
+    first, last, change = (record.get(k) for k in ("reward_first", "reward_last", "reward_change"))
+    if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (first, last)):
+        text += f" (first step {first:.3f} -> last {last:.3f}"
+        text += (
+            f", last quarter - first quarter {change:+.3f})"
+            if isinstance(change, (int, float)) and math.isfinite(change)
+            else ")"
+        )
+    return text
 
 
 def _figure(path: Path | None, alt: str, missing: str) -> str:
@@ -222,7 +242,8 @@ def write_report(
     if best is not None:
         best_html = (
             f"<p>Best feasible trial: <b>{_e(best.name)}</b>, {_e(objective)} "
-            f"{ranked[0].median:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB.</p>"
+            f"{ranked[0].median:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB, "
+            f"{_e(reward_text(best.record))}.</p>"
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
         best_html += finalists_html(ranked, objective)

@@ -1,9 +1,11 @@
 """Load the policy model and its tokenizer from a `model/` config.
 
-`source=random` builds the architecture from its numbers with random weights (the embedded
-default, and real architectures on machines without hub access); `source=hub` is the real
-`from_pretrained` path used on GPU machines. Random weights with `load_in_4bit` (and the vLLM and
-Unsloth backends, which load by path) go through a saved checkpoint: see `materialize_random`.
+`source=random` builds the architecture from its numbers with random weights (real architectures
+on machines without hub access); with `model.init=warm` (the embedded default, model=tiny) those
+weights get a short supervised warm-up on the task's text first (warmup.py), so rewards vary.
+`source=hub` is the real `from_pretrained` path used on GPU machines. Random weights with
+`load_in_4bit` (and the vLLM and Unsloth backends, which load by path) go through a saved
+checkpoint: see `materialize_random`; warm weights always load from theirs (`model_path`).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None, 
     """
     from transformers import AutoModelForCausalLM
 
-    if cfg.model.source == "hub" or quantization_config is not None or by_path:
+    if cfg.model.source == "hub" or quantization_config is not None or by_path or is_warm(cfg):
         return AutoModelForCausalLM.from_pretrained(
             model_path(cfg, tokenizer, on_cuda=on_cuda),
             dtype=torch_dtype(cfg, on_cuda),
@@ -86,8 +88,14 @@ def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None, 
     return build_random(cfg, tokenizer, on_cuda=on_cuda)
 
 
-def build_random(cfg: Any, tokenizer, *, on_cuda: bool):
-    """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU."""
+def is_warm(cfg: Any) -> bool:
+    """model.init=warm on an architecture built from its numbers (a hub model is never warmed)."""
+    return cfg.model.source == "random" and cfg.model.get("init", "random") == "warm"
+
+
+def build_random(cfg: Any, tokenizer, *, on_cuda: bool, dtype=None):
+    """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU, in
+    `dtype` (default: model.dtype's, models.torch_dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -97,7 +105,12 @@ def build_random(cfg: Any, tokenizer, *, on_cuda: bool):
     config.bos_token_id = tokenizer.bos_token_id
     torch.manual_seed(cfg.seed)
     with torch.device("cuda" if on_cuda else "cpu"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(cfg, on_cuda))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch_dtype(cfg, on_cuda))
+
+
+def cache_root() -> Path:
+    """$GRPO_SWEEP_CACHE, default ~/.cache/grpo-sweep: saved random and warm checkpoints."""
+    return Path(os.environ.get("GRPO_SWEEP_CACHE", Path.home() / ".cache" / "grpo-sweep"))
 
 
 def random_model_dir(cfg: Any, tokenizer, on_cuda: bool) -> Path:
@@ -124,8 +137,7 @@ def random_model_dir(cfg: Any, tokenizer, on_cuda: bool) -> Path:
         default=str,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("GRPO_SWEEP_CACHE", Path.home() / ".cache" / "grpo-sweep"))
-    return root / "random-models" / f"{cfg.model.name}-{digest}"
+    return cache_root() / "random-models" / f"{cfg.model.name}-{digest}"
 
 
 def materialize_random(cfg: Any, tokenizer, *, on_cuda: bool) -> Path:
@@ -154,7 +166,24 @@ def materialize_random(cfg: Any, tokenizer, *, on_cuda: bool) -> Path:
 
 
 def model_path(cfg: Any, tokenizer, *, on_cuda: bool) -> str:
-    """What to hand a loader that takes a name: the hub id, or the saved random-weight checkpoint."""
+    """What to hand a loader that takes a name: the hub id, the warm checkpoint (model.init=warm,
+    float32; loaders cast to their dtype) or the saved random-weight checkpoint."""
     if cfg.model.source == "hub":
         return cfg.model.hub_id
+    if is_warm(cfg):
+        import torch
+
+        from .warmup import materialize_warm
+
+        build = lambda: build_random(cfg, tokenizer, on_cuda=False, dtype=torch.float32)  # noqa: E731 - whatever the card
+        return str(materialize_warm(cfg, tokenizer, build=build, root=cache_root()))
     return str(materialize_random(cfg, tokenizer, on_cuda=on_cuda))
+
+
+def warmup_record(cfg: Any, tokenizer) -> dict | None:
+    """What metrics.json keeps of the warm-up (steps, loss, seconds); None for other weights."""
+    if not is_warm(cfg):
+        return None
+    from .warmup import warm_info
+
+    return warm_info(Path(model_path(cfg, tokenizer, on_cuda=False)))

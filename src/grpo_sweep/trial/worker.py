@@ -254,6 +254,9 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
                 flush=True,
             )
         record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        from .models import warmup_record
+
+        record["warmup"] = warmup_record(cfg, tokenizer)  # model.init=warm: the warm-up's steps, loss, seconds
         inject_fault(cfg.trial.debug_fault)
         memory.attach(trainer)
         with memory.running():

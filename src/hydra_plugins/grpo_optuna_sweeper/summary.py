@@ -167,7 +167,7 @@ def table(study: Any, objective: str, top_k: int) -> str:
         [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
     )
     keys = sorted({k for t in ok[:top_k] for k in t.params})
-    header = ["rank", "trial", objective, "peak GiB", "pred GiB", *keys]
+    header = ["rank", "trial", objective, "peak GiB", "pred GiB", "reward", "reward change", *keys]
     lines = [header]
     for rank, t in enumerate(ok[:top_k], 1):
         peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
@@ -178,6 +178,10 @@ def table(study: Any, objective: str, top_k: int) -> str:
                 _fmt(t.value),
                 f"{peak / GIB:.2f}" if peak else "-",
                 f"{pred / GIB:.2f}" if pred else "-",
+                *[
+                    _fmt(t.user_attrs.get(k)) if t.user_attrs.get(k) is not None else "-"
+                    for k in ("reward_mean", "reward_change")
+                ],
                 *[_fmt(t.params.get(k, "")) for k in keys],
             ]
         )
@@ -247,6 +251,9 @@ def write_summary(
                 "peak_memory_bytes": attrs.get("peak_memory_bytes"),
                 "predicted_peak_bytes": attrs.get("predicted_peak_bytes"),
                 "budget_bytes": attrs.get("budget_bytes"),
+                # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
+                "reward_mean": attrs.get("reward_mean"),
+                "reward_change": attrs.get("reward_change"),
                 "headroom": headroom,
                 "run_dir": attrs.get("run_dir"),
                 "overrides": attrs.get("overrides"),
@@ -264,7 +271,11 @@ def write_summary(
     else:
         print(table(study, objective, top_k))
         print(finalist_table(summary, objective))
-        print(f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}")
+        reward = best.user_attrs.get("reward_mean")
+        print(
+            f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
+            + (f", reward {reward:.3f}" if reward is not None else "")
+        )
         for preset, info in summary["vs_presets"].items():
             if info.get("ratio"):
                 print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")

@@ -20,6 +20,15 @@ def completion_budget(cfg: Any) -> int:
     return cfg.max_seq_length - cfg.max_prompt_length
 
 
+def grpo_fields() -> set[str]:
+    """GRPOConfig's argument names (trial.grpo_config may set any that no lever sets)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    return {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
 def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") -> dict:
     """GRPOConfig keyword arguments for our levers (tested against GRPOConfig's real signature).
 
@@ -49,6 +58,17 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         dataloader_num_workers=0,
         shuffle_dataset=True,
     )
+    from omegaconf import OmegaConf
+
+    extra = cfg.trial.get("grpo_config") or {}
+    extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
+    unknown = sorted(set(extra) - grpo_fields())
+    if unknown:
+        raise ValueError(f"trial.grpo_config: {unknown} are not GRPOConfig arguments (trl.GRPOConfig's fields)")
+    levers = set(args) & set(extra)
+    if levers:
+        raise ValueError(f"trial.grpo_config: {sorted(levers)} are set by the levers; set them at the top level")
+    args.update(extra)
     if cfg.trial.worst_case_lengths:
         # Force every completion to the full budget: the peak a trial measures is the worst case.
         floor = {"hf": "min_new_tokens", "vllm": "min_tokens"}[sampler]
@@ -57,6 +77,9 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
 
 
 def lora_config(cfg: Any):
+    """The LoRA adapter for the levers; None with trial.full_finetune (every weight trains)."""
+    if cfg.trial.get("full_finetune"):
+        return None
     from peft import LoraConfig
 
     return LoraConfig(
@@ -90,8 +113,10 @@ def build_trainer(cfg: Any, ctx: Any):
 
     from ..models import load_model
 
+    args = GRPOConfig(
+        **grpo_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer"))
+    )  # bad args: before the model loads
     model = load_model(cfg, ctx.tokenizer, on_cuda=ctx.on_cuda, quantization_config=quantization_config(cfg))
-    args = GRPOConfig(**grpo_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer")))
     return make_trainer(ctx, model, args, peft_config=lora_config(cfg))
 
 

@@ -23,12 +23,21 @@ from transformers import TrainerCallback
 # Keys of TRL's GRPO logs we keep per step (TRL names on the left).
 LOG_KEYS = {
     "loss": "loss",
+    "grad_norm": "grad_norm",
     "reward": "reward",
     "reward_std": "reward_std",
     "kl": "kl",
     "entropy": "entropy",
     "completions/mean_length": "completion_length",
 }
+
+
+def reward_change(rewards: list[float]) -> float:
+    """Mean reward of the last quarter of steps minus the first quarter's (NaN under 2 steps)."""
+    if len(rewards) < 2:
+        return math.nan
+    q = max(1, len(rewards) // 4)
+    return statistics.fmean(rewards[-q:]) - statistics.fmean(rewards[:q])
 
 
 class StepMeter(TrainerCallback):
@@ -131,5 +140,8 @@ class StepMeter(TrainerCallback):
             "tokens_per_step": tokens / len(rows),
             "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
             "reward_std": statistics.fmean(stds) if stds else math.nan,
+            "reward_first": rewards[0] if rewards else math.nan,
+            "reward_last": rewards[-1] if rewards else math.nan,
+            "reward_change": reward_change(rewards),
             "throughput_tracked": any(r.get("tracked") for r in rows),
         }

@@ -10,6 +10,11 @@ INSTRUCTION = "Think, then give the final number as <answer>N</answer>.\n"
 FILLER = " ."  # one token in byte-level BPE vocabularies; pads prompts to their worst-case length
 
 
+def answer_text(answer: str) -> str:
+    """The well-formed completion for `answer` (the tokenizer corpus and the warm-up's target)."""
+    return f" <answer>{answer}</answer>"
+
+
 def extract_answer(text: str) -> str | None:
     match = ANSWER_RE.search(text)
     return match.group(1).replace(",", "") if match else None
@@ -38,7 +43,7 @@ class Task:
 
     def corpus(self) -> list[str]:
         """Text for training a local tokenizer: prompts and well-formed answers."""
-        return [INSTRUCTION + q + f" <answer>{a}</answer>" + FILLER * 8 for q, a in self.examples()]
+        return [INSTRUCTION + q + answer_text(a) + FILLER * 8 for q, a in self.examples()]
 
     def dataset(self, tokenizer):
         """Prompts for GRPOTrainer, padded to exactly max_prompt_length tokens when worst-case is on.
