@@ -437,3 +437,37 @@ def test_reward_change_beside_throughput(tmp_path):
     assert f"tokens_per_s 900.0, peak 0.001 GiB, reward {mean:.3f} (first step 0.100 -&gt; last 0.217" in page
     assert "last quarter - first quarter +0.090)" in page
     assert (tmp_path / "reward_curves.png").stat().st_size > 5000
+
+
+def test_directory_report_reads_the_study_next_to_the_trials(tmp_path, capsys):
+    """A sweep directory holds study.journal: its pruned (never run) trials are in the report too."""
+    import optuna
+
+    from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
+
+    study = optuna.create_study(
+        study_name="sweep", direction="maximize", storage=open_storage(f"journal:{tmp_path / SWEEP_JOURNAL}")
+    )
+    dists = {"lora_rank": optuna.distributions.IntDistribution(8, 64)}
+    run_dir = tmp_path / "trial_0000"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(
+        json.dumps({"status": "ok", "tokens_per_s": 900.0, "peak_memory_bytes": 2**26, "levers": {"lora_rank": 8}})
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lora_rank": 8}, distributions=dists, value=900.0, user_attrs={"status": "ok", "run_dir": str(run_dir)}
+        )
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lora_rank": 64},
+            distributions=dists,
+            state=optuna.trial.TrialState.PRUNED,
+            user_attrs={"status": "pruned", "predicted_peak_bytes": 2**33},
+        )
+    )
+    assert cli([str(tmp_path)]) == 0
+    assert "2 trials: 1 feasible, 1 pruned" in capsys.readouterr().out
+    rows = {r["name"]: r for r in table_rows((tmp_path / "report.html").read_text())}
+    assert rows["trial 1"]["_status"] == "pruned" and "best" in rows["trial 0"]["_class"]

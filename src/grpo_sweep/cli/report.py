@@ -9,7 +9,7 @@ from pathlib import Path
 from ..metrics import METRICS_FILE
 from ..report.build import build, counts
 from ..report.trials import best_trial, load_dir, overrides, trials_from_study, wandb_group
-from ..study.storage import SQLITE_SUFFIXES, StorageError, is_journal, load_study
+from ..study.storage import SQLITE_SUFFIXES, SWEEP_JOURNAL, StorageError, is_journal, load_study
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +42,19 @@ def cli(argv: list[str]) -> int:
         _parser().error("give a multirun directory or an Optuna storage (or --publish SPEC_JSON)")
     study = None
     root = Path(args.source)
-    if root.is_dir():
+    journal = root / SWEEP_JOURNAL if root.is_dir() else None
+    if journal is not None and journal.exists():
+        # A sweep directory: its study holds every trial (pruned and pre-screened ones have no run
+        # directory), so read the study next to the trials rather than only their metrics.json files.
+        try:
+            study = load_study(f"journal:{journal}", args.study)
+        except StorageError as err:
+            print(f"grpo-sweep report: {err}", file=sys.stderr)
+            return 2
+        trials = trials_from_study(study)
+        title = f"grpo-sweep report: study {study.study_name} ({root})"
+        out = Path(args.out) if args.out else root
+    elif root.is_dir():
         trials = load_dir(root)
         title = f"grpo-sweep report: {root}"
         out = Path(args.out) if args.out else root

@@ -23,6 +23,8 @@ from typing import Any
 from ..credentials import mask_url
 
 JOURNAL_SUFFIXES = (".journal", ".log")
+# The sweeper's default storage: this file in the sweep directory (hydra.sweeper.storage unset).
+SWEEP_JOURNAL = "study.journal"
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 

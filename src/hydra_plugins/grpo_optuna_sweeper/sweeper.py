@@ -28,7 +28,7 @@ from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.levers import requested_levers
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.metrics import read_metrics
-from grpo_sweep.study.storage import open_storage
+from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
 from grpo_sweep.units import budget_bytes
 
 from . import confirm, frontier, space
@@ -60,7 +60,7 @@ class GrpoOptunaSweeper(Sweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
         self.sweep_dir = Path(config.hydra.sweep.dir).absolute()
-        self.storage_url = self.conf.storage or f"journal:{self.sweep_dir / 'study.journal'}"
+        self.storage_url = self.conf.storage or f"journal:{self.sweep_dir / SWEEP_JOURNAL}"
         _mask_storage_in(config, self.storage_url)
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
