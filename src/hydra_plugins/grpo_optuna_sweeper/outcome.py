@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from grpo_sweep.memory.oom_message import parse_oom_message
 
 CONSTRAINT = "memory_over_budget_bytes"
+# optuna-dashboard (0.21) and Optuna < 5 read a trial's constraints from this system attribute, as a
+# list; Optuna 5's trial.set_constraint writes `constraints:<name>` instead, which the dashboard does
+# not read (our OOM trials showed there as ordinary trials with value 0). tell_constraint writes both.
+DASHBOARD_CONSTRAINTS = "constraints"
 SAMPLERS_BLIND_TO_PRUNED = ("gp",)  # optuna.samplers.GPSampler fits on COMPLETE trials only
 RECORD_ATTRS = (
     "tokens_per_s",
@@ -129,6 +133,14 @@ def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin:
             f"+ {margin:.0%} margin: not run",
         },
     )
+
+
+def tell_constraint(trial, value: float) -> None:
+    """Record the memory constraint on an Optuna trial in both forms: the named one (Optuna 5's
+    samplers and `FrozenTrial.constraints`) and the list one (optuna-dashboard's feasibility).
+    Optuna 5 reads both as one constraint each (`"0"` and CONSTRAINT), same value and sign."""
+    trial.set_constraint(CONSTRAINT, value)
+    trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS, [float(value)])
 
 
 def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None:
