@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -194,6 +193,37 @@ def test_tiny_cpu_sweep(tmp_path):
     for t in infeasible:
         assert t.constraints["memory_over_budget_bytes"] > 0
     assert study.trials[1].user_attrs["deficit_bytes"] > 0
+    # Progress: each finished trial's line counts k/N with the best so far; a running trial its steps.
+    out = result.stdout + result.stderr
+    assert "[trial] step 1/2" in out and "[trial] step 2/2" in out
+    assert all(f"| trial {k}/6 |" in out for k in range(1, 7))
+    assert f"best tokens_per_s={best['best_value']:.4g} (trial {best['best_trial']})" in out
+    _check_report_on_the_real_study(tmp_path, study, best)
+
+
+def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
+    """`grpo-sweep report journal:<the study this sweep wrote>`, as a user runs it: every trial
+    (OOM included) is in it, and it names best.yaml's winner, as does the sweep's own report.html."""
+    import re
+    import sys
+
+    out_dir = sweep_dir / "report_from_study"
+    cmd = [
+        str(Path(sys.executable).parent / "grpo-sweep"),
+        "report",
+        f"journal:{sweep_dir / 'study.journal'}",
+        "--out",
+        str(out_dir),
+    ]
+    result = run(cmd, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"({len(study.trials)} trials: " in result.stdout and " oom" in result.stdout
+    assert f"best: trial {best['best_trial']} " in result.stdout
+    for html in (out_dir / "report.html", sweep_dir / "report.html"):
+        text = html.read_text()
+        assert re.search(r"Best feasible trial: <b>trial (\d+)</b>", text).group(1) == str(best["best_trial"]), html
+        for t in study.trials:
+            assert f'data-v="trial {t.number}"' in text, f"trial {t.number} missing from {html}"
 
 
 @pytest.mark.slow
@@ -225,7 +255,8 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
             return "COMPLETE" in states and "RUNNING" in states
 
         wait_for(one_done_one_running, timeout=300, proc=proc)
-        time.sleep(1.0)
+        # The signal must land during a trial: wait for the running trial's child, not a fixed time.
+        wait_for(lambda: _trial_processes(tmp_path), timeout=120, every=0.1, proc=proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     finally:

@@ -327,3 +327,26 @@ def test_a_start_point_queued_twice_runs_once(tmp_path):
     retry(study, study.trials[first.number], max_retry=2)
     again = study.ask(space)
     assert again.params == first.params and duplicate_of(study, again) is None
+
+
+@pytest.mark.slow
+def test_a_systematic_failure_stops_a_real_sweep(tmp_path):
+    """Every trial raises (trial.debug_fault=raise): the sweep stops after
+    hydra.sweeper.max_failures_in_a_row=2 trials, not n_trials=6, exits 1 with the reason and
+    what to do, and never says that nothing fits the budget."""
+    from test_sweeper_helpers import SMALL, load_study, run, sweep_cmd
+
+    result = run(
+        sweep_cmd(
+            tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.max_failures_in_a_row=2", "trial.debug_fault=raise", *SMALL
+        )
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    assert [(t.state.name, t.user_attrs["status"]) for t in study.trials] == [("FAIL", "failed")] * 2
+    assert "Sweep stopped: trials 0, 1 failed in a row for the same reason, not memory" in out
+    assert "debug_fault=raise: injected failure" in out and "What to do:" in out and "Run one alone: python train.py" in out
+    assert "nothing fits" not in out
+    assert "No trial ran ok (2 failed): not a memory verdict" in out
+    assert (tmp_path / "trials.csv").exists() and (tmp_path / "report.html").exists()
