@@ -24,6 +24,8 @@ import pytest
 import yaml
 from test_sweeper_helpers import read_csv
 
+from hydra_plugins.grpo_optuna_sweeper.outcome import memory_constraint
+
 GIB = 2**30
 BUDGET = 1 * GIB  # the simulated card (gpu=cpu_sim, gpu.memory_gib=1)
 
@@ -102,8 +104,8 @@ def test_winner_is_feasible_within_headroom_everywhere(tmp_path, direction, caps
     worse = _tell_record(sweeper, study, _ok(100.0 if direction == "maximize" else 0.3, 0.3, key), headroom=0.5)
 
     frozen = {t.number: t for t in study.trials}
-    assert frozen[over].constraints["memory_over_budget_bytes"] == pytest.approx(0.25 * GIB)  # 0.75 - 0.5 of the card
-    assert frozen[oom].constraints["memory_over_budget_bytes"] == pytest.approx(0.2 * GIB + 0.5 * GIB)  # past the allowed half
+    assert memory_constraint(frozen[over]) == pytest.approx(0.25 * GIB)  # 0.75 - 0.5 of the card
+    assert memory_constraint(frozen[oom]) == pytest.approx(0.2 * GIB + 0.5 * GIB)  # past the allowed half
     assert best_trial(study).number == fits
 
     summary = sweeper._write_report(study)
@@ -242,9 +244,9 @@ def test_optuna_dashboard_shows_oom_trials_as_infeasible(tmp_path):
     infeasible = lambda t: any(c > 0 for c in t["constraints"])  # noqa: E731 - the UI's test
     assert infeasible(trials[oom]) and trials[oom]["constraints"] == [pytest.approx(0.2 * GIB)]
     assert not infeasible(trials[ok]) and trials[ok]["constraints"] == [pytest.approx(-0.6 * GIB)]
-    # Optuna itself still reads one named constraint per form, the same value.
-    frozen = study.trials[oom]
-    assert frozen.constraints == {"0": pytest.approx(0.2 * GIB), "memory_over_budget_bytes": pytest.approx(0.2 * GIB)}
+    # Optuna reads the same form as one constraint: what its samplers learn from.
+    assert study.trials[oom].constraints == {"0": pytest.approx(0.2 * GIB)}
+    assert study.trials[ok].constraints == {"0": pytest.approx(-0.6 * GIB)}
 
 
 # ------------------------------------------------------------------ systematic failures
