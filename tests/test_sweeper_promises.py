@@ -277,6 +277,12 @@ def test_systematic_failure_is_recognised_and_advised(tmp_path):
     assert systematic_failure(study, since, 0, command_line) is None  # 0: never stop
     # Failures before this worker started belong to an earlier run (perhaps fixed since).
     assert systematic_failure(study, datetime.datetime.now(), 3, command_line) is None
+    assert systematic_failure(study, since, 2, command_line).trials == [last - 1, last]  # the last two only
+    # A surplus or an interrupted trial is bookkeeping: it neither counts nor breaks the run.
+    for status in ("surplus", "interrupted"):
+        _fail(sweeper, study, f"{status}: not run", status=status)
+    assert systematic_failure(study, since, 3, command_line).trials == [last - 2, last - 1, last]
+    assert systematic_failure(study, since, 1, command_line).trials == [last]  # 1: stop at the first failure
     # Three failures for different reasons are not one systematic failure.
     for error in ("ModuleNotFoundError: No module named 'vllm'", "RuntimeError: a", "RuntimeError: b"):
         _fail(sweeper, study, error)
@@ -325,6 +331,14 @@ def test_a_start_point_queued_twice_runs_once(tmp_path):
     study.enqueue_trial({"per_device_train_batch_size": 4})
     first, copy, other = (study.ask(space) for _ in range(3))
     assert (duplicate_of(study, first), duplicate_of(study, copy), duplicate_of(study, other)) == (None, first.number, None)
+    # A warm-start preset with the same parameters is another point (its preset sets other levers).
+    study.enqueue_trial({"per_device_train_batch_size": 4}, user_attrs={"preset": "seed_optimized"})
+    preset = study.ask(space)
+    assert duplicate_of(study, preset) is None
+    # The copy of a surplus is not a duplicate: the surplus never ran.
+    other.set_user_attr("status", "surplus")
+    study.enqueue_trial({"per_device_train_batch_size": 4})
+    assert duplicate_of(study, study.ask(space)) is None
     study.tell(first, state=optuna.trial.TrialState.FAIL)
     retry(study, study.trials[first.number], max_retry=2)
     again = study.ask(space)
