@@ -177,20 +177,30 @@ def test_prescreen_verdict_boundary():
     assert prescreen_verdict(1e12, None, 0.10) is None  # no budget: nothing to prune against
 
 
-# ------------------------------------------------------------------ the journal heartbeat
-def test_journal_heartbeat_keeps_a_live_trial_and_retries_a_dead_one(tmp_path):
-    """Two RUNNING trials in a journal study: one whose worker beats (Heartbeat), one whose worker
-    died. Past the grace period the dead one is FAIL with its point re-queued; the live one is
-    still RUNNING although it started longer ago than the grace period."""
+# ------------------------------------------------------------------ the heartbeat
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_heartbeat_keeps_a_live_trial_and_retries_a_dead_one(tmp_path, kind):
+    """Two RUNNING trials: one whose worker beats (Heartbeat), one whose worker died after its
+    first beat. Past the grace period the dead one is FAIL with its point re-queued; the live one
+    is still RUNNING although it started longer ago than the grace period. Journal files: our
+    timestamp; RDB storages (SQLite here, PostgreSQL alike): Optuna's own heartbeat."""
+    import functools
+
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper.workers import Heartbeat, fail_stale_trials
+    from grpo_sweep.study.storage import open_storage
+    from hydra_plugins.grpo_optuna_sweeper.workers import Heartbeat, fail_stale_trials, retry
 
     grace = 2
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    source = f"journal:{tmp_path / 'study.journal'}" if kind == "journal" else f"sqlite:///{tmp_path / 'study.db'}"
+    storage = open_storage(
+        source, heartbeat_interval=1, grace_period=grace, stale_trial_callback=functools.partial(retry, max_retry=2)
+    )
+    study = optuna.create_study(study_name="promises", storage=storage, direction="maximize")
     space = {"lora_rank": optuna.distributions.CategoricalDistribution([8, 16])}
     live, dead = study.ask(space), study.ask(space)
+    with Heartbeat(study, [dead._trial_id], interval=1):
+        pass  # the dead worker beat once, then died
     with Heartbeat(study, [live._trial_id], interval=0.25):
         deadline = time.monotonic() + 30
         failed: list[int] = []
@@ -202,12 +212,12 @@ def test_journal_heartbeat_keeps_a_live_trial_and_retries_a_dead_one(tmp_path):
         started = trials[live.number].datetime_start
         assert (datetime.datetime.now() - started).total_seconds() > grace  # old enough to look dead
         assert fail_stale_trials(study, grace, max_retry=2) == []
-        assert trials[live.number].state.name == "RUNNING"
+        assert study.get_trials(deepcopy=False)[live.number].state.name == "RUNNING"
     trials = study.get_trials(deepcopy=False)
     assert trials[dead.number].state.name == "FAIL"
-    retry = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
-    assert len(retry) == 1 and retry[0].state.name == "WAITING"
-    assert retry[0].params == dead.params
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert len(retried) == 1 and retried[0].state.name == "WAITING"
+    assert retried[0].params == dead.params
 
 
 # ------------------------------------------------------------------ optuna-dashboard
@@ -366,3 +376,36 @@ def test_a_systematic_failure_stops_a_real_sweep(tmp_path):
     assert "nothing fits" not in out
     assert "No trial ran ok (2 failed): not a memory verdict" in out
     assert (tmp_path / "trials.csv").exists() and (tmp_path / "report.html").exists()
+
+
+# ------------------------------------------------------------------ the search space's edges
+def test_space_edges_found_by_mutation():
+    """Edges `make mutation` found unguarded: a float range's top, a mixed int/float interval, the
+    override text of null/bool values, and the frontier's
+    boundaries (a point exactly at the allowed memory fits; exactly half the parameters differing
+    is spread enough; a space of exactly MAX_CANDIDATES points is enumerated, not sampled; the
+    seed decides the sample)."""
+    import itertools
+
+    from optuna.distributions import FloatDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.frontier import MAX_CANDIDATES, candidates, pick
+    from hydra_plugins.grpo_optuna_sweeper.space import parse_space, to_override
+
+    dists, _ = parse_space(["gpu_memory_utilization=range(0.3,0.7,0.1)", "learning_rate=interval(1, 2.5)"])
+    util = dists["gpu_memory_utilization"]
+    assert isinstance(util, FloatDistribution) and util.step == pytest.approx(0.1)
+    assert (util.low, util.high) == (pytest.approx(0.3), pytest.approx(0.6))  # Hydra's range excludes 0.7
+    assert dists["learning_rate"] == FloatDistribution(1.0, 2.5)
+    assert [to_override("k", v) for v in (None, False, True, 8, "qv")] == ["k=null", "k=false", "k=true", "k=8", "k=qv"]
+
+    assert pick([({"a": 1}, 1.0), ({"a": 2}, 1.0001)], k=2, seed=0) == [{"a": 1}]
+    half = [({"a": 1, "b": 1, "c": 1, "d": 1}, 0.9), ({"a": 1, "b": 1, "c": 2, "d": 2}, 0.8)]
+    assert pick(half, k=2, seed=0) == [p for p, _ in half]
+    grid = {"a": list(range(16)), "b": list(range(16))}  # exactly 256 points
+    assert len(grid["a"]) * len(grid["b"]) == MAX_CANDIDATES
+    assert list(candidates(grid, seed=0)) == [dict(zip("ab", v)) for v in itertools.product(range(16), range(16))]
+    big = {f"p{i}": list(range(4)) for i in range(6)}
+    assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
+    ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
+    assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
