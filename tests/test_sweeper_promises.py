@@ -409,3 +409,25 @@ def test_space_edges_found_by_mutation():
     assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
     ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
     assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
+
+
+def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
+    """A trial at exactly 0 bytes over (CPU RSS: ran without OOM, not comparable with a card) is
+    feasible and can win; equal values go to the earlier trial; GP is told a pre-screened point as
+    COMPLETE at the worst value (it ignores PRUNED ones)."""
+    from conftest import compose
+
+    from grpo_sweep.units import budget_bytes
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    rss = {"status": "ok", "tokens_per_s": 50.0, "peak_memory_bytes": 5 * GIB, "memory_source": "cpu-rss"}
+    first = _tell_record(sweeper, study, rss, headroom=None)
+    _tell_record(sweeper, study, dict(rss), headroom=None)  # the same value, later
+    assert memory_constraint(study.trials[first]) == 0.0 and best_trial(study).number == first
+
+    gp = _sweeper(tmp_path / "gp", sampler="gp")
+    cfg = compose(["+sweeps=tiny_cpu", "gpu.memory_gib=0.001"])
+    verdict = gp._prescreen(_study(gp).ask(), cfg, budget_bytes(cfg))
+    assert (verdict.state, verdict.value) == ("COMPLETE", 0.0) and verdict.constraint > 0
