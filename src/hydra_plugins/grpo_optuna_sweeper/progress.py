@@ -23,8 +23,6 @@ class Progress:
     def line(self, counted: int, best: Any | None, objective: str, now: datetime.datetime | None = None) -> str:
         """`trial k/N | best <objective>=<v> (trial n) | ~<t> left` for a study holding `counted`
         counted trials, `best` its best feasible trial (None: none yet)."""
-        if self.counted_at_start is None:
-            self.counted_at_start = 0
         now = now or datetime.datetime.now()
         shown_best = "no feasible trial yet" if best is None else f"best {objective}={_num(best.value)} (trial {best.number})"
         left = self.time_left(counted, now)
