@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 SWEEP ?= tiny_cpu
 ARGS ?=
 
-.PHONY: install test test-fast train sweep lint format clean bench
+.PHONY: install test test-fast train sweep lint format clean bench mutation
 
 install: .venv/.installed
 
@@ -53,3 +53,20 @@ clean:
 
 bench: install
 	$(PY) bench/run_all.py
+
+# Mutation testing (not in CI; minutes on 2 cores): mutmut mutates the decision functions below and
+# runs the fast in-process tests that cover each mutant ([tool.mutmut] in pyproject.toml). A mutant
+# the tests do not kill "survived": `$(PY) -m mutmut show <name>` shows it. MUTANTS narrows the run.
+SWEEPER := hydra_plugins.grpo_optuna_sweeper
+MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SWEEPER).space.* \
+	$(SWEEPER).progress.* $(SWEEPER).workers.x_duplicate_of* $(SWEEPER).workers.x_retry* \
+	$(SWEEPER).workers.x_fail_stale_trials* $(SWEEPER).summary.x__is_ok* $(SWEEPER).summary.x__feasible* \
+	$(SWEEPER).summary.x_best_trial* $(SWEEPER).summary.x_rows* $(SWEEPER).sweeper.xǁGrpoOptunaSweeperǁ_prescreen* \
+	$(SWEEPER).sweeper.xǁGrpoOptunaSweeperǁ_tell* grpo_sweep.study.best.* grpo_sweep.study.storage.x_* \
+	grpo_sweep.memory.estimator.x_verdict* grpo_sweep.memory.estimator.x_estimate* \
+	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid*
+
+mutation: install
+	$(PIP) install -q "mutmut==3.8.1"
+	$(PY) -m mutmut run $(foreach m,$(MUTANTS),"$(m)") || true
+	$(PY) -m mutmut results

@@ -24,6 +24,8 @@ from test_sweeper_helpers import (
     wait_for,
 )
 
+from hydra_plugins.grpo_optuna_sweeper.outcome import memory_constraint
+
 
 def test_grammar_to_distributions():
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -102,7 +104,7 @@ def test_every_sampler_choice_learns_from_constraints(name):
     sweeper tells it (GPSampler needs scipy, a dependency of ours, not of optuna's)."""
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT
+    from hydra_plugins.grpo_optuna_sweeper.outcome import tell_constraint
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     space = {
@@ -113,7 +115,7 @@ def test_every_sampler_choice_learns_from_constraints(name):
     for _ in range(14):  # past the samplers' 10 start-up trials
         trial = study.ask(space)
         used = trial.params["batch"] * trial.params["seq"]
-        trial.set_constraint(CONSTRAINT, float(used - 512))  # > 0: out of memory
+        tell_constraint(trial, float(used - 512))  # > 0: out of memory
         study.tell(trial, 0.0 if used > 512 else float(used))
     assert len(study.trials) == 14 and all(t.state.name == "COMPLETE" for t in study.trials)
     with pytest.raises(ValueError, match="tpe, gp, random, grid"):
@@ -125,7 +127,7 @@ def test_gp_learns_from_prescreened_points():
     15 asks after start-up; told COMPLETE at the worst value with the predicted deficit, 2 of 15."""
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, prescreen_verdict, tell_constraint
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     space = {
@@ -140,10 +142,10 @@ def test_gp_learns_from_prescreened_points():
         verdict = for_sampler(prescreen_verdict(used, 512, 0.1), "gp", "maximize")
         if verdict is not None:
             pruned_after_start += i >= 10
-            trial.set_constraint(CONSTRAINT, verdict.constraint)
+            tell_constraint(trial, verdict.constraint)
             study.tell(trial, verdict.value, state=optuna.trial.TrialState[verdict.state])
         else:
-            trial.set_constraint(CONSTRAINT, used - 512)
+            tell_constraint(trial, used - 512)
             study.tell(trial, used)
     assert pruned_after_start <= 4
     assert for_sampler(prescreen_verdict(1e9, 512, 0.1), "tpe", "maximize").state == "PRUNED"  # TPE reads PRUNED
@@ -194,8 +196,39 @@ def test_tiny_cpu_sweep(tmp_path):
     infeasible = [t for t in trials if t.user_attrs["status"] == "oom"]
     assert study.trials[1] in infeasible, "256 tokens x 8 completions cannot fit tiny_cpu's 96 MiB card"
     for t in infeasible:
-        assert t.constraints["memory_over_budget_bytes"] > 0
+        assert memory_constraint(t) > 0
     assert study.trials[1].user_attrs["deficit_bytes"] > 0
+    # Progress: each finished trial's line counts k/N with the best so far; a running trial its steps.
+    out = result.stdout + result.stderr
+    assert "[trial] step 1/2" in out and "[trial] step 2/2" in out
+    assert all(f"| trial {k}/6 |" in out for k in range(1, 7))
+    assert f"best tokens_per_s={best['best_value']:.4g} (trial {best['best_trial']})" in out
+    _check_report_on_the_real_study(tmp_path, study, best)
+
+
+def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
+    """`grpo-sweep report journal:<the study this sweep wrote>`, as a user runs it: every trial
+    (OOM included) is in it, and it names best.yaml's winner, as does the sweep's own report.html."""
+    import re
+    import sys
+
+    out_dir = sweep_dir / "report_from_study"
+    cmd = [
+        str(Path(sys.executable).parent / "grpo-sweep"),
+        "report",
+        f"journal:{sweep_dir / 'study.journal'}",
+        "--out",
+        str(out_dir),
+    ]
+    result = run(cmd, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"({len(study.trials)} trials: " in result.stdout and " oom" in result.stdout
+    assert f"best: trial {best['best_trial']} " in result.stdout
+    for html in (out_dir / "report.html", sweep_dir / "report.html"):
+        text = html.read_text()
+        assert re.search(r"Best feasible trial: <b>trial (\d+)</b>", text).group(1) == str(best["best_trial"]), html
+        for t in study.trials:
+            assert f'data-v="trial {t.number}"' in text, f"trial {t.number} missing from {html}"
 
 
 @pytest.mark.slow
@@ -209,7 +242,7 @@ def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
     ok, oom, killed = by_fault["null"], by_fault["oom"], by_fault["signal"]
     assert ok.state.name == "COMPLETE" and ok.user_attrs["status"] == "ok" and ok.value > 0
     assert oom.state.name == "COMPLETE" and oom.user_attrs["status"] == "oom"
-    assert oom.constraints["memory_over_budget_bytes"] > 0
+    assert memory_constraint(oom) > 0
     assert killed.state.name == "FAIL" and "SIGKILL" in killed.user_attrs["error"]
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["best_trial"] == ok.number
 
@@ -276,7 +309,7 @@ def test_estimator_prescreen_prunes_without_running(tmp_path):
     assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED"]
     for t in study.trials:
         assert t.user_attrs["predicted_peak_bytes"] > 1.1 * 2**20
-        assert t.constraints["memory_over_budget_bytes"] > 0
+        assert memory_constraint(t) > 0
         assert "run_dir" not in t.user_attrs and not list(tmp_path.glob("trial_*/metrics.json"))
     rows = read_csv(tmp_path / "trials.csv")
     assert all(int(r["predicted_peak_bytes"]) > 0 for r in rows)

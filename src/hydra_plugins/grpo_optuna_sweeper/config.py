@@ -44,6 +44,10 @@ class GrpoOptunaSweeperConf:
     heartbeat_interval: int = 30
     grace_period: int | None = None  # None: 4 x heartbeat_interval
     max_retry: int = 2
+    # A systematic failure stops the sweep: after this many trials in a row fail for the same reason
+    # that is not memory (a model that cannot be loaded, a missing package, a bad reward), with that
+    # reason and what to do (failures.py). 0: never stop.
+    max_failures_in_a_row: int = 3
     top_k: int = 5  # rows of the final table
     # Early stop (tokens_per_s, maximize): a trial whose first timed step (after its peak is measured)
     # runs below stop_below x the best feasible tokens/s so far stops: PRUNED, status `slow`, its peak

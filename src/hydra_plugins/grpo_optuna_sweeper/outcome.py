@@ -1,6 +1,6 @@
 """A trial's metrics.json -> what Optuna is told: state, objective value, the memory constraint, attributes.
 
-- ok: COMPLETE with the objective; constraint `memory_over_budget_bytes` = peak - allowed (<= 0 fits;
+- ok: COMPLETE with the objective; the memory constraint (tell_constraint) = peak - allowed (<= 0 fits;
   0 when there is no budget or no device-comparable peak: it ran without OOM).
 - oom: COMPLETE but infeasible: constraint = the deficit (bytes over the budget), so constraint-aware
   samplers (TPE, GP, NSGA-II read `trial.constraints` in Optuna 5) learn where the wall is. The value
@@ -21,6 +21,13 @@ from dataclasses import dataclass, field
 from grpo_sweep.memory.oom_message import parse_oom_message
 
 CONSTRAINT = "memory_over_budget_bytes"
+# The memory constraint is stored in the list form `system_attrs["constraints"] = [bytes over]`:
+# optuna-dashboard (0.21) reads only that form (not the named `constraints:<name>` one Optuna 5's
+# trial.set_constraint writes: our OOM trials showed there as ordinary trials with value 0), and
+# Optuna 5 reads it as one constraint (named "0"). One form, not both: GPSampler fits one model per
+# constraint and requires the same number on every trial, so both forms would double the model and
+# break a study resumed from trials that have one. memory_constraint() reads either form.
+DASHBOARD_CONSTRAINTS = "constraints"
 SAMPLERS_BLIND_TO_PRUNED = ("gp",)  # optuna.samplers.GPSampler fits on COMPLETE trials only
 RECORD_ATTRS = (
     "tokens_per_s",
@@ -160,6 +167,18 @@ def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin:
             f"+ {margin:.0%} margin: not run",
         },
     )
+
+
+def tell_constraint(trial, value: float) -> None:
+    """Record the memory constraint (bytes over the allowed memory; > 0 infeasible) on an Optuna
+    trial, in the one form both Optuna's samplers and optuna-dashboard read (see above)."""
+    trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS, [float(value)])
+
+
+def memory_constraint(frozen) -> float | None:
+    """A finished trial's memory constraint, whichever form it was written in (None: not told)."""
+    constraints = frozen.constraints
+    return constraints.get(CONSTRAINT, constraints.get("0"))
 
 
 def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None:

@@ -20,6 +20,8 @@ from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
 from grpo_sweep.units import GIB
 
+from .failures import why_no_best
+
 FIRST_COLUMNS = [
     "number",
     "state",
@@ -215,7 +217,9 @@ def write_summary(
     top_k: int,
     headroom: float | None,
     quiet: bool = False,
+    stopped: Any | None = None,
 ) -> dict:
+    """`stopped`: a failures.Stop when a systematic failure ended the sweep (said, and in the dict)."""
     import yaml
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -240,6 +244,8 @@ def write_summary(
         "trials": states,
         "dashboard": dashboard_command(storage_url),
     }
+    if stopped is not None:
+        summary["stopped"] = stopped.as_dict()
     if best is not None:
         attrs = best.user_attrs
         summary.update(
@@ -266,8 +272,10 @@ def write_summary(
     if quiet:
         return summary
     print(f"\n=== Study {study.study_name}: {states} ===")
+    if stopped is not None:
+        print(stopped.message())
     if best is None:
-        print("No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status).")
+        print(why_no_best(study))
     else:
         print(table(study, objective, top_k))
         print(finalist_table(summary, objective))

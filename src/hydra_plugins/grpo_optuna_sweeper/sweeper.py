@@ -8,6 +8,7 @@ workers shared it and however often it was interrupted and re-run.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -32,8 +33,19 @@ from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
 from grpo_sweep.units import budget_bytes
 
 from . import confirm, frontier, space
-from .outcome import CONSTRAINT, Outcome, allowed_bytes, for_sampler, judge, prescreen_verdict, stop_threshold, timed_steps
-from .workers import Heartbeat, fail_stale_trials, retry
+from .failures import systematic_failure
+from .outcome import (
+    Outcome,
+    allowed_bytes,
+    for_sampler,
+    judge,
+    prescreen_verdict,
+    stop_threshold,
+    tell_constraint,
+    timed_steps,
+)
+from .progress import Progress
+from .workers import Heartbeat, duplicate_of, fail_stale_trials, retry
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +101,9 @@ class GrpoOptunaSweeper(Sweeper):
         self.n_search = n_trials - self.confirm_top * conf.confirm_repeats
         if conf.confirm_top and not self.confirm_top:
             log.info(confirm.off_reason(n_trials, conf.confirm_top, conf.confirm_repeats, conf.sampler))
+        self.progress = Progress(n_trials, datetime.datetime.now())
+        self.progress.start(self._progress(study)[0])
+        self.stopped = None  # failures.Stop: a systematic failure ended the sweep
         log.info(
             "Study %r in %s: %s %s, %d trials, sampler %s, search space %s",
             study.study_name,
@@ -112,9 +127,13 @@ class GrpoOptunaSweeper(Sweeper):
         }
         try:
             self._loop(study, self.n_search)
-            if self.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
+            if self.stopped is None and self.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
                 plan = confirm.plan(study, self.confirm_top, self.conf.confirm_repeats, log)
                 self._loop(study, self.n_search + len(plan))
+            if self.stopped is not None:
+                log.error("%s", self.stopped.message())
+                self._write_report(study)
+                raise SystemExit(1)
         except _Interrupted as stop:
             log.warning("Sweep interrupted by %s: its running trials are FAIL and re-enqueued", stop)
             self._write_report(study, quiet=True)
@@ -253,6 +272,14 @@ class GrpoOptunaSweeper(Sweeper):
                 continue
             batch = [study.ask() for _ in range(min(self.conf.n_jobs, room))]
             self._run_batch(study, batch, target)
+            self.stopped = self._systematic_failure(study)
+            if self.stopped is not None:
+                return
+
+    def _systematic_failure(self, study: Any) -> Any:
+        from .summary import command_line
+
+        return systematic_failure(study, self.progress.started, self.conf.max_failures_in_a_row, command_line)
 
     def _run_batch(self, study: Any, batch: list, target: int | None = None) -> None:
         pending = list(batch)  # asked but not yet told: failed and re-enqueued if we are interrupted
@@ -263,6 +290,13 @@ class GrpoOptunaSweeper(Sweeper):
             for trial in batch:
                 if running.index(trial.number) >= allowed:  # another worker asked at the same moment
                     trial.set_user_attr("status", "surplus")
+                    study.tell(trial, state=_state("FAIL"))
+                    pending.remove(trial)
+                    continue
+                copied = duplicate_of(study, trial)
+                if copied is not None:  # a start point queued by two workers at once
+                    trial.set_user_attr("status", "surplus")
+                    trial.set_user_attr("error", f"duplicate of trial {copied} (queued by two workers at once): not run")
                     study.tell(trial, state=_state("FAIL"))
                     pending.remove(trial)
                     continue
@@ -383,7 +417,7 @@ class GrpoOptunaSweeper(Sweeper):
         for key, value in outcome.attrs.items():
             trial.set_user_attr(key, value)
         if outcome.constraint is not None:
-            trial.set_constraint(CONSTRAINT, outcome.constraint)
+            tell_constraint(trial, outcome.constraint)
         values = None if outcome.state != "COMPLETE" else outcome.value
         try:
             study.tell(trial, values, state=_state(outcome.state))
@@ -393,14 +427,24 @@ class GrpoOptunaSweeper(Sweeper):
         shown = f"{outcome.value:.1f}" if outcome.value is not None and outcome.state == "COMPLETE" else "-"
         feasible = outcome.constraint is None or outcome.constraint <= 0
         log.info(
-            "Trial %d: %s %s (%s=%s%s)",
+            "Trial %d: %s %s (%s=%s%s) | %s",
             trial.number,
             outcome.state,
             outcome.attrs.get("status"),
             self.objective,
             shown,
             "" if feasible else ", infeasible",
+            self._progress_line(study),
         )
+
+    def _progress_line(self, study: Any) -> str:
+        """`trial k/N | best ... | ~t left` (progress.py); never fails the sweep."""
+        from .summary import best_trial
+
+        try:
+            return self.progress.line(self._progress(study)[0], best_trial(study), self.objective)
+        except Exception as err:  # noqa: BLE001 - a progress line is not worth a trial
+            return f"progress unavailable ({type(err).__name__})"
 
     # ---------------------------------------------------------------- helpers
     def _compose(self, overrides: Sequence[str]) -> DictConfig:
@@ -421,6 +465,7 @@ class GrpoOptunaSweeper(Sweeper):
             top_k=self.conf.top_k,
             headroom=self.conf.headroom,
             quiet=quiet,
+            stopped=getattr(self, "stopped", None),
         )
 
 

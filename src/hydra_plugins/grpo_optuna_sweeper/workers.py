@@ -42,6 +42,30 @@ def retry(study: Any, frozen: Any, max_retry: int) -> None:
     )
 
 
+def duplicate_of(study: Any, trial: Any) -> int | None:
+    """The earlier trial this enqueued one repeats, or None.
+
+    Workers started together each queue the sweep's start points (enqueue, warm start, frontier
+    start) before any sees the others' (Optuna's skip_if_exists is a read, then a write): the same
+    point can be queued once per worker. The first copy runs; a later copy is a surplus, never run.
+    A retry (`failed_trial`) repeats its failed trial's point on purpose and is never a duplicate."""
+    trial = getattr(trial, "_cached_frozen_trial", trial)  # an optuna.Trial: its FrozenTrial
+    fixed = trial.system_attrs.get("fixed_params")
+    if not fixed or "failed_trial" in trial.system_attrs:
+        return None
+    for other in study.get_trials(deepcopy=False):
+        if other.number >= trial.number:
+            break
+        if (
+            other.system_attrs.get("fixed_params") == fixed
+            and "failed_trial" not in other.system_attrs
+            and other.user_attrs.get("preset") == trial.user_attrs.get("preset")
+            and other.user_attrs.get("status") != "surplus"
+        ):
+            return other.number
+    return None
+
+
 def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int]:
     """Fail (and re-enqueue) RUNNING trials whose worker stopped beating. Returns their numbers."""
     import warnings

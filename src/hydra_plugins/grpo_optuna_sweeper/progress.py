@@ -1,0 +1,55 @@
+"""Progress of a long sweep: each finished trial's line says `trial k/N`, the best feasible
+objective so far and an estimate of the time left. (A running trial prints its own
+`[trial] step i/N` lines: the trial child writes to the sweep's console.)
+
+The estimate is the study's own pace since this worker started: counted trials finished since
+then, over the time it took, times the trials still to count. With several workers on one study
+that pace is all of theirs together, so the estimate holds for the study, not one worker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Any
+
+
+class Progress:
+    def __init__(self, n_trials: int, started: datetime.datetime | None = None):
+        self.n_trials = n_trials
+        self.started = started or datetime.datetime.now()
+        self.counted_at_start: int | None = None
+
+    def line(self, counted: int, best: Any | None, objective: str, now: datetime.datetime | None = None) -> str:
+        """`trial k/N | best <objective>=<v> (trial n) | ~<t> left` for a study holding `counted`
+        counted trials, `best` its best feasible trial (None: none yet)."""
+        now = now or datetime.datetime.now()
+        shown_best = "no feasible trial yet" if best is None else f"best {objective}={_num(best.value)} (trial {best.number})"
+        left = self.time_left(counted, now)
+        eta = "" if left is None else f" | ~{_duration(left)} left"
+        return f"trial {min(counted, self.n_trials)}/{self.n_trials} | {shown_best}{eta}"
+
+    def start(self, counted: int) -> None:
+        """Record how many trials the study held when this worker started (a resumed sweep)."""
+        self.counted_at_start = counted
+
+    def time_left(self, counted: int, now: datetime.datetime) -> float | None:
+        """Seconds left at the pace since start; None before any trial finished since then."""
+        done_here = counted - (self.counted_at_start or 0)
+        if done_here <= 0:
+            return None
+        remaining = max(0, self.n_trials - counted)
+        return (now - self.started).total_seconds() / done_here * remaining
+
+
+def _num(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

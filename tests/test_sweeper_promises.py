@@ -1,0 +1,433 @@
+"""The sweeper's promises, each with a fast test that fails when the promise is broken.
+
+- the winner is feasible and within the headroom (on a simulated card too), in the summary,
+  best.yaml, trials.csv and report.html alike, in the study's direction;
+- the pre-screen prunes a point only when its prediction is over the budget by more than the margin;
+- the journal heartbeat keeps a live trial RUNNING past the grace period, while a dead worker's
+  trial is failed and retried;
+- optuna-dashboard, read through its own API, shows an OOM trial as infeasible;
+- a systematic failure is recognised, and "nothing fits" is said only when trials ran out of memory.
+
+The studies here are real Optuna studies (a journal file), told what happened through the sweeper's
+own path (outcome.judge -> GrpoOptunaSweeper._tell); no trial runs, so every test takes seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_sweeper_helpers import read_csv
+
+from hydra_plugins.grpo_optuna_sweeper.outcome import memory_constraint
+
+GIB = 2**30
+BUDGET = 1 * GIB  # the simulated card (gpu=cpu_sim, gpu.memory_gib=1)
+
+
+def _sweeper(tmp_path: Path, *, direction: str = "maximize", objective: str = "tokens_per_s", **conf):
+    """The real sweeper object, set up as sweep() would be, without Hydra's launcher."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.progress import Progress
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import GrpoOptunaSweeper
+
+    base = OmegaConf.to_container(OmegaConf.structured(GrpoOptunaSweeperConf))
+    base.update(direction=direction, objective=objective, study_name="promises", **conf)
+    sweeper = GrpoOptunaSweeper(**base)
+    sweeper.objective, sweeper.n_trials, sweeper.fixed = objective, 8, ["+sweeps=tiny_cpu"]
+    sweeper.sweep_dir, sweeper.storage_url = tmp_path, f"journal:{tmp_path / 'study.journal'}"
+    sweeper.progress = Progress(sweeper.n_trials, datetime.datetime.now())
+    sweeper.stopped = None
+    return sweeper
+
+
+def _study(sweeper):
+    import optuna
+
+    from grpo_sweep.study.storage import open_storage
+
+    return optuna.create_study(study_name="promises", storage=open_storage(sweeper.storage_url), direction=sweeper.conf.direction)
+
+
+def _tell_record(sweeper, study, record: dict | None, *, headroom: float | None, number_attrs: dict | None = None):
+    """One trial told through the sweeper's own judge and _tell, with its point as overrides."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import judge
+
+    trial = study.ask()
+    trial.set_user_attr("overrides", [f"trial.number={trial.number}"])
+    trial.set_user_attr("budget_bytes", BUDGET)
+    for key, value in (number_attrs or {}).items():
+        trial.set_user_attr(key, value)
+    outcome = judge(record, objective=sweeper.objective, direction=sweeper.conf.direction, budget_bytes=BUDGET, headroom=headroom)
+    sweeper._tell(study, trial, outcome)
+    return trial.number
+
+
+def _ok(value: float, peak_gib: float, key: str = "tokens_per_s") -> dict:
+    """A trial that ran without OOM on the simulated card: its peak measured by the CPU tensor tracker."""
+    return {"status": "ok", key: value, "peak_memory_bytes": peak_gib * GIB, "memory_source": "cpu-tracker"}
+
+
+OOM = {"status": "oom", "error": "OutOfMemoryError: simulated card", "deficit_bytes": 0.2 * GIB, "memory_source": "cpu-tracker"}
+
+
+def _report_best(sweep_dir: Path) -> str | None:
+    html = (sweep_dir / "report.html").read_text()
+    found = re.search(r"Best feasible trial: <b>trial (\d+)</b>", html)
+    return found.group(1) if found else None
+
+
+# ------------------------------------------------------------------ the winner
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_winner_is_feasible_within_headroom_everywhere(tmp_path, direction, capsys):
+    """On a simulated card with hydra.sweeper.headroom=0.5: the fastest trial ran without OOM but
+    over half the card, so it is infeasible and never the best: not in best.yaml, the printed
+    table, trials.csv or report.html. An OOM trial is never the best either. The best follows the
+    study's direction (maximize tokens/s, or minimize step time)."""
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+
+    key = "tokens_per_s" if direction == "maximize" else "step_time_s"
+    sweeper = _sweeper(tmp_path, direction=direction, objective=key, headroom=0.5)
+    study = _study(sweeper)
+    # (value, peak): the winner in each direction is the "best" value that fits half the card.
+    best_value = 300.0 if direction == "maximize" else 0.1
+    over = _tell_record(sweeper, study, _ok(best_value, 0.75, key), headroom=0.5)  # fits the card, not the headroom
+    oom = _tell_record(sweeper, study, dict(OOM), headroom=0.5)
+    fits = _tell_record(sweeper, study, _ok(200.0 if direction == "maximize" else 0.2, 0.4, key), headroom=0.5)
+    worse = _tell_record(sweeper, study, _ok(100.0 if direction == "maximize" else 0.3, 0.3, key), headroom=0.5)
+
+    frozen = {t.number: t for t in study.trials}
+    assert memory_constraint(frozen[over]) == pytest.approx(0.25 * GIB)  # 0.75 - 0.5 of the card
+    assert memory_constraint(frozen[oom]) == pytest.approx(0.2 * GIB + 0.5 * GIB)  # past the allowed half
+    assert best_trial(study).number == fits
+
+    summary = sweeper._write_report(study)
+    printed = capsys.readouterr().out
+    assert summary["best_trial"] == fits
+    best_yaml = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best_yaml["best_trial"] == fits and best_yaml["direction"] == direction
+    assert best_yaml["headroom"] == 0.5 and best_yaml["peak_memory_bytes"] <= 0.5 * BUDGET
+    assert f"Best: trial {fits}," in printed
+    ranked = [int(line.split()[1]) for line in printed.splitlines() if re.match(r"^\d+\s+\d+\s", line)]
+    assert ranked == [fits, worse]  # the table ranks feasible trials only, best first in the direction
+    rows = {int(r["number"]): r for r in read_csv(tmp_path / "trials.csv")}
+    assert rows[over]["feasible"] == "False" and rows[over]["objective"] == ""
+    assert rows[oom]["feasible"] == "False" and rows[oom]["objective"] == ""
+    assert rows[fits]["feasible"] == "True" and float(rows[fits]["objective"]) == study.trials[fits].value
+    assert _report_best(tmp_path) == str(fits)
+
+
+def test_headroom_applies_to_the_simulated_cards_tracker():
+    """The CPU tensor tracker's peak is device memory for the simulated card: the headroom applies
+    to it exactly as to CUDA's; only process RSS (no card simulated) is not comparable."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import judge
+
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET}
+    for source in ("cpu-tracker", "cuda"):
+        record = {"status": "ok", "tokens_per_s": 1.0, "peak_memory_bytes": 0.6 * GIB, "memory_source": source}
+        assert judge(record, headroom=None, **common).constraint == pytest.approx(-0.4 * GIB)
+        assert judge(record, headroom=0.5, **common).constraint == pytest.approx(0.1 * GIB)  # infeasible
+    rss = {"status": "ok", "tokens_per_s": 1.0, "peak_memory_bytes": 0.6 * GIB, "memory_source": "cpu-rss"}
+    assert judge(rss, headroom=0.5, **common).constraint == 0.0
+
+
+# ------------------------------------------------------------------ the pre-screen margin
+def test_prescreen_margin_boundary_on_a_real_estimate(tmp_path):
+    """The sweeper's own pre-screen on a composed tiny_cpu point: a card just large enough that the
+    prediction is under budget x (1 + margin) runs it; a card just too small prunes it."""
+    from conftest import compose
+
+    from grpo_sweep.memory.estimator import estimate
+    from grpo_sweep.units import budget_bytes
+
+    point = ["+sweeps=tiny_cpu", "max_seq_length=128", "per_device_train_batch_size=4"]
+    predicted = estimate(compose(point)).total_bytes
+    sweeper = _sweeper(tmp_path, prescreen_margin=0.10)
+    study = _study(sweeper)
+    for scale, expected in ((1.001, None), (0.999, "PRUNED")):
+        # budget x 1.1 = predicted x scale: just over (runs) or just under (pruned) the margin.
+        gib = predicted * scale / 1.10 / GIB
+        cfg = compose([*point, f"gpu.memory_gib={gib!r}"])
+        assert estimate(cfg).total_bytes == predicted  # the card's size does not move this prediction
+        trial = study.ask()
+        verdict = sweeper._prescreen(trial, cfg, budget_bytes(cfg))
+        assert (verdict.state if verdict else None) == expected, (scale, gib)
+        assert trial.user_attrs["predicted_peak_bytes"] == int(predicted)
+        if verdict is not None:
+            assert verdict.constraint == pytest.approx(predicted - budget_bytes(cfg))
+    assert predicted > budget_bytes(cfg)  # the point that ran was over the card, but within the margin
+
+
+def test_prescreen_verdict_boundary():
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+
+    limit = 1000.0
+    assert prescreen_verdict(1099.0, limit, 0.10) is None  # 9.9 % over: within the margin, run it
+    assert prescreen_verdict(1100.0, limit, 0.10) is None  # exactly the margin: run it
+    pruned = prescreen_verdict(1101.0, limit, 0.10)
+    assert pruned.state == "PRUNED" and pruned.constraint == 101.0
+    assert prescreen_verdict(1001.0, limit, 0.0).state == "PRUNED"
+    assert prescreen_verdict(1e12, None, 0.10) is None  # no budget: nothing to prune against
+
+
+# ------------------------------------------------------------------ the heartbeat
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_heartbeat_keeps_a_live_trial_and_retries_a_dead_one(tmp_path, kind):
+    """Two RUNNING trials: one whose worker beats (Heartbeat), one whose worker died after its
+    first beat. Past the grace period the dead one is FAIL with its point re-queued; the live one
+    is still RUNNING although it started longer ago than the grace period. Journal files: our
+    timestamp; RDB storages (SQLite here, PostgreSQL alike): Optuna's own heartbeat."""
+    import functools
+
+    import optuna
+
+    from grpo_sweep.study.storage import open_storage
+    from hydra_plugins.grpo_optuna_sweeper.workers import Heartbeat, fail_stale_trials, retry
+
+    grace = 2
+    source = f"journal:{tmp_path / 'study.journal'}" if kind == "journal" else f"sqlite:///{tmp_path / 'study.db'}"
+    storage = open_storage(
+        source, heartbeat_interval=1, grace_period=grace, stale_trial_callback=functools.partial(retry, max_retry=2)
+    )
+    study = optuna.create_study(study_name="promises", storage=storage, direction="maximize")
+    space = {"lora_rank": optuna.distributions.CategoricalDistribution([8, 16])}
+    live, dead = study.ask(space), study.ask(space)
+    with Heartbeat(study, [dead._trial_id], interval=1):
+        pass  # the dead worker beat once, then died
+    with Heartbeat(study, [live._trial_id], interval=0.25):
+        deadline = time.monotonic() + 30
+        failed: list[int] = []
+        while not failed and time.monotonic() < deadline:
+            failed = fail_stale_trials(study, grace, max_retry=2)
+            time.sleep(0.2)
+        assert failed == [dead.number], "the dead worker's trial was not failed within 30 s"
+        trials = study.get_trials(deepcopy=False)
+        started = trials[live.number].datetime_start
+        assert (datetime.datetime.now() - started).total_seconds() > grace  # old enough to look dead
+        assert fail_stale_trials(study, grace, max_retry=2) == []
+        assert study.get_trials(deepcopy=False)[live.number].state.name == "RUNNING"
+    trials = study.get_trials(deepcopy=False)
+    assert trials[dead.number].state.name == "FAIL"
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert len(retried) == 1 and retried[0].state.name == "WAITING"
+    assert retried[0].params == dead.params
+
+
+# ------------------------------------------------------------------ optuna-dashboard
+def test_optuna_dashboard_shows_oom_trials_as_infeasible(tmp_path):
+    """Read the study through optuna-dashboard's own API, as its UI does (GET /api/studies/<id> on
+    its WSGI app): the OOM trial carries a positive constraint (the UI draws it as infeasible), the
+    feasible one a non-positive one."""
+    pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is in the dev and dashboard extras")
+    import io
+
+    from optuna_dashboard import wsgi
+
+    from grpo_sweep.study.storage import open_storage
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    ok = _tell_record(sweeper, study, _ok(200.0, 0.4), headroom=None)
+    oom = _tell_record(sweeper, study, dict(OOM), headroom=None)
+    app = wsgi(open_storage(sweeper.storage_url, create=False))
+    status: list[str] = []
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": f"/api/studies/{study._study_id}",
+        "QUERY_STRING": "after=0",
+        "SERVER_NAME": "test",
+        "SERVER_PORT": "80",
+        "wsgi.input": io.BytesIO(),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": io.StringIO(),
+    }
+    body = b"".join(app(environ, lambda s, h, *a: status.append(s)))
+    assert status and status[0].startswith("200"), (status, body[:500])
+    trials = {t["number"]: t for t in json.loads(body)["trials"]}
+    infeasible = lambda t: any(c > 0 for c in t["constraints"])  # noqa: E731 - the UI's test
+    assert infeasible(trials[oom]) and trials[oom]["constraints"] == [pytest.approx(0.2 * GIB)]
+    assert not infeasible(trials[ok]) and trials[ok]["constraints"] == [pytest.approx(-0.6 * GIB)]
+    # Optuna reads the same form as one constraint: what its samplers learn from.
+    assert study.trials[oom].constraints == {"0": pytest.approx(0.2 * GIB)}
+    assert study.trials[ok].constraints == {"0": pytest.approx(-0.6 * GIB)}
+
+
+# ------------------------------------------------------------------ systematic failures
+def _fail(sweeper, study, error: str, status: str = "failed"):
+    return _tell_record(sweeper, study, {"status": status, "error": error}, headroom=None)
+
+
+def test_systematic_failure_is_recognised_and_advised(tmp_path):
+    from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    since = sweeper.progress.started
+    hub = "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them"
+    _fail(sweeper, study, hub)
+    _fail(sweeper, study, hub)
+    assert systematic_failure(study, since, 3, command_line) is None  # two are not yet a pattern
+    _tell_record(sweeper, study, dict(OOM), headroom=None)  # an OOM is an answer, and breaks the run
+    for _ in range(2):
+        _fail(sweeper, study, hub)
+    assert systematic_failure(study, since, 3, command_line) is None
+    last = _fail(sweeper, study, hub)
+    stop = systematic_failure(study, since, 3, command_line)
+    assert stop is not None and stop.trials == [last - 2, last - 1, last]
+    assert "huggingface.co" in stop.reason and "HF_HUB_OFFLINE" in stop.advice
+    assert stop.command == f"python train.py trial.number={last}"
+    assert systematic_failure(study, since, 0, command_line) is None  # 0: never stop
+    # Failures before this worker started belong to an earlier run (perhaps fixed since).
+    assert systematic_failure(study, datetime.datetime.now(), 3, command_line) is None
+    assert systematic_failure(study, since, 2, command_line).trials == [last - 1, last]  # the last two only
+    # A surplus or an interrupted trial is bookkeeping: it neither counts nor breaks the run.
+    for status in ("surplus", "interrupted"):
+        _fail(sweeper, study, f"{status}: not run", status=status)
+    assert systematic_failure(study, since, 3, command_line).trials == [last - 2, last - 1, last]
+    assert systematic_failure(study, since, 1, command_line).trials == [last]  # 1: stop at the first failure
+    # Three failures for different reasons are not one systematic failure.
+    for error in ("ModuleNotFoundError: No module named 'vllm'", "RuntimeError: a", "RuntimeError: b"):
+        _fail(sweeper, study, error)
+    assert systematic_failure(study, since, 3, command_line) is None
+
+
+def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
+    from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    _fail(sweeper, study, "RuntimeError: debug_fault=raise: injected failure")
+    said = why_no_best(study)
+    assert "nothing fits" not in said and "1 failed" in said and "debug_fault=raise" in said
+    _tell_record(sweeper, study, dict(OOM), headroom=None)
+    assert "nothing fits the budget" in why_no_best(study)
+
+
+def test_progress_line_counts_best_and_time_left():
+    from types import SimpleNamespace
+
+    from hydra_plugins.grpo_optuna_sweeper.progress import Progress
+
+    t0 = datetime.datetime(2026, 1, 1, 12, 0, 0)
+    progress = Progress(10, t0)
+    progress.start(2)  # a resumed sweep: 2 trials were already counted
+    assert progress.line(2, None, "tokens_per_s", now=t0) == "trial 2/10 | no feasible trial yet"
+    best = SimpleNamespace(number=3, value=123.456)
+    # 2 trials in 60 s since start: 30 s each, 6 still to count -> 3 minutes.
+    line = progress.line(4, best, "tokens_per_s", now=t0 + datetime.timedelta(seconds=60))
+    assert line == "trial 4/10 | best tokens_per_s=123.5 (trial 3) | ~3m00s left"
+
+
+def test_a_start_point_queued_twice_runs_once(tmp_path):
+    """Workers started together can each queue the sweep's start points before seeing the others':
+    the later copy is a surplus (never run, not counted); a retry repeats its point on purpose."""
+    from hydra_plugins.grpo_optuna_sweeper.workers import duplicate_of, retry
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    import optuna
+
+    space = {"per_device_train_batch_size": optuna.distributions.CategoricalDistribution([2, 4])}
+    study.enqueue_trial({"per_device_train_batch_size": 2})
+    study.enqueue_trial({"per_device_train_batch_size": 2})  # a second worker's copy
+    study.enqueue_trial({"per_device_train_batch_size": 4})
+    first, copy, other = (study.ask(space) for _ in range(3))
+    assert (duplicate_of(study, first), duplicate_of(study, copy), duplicate_of(study, other)) == (None, first.number, None)
+    # A warm-start preset with the same parameters is another point (its preset sets other levers).
+    study.enqueue_trial({"per_device_train_batch_size": 4}, user_attrs={"preset": "seed_optimized"})
+    preset = study.ask(space)
+    assert duplicate_of(study, preset) is None
+    # The copy of a surplus is not a duplicate: the surplus never ran.
+    other.set_user_attr("status", "surplus")
+    study.enqueue_trial({"per_device_train_batch_size": 4})
+    assert duplicate_of(study, study.ask(space)) is None
+    study.tell(first, state=optuna.trial.TrialState.FAIL)
+    retry(study, study.trials[first.number], max_retry=2)
+    again = study.ask(space)
+    assert again.params == first.params and duplicate_of(study, again) is None
+
+
+@pytest.mark.slow
+def test_a_systematic_failure_stops_a_real_sweep(tmp_path):
+    """Every trial raises (trial.debug_fault=raise): the sweep stops after
+    hydra.sweeper.max_failures_in_a_row=2 trials, not n_trials=6, exits 1 with the reason and
+    what to do, and never says that nothing fits the budget."""
+    from test_sweeper_helpers import SMALL, load_study, run, sweep_cmd
+
+    result = run(
+        sweep_cmd(
+            tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.max_failures_in_a_row=2", "trial.debug_fault=raise", *SMALL
+        )
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    assert [(t.state.name, t.user_attrs["status"]) for t in study.trials] == [("FAIL", "failed")] * 2
+    assert "Sweep stopped: trials 0, 1 failed in a row for the same reason, not memory" in out
+    assert "debug_fault=raise: injected failure" in out and "What to do:" in out and "Run one alone: python train.py" in out
+    assert "nothing fits" not in out
+    assert "No trial ran ok (2 failed): not a memory verdict" in out
+    assert (tmp_path / "trials.csv").exists() and (tmp_path / "report.html").exists()
+
+
+# ------------------------------------------------------------------ the search space's edges
+def test_space_edges_found_by_mutation():
+    """Edges `make mutation` found unguarded: a float range's top, a mixed int/float interval, the
+    override text of null/bool values, and the frontier's
+    boundaries (a point exactly at the allowed memory fits; exactly half the parameters differing
+    is spread enough; a space of exactly MAX_CANDIDATES points is enumerated, not sampled; the
+    seed decides the sample)."""
+    import itertools
+
+    from optuna.distributions import FloatDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.frontier import MAX_CANDIDATES, candidates, pick
+    from hydra_plugins.grpo_optuna_sweeper.space import parse_space, to_override
+
+    dists, _ = parse_space(["gpu_memory_utilization=range(0.3,0.7,0.1)", "learning_rate=interval(1, 2.5)"])
+    util = dists["gpu_memory_utilization"]
+    assert isinstance(util, FloatDistribution) and util.step == pytest.approx(0.1)
+    assert (util.low, util.high) == (pytest.approx(0.3), pytest.approx(0.6))  # Hydra's range excludes 0.7
+    assert dists["learning_rate"] == FloatDistribution(1.0, 2.5)
+    assert [to_override("k", v) for v in (None, False, True, 8, "qv")] == ["k=null", "k=false", "k=true", "k=8", "k=qv"]
+
+    assert pick([({"a": 1}, 1.0), ({"a": 2}, 1.0001)], k=2, seed=0) == [{"a": 1}]
+    half = [({"a": 1, "b": 1, "c": 1, "d": 1}, 0.9), ({"a": 1, "b": 1, "c": 2, "d": 2}, 0.8)]
+    assert pick(half, k=2, seed=0) == [p for p, _ in half]
+    grid = {"a": list(range(16)), "b": list(range(16))}  # exactly 256 points
+    assert len(grid["a"]) * len(grid["b"]) == MAX_CANDIDATES
+    assert list(candidates(grid, seed=0)) == [dict(zip("ab", v)) for v in itertools.product(range(16), range(16))]
+    big = {f"p{i}": list(range(4)) for i in range(6)}
+    assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
+    ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
+    assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
+
+
+def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
+    """A trial at exactly 0 bytes over (CPU RSS: ran without OOM, not comparable with a card) is
+    feasible and can win; equal values go to the earlier trial; GP is told a pre-screened point as
+    COMPLETE at the worst value (it ignores PRUNED ones)."""
+    from conftest import compose
+
+    from grpo_sweep.units import budget_bytes
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    rss = {"status": "ok", "tokens_per_s": 50.0, "peak_memory_bytes": 5 * GIB, "memory_source": "cpu-rss"}
+    first = _tell_record(sweeper, study, rss, headroom=None)
+    _tell_record(sweeper, study, dict(rss), headroom=None)  # the same value, later
+    assert memory_constraint(study.trials[first]) == 0.0 and best_trial(study).number == first
+
+    gp = _sweeper(tmp_path / "gp", sampler="gp")
+    cfg = compose(["+sweeps=tiny_cpu", "gpu.memory_gib=0.001"])
+    verdict = gp._prescreen(_study(gp).ask(), cfg, budget_bytes(cfg))
+    assert (verdict.state, verdict.value) == ("COMPLETE", 0.0) and verdict.constraint > 0
