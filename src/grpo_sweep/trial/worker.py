@@ -56,12 +56,21 @@ def start_guardian(lifeline, run_dir: str, grace_s: float) -> None:
     if os.fork() != 0:
         return
     try:  # the guardian: only system calls from here on, and always os._exit
+        # Hold nothing but the lifeline. Inherited descriptors would keep other ends open: under the
+        # spawn start method the parent's Process.join() waits for EOF on a sentinel pipe whose write
+        # end the worker holds, and a guardian holding a copy would make join() wait for the guardian,
+        # which waits for the parent (a deadlock); the console pipes would keep a caller's
+        # `subprocess.run(capture_output=True)` waiting too.
+        os.closerange(0, fd)
+        os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
         while True:
             try:
                 if not os.read(fd, 1):
                     break
             except InterruptedError:
                 continue
+        if os.getppid() != worker_pid:  # the worker already ended: only its group may be left
+            os.killpg(0, signal.SIGKILL)
         write_stop_request(run_dir, "failed", "the trial was stopped: the process that started it died")
         os.kill(worker_pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
