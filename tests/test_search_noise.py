@@ -16,7 +16,7 @@ from grpo_sweep.metrics import KEYS, STATUSES
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.trial.parent import run_trial
 from hydra_plugins.grpo_optuna_sweeper import confirm
-from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, judge, stop_threshold, timed_steps
+from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, judge, memory_constraint, stop_threshold, timed_steps
 
 
 # ------------------------------------------------------------------------------------- the rules
@@ -128,7 +128,7 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
         assert t.state.name == "PRUNED" and t.user_attrs["status"] == "slow", t.user_attrs
         assert t.user_attrs["stop_below"] == pytest.approx(50 * first.value, rel=1e-5)
         assert list(t.intermediate_values) == [2] and t.value == t.intermediate_values[2]
-        assert t.user_attrs["peak_memory_bytes"] > 0 and t.constraints["memory_over_budget_bytes"] <= 0
+        assert t.user_attrs["peak_memory_bytes"] > 0 and memory_constraint(t) <= 0
         metrics = load_metrics(t.user_attrs["run_dir"])
         assert metrics["status"] == "slow" and metrics["steps"] == 2
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
