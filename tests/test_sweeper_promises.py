@@ -353,6 +353,11 @@ def test_a_start_point_queued_twice_runs_once(tmp_path):
     retry(study, study.trials[first.number], max_retry=2)
     again = study.ask(space)
     assert again.params == first.params and duplicate_of(study, again) is None
+    # A confirmation run repeats a finalist's point on purpose (confirm.py): never a surplus.
+    from hydra_plugins.grpo_optuna_sweeper.confirm import CONFIRMS_ATTR
+
+    study.enqueue_trial({"per_device_train_batch_size": 2}, user_attrs={CONFIRMS_ATTR: first.number})
+    assert duplicate_of(study, study.ask(space)) is None
 
 
 @pytest.mark.slow

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+from .confirm import CONFIRMS_ATTR
+
 HEARTBEAT_ATTR = "grpo_sweep:heartbeat"
 
 
@@ -48,10 +50,11 @@ def duplicate_of(study: Any, trial: Any) -> int | None:
     Workers started together each queue the sweep's start points (enqueue, warm start, frontier
     start) before any sees the others' (Optuna's skip_if_exists is a read, then a write): the same
     point can be queued once per worker. The first copy runs; a later copy is a surplus, never run.
-    A retry (`failed_trial`) repeats its failed trial's point on purpose and is never a duplicate."""
+    A retry (`failed_trial`) and a confirmation run (`confirms`, confirm.py: the study holds one
+    plan, written once) repeat a point on purpose and are never duplicates."""
     trial = getattr(trial, "_cached_frozen_trial", trial)  # an optuna.Trial: its FrozenTrial
     fixed = trial.system_attrs.get("fixed_params")
-    if not fixed or "failed_trial" in trial.system_attrs:
+    if not fixed or "failed_trial" in trial.system_attrs or CONFIRMS_ATTR in trial.user_attrs:
         return None
     for other in study.get_trials(deepcopy=False):
         if other.number >= trial.number:
