@@ -131,7 +131,7 @@ class TrialConfig:
     steps: int = 3  # optimiser steps; the first is warm-up and is excluded from throughput
     timeout_s: float = 600.0
     worst_case_lengths: bool = True  # prompts at max_prompt_length, completions at the full budget
-    start_method: str = "auto"  # forkserver on CPU, spawn with CUDA (backends.start_method)
+    start_method: str = "auto"  # forkserver on CPU, spawn with CUDA (config.backends.start_method)
     # CPU trials: torch intra-op threads. 1 by default: the tiny model's ops are too small to gain from
     # threads, and on a shared or loaded machine OpenMP threads contend (measured on 2 cores under
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).

@@ -26,7 +26,7 @@ class GrpoOptunaSweeperConf:
     direction: str = "maximize"
     sampler: str = "tpe"  # tpe | gp | random | grid
     seed: int | None = 0  # sampler seed; each worker process adds its pid when several share a study
-    # Pre-screen with grpo_sweep.estimator: PRUNE points predicted over budget by more than margin.
+    # Pre-screen with grpo_sweep.memory.estimator: PRUNE points predicted over budget by more than margin.
     prescreen: bool = True
     prescreen_margin: float = 0.10  # fraction of the budget
     # Require headroom: feasible only if peak <= headroom x budget (e.g. 0.9); None: the full budget.

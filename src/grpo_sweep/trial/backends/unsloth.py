@@ -2,7 +2,7 @@
 generation; 4-bit weights and its GRPO patches.
 
 Unsloth patches transformers, peft and TRL when it is imported, so it must be imported first:
-trials of this backend start in a fresh interpreter (`backends.start_method` -> spawn) and import
+trials of this backend start in a fresh interpreter (`config.backends.start_method` -> spawn) and import
 Unsloth before anything else (`backends.prepare_imports`, which also sets UNSLOTH_VLLM_STANDBY
 for standby mode). After that, `from trl import GRPOConfig, GRPOTrainer` returns Unsloth's
 patched classes; the lever translation is still `trl.grpo_args`.

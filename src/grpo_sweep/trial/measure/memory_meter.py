@@ -104,7 +104,7 @@ def _nvml_handle(pynvml, device_index: int):
 class MemoryMeter:
     """Everything memory for one trial: the budget, how it is enforced, the peak and its breakdown.
 
-    CPU: the tensor tracker (memtracker.TensorTracker) measures (`memory_source: cpu-tracker`) and,
+    CPU: the tensor tracker (tracker.TensorTracker) measures (`memory_source: cpu-tracker`) and,
     with a budget, enforces it by raising a simulated CUDA OOM. Its overhead (~2.5x a tiny step)
     is paid only where needed: with a budget, or with `trial.worst_case_lengths=false` (lengths,
     hence the peak, vary step to step), it tracks every step, because an untracked step could

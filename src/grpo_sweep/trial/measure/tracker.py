@@ -27,7 +27,7 @@ the no-grad scoring pass), `forward` (`compute_loss`), `backward` (`accelerator.
 `optimiser` (gradient clipping and `optimizer.step`), else `other`.
 
 Budget: with `budget_bytes` set, an op whose new storages push live bytes past it raises the real
-`torch.OutOfMemoryError` with CUDA's message shape (see budget.simulated_oom_error); its outputs
+`torch.OutOfMemoryError` with CUDA's message shape (see enforce.simulated_oom_error); its outputs
 are released as the exception unwinds, like a failed CUDA allocation that never happened, and the
 peak does not include them.
 
