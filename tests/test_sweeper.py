@@ -122,6 +122,35 @@ def test_every_sampler_choice_learns_from_constraints(name):
         build_sampler("cmaes", 0, space)
 
 
+def test_n_startup_trials_reaches_tpe_and_bad_values_are_refused():
+    """hydra.sweeper.n_startup_trials: TPE asks that many random points, then models the study: with 2,
+    the third ask already follows the told values (the fit region), with 10 it is still random."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
+
+    space = {"x": optuna.distributions.IntDistribution(0, 1000)}
+
+    def third_asks(startup: int) -> list[int]:
+        xs = []
+        for seed in range(12):
+            study = optuna.create_study(direction="maximize", sampler=build_sampler("tpe", seed, space, startup))
+            study.enqueue_trial({"x": 990})
+            study.enqueue_trial({"x": 10})
+            for _ in range(2):
+                trial = study.ask(space)
+                study.tell(trial, float(trial.params["x"]))
+            xs.append(study.ask(space).params["x"])
+        return xs
+
+    modelled, random_ = third_asks(2), third_asks(10)
+    assert sum(x > 500 for x in modelled) >= 10  # near the better told point
+    assert 2 <= sum(x > 500 for x in random_) <= 10  # uniform: about half
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=r"n_startup_trials=.*integer >= 0"):
+            build_sampler("tpe", 0, space, bad)
+
+
 def test_gp_learns_from_prescreened_points():
     """GPSampler fits on COMPLETE trials only: told PRUNED, it proposed pruned points again in 10 of
     15 asks after start-up; told COMPLETE at the worst value with the predicted deficit, 2 of 15."""

@@ -25,6 +25,10 @@ class GrpoOptunaSweeperConf:
     objective: str | None = None  # a numeric metrics.json key; None: the config's `objective`
     direction: str = "maximize"
     sampler: str = "tpe"  # tpe | gp | random | grid
+    # TPE only: random trials before it models the study (Optuna's n_startup_trials). Enqueued trials
+    # (frontier_start, warm_start, enqueue) count among them: with frontier_start=5, 5 is enough
+    # (bench/search_seconds.py: fewer seconds on both landscapes, README "Performance").
+    n_startup_trials: int = 10
     seed: int | None = 0  # sampler seed; each worker process adds its pid when several share a study
     # Pre-screen with grpo_sweep.memory.estimator: PRUNE points predicted over budget by more than margin.
     prescreen: bool = True

@@ -182,7 +182,7 @@ class GrpoOptunaSweeper(Sweeper):
     def _sampler(self) -> Any:
         # Workers sharing a study must not draw the same "random" start-up points: mix in the pid.
         seed = None if self.conf.seed is None else (int(self.conf.seed) + os.getpid()) % 2**31
-        return build_sampler(self.conf.sampler, seed, self.distributions)
+        return build_sampler(self.conf.sampler, seed, self.distributions, self.conf.n_startup_trials)
 
     def _enqueue_presets(self, study: Any) -> None:
         """Queue each seed preset once per study, with its levers as parameters where they fit the space."""
@@ -469,14 +469,18 @@ class GrpoOptunaSweeper(Sweeper):
         )
 
 
-def build_sampler(name: str, seed: int | None, distributions: dict) -> Any:
-    """The Optuna sampler for `hydra.sweeper.sampler` (also used by bench/search_efficiency.py)."""
+def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> Any:
+    """The Optuna sampler for `hydra.sweeper.sampler` (also used by bench/search_efficiency.py).
+
+    n_startup_trials: TPE's random trials before it models the study (`hydra.sweeper.n_startup_trials`)."""
     import optuna
 
+    if isinstance(n_startup_trials, bool) or not isinstance(n_startup_trials, int) or n_startup_trials < 0:
+        raise ValueError(f"hydra.sweeper.n_startup_trials={n_startup_trials!r}: must be an integer >= 0")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=n_startup_trials)
         if name == "gp":
             return optuna.samplers.GPSampler(seed=seed)
         if name == "random":
