@@ -5,16 +5,16 @@ A landscape is every point of a search space with what a trial of it would show 
 - the estimator's prediction (the sweeper's pre-screen reads it);
 - seconds: start (process start to the first GRPO step, plus the exit after the last), each step's
   seconds, and an OOM's seconds until it failed;
-- the run-to-run noise: one run shows true x exp(N(0, sigma)).
+- the run-to-run noise: one run shows one of the point's measured runs (tiny_cpu), or
+  true x exp(N(0, sigma)) (a model, or a machine noisier than the recording's).
 
-tiny_cpu: the 180-point grid measured for real (bench/data/grid_tiny_cpu.json, record_grid.py);
-    seconds measured for real on a stratified subset (bench/data/grid_tiny_cpu_wall.json,
-    record_grid.py --wall-times) and modelled for the other points by a fit on that subset (`fit`).
+tiny_cpu: the 180-point grid measured for real (bench/data/grid_tiny_cpu.json, record_grid.py):
+    every point's runs (5 where it fits), each with its throughput and what it cost in seconds.
 gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B on an L4
     (sweeps/gemma3_1b_l4.yaml), the memory wall from grpo_sweep.memory.estimator (with a per-point
     error drawn like the estimator's measured GPU error), throughput and step seconds from
     grpo_sweep.memory.throughput.relative_step_time, start seconds from the H200 check's measured
-    trial (bench/results/gpu_check_h200.json), noise drawn like the measured spread.
+    trial (bench/results/gpu_check_h200.json), noise drawn like the tiny grid's measured runs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, measured_at
 
 GRID = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
-WALL = ROOT / "bench" / "data" / "grid_tiny_cpu_wall.json"
 GEMMA = ROOT / "bench" / "data" / "landscape_gemma3_1b_l4.json"
 GEMMA_SWEEP = ROOT / "sweeps" / "gemma3_1b_l4.yaml"
 GPU_CHECK = ROOT / "bench" / "results" / "gpu_check_h200.json"
@@ -44,11 +43,6 @@ def key(levers: dict) -> tuple:
     return tuple(sorted(levers.items()))
 
 
-def sigma_from_spread(spread: float) -> float:
-    """A point's (max - min) / median over 3 runs -> the log-normal sigma of one run."""
-    return spread / RANGE_IN_SIGMAS
-
-
 def finish(land: dict) -> dict:
     land["by_key"] = {key(p["levers"]): p for p in land["points"]}
     land["optimum"] = max(p["tokens_per_s"] for p in land["points"] if p["status"] == "ok")
@@ -56,75 +50,53 @@ def finish(land: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ tiny_cpu
-def tokens_per_step(levers: dict) -> int:
-    """Worst-case lengths: every sequence at max_seq_length, batch x accumulation sequences per step."""
-    return levers["max_seq_length"] * levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]
 
 
-def fit(rows: list[dict]) -> dict:
-    """The cost model of a tiny-grid trial, fitted on the measured subset.
-
-    step seconds = a + b x tokens per step (least squares over the timed steps of measured fits);
-    the first step costs `first_ratio` x a timed one (median); start and exit seconds are medians; an
-    OOM costs start + `oom_step_fraction` x its (modelled) first step + exit (median over measured OOMs).
-    The leave-one-out median relative error of a fit's full wall time is reported with it.
-    """
-    ok = [r for r in rows if r["status"] == "ok" and len(r["step_times_s"]) >= 2]
-    xs = [tokens_per_step(r["levers"]) for r in ok]
-    ys = [statistics.median(r["step_times_s"][1:]) for r in ok]
-
-    def line(xs, ys):
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        return my - b * mx, b
-
-    a, b = line(xs, ys)
-    first = statistics.median(r["step_times_s"][0] / statistics.median(r["step_times_s"][1:]) for r in ok)
-    start = statistics.median(r["start_latency_s"] for r in rows if r.get("start_latency_s"))
-    tail = statistics.median(r["wall_time_s"] - r["start_latency_s"] - sum(r["step_times_s"]) for r in ok)
-    model = {"step_a_s": a, "step_b_s_per_token": b, "first_ratio": first, "start_s": start, "exit_s": tail}
-    ooms = [r for r in rows if r["status"] == "oom" and r.get("wall_time_s")]
-    fractions = [max(0.0, (r["wall_time_s"] - start - tail) / (first * (a + b * tokens_per_step(r["levers"])))) for r in ooms]
-    model["oom_step_fraction"] = statistics.median(fractions) if fractions else 1.0
-    errors = []
-    for i, r in enumerate(ok):  # leave one out: how well an unmeasured point's wall time is modelled
-        a_i, b_i = line(xs[:i] + xs[i + 1 :], ys[:i] + ys[i + 1 :])
-        step = a_i + b_i * xs[i]
-        predicted = start + tail + first * step + (len(r["step_times_s"]) - 1) * step
-        errors.append(abs(predicted - r["wall_time_s"]) / r["wall_time_s"])
-    model["loo_median_rel_error"] = statistics.median(errors) if errors else None
-    model["measured_points"] = len(rows)
-    return model
+def run_costs(run: dict) -> dict:
+    """One recorded run (record_grid.run_record) as the replay charges it: start = wall time minus the
+    steps (start latency + exit), the steps' seconds, and what it showed."""
+    steps = list(run["step_times_s"])
+    return {
+        "tokens_per_s": run["tokens_per_s"],
+        "start_s": run["wall_time_s"] - sum(steps),
+        "step_s": steps,
+        "wall_s": run["wall_time_s"],
+    }
 
 
-def modelled_costs(levers: dict, status: str, model: dict, steps: int) -> dict:
-    step = model["step_a_s"] + model["step_b_s_per_token"] * tokens_per_step(levers)
-    step_s = [model["first_ratio"] * step] + [step] * (steps - 1)
-    oom_s = model["start_s"] + model["oom_step_fraction"] * step_s[0] + model["exit_s"]
-    return {"start_s": model["start_s"] + model["exit_s"], "step_s": step_s, "oom_s": oom_s, "cost_source": "model"}
+def measured_sigma(points: list[dict]) -> float:
+    """The log-normal sigma of one run, pooled over the points that fit: sqrt(sum over points of the
+    squared log deviations from the point's mean log / sum of (runs - 1))."""
+    squares, dof = 0.0, 0
+    for p in points:
+        runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
+        if p["status"] != "ok" or len(runs) < 2:
+            continue
+        logs = [math.log(r) for r in runs]
+        mean = statistics.fmean(logs)
+        squares += sum((x - mean) ** 2 for x in logs)
+        dof += len(logs) - 1
+    return math.sqrt(squares / dof)
 
 
-def measured_costs(row: dict) -> dict:
-    start = row["wall_time_s"] - sum(row["step_times_s"])  # start latency + exit: all but the steps
-    return {"start_s": start, "step_s": list(row["step_times_s"]), "oom_s": row["wall_time_s"], "cost_source": "measured"}
+def tiny_cpu(sigma: float | None = None) -> dict:
+    """The recorded grid, every point with its measured runs and what each cost.
 
-
-def tiny_cpu(spread: float | None = None) -> dict:
-    """The recorded grid with every point's seconds (measured where measured, else modelled)."""
+    sigma None: a replayed run of a point shows one of that point's recorded runs, drawn at random,
+    and costs that run's seconds (the noise and the costs as measured). A number: the point's
+    median throughput x exp(N(0, sigma)) at its mean costs."""
     grid = json.loads(GRID.read_text())
-    wall = json.loads(WALL.read_text())
     steps = int(next(o.split("=")[1] for o in grid["fixed_overrides"] if o.startswith("trial.steps=")))
-    model = fit(wall["points"])
-    measured = {key(r["levers"]): r for r in wall["points"]}
     points = []
     for p in grid["points"]:
-        row = measured.get(key(p["levers"]))
-        if row is not None and (row["status"] == "oom" or len(row["step_times_s"]) == steps):
-            costs = measured_costs(row)
-        else:
-            costs = modelled_costs(p["levers"], p["status"], model, steps)
-        points.append({**p, **costs})
-    today = today_spread(wall)
+        runs = [run_costs(r) for r in p["runs"]]
+        point = {**p, "measured_runs": runs, "cost_source": "measured"}
+        point["start_s"] = statistics.fmean(r["start_s"] for r in runs)
+        point["oom_s"] = statistics.fmean(r["wall_s"] for r in runs)
+        if p["status"] == "ok":
+            point["step_s"] = [statistics.fmean(r["step_s"][i] for r in runs) for i in range(steps)]
+        points.append(point)
+    run_sigma = measured_sigma(grid["points"])
     return finish(
         {
             "name": "tiny_cpu",
@@ -133,22 +105,22 @@ def tiny_cpu(spread: float | None = None) -> dict:
             "budget_bytes": grid["budget_bytes"],
             "steps": steps,
             "first_timed_step": 2,  # the CPU tracker runs every step under a budget: step 2 is the first timed one
-            "sigma": sigma_from_spread(spread if spread is not None else today),
-            "spread": spread if spread is not None else today,
-            "spread_today": today,
-            "cost_model": model,
-            "how": f"throughput and memory: {grid['how']} ({grid['measured_at']}); seconds: {wall['how']} "
-            f"({wall['measured_at']}), the other points modelled (cost_model)",
+            "noise": "measured runs" if sigma is None else f"log-normal sigma {sigma:.3f}",
+            "sigma": run_sigma if sigma is None else sigma,
+            "measured_sigma": run_sigma,
+            "spread": spread_of(grid["points"]) if sigma is None else sigma * RANGE_IN_SIGMAS,
+            "load_avg_1m": grid.get("load_avg_1m"),
+            "how": f"{grid['how']} ({grid['measured_at']}); every point's seconds and runs measured",
         }
     )
 
 
-def today_spread(wall: dict) -> float:
-    """The median (max - min) / median over the top points' repeated runs (record_grid --wall-times)."""
+def spread_of(points: list[dict]) -> float:
+    """The median over the points that fit of (max - min) / median of their runs."""
     spreads = []
-    for row in wall.get("top_spread") or []:
-        runs = [r for r in row["tokens_per_s_runs"] if r]
-        if len(runs) >= 2:
+    for p in points:
+        runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
+        if p["status"] == "ok" and len(runs) >= 2:
             spreads.append((max(runs) - min(runs)) / statistics.median(runs))
     return statistics.median(spreads)
 
@@ -203,8 +175,8 @@ def build_gemma() -> dict:
     return out
 
 
-def gemma3_1b_l4(spread: float) -> dict:
-    """The modelled Gemma landscape (see the module docstring), noise sigma from `spread`."""
+def gemma3_1b_l4(sigma: float) -> dict:
+    """The modelled Gemma landscape (see the module docstring): one run shows true x exp(N(0, sigma))."""
     data = json.loads(GEMMA.read_text()) if GEMMA.exists() else build_gemma()
     check = json.loads(GPU_CHECK.read_text())["cases"]["l4"]  # a real trial on the H200 (3 steps)
     start = check["wall_time_s"] - check["steps"] * check["step_time_s"]
@@ -239,8 +211,9 @@ def gemma3_1b_l4(spread: float) -> dict:
             "budget_bytes": budget,
             "steps": steps,
             "first_timed_step": 2,  # CUDA: the allocator's peak is known after step 2 with worst-case lengths
-            "sigma": sigma_from_spread(spread),
-            "spread": spread,
+            "noise": f"log-normal sigma {sigma:.3f}",
+            "sigma": sigma,
+            "spread": sigma * RANGE_IN_SIGMAS,  # the expected (max - min) / median of 3 runs
             "cost_model": {"start_s": start, "start_source": "gpu_check_h200.json l4 case: wall - steps x step time"},
             "how": "A MODEL, not a measurement: "
             + data["how"]

@@ -67,8 +67,12 @@ def summarize() -> dict:
                 f"pick_within_5pct_rate_no_confirm{suffix}",
             )
         },
-        "pick_within_5pct_rate_today_noise": search.get("pick_within_5pct_rate_today_noise"),
-        "pick_within_5pct_rate_no_confirm_today_noise": search.get("pick_within_5pct_rate_no_confirm_today_noise"),
+        # The recommended start (hydra.sweeper.frontier_start=5 n_startup_trials=5) on both landscapes.
+        **{
+            k: search.get(k)
+            for suffix in ("", "_gemma_l4")
+            for k in (f"search_median_seconds_frontier_start{suffix}", f"pick_within_5pct_rate_frontier_start{suffix}")
+        },
         "stop_below": (search.get("seconds") or {}).get("stop_below"),
         "estimator_median_abs_err": accuracy["median_abs_error"],
         "estimator_max_abs_err": accuracy["worst_abs_error"],

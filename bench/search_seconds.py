@@ -5,8 +5,8 @@ model of the seed's Gemma 3 1B / L4 space) with the sweeper's own pieces: build_
 for_sampler, the pre-screen, stop_threshold/timed_steps (early stop: PRUNED with the per-step
 throughputs as intermediate values), confirm.plan (the confirmation runs, enqueued in the study)
 and summary.finalists (the median-of-runs winner, grpo_sweep.study.best). Each run of a point
-shows one noisy throughput (true x exp(N(0, sigma))) and costs its seconds: start + every step it
-ran (an early-stopped trial: up to its first timed step), an OOM its time until it failed.
+shows one noisy throughput (one of its measured runs, or true x exp(N(0, sigma)) on a model) and costs
+its seconds: start + every step it ran (an early-stopped trial: up to its first timed step), an OOM its time until it failed.
 
 Per seed:
 - seconds to a point within 5 %: the sweep keeps searching until it has run a truly-good point to
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -47,17 +46,23 @@ def full_seconds(point: dict) -> float:
 
 
 def run_point(land: dict, point: dict, rng: random.Random, threshold: float | None) -> tuple[dict, float]:
-    """One trial of `point` as metrics.json would record it, and its seconds."""
+    """One trial of `point` as metrics.json would record it, and its seconds: one of the point's
+    measured runs drawn at random (tiny_cpu), or its true value x exp(N(0, sigma)) at its costs."""
     base = {"peak_memory_bytes": point.get("peak_memory_bytes"), "memory_source": point.get("memory_source")}
     if point["status"] == "oom":
         return {**base, "status": "oom", "deficit_bytes": point.get("deficit_bytes")}, point["oom_s"]
-    value = point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
+    measured = point.get("measured_runs") if land.get("noise") == "measured runs" else None
+    if measured:
+        drawn = rng.choice(measured)
+        value, start, step_s = drawn["tokens_per_s"], drawn["start_s"], drawn["step_s"]
+    else:
+        value = point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
+        start, step_s = point["start_s"], point["step_s"]
     steps, first = land["steps"], land["first_timed_step"]
     history = [{"step": i + 1, OBJECTIVE: value} for i in range(steps)]
     if threshold is not None and first < steps and value < threshold:  # the speed meter stops it
-        seconds = point["start_s"] + sum(point["step_s"][:first])
-        return {**base, "status": "slow", OBJECTIVE: value, "history": history[:first]}, seconds
-    return {**base, "status": "ok", OBJECTIVE: value, "history": history}, full_seconds(point)
+        return {**base, "status": "slow", OBJECTIVE: value, "history": history[:first]}, start + sum(step_s[:first])
+    return {**base, "status": "ok", OBJECTIVE: value, "history": history}, start + sum(step_s)
 
 
 def sweep(
@@ -73,6 +78,7 @@ def sweep(
     until_found: bool = False,
     sampler: str = "tpe",
     frontier: int = 0,
+    n_startup_trials: int = 10,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials."""
@@ -96,7 +102,7 @@ def sweep(
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
-    study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space))
+    study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space, n_startup_trials))
     if frontier:  # hydra.sweeper.frontier_start: the estimator's fullest predicted fits first
         from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
 
@@ -229,11 +235,12 @@ def evaluate(
     confirm_repeats: int = 2,
     others: bool = True,
     frontier: int = 0,
+    n_startup_trials: int = 10,
 ) -> dict:
     """Every strategy over `seeds` seeds on `land`; the summary keys (without a landscape suffix)."""
     runs_found, runs_pick = [], []
     for seed in range(seeds):
-        common = {"n_trials": N_TRIALS, "stop_below": stop_below, "frontier": frontier}
+        common = {"n_trials": N_TRIALS, "stop_below": stop_below, "frontier": frontier, "n_startup_trials": n_startup_trials}
         runs_found.append(sweep(land, seed, confirm_top=0, until_found=True, **common))
         runs_pick.append(sweep(land, seed, confirm_top=confirm_top, confirm_repeats=confirm_repeats, **common))
     charged = [_charge(f) + p["confirm_s"] for f, p in zip(runs_found, runs_pick)]
@@ -270,8 +277,3 @@ def _charge(run: dict) -> float:
 def _rate(picks, land: dict) -> float:
     picks = list(picks)
     return sum(1 for p in picks if p is not None and good(p, land)) / len(picks)
-
-
-def spread_of(points) -> float:
-    spreads = [(max(r) - min(r)) / statistics.median(r) for p in points if len(r := p.get("tokens_per_s_runs") or []) > 1]
-    return statistics.median(spreads)

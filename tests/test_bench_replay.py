@@ -19,8 +19,10 @@ import search_efficiency as se  # noqa: E402
 def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
     grid = se.load_grid()
     budget = grid["budget_bytes"]
-    assert len(grid["points"]) == 180 and grid["repeats"] == 3
-    assert all(len(p["tokens_per_s_runs"]) == 3 for p in grid["points"] if p["status"] == "ok")
+    assert len(grid["points"]) == 180 and grid["repeats"] == 5
+    assert all(len(p["tokens_per_s_runs"]) >= 5 for p in grid["points"] if p["status"] == "ok")
+    assert all(len(p["tokens_per_s_runs"]) == len(p["runs"]) for p in grid["points"])
+    assert all(len(p["runs"]) == 1 for p in grid["points"] if p["status"] == "oom")  # bytes do not depend on timing
 
     ours = se.optuna_strategy(grid, 0, constrained=True, prescreen=True)
     assert all(p["predicted_peak_bytes"] <= 1.1 * budget for p in ours)  # pre-screened points never run
@@ -50,8 +52,8 @@ def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
 
     from hydra_plugins.grpo_optuna_sweeper.summary import finalists
 
-    land = landscapes.tiny_cpu(spread=0.3)
-    assert {p["cost_source"] for p in land["points"]} == {"measured", "model"}
+    land = landscapes.tiny_cpu(sigma=0.3)  # log-normal noise: every run of a point costs its mean seconds
+    assert {p["cost_source"] for p in land["points"]} == {"measured"}
     assert all(p["start_s"] > 0 and len(p["step_s"]) == land["steps"] for p in land["points"] if p["status"] == "ok")
     assert all(p["oom_s"] > 0 for p in land["points"] if p["status"] == "oom")  # an OOM's time until it failed
     run = ss.sweep(land, 0, n_trials=ss.N_TRIALS, stop_below=0.9, confirm_top=3, confirm_repeats=2)
@@ -67,3 +69,24 @@ def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
         sum(ss.full_seconds(land["by_key"][landscapes.key(c.params)]) for c in confirmations)
     )
     assert 0 < run["search_s"] < run["seconds"]
+
+
+def test_measured_noise_replays_the_points_own_runs():
+    """With the recorded runs as the noise, a replayed run shows one of its point's measured values and
+    costs that run's own seconds: the confirmation phase costs between its cheapest and dearest runs."""
+    import landscapes
+    import search_seconds as ss
+
+    land = landscapes.tiny_cpu()
+    assert land["noise"] == "measured runs" and 0 < land["measured_sigma"] < 1
+    run = ss.sweep(land, 1, n_trials=ss.N_TRIALS, stop_below=None, confirm_top=3, confirm_repeats=2)
+    study = run["study"]
+    for t in study.trials:
+        if t.user_attrs.get("status") == "ok":
+            point = land["by_key"][landscapes.key(t.params)]
+            assert t.value in {r["tokens_per_s"] for r in point["measured_runs"]}
+    confirmed = [land["by_key"][landscapes.key(t.params)] for t in study.trials if t.user_attrs.get("confirms") is not None]
+    assert confirmed
+    cheapest = sum(min(r["wall_s"] for r in p["measured_runs"]) for p in confirmed)
+    dearest = sum(max(r["wall_s"] for r in p["measured_runs"]) for p in confirmed)
+    assert cheapest - 1e-9 <= run["confirm_s"] <= dearest + 1e-9
