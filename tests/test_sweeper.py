@@ -159,6 +159,44 @@ def test_storage_password_is_masked():
     assert mask("journal:outputs/sweeps/a/study.journal") == "journal:outputs/sweeps/a/study.journal"
 
 
+def test_storage_create_race_and_load_study_by_hand(tmp_path):
+    """Which errors are a lost schema-creation race (retried), and how a reader finds its study:
+    the only one, or the one named; anything else is a StorageError that lists what is there."""
+    import optuna
+
+    from grpo_sweep.study.storage import StorageError, _lost_create_race, load_study, open_storage, study_names
+
+    class UniqueViolation(Exception):  # psycopg2.errors.UniqueViolation, by its class name
+        pass
+
+    class IntegrityError(Exception):  # sqlalchemy.exc.IntegrityError
+        pass
+
+    assert _lost_create_race(UniqueViolation("CREATE TYPE studydirection"))
+    assert _lost_create_race(IntegrityError("(sqlite3) constraint failed"))
+    assert _lost_create_race(RuntimeError('relation "studies" already exists'))
+    assert _lost_create_race(RuntimeError("duplicate key value violates unique constraint"))
+    assert not _lost_create_race(RuntimeError("connection refused"))
+    assert not _lost_create_race(ValueError("password authentication failed for user"))
+
+    for source in (f"journal:{tmp_path / 'a.journal'}", f"sqlite:///{tmp_path / 'a.db'}"):
+        with pytest.raises(StorageError, match="no such"):
+            load_study(source)
+        storage = open_storage(source)
+        assert study_names(storage) == []
+        with pytest.raises(StorageError, match=r"--study is required; studies in .*: none"):
+            load_study(source)
+        optuna.create_study(study_name="one", storage=storage)
+        assert load_study(source).study_name == "one"  # the only one: no name needed
+        optuna.create_study(study_name="two", storage=storage)
+        assert study_names(storage) == ["one", "two"]
+        with pytest.raises(StorageError, match=r"--study is required; studies in .*: \['one', 'two'\]"):
+            load_study(source)
+        assert load_study(source, "two").study_name == "two"
+        with pytest.raises(StorageError, match=r"--study='three' not found; studies in .*: \['one', 'two'\]"):
+            load_study(source, "three")
+
+
 @pytest.mark.slow
 def test_tiny_cpu_sweep(tmp_path):
     """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists."""

@@ -299,6 +299,23 @@ def test_systematic_failure_is_recognised_and_advised(tmp_path):
     assert systematic_failure(study, since, 3, command_line) is None
 
 
+def test_stop_message_by_hand():
+    """What a systematic failure prints and writes to best.yaml, written out by hand."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import Stop
+
+    stop = Stop(reason="failed: RuntimeError: boom", trials=[3, 4, 5], advice="fix it", command="python train.py x=1")
+    assert stop.message() == (
+        "Sweep stopped: trials 3, 4, 5 failed in a row for the same reason, not memory: failed: RuntimeError: boom\n"
+        "  What to do: fix it\n  Run one alone: python train.py x=1"
+    )
+    assert stop.as_dict() == {
+        "reason": "failed: RuntimeError: boom",
+        "trials": [3, 4, 5],
+        "advice": "fix it",
+        "command": "python train.py x=1",
+    }
+
+
 def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
 
@@ -410,10 +427,63 @@ def test_space_edges_found_by_mutation():
     grid = {"a": list(range(16)), "b": list(range(16))}  # exactly 256 points
     assert len(grid["a"]) * len(grid["b"]) == MAX_CANDIDATES
     assert list(candidates(grid, seed=0)) == [dict(zip("ab", v)) for v in itertools.product(range(16), range(16))]
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.space import representable
+
+    batch = IntDistribution(2, 8, step=2)
+    assert representable(batch, 4) and representable(batch, 8) and not representable(batch, 10)
+    assert not representable(batch, "many")  # a preset's value that is not even a number: not in the space
+    lora = CategoricalDistribution(["qv", "all"])
+    assert representable(lora, "all") and not representable(lora, "none")
     big = {f"p{i}": list(range(4)) for i in range(6)}
     assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
     ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
     assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
+
+
+def test_grid_choices_by_hand():
+    """sampler=grid enumerates each discrete distribution; a log or continuous one is refused by name."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.space import grid_choices
+
+    grid = grid_choices(
+        {
+            "lora": CategoricalDistribution(["qv", "all"]),
+            "max_seq_length": IntDistribution(64, 256, step=64),
+            "per_device_train_batch_size": IntDistribution(1, 3),
+            "gpu_memory_utilization": FloatDistribution(0.3, 0.6, step=0.1),
+        }
+    )
+    assert grid["lora"] == ["qv", "all"]
+    assert grid["max_seq_length"] == [64, 128, 192, 256]
+    assert grid["per_device_train_batch_size"] == [1, 2, 3]
+    assert grid["gpu_memory_utilization"] == pytest.approx([0.3, 0.4, 0.5, 0.6])
+    refused = "hydra.sweeper.params.{}: sampler=grid needs discrete values (choice or range), not a continuous interval"
+    for key, dist in (("lr", FloatDistribution(1e-5, 1e-3)), ("batch", IntDistribution(1, 8, log=True))):
+        with pytest.raises(ValueError) as err:
+            grid_choices({key: dist})
+        assert str(err.value) == refused.format(key)
+
+
+def test_timed_steps_by_hand():
+    """The intermediate values told to Optuna: each timed step (not the warm-up one, step 1) that has
+    both a step number and a finite value of the objective."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import timed_steps
+
+    history = [
+        {"step": 1, "tokens_per_s": 10.0},  # warm-up
+        {"step": 2, "tokens_per_s": 20.0},
+        {"tokens_per_s": 25.0},  # no step number
+        {"step": 4, "tokens_per_s": float("nan")},
+        {"step": 5, "tokens_per_s": True},  # not a number
+        {"step": 6},
+        {"step": 7, "tokens_per_s": 70},
+    ]
+    assert timed_steps({"history": history}, "tokens_per_s") == [(2, 20.0), (7, 70.0)]
+    assert timed_steps({"history": history}, "step_time_s") == []
+    assert timed_steps(None, "tokens_per_s") == timed_steps({}, "tokens_per_s") == []
 
 
 def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
