@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -328,6 +329,23 @@ def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
     assert "nothing fits the budget" in why_no_best(study)
 
 
+def test_why_no_best_counts_by_hand(tmp_path):
+    """The no-winner line, written out by hand: each status counted (a trial still running has none
+    yet: its state), and the first failure quoted."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    assert why_no_best(study) == "No trial ran ok (no trials): not a memory verdict."
+    first = _fail(sweeper, study, "RuntimeError: a\nTraceback follows")
+    _fail(sweeper, study, "RuntimeError: b")
+    _tell_record(sweeper, study, {"status": "timeout", "error": "trial exceeded trial.timeout_s"}, headroom=None)
+    study.ask()  # running
+    assert why_no_best(study) == (
+        f"No trial ran ok (2 failed, 1 running, 1 timeout): not a memory verdict; first failure (trial {first}): failed: RuntimeError: a."
+    )
+
+
 def test_progress_line_counts_best_and_time_left():
     from types import SimpleNamespace
 
@@ -465,6 +483,65 @@ def test_grid_choices_by_hand():
         with pytest.raises(ValueError) as err:
             grid_choices({key: dist})
         assert str(err.value) == refused.format(key)
+
+
+def test_judge_and_oom_deficit_by_hand():
+    """What Optuna is told for each kind of record, with every number worked out by hand."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import RECORD_ATTRS, judge, oom_deficit
+
+    mib = 2**20
+    card = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": 1024 * mib, "headroom": None}
+    # The OOM deficit, in order of trust: metrics.json's own (top level, then its `oom` block), the
+    # message's (512 MiB asked, 128 MiB free: 384 over), peak - budget, the failed allocation, 1 byte.
+    message = (
+        "CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 1.00 GiB of which 128.00 MiB is free."
+    )
+    asked = "CUDA out of memory. Tried to allocate 512.00 MiB."
+    assert oom_deficit({"deficit_bytes": 7, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (7.0, "metrics")
+    assert oom_deficit({"deficit_bytes": 0, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (9.0, "metrics")
+    assert oom_deficit({"deficit_bytes": "384 MiB", "error": message}, 1024 * mib) == (384.0 * mib, "oom message")
+    assert oom_deficit({"error": asked, "peak_memory_bytes": 1100 * mib}, 1024 * mib) == (76.0 * mib, "peak - budget")
+    assert oom_deficit({"error": asked, "peak_memory_bytes": 1024 * mib}, 1024 * mib) == (512.0 * mib, "requested allocation")
+    assert oom_deficit({"error": asked, "peak_memory_bytes": 2048 * mib}, None) == (512.0 * mib, "requested allocation")
+    assert oom_deficit({}, 1024 * mib) == (1.0, "unknown (OOM with no sizes: marked just infeasible)")
+
+    # OOM with a headroom of 0.75: the wall is 768 MiB, so 256 MiB more over than the card says.
+    oom = judge({"status": "oom", "deficit_bytes": 100 * mib}, **{**card, "headroom": 0.75})
+    assert (oom.state, oom.value, oom.constraint) == ("COMPLETE", 0.0, 356.0 * mib)
+    assert (oom.attrs["deficit_bytes"], oom.attrs["deficit_source"]) == (100.0 * mib, "metrics")
+    assert judge({"status": "oom", "deficit_bytes": 5}, **{**card, "budget_bytes": None}).constraint == 5.0
+
+    # ok: the objective must be a finite number (not a bool); attributes keep what the record says.
+    record = {key: f"v-{key}" for key in RECORD_ATTRS} | {"status": "ok", "tokens_per_s": 12, "peak_memory_bytes": 600 * mib}
+    record |= {"memory_source": "cuda", "error": "x" * 1500, "levers": {"lora_rank": 8}, "unrelated": 1}
+    ok = judge(record, **card)
+    assert (ok.state, ok.value, ok.constraint) == ("COMPLETE", 12.0, -424.0 * mib)
+    assert ok.attrs["error"] == "x" * 1000 and ok.attrs["levers"] == {"lora_rank": 8} and "unrelated" not in ok.attrs
+    assert ok.attrs["run_dir"] == "v-run_dir" and ok.attrs["status"] == "ok"
+    assert judge({**record, "levers": "lora_rank=8"}, **card).attrs.get("levers") is None
+    assert judge({"status": "ok", "tokens_per_s": 12}, **card).constraint == 0.0  # no peak: ran, fits
+    assert (
+        judge({"status": "ok", "tokens_per_s": 12, "peak_memory_bytes": 2048 * mib}, **{**card, "budget_bytes": None}).constraint
+        == 0.0
+    )
+    for bad in (True, None, float("nan"), math.inf, "12"):
+        failed = judge({"status": "ok", "tokens_per_s": bad}, **card)
+        assert failed.state == "FAIL" and failed.value is None
+        assert failed.attrs["error"] == f"objective 'tokens_per_s' is not a number in metrics.json: {bad!r}"
+
+    # slow: PRUNED with its partial value, when it is a number, and its peak's constraint.
+    slow = judge(
+        {"status": "slow", "tokens_per_s": 5, "peak_memory_bytes": 900 * mib, "memory_source": "cuda"},
+        **{**card, "headroom": 0.5},
+    )
+    assert (slow.state, slow.value, slow.constraint) == ("PRUNED", 5.0, 388.0 * mib)
+    rss = judge({"status": "slow", "tokens_per_s": True, "peak_memory_bytes": 900 * mib, "memory_source": "cpu-rss"}, **card)
+    assert (rss.state, rss.value, rss.constraint) == ("PRUNED", None, 0.0)
+
+    interrupted = judge({"status": "interrupted"}, **card)
+    assert (interrupted.state, interrupted.attrs) == ("FAIL", {"status": "interrupted", "error": "trial status 'interrupted'"})
+    assert judge({"status": "failed", "error": "boom"}, **card).attrs["error"] == "boom"
+    assert judge(None, **card).attrs == {"status": "failed", "error": "the job left no metrics.json"}
 
 
 def test_timed_steps_by_hand():
