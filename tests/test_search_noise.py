@@ -58,6 +58,13 @@ def test_best_rule_by_hand():
         best_rule.best(items, value=value, direction="up")
 
 
+def test_best_rule_ties_go_to_the_earlier_item_whatever_it_is():
+    """Equal values: the earlier item wins even when a later one would sort first by itself."""
+    value = lambda r: r[1]  # noqa: E731
+    assert best_rule.best([("z", 5.0), ("a", 5.0)], value=value, direction="maximize") == ("z", 5.0)
+    assert best_rule.ranked([("z", 5.0), ("a", 5.0)], value=value, direction="minimize") == [("z", 5.0), ("a", 5.0)]
+
+
 def test_median_of_runs_rule_by_hand():
     """best_of_runs, the spread and the noise overlap on hand-made runs."""
     value, group = (lambda r: r[1]), (lambda r: r[0])

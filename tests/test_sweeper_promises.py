@@ -329,6 +329,27 @@ def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
     assert "nothing fits the budget" in why_no_best(study)
 
 
+def test_systematic_failure_edges(tmp_path):
+    """A negative max_failures_in_a_row is off, like 0; a pre-screened (PRUNED) point is an answer
+    that breaks a run of failures, as an OOM does."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    since = sweeper.progress.started
+    for _ in range(3):
+        _fail(sweeper, study, "RuntimeError: boom")
+    assert systematic_failure(study, since, 3, command_line) is not None
+    assert systematic_failure(study, since, -1, command_line) is None
+    sweeper._tell(study, study.ask(), prescreen_verdict(2.0 * GIB, GIB, 0.1))
+    assert study.trials[-1].state.name == "PRUNED"
+    _fail(sweeper, study, "RuntimeError: boom")
+    assert systematic_failure(study, since, 3, command_line) is None
+    assert systematic_failure(study, since, 1, command_line) is not None
+
+
 def test_why_no_best_counts_by_hand(tmp_path):
     """The no-winner line, written out by hand: each status counted (a trial still running has none
     yet: its state), and the first failure quoted."""
@@ -445,6 +466,14 @@ def test_space_edges_found_by_mutation():
     grid = {"a": list(range(16)), "b": list(range(16))}  # exactly 256 points
     assert len(grid["a"]) * len(grid["b"]) == MAX_CANDIDATES
     assert list(candidates(grid, seed=0)) == [dict(zip("ab", v)) for v in itertools.product(range(16), range(16))]
+    big = {f"p{i}": list(range(4)) for i in range(6)}
+    assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
+    ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
+    assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
+
+
+def test_representable_by_hand():
+    """A preset's lever value is enqueued only when the sweep's distribution contains it."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     from hydra_plugins.grpo_optuna_sweeper.space import representable
@@ -454,10 +483,46 @@ def test_space_edges_found_by_mutation():
     assert not representable(batch, "many")  # a preset's value that is not even a number: not in the space
     lora = CategoricalDistribution(["qv", "all"])
     assert representable(lora, "all") and not representable(lora, "none")
-    big = {f"p{i}": list(range(4)) for i in range(6)}
-    assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
-    ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
-    assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
+
+
+def test_to_override_keeps_text_as_hydra_reads_it():
+    """Strings keep their case and are escaped for Hydra's grammar; only null and booleans are spelled out."""
+    from hydra_plugins.grpo_optuna_sweeper.space import to_override
+
+    assert to_override("lora", "QV") == "lora=QV"
+    assert to_override("name", "a b") == "name=a\\ b"
+    assert to_override("lr", 1e-05) == "lr=1e-05"
+
+
+def test_duplicate_of_by_hand():
+    """A start point queued twice (two workers) runs once: the later copy names the earlier one,
+    whether asked as an optuna.Trial or read back as a FrozenTrial. A retry and a confirmation run
+    repeat a point on purpose: they are never duplicates, nor the original of one."""
+    import optuna
+    from optuna.distributions import IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.workers import duplicate_of
+
+    space = {"a": IntDistribution(1, 9)}
+    study = optuna.create_study()
+    study.add_trial(
+        optuna.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params={"a": 3},
+            distributions=space,
+            system_attrs={"fixed_params": {"a": 3}, "failed_trial": 7},  # a retry of trial 7
+        )
+    )
+    for a in (1, 1, 3, 3):
+        study.enqueue_trial({"a": a})
+    retried, first, second, after_retry, again = (study.ask(space) for _ in range(5))
+    assert duplicate_of(study, retried) is None  # a retry repeats on purpose
+    assert duplicate_of(study, first) is None
+    assert duplicate_of(study, second) == first.number
+    assert duplicate_of(study, study.trials[second.number]) == first.number  # a FrozenTrial too
+    assert duplicate_of(study, after_retry) is None  # the retry is no one's original
+    assert duplicate_of(study, again) == after_retry.number
+    assert duplicate_of(study, study.ask(space)) is None  # not enqueued: no fixed point
 
 
 def test_grid_choices_by_hand():
