@@ -666,3 +666,43 @@ def test_candidate_vllm_share_moves():
     (raised,) = [m for m in _moves(gemma, "trl_vllm") if m[0] == "vllm_share"]
     assert raised == ("vllm_share", {"gpu_memory_utilization": 0.15}, "vLLM share 0.1 -> 0.15 (room for the KV cache)", False)
     assert estimate(compose([*gemma[:-1], "gpu_memory_utilization=0.15"])).kv_cache_ok
+
+
+def test_doctor_arithmetic_by_hand():
+    """The doctor's bookkeeping on the tiny model (its whole estimate is 0.52 GiB), by hand from the
+    message: what the run needed (in use + asked), the 5 % headroom under the card, and the verdict
+    when the memory the message proves is in use leaves no room whatever the config."""
+    card = 23_686_744_637  # l4_24g: 22.06 GiB
+    limit = 22_502_407_405  # int(card x 0.95)
+    tiny = compose(["gpu=l4_24g"])
+    fits = parse_oom_message(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of "
+        "22.06 GiB of which 10.00 GiB is free."
+    )
+    result = diagnose(tiny, fits)
+    need = card - 10 * GiB + 2 * MiB
+    assert (result["observed_need_bytes"], result["limit_bytes"], result["deficit_bytes"]) == (need, limit, 0)
+    total = result["estimate"]["total_bytes"]
+    assert total < 0.6 * GiB and result["unexplained_bytes"] == need - total  # the rest is not the model's
+    assert (result["overrides"], result["fits_as_is"], result["fits_after"]) == ([], True, True)
+    assert result["after"] == {"total_bytes": total, "need_bytes": need, "speed_cost_pct": 0.0} and "fastest" not in result
+    # Without a card size in the config, the message's total is the card.
+    unsized = diagnose(compose(["gpu=l4_24g", "gpu.memory_gib=null"]), fits)
+    assert unsized["limit_bytes"] == limit and unsized["fits_as_is"]
+    # 512 MiB asked with 600 MiB free: 21.97 GiB in use + 0.5 GiB = 21.97 GiB needed, 1.09 GiB over the
+    # limit: more than the tiny model's whole estimate, so no change to the config can fit.
+    full = parse_oom_message(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of "
+        "22.06 GiB of which 600.00 MiB is free."
+    )
+    result = diagnose(tiny, full)
+    need = card - 600 * MiB + 512 * MiB
+    assert result["observed_need_bytes"] == need and need - limit > GiB > total
+    assert (result["overrides"], result["fits_as_is"], result["fits_after"]) == ([], False, False)
+    assert "after" not in result
+    # logits_mode given: said so, and the chunked head offered as an upgrade of its own.
+    given = diagnose(tiny, fits, "full")
+    assert (given["logits_mode"], given["logits_mode_source"]) == ("full", "given")
+    upgrade = "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost"
+    assert given["stack_upgrade"]["fits"] and given["stack_upgrade"]["what"] == upgrade
+    assert result["stack_upgrade"] is None  # the chunked head is what runs already
