@@ -166,6 +166,34 @@ def test_prescreen_margin_boundary_on_a_real_estimate(tmp_path):
     assert predicted > budget_bytes(cfg)  # the point that ran was over the card, but within the margin
 
 
+def test_prescreen_switches_and_fallbacks(tmp_path):
+    """hydra.sweeper.prescreen=false never prunes; an estimate that fails runs the point (and says
+    why); a card with no size in the config is judged against the budget the sweeper was given."""
+    from conftest import compose
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.memory.estimator import estimate
+
+    tiny = compose(["gpu=cpu"])  # no card size: estimate(...).budget_bytes is None
+    predicted = estimate(tiny).total_bytes
+    assert estimate(tiny).budget_bytes is None
+    off = _sweeper(tmp_path / "off", prescreen=False)
+    trial = _study(off).ask()
+    assert off._prescreen(trial, tiny, 1.0) is None and "predicted_peak_bytes" not in trial.user_attrs
+    on = _sweeper(tmp_path / "on", prescreen_margin=0.0)
+    study = _study(on)
+    trial = study.ask()
+    pruned = on._prescreen(trial, tiny, predicted / 2)  # the sweeper's own budget: half the prediction
+    assert (pruned.state, pruned.constraint) == ("PRUNED", pytest.approx(predicted / 2))
+    assert trial.user_attrs["predicted_peak_bytes"] == predicted
+    assert on._prescreen(study.ask(), tiny, None) is None  # no budget anywhere: run it
+    broken = OmegaConf.create(OmegaConf.to_container(tiny))
+    del broken["model"]
+    trial = study.ask()
+    assert on._prescreen(trial, broken, 1.0) is None
+    assert "model" in trial.user_attrs["predicted_error"] and "predicted_peak_bytes" not in trial.user_attrs
+
+
 def test_prescreen_verdict_boundary():
     from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
 
