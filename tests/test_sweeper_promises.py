@@ -378,6 +378,64 @@ def test_systematic_failure_edges(tmp_path):
     assert systematic_failure(study, since, 1, command_line) is not None
 
 
+def test_failure_reasons_and_advice_by_hand(tmp_path):
+    """What counts as one systematic failure, and the advice for it, on hand-made trials."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.failures import DEFAULT_ADVICE, advice_for, reason_of, systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    bare = study.ask()  # failed with no error text at all (judge() always writes one; a hand-told trial need not)
+    bare.set_user_attr("status", "failed")
+    study.tell(bare, state=optuna.trial.TrialState.FAIL)
+    empty = bare.number
+    long = _fail(sweeper, study, "\n  E" + "x" * 400 + "\nsecond line")
+    timeout = _fail(sweeper, study, "trial exceeded trial.timeout_s", status="timeout")
+    trials = study.trials
+    assert reason_of(trials[empty]) == "failed: no error message"
+    assert reason_of(trials[long]) == "failed: E" + "x" * 299  # the first non-blank line, 300 characters
+    assert reason_of(trials[timeout]) is None  # a large point may legitimately be slow
+    assert advice_for("failed: ModuleNotFoundError: No module named 'vllm'").startswith("a package is missing")
+    assert advice_for("failed: ValueError: reward must be a float").startswith("the task's reward function raised")
+    assert advice_for("failed: RuntimeError: boom") == DEFAULT_ADVICE
+    # Two workers: trial a (asked first) finishes after trial b; "in a row" follows the finishing order.
+    a, b = study.ask(), study.ask()
+    _tell_failure = {"status": "failed", "error": "RuntimeError: boom"}
+    from hydra_plugins.grpo_optuna_sweeper.outcome import judge
+
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
+    sweeper._tell(study, b, judge(_tell_failure, **common))
+    sweeper._tell(study, a, judge(_ok(1.0, 0.1), **common))
+    assert systematic_failure(study, sweeper.progress.started, 1, command_line) is None  # the last to finish ran ok
+    # A trial that finished at the very moment the worker started belongs to this run.
+    last = _fail(sweeper, study, "RuntimeError: boom")
+    stop = systematic_failure(study, study.trials[last].datetime_complete, 1, command_line)
+    assert stop is not None and stop.trials == [last]
+
+
+def test_why_no_best_is_nothing_fits_only_for_memory_verdicts(tmp_path):
+    """'nothing fits' needs a trial over budget (an OOM, or a pre-screened point, even by one byte);
+    slow trials told COMPLETE to GP (feasible, at 0 bytes over) are not a memory verdict."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
+    from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, judge, prescreen_verdict
+
+    nothing_fits = "No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status)."
+    gp = _sweeper(tmp_path / "gp", sampler="gp")
+    study = _study(gp)
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
+    slow = {"status": "slow", "tokens_per_s": 3.0, "peak_memory_bytes": GIB, "memory_source": "cpu-rss"}
+    gp._tell(study, study.ask(), for_sampler(judge(slow, **common), "gp", "maximize"))
+    assert study.trials[0].state.name == "COMPLETE" and memory_constraint(study.trials[0]) == 0.0
+    assert why_no_best(study) == "No trial ran ok (1 slow): not a memory verdict."
+    tpe = _sweeper(tmp_path / "tpe")
+    study = _study(tpe)
+    tpe._tell(study, study.ask(), prescreen_verdict(1001.0, 1000.0, 0.0))  # one byte over
+    assert study.trials[0].state.name == "PRUNED"
+    assert why_no_best(study) == nothing_fits
+
+
 def test_why_no_best_counts_by_hand(tmp_path):
     """The no-winner line, written out by hand: each status counted (a trial still running has none
     yet: its state), and the first failure quoted."""
