@@ -650,6 +650,7 @@ def test_judge_and_oom_deficit_by_hand():
     asked = "CUDA out of memory. Tried to allocate 512.00 MiB."
     assert oom_deficit({"deficit_bytes": 7, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (7.0, "metrics")
     assert oom_deficit({"deficit_bytes": 0, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (9.0, "metrics")
+    assert oom_deficit({"deficit_bytes": 1, "error": message}, 1024 * mib) == (1.0, "metrics")  # one byte is a deficit
     assert oom_deficit({"deficit_bytes": "384 MiB", "error": message}, 1024 * mib) == (384.0 * mib, "oom message")
     assert oom_deficit({"error": asked, "peak_memory_bytes": 1100 * mib}, 1024 * mib) == (76.0 * mib, "peak - budget")
     assert oom_deficit({"error": asked, "peak_memory_bytes": 1024 * mib}, 1024 * mib) == (512.0 * mib, "requested allocation")
@@ -712,6 +713,42 @@ def test_timed_steps_by_hand():
     assert timed_steps({"history": history}, "tokens_per_s") == [(2, 20.0), (7, 70.0)]
     assert timed_steps({"history": history}, "step_time_s") == []
     assert timed_steps(None, "tokens_per_s") == timed_steps({}, "tokens_per_s") == []
+
+
+def test_trials_csv_rows_by_hand(tmp_path):
+    """trials.csv's row for a trial: the swept value, else the lever value the trial recorded
+    (a fixed lever is still a column), lists joined by spaces, the first line of an error."""
+    from optuna.distributions import IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import rows
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    trial = study.ask({"per_device_train_batch_size": IntDistribution(2, 8, step=2)})
+    swept = trial.params["per_device_train_batch_size"]
+    levers = {"per_device_train_batch_size": 99, "lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]}
+    record = _ok(10.0, 0.5) | {"levers": levers, "error": "first line\nsecond line", "run_dir": "runs/0"}
+    from hydra_plugins.grpo_optuna_sweeper.outcome import judge
+
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
+    sweeper._tell(study, trial, judge(record, **common))
+    columns, (row,) = rows(study)
+    assert columns[:9] == [
+        "number",
+        "state",
+        "status",
+        "feasible",
+        "objective",
+        "peak_memory_bytes",
+        "predicted_peak_bytes",
+        "budget_bytes",
+        "deficit_bytes",
+    ]
+    assert columns[-5:] == ["preset", "worker", "run_dir", "wandb_run_id", "error"]
+    assert (row["per_device_train_batch_size"], row["lora_rank"], row["lora_target_modules"]) == (swept, 8, "q_proj v_proj")
+    assert (row["error"], row["run_dir"], row["preset"]) == ("first line", "runs/0", "")
+    assert (row["state"], row["status"], row["feasible"], row["objective"]) == ("COMPLETE", "ok", True, 10.0)
+    assert row["peak_memory_bytes"] == 0.5 * GIB and row["predicted_peak_bytes"] == ""
 
 
 def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
