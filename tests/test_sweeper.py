@@ -159,6 +159,39 @@ def test_storage_password_is_masked():
     assert mask("journal:outputs/sweeps/a/study.journal") == "journal:outputs/sweeps/a/study.journal"
 
 
+def test_storage_sources_to_urls_by_hand(tmp_path, monkeypatch):
+    """Each accepted storage source, and the URL SQLAlchemy gets for it."""
+    import importlib.util
+    from pathlib import Path
+
+    from grpo_sweep.study.storage import StorageError, to_url
+
+    monkeypatch.chdir(tmp_path)
+    assert to_url("journal:runs/a.journal") == "journal:runs/a.journal"
+    assert to_url("runs/a.log") == "runs/a.log"  # a journal by its suffix
+    assert to_url("runs/a.db") == f"sqlite:///{tmp_path / 'runs' / 'a.db'}"
+    assert to_url("b.sqlite3") == f"sqlite:///{Path('b.sqlite3').resolve()}"
+    assert to_url("sqlite:////abs/a.db") == "sqlite:////abs/a.db"
+    assert to_url("mysql://u@h/db") == "mysql://u@h/db"
+    with pytest.raises(StorageError) as err:
+        to_url("runs/a.txt")
+    assert str(err.value) == (
+        "storage 'runs/a.txt': not a storage URL and not a .journal/.log/.db/.sqlite file "
+        "(use journal:PATH, sqlite:///PATH or postgresql://user:password@host/db)"
+    )
+    # SQLAlchemy 2 reads a bare postgresql:// as psycopg 3; with only psycopg2 installed, say so.
+    only_psycopg2 = importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None
+    for scheme in ("postgresql", "postgres"):
+        expected = "postgresql+psycopg2://u:p@h/db" if only_psycopg2 else f"{scheme}://u:p@h/db"
+        assert to_url(f"{scheme}://u:p@h/db") == expected
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "psycopg2" else None)
+    assert to_url("postgres://u:p@h/db") == "postgresql+psycopg2://u:p@h/db"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # psycopg 3 installed: as given
+    assert to_url("postgresql://u:p@h/db") == "postgresql://u:p@h/db"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # neither: as given (the error comes later)
+    assert to_url("postgresql://u:p@h/db") == "postgresql://u:p@h/db"
+
+
 def test_storage_create_race_and_load_study_by_hand(tmp_path):
     """Which errors are a lost schema-creation race (retried), and how a reader finds its study:
     the only one, or the one named; anything else is a StorageError that lists what is there."""

@@ -696,6 +696,21 @@ def test_judge_and_oom_deficit_by_hand():
     assert judge(None, **card).attrs == {"status": "failed", "error": "the job left no metrics.json"}
 
 
+def test_memory_constraint_reads_either_form():
+    """The list form the sweeper writes (read by Optuna as constraint "0") and Optuna 5's named form."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, tell_constraint
+
+    study = optuna.create_study()
+    listed, named, none = study.ask(), study.ask(), study.ask()
+    tell_constraint(listed, 3.0)
+    named.set_constraint(CONSTRAINT, 5.0)
+    for trial in (listed, named, none):
+        study.tell(trial, 1.0)
+    assert [memory_constraint(t) for t in study.trials] == [3.0, 5.0, None]
+
+
 def test_timed_steps_by_hand():
     """The intermediate values told to Optuna: each timed step (not the warm-up one, step 1) that has
     both a step number and a finite value of the objective."""
