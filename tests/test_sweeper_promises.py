@@ -766,6 +766,31 @@ def test_trials_csv_rows_by_hand(tmp_path):
     assert row["peak_memory_bytes"] == 0.5 * GIB and row["predicted_peak_bytes"] == ""
 
 
+def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
+    """With confirmation runs, best_trial is the original trial of the config with the best median
+    over its runs that ran ok: a confirmation run joins the trial it confirms; one that ran out of
+    memory adds no value to the median; a config run once does not compete with confirmed ones."""
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    assert best_trial(study) is None  # nothing ran
+    oom_only = _tell_record(sweeper, study, dict(OOM), headroom=None)
+    over_by_one_byte = {"status": "ok", "tokens_per_s": 500.0, "peak_memory_bytes": BUDGET + 1, "memory_source": "cuda"}
+    _tell_record(sweeper, study, over_by_one_byte, headroom=None)
+    assert best_trial(study) is None  # an OOM and a trial one byte over: nothing feasible
+    a = _tell_record(sweeper, study, _ok(100.0, 0.5), headroom=None)
+    b = _tell_record(sweeper, study, _ok(150.0, 0.5), headroom=None)
+    assert best_trial(study).number == b
+    _tell_record(sweeper, study, _ok(130.0, 0.5), headroom=None, number_attrs={"confirms": a})  # a: median 115
+    _tell_record(sweeper, study, dict(OOM), headroom=None, number_attrs={"confirms": b})  # b: still 150 (the OOM adds nothing)
+    assert best_trial(study).number == b
+    _tell_record(sweeper, study, _ok(70.0, 0.5), headroom=None, number_attrs={"confirms": b})  # b: median of 150, 70 = 110
+    assert best_trial(study).number == a
+    single = _tell_record(sweeper, study, _ok(1000.0, 0.5), headroom=None)  # never confirmed: not a finalist
+    assert best_trial(study).number == a and single != oom_only
+
+
 def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
     """A trial at exactly 0 bytes over (CPU RSS: ran without OOM, not comparable with a card) is
     feasible and can win; equal values go to the earlier trial; GP is told a pre-screened point as
