@@ -186,10 +186,20 @@ def test_storage_sources_to_urls_by_hand(tmp_path, monkeypatch):
         assert to_url(f"{scheme}://u:p@h/db") == expected
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "psycopg2" else None)
     assert to_url("postgres://u:p@h/db") == "postgresql+psycopg2://u:p@h/db"
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # psycopg 3 installed: as given
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in ("psycopg", "psycopg2") else None)
+    # psycopg 3 installed (with or without psycopg2): as given
     assert to_url("postgresql://u:p@h/db") == "postgresql://u:p@h/db"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # neither: as given (the error comes later)
     assert to_url("postgresql://u:p@h/db") == "postgresql://u:p@h/db"
+
+
+def test_journal_path_by_hand():
+    from pathlib import Path
+
+    from grpo_sweep.study.storage import journal_path
+
+    assert journal_path("journal:runs/a.journal") == Path("runs/a.journal")
+    assert journal_path("runs/b.log") == Path("runs/b.log")
 
 
 def test_storage_create_race_and_load_study_by_hand(tmp_path):

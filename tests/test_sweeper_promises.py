@@ -711,6 +711,35 @@ def test_memory_constraint_reads_either_form():
     assert [memory_constraint(t) for t in study.trials] == [3.0, 5.0, None]
 
 
+def test_what_gp_is_told_by_hand():
+    """GP learns from COMPLETE trials only: a pre-screened point is told COMPLETE at the worst value
+    (keeping its deficit and attributes), a slow trial at its partial value, or the worst value
+    when it had none; other samplers get the outcome unchanged."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome, for_sampler, judge, prescreen_verdict
+
+    pruned = prescreen_verdict(1500.0, 1000.0, 0.1)
+    gp = for_sampler(pruned, "gp", "maximize")
+    assert (gp.state, gp.value, gp.constraint, gp.attrs["status"]) == ("COMPLETE", 0.0, 500.0, "pruned")
+    assert math.isinf(for_sampler(pruned, "gp", "minimize").value)
+    assert for_sampler(pruned, "tpe", "maximize") is pruned and for_sampler(None, "gp", "maximize") is None
+    slow = Outcome("PRUNED", None, 0.0, {"status": "slow"})
+    assert (for_sampler(slow, "gp", "maximize").state, for_sampler(slow, "gp", "maximize").value) == ("COMPLETE", 0.0)
+    assert for_sampler(Outcome("PRUNED", 7.0, 0.0, {"status": "slow"}), "gp", "minimize").value == 7.0
+    ok = judge(
+        {"status": "ok", "tokens_per_s": 1.0}, objective="tokens_per_s", direction="maximize", budget_bytes=None, headroom=None
+    )
+    assert for_sampler(ok, "gp", "maximize") is ok
+    # An OOM known only by its peak: peak - budget, through judge too.
+    oom = judge(
+        {"status": "oom", "peak_memory_bytes": 1100},
+        objective="tokens_per_s",
+        direction="maximize",
+        budget_bytes=1000,
+        headroom=None,
+    )
+    assert (oom.constraint, oom.attrs["deficit_bytes"], oom.attrs["deficit_source"]) == (100.0, 100.0, "peak - budget")
+
+
 def test_timed_steps_by_hand():
     """The intermediate values told to Optuna: each timed step (not the warm-up one, step 1) that has
     both a step number and a finite value of the objective."""
