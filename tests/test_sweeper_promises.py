@@ -7,6 +7,8 @@
   trial is failed and retried;
 - optuna-dashboard, read through its own API, shows an OOM trial as infeasible;
 - a systematic failure is recognised, and "nothing fits" is said only when trials ran out of memory.
+- the decision functions case by case, against values worked out by hand (the `*_by_hand` tests:
+  what `make mutation` found unguarded, docs/mutation.md).
 
 The studies here are real Optuna studies (a journal file), told what happened through the sweeper's
 own path (outcome.judge -> GrpoOptunaSweeper._tell); no trial runs, so every test takes seconds.
