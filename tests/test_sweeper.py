@@ -200,6 +200,10 @@ def test_journal_path_by_hand():
 
     assert journal_path("journal:runs/a.journal") == Path("runs/a.journal")
     assert journal_path("runs/b.log") == Path("runs/b.log")
+    from grpo_sweep.study.storage import is_journal
+
+    assert is_journal("journal:runs/study")  # the prefix alone makes it a journal
+    assert is_journal("runs/a.journal") and not is_journal("postgresql://h/db.log") and not is_journal("runs/a.db")
 
 
 def test_storage_create_race_and_load_study_by_hand(tmp_path):

@@ -731,6 +731,15 @@ def test_what_gp_is_told_by_hand():
         {"status": "ok", "tokens_per_s": 1.0}, objective="tokens_per_s", direction="maximize", budget_bytes=None, headroom=None
     )
     assert for_sampler(ok, "gp", "maximize") is ok
+    assert pruned.attrs == {
+        "status": "pruned",
+        "deficit_bytes": 500.0,
+        "deficit_source": "estimator",
+        "error": "predicted 0.00 GiB > budget 0.00 GiB + 10% margin: not run",
+    }
+    assert (
+        prescreen_verdict(3 * GIB, 2 * GIB, 0.25).attrs["error"] == "predicted 3.00 GiB > budget 2.00 GiB + 25% margin: not run"
+    )
     # An OOM known only by its peak: peak - budget, through judge too.
     oom = judge(
         {"status": "oom", "peak_memory_bytes": 1100},
@@ -740,6 +749,19 @@ def test_what_gp_is_told_by_hand():
         headroom=None,
     )
     assert (oom.constraint, oom.attrs["deficit_bytes"], oom.attrs["deficit_source"]) == (100.0, 100.0, "peak - budget")
+
+
+def test_stale_trial_retry_respects_max_retry(tmp_path):
+    """A dead worker's trial (journal storage) is failed; it is queued again only while retries are left."""
+    from hydra_plugins.grpo_optuna_sweeper.workers import fail_stale_trials
+
+    for max_retry, waiting in ((0, 0), (1, 1)):
+        sweeper = _sweeper(tmp_path / str(max_retry))
+        study = _study(sweeper)
+        stale = study.ask()
+        assert fail_stale_trials(study, grace_period=-1, max_retry=max_retry) == [stale.number]  # no beat within -1 s
+        states = [t.state.name for t in study.trials]
+        assert states == ["FAIL"] + ["WAITING"] * waiting, (max_retry, states)
 
 
 def test_timed_steps_by_hand():
