@@ -706,3 +706,22 @@ def test_doctor_arithmetic_by_hand():
     upgrade = "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost"
     assert given["stack_upgrade"]["fits"] and given["stack_upgrade"]["what"] == upgrade
     assert result["stack_upgrade"] is None  # the chunked head is what runs already
+
+
+def test_doctor_result_fields_by_hand():
+    """The doctor's answer as data: where the logits mode came from, each lever row's fields, GiB per
+    % of speed only for a lever that costs speed, and no unexplained memory without sizes."""
+    result = diagnose(compose(SEED_CONFIG), parse_oom_message(SEED_MESSAGE))
+    assert result["logits_mode_source"] == "inferred from the failed allocation (a tokens x vocab tensor)"
+    fields = {"lever", "overrides", "saving_bytes", "speed_cost_pct", "gib_per_pct", "changes_experiment"}
+    assert result["levers"] and all(set(row) == fields for row in result["levers"])
+    for row in result["levers"]:
+        free = row["speed_cost_pct"] <= 0.05
+        assert (row["gib_per_pct"] is None) == free, row
+        if not free:  # GiB freed per % of speed lost (the % shown is rounded to 0.1)
+            cost = row["saving_bytes"] / GiB / row["gib_per_pct"]
+            assert abs(cost - row["speed_cost_pct"]) <= 0.05 + 1e-9, row
+    assert any(row["gib_per_pct"] is not None for row in result["levers"])
+    cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
+    no_sizes = diagnose(cfg, parse_oom_message(_kv_error("FINDINGS-cpu-no-cache-blocks")))
+    assert no_sizes["observed_need_bytes"] is None and no_sizes["unexplained_bytes"] == 0
