@@ -54,7 +54,7 @@ clean:
 bench: install
 	$(PY) bench/run_all.py
 
-# Mutation testing (not in CI, not in `make test`; about an hour on 2 cores, docs/mutation.md): mutmut
+# Mutation testing (not in CI, not in `make test`; hours on a shared 2-core machine, docs/mutation.md): mutmut
 # mutates the decision functions below and runs the fast in-process tests that cover each mutant
 # ([tool.mutmut] in pyproject.toml); scripts/mutation_summary.py prints the counts per module and the
 # survivors (`$(PY) -m mutmut show <name>` shows one). MUTANTS narrows the run; EXTRA_MUTANTS adds to
