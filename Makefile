@@ -54,9 +54,9 @@ clean:
 bench: install
 	$(PY) bench/run_all.py
 
-# Mutation testing (not in CI, not in `make test`; hours on a shared 2-core machine, docs/mutation.md): mutmut
-# mutates the decision functions below and runs the fast in-process tests that cover each mutant
-# ([tool.mutmut] in pyproject.toml); scripts/mutation_summary.py prints the counts per module and the
+# Mutation testing (not in CI, not in `make test`; hours on a shared 2-core machine; docs/mutation.md):
+# mutmut mutates the decision functions below and runs the fast in-process tests that cover each
+# mutant ([tool.mutmut] in pyproject.toml); scripts/mutation_summary.py prints the counts per module and the
 # survivors (`$(PY) -m mutmut show <name>` shows one). MUTANTS narrows the run; EXTRA_MUTANTS adds to
 # it, e.g. the estimator's arithmetic (~390 mutants at ~20 s of tests each):
 #   make mutation EXTRA_MUTANTS='grpo_sweep.memory.estimator.x_estimate*'
