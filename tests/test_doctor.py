@@ -589,3 +589,139 @@ def test_prefix_stripping_keeps_message_text_that_looks_like_a_tag():
         int(5.62 * GiB),
         int(4.5 * GiB),
     )
+
+
+def _moves(overrides: list[str], backend: str = "trl", device: str = "cuda") -> list[tuple]:
+    from grpo_sweep.memory.doctor import candidate_moves
+
+    return [(m.group, m.overrides, m.label, m.changes_experiment) for m in candidate_moves(compose(overrides), backend, device)]
+
+
+def test_candidate_moves_by_hand():
+    """The doctor's moves for configs worked out by hand: halve the micro-batch while it divides
+    (grad-accum multiplied back: the same generation batch), 4-bit only on CUDA and only once, half
+    the LoRA rank from rank 8, half the completion budget from 32 tokens (the one move that
+    changes the experiment), checkpointing unless it is on (or Unsloth's own)."""
+    # The tiny model on an L4: micro-batch 4, grad-accum 1, rank 16, max_seq_length 96, prompt 32.
+    tiny = ["gpu=l4_24g", "gradient_checkpointing=false"]
+    assert _moves(tiny) == [
+        ("checkpointing", {"gradient_checkpointing": True}, "gradient checkpointing on", False),
+        (
+            "micro_batch",
+            {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2},
+            "micro-batch 4 -> 2 (grad-accum x2: same generation batch)",
+            False,
+        ),
+        (
+            "micro_batch",
+            {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
+            "micro-batch 4 -> 1 (grad-accum x4: same generation batch)",
+            False,
+        ),
+        ("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights", False),
+        ("rank", {"lora_rank": 8}, "LoRA rank 16 -> 8", False),
+        ("sequence", {"max_seq_length": 64}, "max_seq_length 96 -> 64 (halves the completion budget)", True),
+    ]
+    # Micro-batch 6 x grad-accum 2: 6 -> 3 (x2 = 4), and 3 does not halve; rank 8 -> 4 (the lowest
+    # rank halved); a completion of exactly 32 tokens still halves: 150 - 118 = 32 -> 118 + 16.
+    odd = tiny + ["per_device_train_batch_size=6", "gradient_accumulation_steps=2", "lora_rank=8"]
+    odd += ["max_seq_length=150", "max_prompt_length=118"]
+    assert [(g, o) for g, o, _, _ in _moves(odd)] == [
+        ("checkpointing", {"gradient_checkpointing": True}),
+        ("micro_batch", {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 4}),
+        ("4bit", {"load_in_4bit": True}),
+        ("rank", {"lora_rank": 4}),
+        ("sequence", {"max_seq_length": 134}),
+    ]
+    # Nothing left to halve: micro-batch 1, rank 7, a 31-token completion; 4-bit already on;
+    # checkpointing already on.
+    done = ["gpu=l4_24g", "gradient_checkpointing=true", "per_device_train_batch_size=1", "gradient_accumulation_steps=4"]
+    done += ["lora_rank=7", "max_seq_length=150", "max_prompt_length=119", "load_in_4bit=true"]
+    assert _moves(done) == []
+    # On CPU there is no 4-bit; Unsloth checkpoints on its own.
+    assert [g for g, *_ in _moves(tiny, device="cpu")] == ["checkpointing", "micro_batch", "micro_batch", "rank", "sequence"]
+    assert [g for g, *_ in _moves(tiny + ["gpu.memory_gib=null"], backend="unsloth")][:2] == ["micro_batch", "micro_batch"]
+
+
+def test_candidate_vllm_share_moves():
+    """The vLLM share: lowered as far as the KV cache allows (0.05 steps, not below 0.1), or raised by
+    the least step that gives the KV cache room when it has none."""
+    from grpo_sweep.memory.estimator import estimate
+
+    # The tiny model's whole generation batch needs 96 KiB of KV cache; 0.1 of an L4 (2.2 GiB) holds it.
+    (lowered,) = [m for m in _moves(["gpu=l4_24g", "backend.name=trl_vllm"], "trl_vllm") if m[0] == "vllm_share"]
+    assert lowered == (
+        "vllm_share",
+        {"gpu_memory_utilization": 0.1},
+        "vLLM share 0.6 -> 0.1 (KV cache still holds the batch)",
+        False,
+    )
+    # No card size: no share to reason about.
+    assert not [
+        m for m in _moves(["gpu=l4_24g", "gpu.memory_gib=null", "backend.name=trl_vllm"], "trl_vllm") if m[0] == "vllm_share"
+    ]
+    # Gemma 3 1B at a 0.1 share has no room for its KV cache (test_kv_cache_too_small_is_reported): one step up.
+    gemma = ["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm", "gpu_memory_utilization=0.1"]
+    assert estimate(compose(gemma)).kv_cache_ok is False
+    (raised,) = [m for m in _moves(gemma, "trl_vllm") if m[0] == "vllm_share"]
+    assert raised == ("vllm_share", {"gpu_memory_utilization": 0.15}, "vLLM share 0.1 -> 0.15 (room for the KV cache)", False)
+    assert estimate(compose([*gemma[:-1], "gpu_memory_utilization=0.15"])).kv_cache_ok
+
+
+def test_doctor_arithmetic_by_hand():
+    """The doctor's bookkeeping on the tiny model (its whole estimate is 0.52 GiB), by hand from the
+    message: what the run needed (in use + asked), the 5 % headroom under the card, and the verdict
+    when the memory the message proves is in use leaves no room whatever the config."""
+    card = 23_686_744_637  # l4_24g: 22.06 GiB
+    limit = 22_502_407_405  # int(card x 0.95)
+    tiny = compose(["gpu=l4_24g"])
+    fits = parse_oom_message(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of "
+        "22.06 GiB of which 10.00 GiB is free."
+    )
+    result = diagnose(tiny, fits)
+    need = card - 10 * GiB + 2 * MiB
+    assert (result["observed_need_bytes"], result["limit_bytes"], result["deficit_bytes"]) == (need, limit, 0)
+    total = result["estimate"]["total_bytes"]
+    assert total < 0.6 * GiB and result["unexplained_bytes"] == need - total  # the rest is not the model's
+    assert (result["overrides"], result["fits_as_is"], result["fits_after"]) == ([], True, True)
+    assert result["after"] == {"total_bytes": total, "need_bytes": need, "speed_cost_pct": 0.0} and "fastest" not in result
+    # Without a card size in the config, the message's total is the card.
+    unsized = diagnose(compose(["gpu=l4_24g", "gpu.memory_gib=null"]), fits)
+    assert unsized["limit_bytes"] == limit and unsized["fits_as_is"]
+    # 512 MiB asked with 600 MiB free: 21.97 GiB in use + 0.5 GiB = 21.97 GiB needed, 1.09 GiB over the
+    # limit: more than the tiny model's whole estimate, so no change to the config can fit.
+    full = parse_oom_message(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of "
+        "22.06 GiB of which 600.00 MiB is free."
+    )
+    result = diagnose(tiny, full)
+    need = card - 600 * MiB + 512 * MiB
+    assert result["observed_need_bytes"] == need and need - limit > GiB > total
+    assert (result["overrides"], result["fits_as_is"], result["fits_after"]) == ([], False, False)
+    assert "after" not in result
+    # logits_mode given: said so, and the chunked head offered as an upgrade of its own.
+    given = diagnose(tiny, fits, "full")
+    assert (given["logits_mode"], given["logits_mode_source"]) == ("full", "given")
+    upgrade = "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost"
+    assert given["stack_upgrade"]["fits"] and given["stack_upgrade"]["what"] == upgrade
+    assert result["stack_upgrade"] is None  # the chunked head is what runs already
+
+
+def test_doctor_result_fields_by_hand():
+    """The doctor's answer as data: where the logits mode came from, each lever row's fields, GiB per
+    % of speed only for a lever that costs speed, and no unexplained memory without sizes."""
+    result = diagnose(compose(SEED_CONFIG), parse_oom_message(SEED_MESSAGE))
+    assert result["logits_mode_source"] == "inferred from the failed allocation (a tokens x vocab tensor)"
+    fields = {"lever", "overrides", "saving_bytes", "speed_cost_pct", "gib_per_pct", "changes_experiment"}
+    assert result["levers"] and all(set(row) == fields for row in result["levers"])
+    for row in result["levers"]:
+        free = row["speed_cost_pct"] <= 0.05
+        assert (row["gib_per_pct"] is None) == free, row
+        if not free:  # GiB freed per % of speed lost (the % shown is rounded to 0.1)
+            cost = row["saving_bytes"] / GiB / row["gib_per_pct"]
+            assert abs(cost - row["speed_cost_pct"]) <= 0.05 + 1e-9, row
+    assert any(row["gib_per_pct"] is not None for row in result["levers"])
+    cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
+    no_sizes = diagnose(cfg, parse_oom_message(_kv_error("FINDINGS-cpu-no-cache-blocks")))
+    assert no_sizes["observed_need_bytes"] is None and no_sizes["unexplained_bytes"] == 0

@@ -155,3 +155,39 @@ def test_estimate_cli_table_and_json():
     assert data["assumptions"]["logits_mode"] == ("chunked" if TRL_CHUNKED else "full")
     bad = subprocess.run(args + ["logits_mode=tiled"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "logits_mode=tiled" in bad.stderr and "chunked, full" in bad.stderr
+
+
+def _est(total_gib: float, budget_gib: float | None, *, fits=None, kv_ok=None, **assumptions):
+    """A hand-built Estimate: 3/4 of the total in weights (the dominant part), 1/4 in logits."""
+    from grpo_sweep.memory.estimator import Estimate
+
+    total, budget = int(total_gib * GiB), None if budget_gib is None else int(budget_gib * GiB)
+    headroom = None if budget is None else budget - total
+    fits = (headroom is None or headroom >= 0) if fits is None else fits
+    components = {"weights": total * 3 // 4, "logits": total - total * 3 // 4}
+    return Estimate(components, total, budget, headroom, fits, kv_ok, dict(assumptions))
+
+
+def test_verdict_sentences_by_hand():
+    """The estimator's one-line verdict, case by case, against sentences written out by hand
+    (the CLI test above reaches it only in a child process, which mutation testing cannot see)."""
+    from grpo_sweep.memory.estimator import verdict
+
+    dom = "dominant: weights (3.00 GiB)"
+    assert verdict(_est(4, None)) == f"no budget (gpu.memory_gib is null): needs 4.00 GiB; {dom}"
+    assert verdict(_est(4, 5)) == f"fits with 1.00 GiB headroom; {dom}"
+    assert verdict(_est(4, 4)) == f"fits with 0.00 GiB headroom; {dom}"  # exactly full still fits
+    assert verdict(_est(4, 2.5)) == f"short by 1.50 GiB; {dom}"
+    kv = "; vLLM's KV cache cannot hold max_seq_length for the generation batch"
+    assert verdict(_est(4, 5, fits=False, kv_ok=False)) == f"memory fits but with 1.00 GiB headroom{kv}; {dom}"
+    assert verdict(_est(4, 3, kv_ok=False)) == f"short by 1.00 GiB{kv}; {dom}"
+    no_kv = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
+    cpu = _est(4, 5, fits=False, kv_ok=False, vllm_weights_bytes=GiB)
+    assert verdict(cpu) == f"memory fits but with 1.00 GiB headroom{no_kv}; {dom}"
+    # A vLLM-CPU plan whose KV cache is fine says nothing about vLLM.
+    assert verdict(_est(4, 5, kv_ok=True, vllm_weights_bytes=GiB)) == f"fits with 1.00 GiB headroom; {dom}"
+    startup = "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"
+    assert verdict(_est(4, 5, fits=False, vllm_startup_ok=False)) == f"memory fits but with 1.00 GiB headroom{startup}; {dom}"
+    both = _est(4, 3, kv_ok=False, vllm_startup_ok=False)
+    assert verdict(both) == f"short by 1.00 GiB{kv}{startup}; {dom}"
+    assert verdict(_est(4, 5, vllm_startup_ok=True)) == f"fits with 1.00 GiB headroom; {dom}"

@@ -7,6 +7,8 @@ kept) and real sweeps (`python train.py -m +sweeps=tiny_cpu`, a real journal sto
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import yaml
 from conftest import compose, load_metrics
@@ -38,6 +40,56 @@ def test_best_median_wins_not_the_luckiest_run():
     apart = [(0, 10.0), (0, 11.0), (1, 5.0), (1, 6.0)]
     top = best_rule.finalists(apart, value=lambda r: r[1], group=lambda r: r[0], direction="maximize")
     assert best_rule.within_noise(top[0], top[1]) is False
+
+
+def test_best_rule_by_hand():
+    """The one best-trial rule on hand-made values: the direction, ties, and what is no value at all
+    (None, NaN, infinities and booleans never win, whichever direction)."""
+    from optuna.study import StudyDirection
+
+    items = [("a", 3.0), ("b", None), ("c", 5.0), ("d", 5.0), ("e", float("nan")), ("f", True), ("g", -math.inf), ("h", 4)]
+    value = lambda r: r[1]  # noqa: E731
+    assert best_rule.best(items, value=value, direction="maximize") == ("c", 5.0)  # a tie: the earlier
+    assert best_rule.best(items, value=value, direction=StudyDirection.MINIMIZE) == ("a", 3.0)
+    assert best_rule.best([("x", None), ("y", math.inf)], value=value, direction="maximize") is None
+    assert best_rule.ranked(items, value=value, direction="maximize") == [("c", 5.0), ("d", 5.0), ("h", 4), ("a", 3.0)]
+    assert best_rule.ranked(items, value=value, direction="MINIMIZE") == [("a", 3.0), ("h", 4), ("c", 5.0), ("d", 5.0)]
+    with pytest.raises(ValueError, match="direction=up: must be one of maximize, minimize"):
+        best_rule.best(items, value=value, direction="up")
+
+
+def test_best_rule_ties_go_to_the_earlier_item_whatever_it_is():
+    """Equal values: the earlier item wins even when a later one would sort first by itself."""
+    value = lambda r: r[1]  # noqa: E731
+    assert best_rule.best([("z", 5.0), ("a", 5.0)], value=value, direction="maximize") == ("z", 5.0)
+    assert best_rule.ranked([("z", 5.0), ("a", 5.0)], value=value, direction="minimize") == [("z", 5.0), ("a", 5.0)]
+
+
+def test_median_of_runs_rule_by_hand():
+    """best_of_runs, the spread and the noise overlap on hand-made runs."""
+    value, group = (lambda r: r[1]), (lambda r: r[0])
+    # No confirmation runs: exactly the best single value.
+    assert best_rule.best_of_runs([(0, 1.0), (1, 2.0)], value=value, group=group, direction="maximize").item == (1, 2.0)
+    assert best_rule.best_of_runs([(0, 1.0), (1, 2.0)], value=value, group=group, direction="minimize").item == (0, 1.0)
+    assert best_rule.best_of_runs([(0, None)], value=value, group=group, direction="maximize") is None
+    # Config 0 ran twice (median 12); config 1 once, with a better single value: only 0 competes.
+    won = best_rule.best_of_runs([(0, 10.0), (1, 13.0), (0, 14.0)], value=value, group=group, direction="maximize")
+    assert (won.item, won.members, won.runs, won.median) == ((0, 10.0), [(0, 10.0), (0, 14.0)], [10.0, 14.0], 12.0)
+    assert won.spread == pytest.approx(4 / 12)
+
+    def fin(*runs, median=None):
+        return best_rule.Finalist(runs[0], list(runs), list(runs), runs[0] if median is None else median)
+
+    assert fin(5.0).spread is None  # one run: no spread
+    assert fin(-1.0, 1.0, median=0.0).spread is None  # a zero median: no relative spread
+    assert fin(90.0, 110.0, median=100.0).spread == pytest.approx(0.2)  # (max - min) / |median|
+    assert fin(-90.0, -110.0, median=-100.0).spread == pytest.approx(0.2)
+    assert best_rule.within_noise(fin(1.0, 2.0), fin(2.0, 3.0)) is True  # touching ranges overlap
+    assert best_rule.within_noise(fin(2.0, 3.0), fin(1.0, 2.0)) is True
+    assert best_rule.within_noise(fin(1.0, 2.0), fin(2.5, 3.0)) is False
+    assert best_rule.within_noise(fin(2.5, 3.0), fin(1.0, 2.0)) is False
+    assert best_rule.within_noise(fin(1.0), fin(1.0, 2.0)) is None
+    assert best_rule.within_noise(fin(1.0, 2.0), fin(1.0)) is None
 
 
 def test_stop_threshold_and_slow_outcome():

@@ -188,6 +188,93 @@ def test_storage_password_is_masked():
     assert mask("journal:outputs/sweeps/a/study.journal") == "journal:outputs/sweeps/a/study.journal"
 
 
+def test_storage_sources_to_urls_by_hand(tmp_path, monkeypatch):
+    """Each accepted storage source, and the URL SQLAlchemy gets for it."""
+    import importlib.util
+    from pathlib import Path
+
+    from grpo_sweep.study.storage import StorageError, to_url
+
+    monkeypatch.chdir(tmp_path)
+    assert to_url("journal:runs/a.journal") == "journal:runs/a.journal"
+    assert to_url("runs/a.log") == "runs/a.log"  # a journal by its suffix
+    assert to_url("runs/a.db") == f"sqlite:///{tmp_path / 'runs' / 'a.db'}"
+    assert to_url("b.sqlite3") == f"sqlite:///{Path('b.sqlite3').resolve()}"
+    assert to_url("sqlite:////abs/a.db") == "sqlite:////abs/a.db"
+    assert to_url("mysql://u@h/db") == "mysql://u@h/db"
+    with pytest.raises(StorageError) as err:
+        to_url("runs/a.txt")
+    assert str(err.value) == (
+        "storage 'runs/a.txt': not a storage URL and not a .journal/.log/.db/.sqlite file "
+        "(use journal:PATH, sqlite:///PATH or postgresql://user:password@host/db)"
+    )
+    # SQLAlchemy 2 reads a bare postgresql:// as psycopg 3; with only psycopg2 installed, say so.
+    only_psycopg2 = importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None
+    for scheme in ("postgresql", "postgres"):
+        expected = "postgresql+psycopg2://u:p@h/db" if only_psycopg2 else f"{scheme}://u:p@h/db"
+        assert to_url(f"{scheme}://u:p@h/db") == expected
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "psycopg2" else None)
+    assert to_url("postgres://u:p@h/db") == "postgresql+psycopg2://u:p@h/db"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in ("psycopg", "psycopg2") else None)
+    # psycopg 3 installed (with or without psycopg2): as given
+    assert to_url("postgresql://u:p@h/db") == "postgresql://u:p@h/db"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # neither: as given (the error comes later)
+    assert to_url("postgresql://u:p@h/db") == "postgresql://u:p@h/db"
+
+
+def test_journal_path_by_hand():
+    from pathlib import Path
+
+    from grpo_sweep.study.storage import journal_path
+
+    assert journal_path("journal:runs/a.journal") == Path("runs/a.journal")
+    assert journal_path("runs/b.log") == Path("runs/b.log")
+    from grpo_sweep.study.storage import is_journal
+
+    assert is_journal("journal:runs/study")  # the prefix alone makes it a journal
+    assert is_journal("runs/a.journal") and not is_journal("postgresql://h/db.log") and not is_journal("runs/a.db")
+
+
+def test_storage_create_race_and_load_study_by_hand(tmp_path):
+    """Which errors are a lost schema-creation race (retried), and how a reader finds its study:
+    the only one, or the one named; anything else is a StorageError that lists what is there."""
+    import optuna
+
+    from grpo_sweep.study.storage import StorageError, _lost_create_race, load_study, open_storage, study_names
+
+    class UniqueViolation(Exception):  # psycopg2.errors.UniqueViolation, by its class name
+        pass
+
+    class IntegrityError(Exception):  # sqlalchemy.exc.IntegrityError
+        pass
+
+    assert _lost_create_race(UniqueViolation("CREATE TYPE studydirection"))
+    assert _lost_create_race(IntegrityError("(sqlite3) constraint failed"))
+    assert _lost_create_race(RuntimeError('relation "studies" already exists'))
+    assert _lost_create_race(RuntimeError("duplicate key value violates unique constraint"))
+    assert not _lost_create_race(RuntimeError("connection refused"))
+    assert not _lost_create_race(ValueError("password authentication failed for user"))
+
+    for source in (f"journal:{tmp_path / 'a.journal'}", f"sqlite:///{tmp_path / 'a.db'}"):
+        with pytest.raises(StorageError, match="no such"):
+            load_study(source)
+        storage = open_storage(source)
+        assert study_names(storage) == []
+        with pytest.raises(StorageError) as err:
+            load_study(source)
+        assert str(err.value) == f"--study is required; studies in {source}: none"
+        optuna.create_study(study_name="one", storage=storage)
+        assert load_study(source).study_name == "one"  # the only one: no name needed
+        optuna.create_study(study_name="two", storage=storage)
+        assert study_names(storage) == ["one", "two"]
+        with pytest.raises(StorageError, match=r"--study is required; studies in .*: \['one', 'two'\]"):
+            load_study(source)
+        assert load_study(source, "two").study_name == "two"
+        with pytest.raises(StorageError) as err:
+            load_study(source, "three")
+        assert str(err.value) == f"--study='three' not found; studies in {source}: ['one', 'two']"
+
+
 @pytest.mark.slow
 def test_tiny_cpu_sweep(tmp_path):
     """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists."""

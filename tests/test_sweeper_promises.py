@@ -7,6 +7,8 @@
   trial is failed and retried;
 - optuna-dashboard, read through its own API, shows an OOM trial as infeasible;
 - a systematic failure is recognised, and "nothing fits" is said only when trials ran out of memory.
+- the decision functions case by case, against values worked out by hand (the `*_by_hand` tests:
+  what `make mutation` found unguarded, docs/mutation.md).
 
 The studies here are real Optuna studies (a journal file), told what happened through the sweeper's
 own path (outcome.judge -> GrpoOptunaSweeper._tell); no trial runs, so every test takes seconds.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -165,6 +168,34 @@ def test_prescreen_margin_boundary_on_a_real_estimate(tmp_path):
     assert predicted > budget_bytes(cfg)  # the point that ran was over the card, but within the margin
 
 
+def test_prescreen_switches_and_fallbacks(tmp_path):
+    """hydra.sweeper.prescreen=false never prunes; an estimate that fails runs the point (and says
+    why); a card with no size in the config is judged against the budget the sweeper was given."""
+    from conftest import compose
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.memory.estimator import estimate
+
+    tiny = compose(["gpu=cpu"])  # no card size: estimate(...).budget_bytes is None
+    predicted = estimate(tiny).total_bytes
+    assert estimate(tiny).budget_bytes is None
+    off = _sweeper(tmp_path / "off", prescreen=False)
+    trial = _study(off).ask()
+    assert off._prescreen(trial, tiny, 1.0) is None and "predicted_peak_bytes" not in trial.user_attrs
+    on = _sweeper(tmp_path / "on", prescreen_margin=0.0)
+    study = _study(on)
+    trial = study.ask()
+    pruned = on._prescreen(trial, tiny, predicted / 2)  # the sweeper's own budget: half the prediction
+    assert (pruned.state, pruned.constraint) == ("PRUNED", pytest.approx(predicted / 2))
+    assert trial.user_attrs["predicted_peak_bytes"] == predicted
+    assert on._prescreen(study.ask(), tiny, None) is None  # no budget anywhere: run it
+    broken = OmegaConf.create(OmegaConf.to_container(tiny))
+    del broken["model"]
+    trial = study.ask()
+    assert on._prescreen(trial, broken, 1.0) is None
+    assert "model" in trial.user_attrs["predicted_error"] and "predicted_peak_bytes" not in trial.user_attrs
+
+
 def test_prescreen_verdict_boundary():
     from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
 
@@ -299,6 +330,23 @@ def test_systematic_failure_is_recognised_and_advised(tmp_path):
     assert systematic_failure(study, since, 3, command_line) is None
 
 
+def test_stop_message_by_hand():
+    """What a systematic failure prints and writes to best.yaml, written out by hand."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import Stop
+
+    stop = Stop(reason="failed: RuntimeError: boom", trials=[3, 4, 5], advice="fix it", command="python train.py x=1")
+    assert stop.message() == (
+        "Sweep stopped: trials 3, 4, 5 failed in a row for the same reason, not memory: failed: RuntimeError: boom\n"
+        "  What to do: fix it\n  Run one alone: python train.py x=1"
+    )
+    assert stop.as_dict() == {
+        "reason": "failed: RuntimeError: boom",
+        "trials": [3, 4, 5],
+        "advice": "fix it",
+        "command": "python train.py x=1",
+    }
+
+
 def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
 
@@ -309,6 +357,102 @@ def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
     assert "nothing fits" not in said and "1 failed" in said and "debug_fault=raise" in said
     _tell_record(sweeper, study, dict(OOM), headroom=None)
     assert "nothing fits the budget" in why_no_best(study)
+
+
+def test_systematic_failure_edges(tmp_path):
+    """A negative max_failures_in_a_row is off, like 0; a pre-screened (PRUNED) point is an answer
+    that breaks a run of failures, as an OOM does."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    since = sweeper.progress.started
+    for _ in range(3):
+        _fail(sweeper, study, "RuntimeError: boom")
+    assert systematic_failure(study, since, 3, command_line) is not None
+    assert systematic_failure(study, since, -1, command_line) is None
+    sweeper._tell(study, study.ask(), prescreen_verdict(2.0 * GIB, GIB, 0.1))
+    assert study.trials[-1].state.name == "PRUNED"
+    _fail(sweeper, study, "RuntimeError: boom")
+    assert systematic_failure(study, since, 3, command_line) is None
+    assert systematic_failure(study, since, 1, command_line) is not None
+
+
+def test_failure_reasons_and_advice_by_hand(tmp_path):
+    """What counts as one systematic failure, and the advice for it, on hand-made trials."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.failures import DEFAULT_ADVICE, advice_for, reason_of, systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    bare = study.ask()  # failed with no error text at all (judge() always writes one; a hand-told trial need not)
+    bare.set_user_attr("status", "failed")
+    study.tell(bare, state=optuna.trial.TrialState.FAIL)
+    empty = bare.number
+    long = _fail(sweeper, study, "\n  E" + "x" * 400 + "\nsecond line")
+    timeout = _fail(sweeper, study, "trial exceeded trial.timeout_s", status="timeout")
+    trials = study.trials
+    assert reason_of(trials[empty]) == "failed: no error message"
+    assert reason_of(trials[long]) == "failed: E" + "x" * 299  # the first non-blank line, 300 characters
+    assert reason_of(trials[timeout]) is None  # a large point may legitimately be slow
+    assert advice_for("failed: ModuleNotFoundError: No module named 'vllm'").startswith("a package is missing")
+    assert advice_for("failed: ValueError: reward must be a float").startswith("the task's reward function raised")
+    assert advice_for("failed: RuntimeError: boom") == DEFAULT_ADVICE
+    # Two workers: trial a (asked first) finishes after trial b; "in a row" follows the finishing order.
+    a, b = study.ask(), study.ask()
+    _tell_failure = {"status": "failed", "error": "RuntimeError: boom"}
+    from hydra_plugins.grpo_optuna_sweeper.outcome import judge
+
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
+    sweeper._tell(study, b, judge(_tell_failure, **common))
+    sweeper._tell(study, a, judge(_ok(1.0, 0.1), **common))
+    assert systematic_failure(study, sweeper.progress.started, 1, command_line) is None  # the last to finish ran ok
+    # A trial that finished at the very moment the worker started belongs to this run.
+    last = _fail(sweeper, study, "RuntimeError: boom")
+    stop = systematic_failure(study, study.trials[last].datetime_complete, 1, command_line)
+    assert stop is not None and stop.trials == [last]
+
+
+def test_why_no_best_is_nothing_fits_only_for_memory_verdicts(tmp_path):
+    """'nothing fits' needs a trial over budget (an OOM, or a pre-screened point, even by one byte);
+    slow trials told COMPLETE to GP (feasible, at 0 bytes over) are not a memory verdict."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
+    from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, judge, prescreen_verdict
+
+    nothing_fits = "No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status)."
+    gp = _sweeper(tmp_path / "gp", sampler="gp")
+    study = _study(gp)
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
+    slow = {"status": "slow", "tokens_per_s": 3.0, "peak_memory_bytes": GIB, "memory_source": "cpu-rss"}
+    gp._tell(study, study.ask(), for_sampler(judge(slow, **common), "gp", "maximize"))
+    assert study.trials[0].state.name == "COMPLETE" and memory_constraint(study.trials[0]) == 0.0
+    assert why_no_best(study) == "No trial ran ok (1 slow): not a memory verdict."
+    tpe = _sweeper(tmp_path / "tpe")
+    study = _study(tpe)
+    tpe._tell(study, study.ask(), prescreen_verdict(1001.0, 1000.0, 0.0))  # one byte over
+    assert study.trials[0].state.name == "PRUNED"
+    assert why_no_best(study) == nothing_fits
+
+
+def test_why_no_best_counts_by_hand(tmp_path):
+    """The no-winner line, written out by hand: each status counted (a trial still running has none
+    yet: its state), and the first failure quoted."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    assert why_no_best(study) == "No trial ran ok (no trials): not a memory verdict."
+    first = _fail(sweeper, study, "RuntimeError: a\nTraceback follows")
+    _fail(sweeper, study, "RuntimeError: b")
+    _tell_record(sweeper, study, {"status": "timeout", "error": "trial exceeded trial.timeout_s"}, headroom=None)
+    study.ask()  # running
+    assert why_no_best(study) == (
+        f"No trial ran ok (2 failed, 1 running, 1 timeout): not a memory verdict; first failure (trial {first}): failed: RuntimeError: a."
+    )
 
 
 def test_progress_line_counts_best_and_time_left():
@@ -414,6 +558,281 @@ def test_space_edges_found_by_mutation():
     assert list(candidates(big, seed=1)) == list(candidates(big, seed=1)) != list(candidates(big, seed=2))
     ties = [({"a": i, "b": i}, 0.5) for i in range(6)]
     assert pick(ties, k=3, seed=3) == pick(ties, k=3, seed=3)
+
+
+def test_representable_by_hand():
+    """A preset's lever value is enqueued only when the sweep's distribution contains it."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.space import representable
+
+    batch = IntDistribution(2, 8, step=2)
+    assert representable(batch, 4) and representable(batch, 8) and not representable(batch, 10)
+    assert not representable(batch, "many")  # a preset's value that is not even a number: not in the space
+    lora = CategoricalDistribution(["qv", "all"])
+    assert representable(lora, "all") and not representable(lora, "none")
+
+
+def test_to_override_keeps_text_as_hydra_reads_it():
+    """Strings keep their case and are escaped for Hydra's grammar; only null and booleans are spelled out."""
+    from hydra_plugins.grpo_optuna_sweeper.space import to_override
+
+    assert to_override("lora", "QV") == "lora=QV"
+    assert to_override("name", "a b") == "name=a\\ b"
+    assert to_override("lr", 1e-05) == "lr=1e-05"
+
+
+def test_duplicate_of_by_hand():
+    """A start point queued twice (two workers) runs once: the later copy names the earlier one,
+    whether asked as an optuna.Trial or read back as a FrozenTrial. A retry and a confirmation run
+    repeat a point on purpose: they are never duplicates, nor the original of one."""
+    import optuna
+    from optuna.distributions import IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.workers import duplicate_of
+
+    space = {"a": IntDistribution(1, 9)}
+    study = optuna.create_study()
+    study.add_trial(
+        optuna.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params={"a": 3},
+            distributions=space,
+            system_attrs={"fixed_params": {"a": 3}, "failed_trial": 7},  # a retry of trial 7
+        )
+    )
+    for a in (1, 1, 3, 3):
+        study.enqueue_trial({"a": a})
+    retried, first, second, after_retry, again = (study.ask(space) for _ in range(5))
+    assert duplicate_of(study, retried) is None  # a retry repeats on purpose
+    assert duplicate_of(study, first) is None
+    assert duplicate_of(study, second) == first.number
+    assert duplicate_of(study, study.trials[second.number]) == first.number  # a FrozenTrial too
+    assert duplicate_of(study, after_retry) is None  # the retry is no one's original
+    assert duplicate_of(study, again) == after_retry.number
+    assert duplicate_of(study, study.ask(space)) is None  # not enqueued: no fixed point
+
+
+def test_grid_choices_by_hand():
+    """sampler=grid enumerates each discrete distribution; a log or continuous one is refused by name."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.space import grid_choices
+
+    grid = grid_choices(
+        {
+            "lora": CategoricalDistribution(["qv", "all"]),
+            "max_seq_length": IntDistribution(64, 256, step=64),
+            "per_device_train_batch_size": IntDistribution(1, 3),
+            "gpu_memory_utilization": FloatDistribution(0.3, 0.6, step=0.1),
+        }
+    )
+    assert grid["lora"] == ["qv", "all"]
+    assert grid["max_seq_length"] == [64, 128, 192, 256]
+    assert grid["per_device_train_batch_size"] == [1, 2, 3]
+    assert grid["gpu_memory_utilization"] == pytest.approx([0.3, 0.4, 0.5, 0.6])
+    refused = "hydra.sweeper.params.{}: sampler=grid needs discrete values (choice or range), not a continuous interval"
+    for key, dist in (("lr", FloatDistribution(1e-5, 1e-3)), ("batch", IntDistribution(1, 8, log=True))):
+        with pytest.raises(ValueError) as err:
+            grid_choices({key: dist})
+        assert str(err.value) == refused.format(key)
+
+
+def test_judge_and_oom_deficit_by_hand():
+    """What Optuna is told for each kind of record, with every number worked out by hand."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import RECORD_ATTRS, judge, oom_deficit
+
+    mib = 2**20
+    card = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": 1024 * mib, "headroom": None}
+    # The OOM deficit, in order of trust: metrics.json's own (top level, then its `oom` block), the
+    # message's (512 MiB asked, 128 MiB free: 384 over), peak - budget, the failed allocation, 1 byte.
+    message = (
+        "CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 1.00 GiB of which 128.00 MiB is free."
+    )
+    asked = "CUDA out of memory. Tried to allocate 512.00 MiB."
+    assert oom_deficit({"deficit_bytes": 7, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (7.0, "metrics")
+    assert oom_deficit({"deficit_bytes": 0, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (9.0, "metrics")
+    assert oom_deficit({"deficit_bytes": 1, "error": message}, 1024 * mib) == (1.0, "metrics")  # one byte is a deficit
+    assert oom_deficit({"deficit_bytes": "384 MiB", "error": message}, 1024 * mib) == (384.0 * mib, "oom message")
+    assert oom_deficit({"error": asked, "peak_memory_bytes": 1100 * mib}, 1024 * mib) == (76.0 * mib, "peak - budget")
+    assert oom_deficit({"error": asked, "peak_memory_bytes": 1024 * mib}, 1024 * mib) == (512.0 * mib, "requested allocation")
+    assert oom_deficit({"error": asked, "peak_memory_bytes": 2048 * mib}, None) == (512.0 * mib, "requested allocation")
+    assert oom_deficit({}, 1024 * mib) == (1.0, "unknown (OOM with no sizes: marked just infeasible)")
+
+    # OOM with a headroom of 0.75: the wall is 768 MiB, so 256 MiB more over than the card says.
+    oom = judge({"status": "oom", "deficit_bytes": 100 * mib}, **{**card, "headroom": 0.75})
+    assert (oom.state, oom.value, oom.constraint) == ("COMPLETE", 0.0, 356.0 * mib)
+    assert (oom.attrs["deficit_bytes"], oom.attrs["deficit_source"]) == (100.0 * mib, "metrics")
+    assert judge({"status": "oom", "deficit_bytes": 5}, **{**card, "budget_bytes": None}).constraint == 5.0
+
+    # ok: the objective must be a finite number (not a bool); attributes keep what the record says.
+    record = {key: f"v-{key}" for key in RECORD_ATTRS} | {"status": "ok", "tokens_per_s": 12, "peak_memory_bytes": 600 * mib}
+    record |= {"memory_source": "cuda", "error": "x" * 1500, "levers": {"lora_rank": 8}, "unrelated": 1}
+    ok = judge(record, **card)
+    assert (ok.state, ok.value, ok.constraint) == ("COMPLETE", 12.0, -424.0 * mib)
+    assert ok.attrs["error"] == "x" * 1000 and ok.attrs["levers"] == {"lora_rank": 8} and "unrelated" not in ok.attrs
+    assert ok.attrs["run_dir"] == "v-run_dir" and ok.attrs["status"] == "ok"
+    assert judge({**record, "levers": "lora_rank=8"}, **card).attrs.get("levers") is None
+    assert judge({"status": "ok", "tokens_per_s": 12}, **card).constraint == 0.0  # no peak: ran, fits
+    assert (
+        judge({"status": "ok", "tokens_per_s": 12, "peak_memory_bytes": 2048 * mib}, **{**card, "budget_bytes": None}).constraint
+        == 0.0
+    )
+    for bad in (True, None, float("nan"), math.inf, "12"):
+        failed = judge({"status": "ok", "tokens_per_s": bad}, **card)
+        assert failed.state == "FAIL" and failed.value is None
+        assert failed.attrs["error"] == f"objective 'tokens_per_s' is not a number in metrics.json: {bad!r}"
+
+    # slow: PRUNED with its partial value, when it is a number, and its peak's constraint.
+    slow = judge(
+        {"status": "slow", "tokens_per_s": 5, "peak_memory_bytes": 900 * mib, "memory_source": "cuda"},
+        **{**card, "headroom": 0.5},
+    )
+    assert (slow.state, slow.value, slow.constraint) == ("PRUNED", 5.0, 388.0 * mib)
+    rss = judge({"status": "slow", "tokens_per_s": True, "peak_memory_bytes": 900 * mib, "memory_source": "cpu-rss"}, **card)
+    assert (rss.state, rss.value, rss.constraint) == ("PRUNED", None, 0.0)
+
+    interrupted = judge({"status": "interrupted"}, **card)
+    assert (interrupted.state, interrupted.attrs) == ("FAIL", {"status": "interrupted", "error": "trial status 'interrupted'"})
+    assert judge({"status": "failed", "error": "boom"}, **card).attrs["error"] == "boom"
+    assert judge(None, **card).attrs == {"status": "failed", "error": "the job left no metrics.json"}
+
+
+def test_memory_constraint_reads_either_form():
+    """The list form the sweeper writes (read by Optuna as constraint "0") and Optuna 5's named form."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, tell_constraint
+
+    study = optuna.create_study()
+    listed, named, none = study.ask(), study.ask(), study.ask()
+    tell_constraint(listed, 3.0)
+    named.set_constraint(CONSTRAINT, 5.0)
+    for trial in (listed, named, none):
+        study.tell(trial, 1.0)
+    assert [memory_constraint(t) for t in study.trials] == [3.0, 5.0, None]
+
+
+def test_what_gp_is_told_by_hand():
+    """GP learns from COMPLETE trials only: a pre-screened point is told COMPLETE at the worst value
+    (keeping its deficit and attributes), a slow trial at its partial value, or the worst value
+    when it had none; other samplers get the outcome unchanged."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome, for_sampler, judge, prescreen_verdict
+
+    pruned = prescreen_verdict(1500.0, 1000.0, 0.1)
+    gp = for_sampler(pruned, "gp", "maximize")
+    assert (gp.state, gp.value, gp.constraint, gp.attrs["status"]) == ("COMPLETE", 0.0, 500.0, "pruned")
+    assert math.isinf(for_sampler(pruned, "gp", "minimize").value)
+    assert for_sampler(pruned, "tpe", "maximize") is pruned and for_sampler(None, "gp", "maximize") is None
+    slow = Outcome("PRUNED", None, 0.0, {"status": "slow"})
+    assert (for_sampler(slow, "gp", "maximize").state, for_sampler(slow, "gp", "maximize").value) == ("COMPLETE", 0.0)
+    assert for_sampler(Outcome("PRUNED", 7.0, 0.0, {"status": "slow"}), "gp", "minimize").value == 7.0
+    ok = judge(
+        {"status": "ok", "tokens_per_s": 1.0}, objective="tokens_per_s", direction="maximize", budget_bytes=None, headroom=None
+    )
+    assert for_sampler(ok, "gp", "maximize") is ok
+    assert pruned.attrs == {
+        "status": "pruned",
+        "deficit_bytes": 500.0,
+        "deficit_source": "estimator",
+        "error": "predicted 0.00 GiB > budget 0.00 GiB + 10% margin: not run",
+    }
+    assert (
+        prescreen_verdict(3 * GIB, 2 * GIB, 0.25).attrs["error"] == "predicted 3.00 GiB > budget 2.00 GiB + 25% margin: not run"
+    )
+    # An OOM known only by its peak: peak - budget, through judge too.
+    oom = judge(
+        {"status": "oom", "peak_memory_bytes": 1100},
+        objective="tokens_per_s",
+        direction="maximize",
+        budget_bytes=1000,
+        headroom=None,
+    )
+    assert (oom.constraint, oom.attrs["deficit_bytes"], oom.attrs["deficit_source"]) == (100.0, 100.0, "peak - budget")
+
+
+def test_stale_trial_retry_respects_max_retry(tmp_path):
+    """A dead worker's trial (journal storage) is failed; it is queued again only while retries are left."""
+    from hydra_plugins.grpo_optuna_sweeper.workers import fail_stale_trials
+
+    for max_retry, waiting in ((0, 0), (1, 1)):
+        sweeper = _sweeper(tmp_path / str(max_retry))
+        study = _study(sweeper)
+        stale = study.ask()
+        assert fail_stale_trials(study, grace_period=-1, max_retry=max_retry) == [stale.number]  # no beat within -1 s
+        states = [t.state.name for t in study.trials]
+        assert states == ["FAIL"] + ["WAITING"] * waiting, (max_retry, states)
+
+
+def test_timed_steps_by_hand():
+    """The intermediate values told to Optuna: each timed step (not the warm-up one, step 1) that has
+    both a step number and a finite value of the objective."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import timed_steps
+
+    history = [
+        {"step": 1, "tokens_per_s": 10.0},  # warm-up
+        {"step": 2, "tokens_per_s": 20.0},
+        {"tokens_per_s": 25.0},  # no step number
+        {"step": 4, "tokens_per_s": float("nan")},
+        {"step": 5, "tokens_per_s": True},  # not a number
+        {"step": 6},
+        {"step": 7, "tokens_per_s": 70},
+    ]
+    assert timed_steps({"history": history}, "tokens_per_s") == [(2, 20.0), (7, 70.0)]
+    assert timed_steps({"history": history}, "step_time_s") == []
+    assert timed_steps(None, "tokens_per_s") == timed_steps({}, "tokens_per_s") == []
+
+
+def test_trials_csv_rows_by_hand(tmp_path):
+    """trials.csv's row for a trial: the swept value, else the lever value the trial recorded
+    (a fixed lever is still a column), lists joined by spaces, the first line of an error."""
+    from optuna.distributions import IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import rows
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    trial = study.ask({"per_device_train_batch_size": IntDistribution(2, 8, step=2)})
+    swept = trial.params["per_device_train_batch_size"]
+    levers = {"per_device_train_batch_size": 99, "lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]}
+    record = _ok(10.0, 0.5) | {"levers": levers, "error": "first line\nsecond line", "run_dir": "runs/0"}
+    from hydra_plugins.grpo_optuna_sweeper.outcome import judge
+
+    common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
+    sweeper._tell(study, trial, judge(record, **common))
+    columns, (row,) = rows(study)
+    assert columns[:5] == ["number", "state", "status", "feasible", "objective"]
+    assert columns[5:9] == ["peak_memory_bytes", "predicted_peak_bytes", "budget_bytes", "deficit_bytes"]
+    assert columns[-5:] == ["preset", "worker", "run_dir", "wandb_run_id", "error"]
+    assert (row["per_device_train_batch_size"], row["lora_rank"], row["lora_target_modules"]) == (swept, 8, "q_proj v_proj")
+    assert (row["error"], row["run_dir"], row["preset"]) == ("first line", "runs/0", "")
+    assert (row["state"], row["status"], row["feasible"], row["objective"]) == ("COMPLETE", "ok", True, 10.0)
+    assert row["peak_memory_bytes"] == 0.5 * GIB and row["predicted_peak_bytes"] == ""
+
+
+def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
+    """With confirmation runs, best_trial is the original trial of the config with the best median
+    over its runs that ran ok: a confirmation run joins the trial it confirms; one that ran out of
+    memory adds no value to the median; a config run once does not compete with confirmed ones."""
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    assert best_trial(study) is None  # nothing ran
+    oom_only = _tell_record(sweeper, study, dict(OOM), headroom=None)
+    over_by_one_byte = {"status": "ok", "tokens_per_s": 500.0, "peak_memory_bytes": BUDGET + 1, "memory_source": "cuda"}
+    _tell_record(sweeper, study, over_by_one_byte, headroom=None)
+    assert best_trial(study) is None  # an OOM and a trial one byte over: nothing feasible
+    a = _tell_record(sweeper, study, _ok(100.0, 0.5), headroom=None)
+    b = _tell_record(sweeper, study, _ok(150.0, 0.5), headroom=None)
+    assert best_trial(study).number == b
+    _tell_record(sweeper, study, _ok(130.0, 0.5), headroom=None, number_attrs={"confirms": a})  # a: median 115
+    _tell_record(sweeper, study, dict(OOM), headroom=None, number_attrs={"confirms": b})  # b: still 150 (the OOM adds nothing)
+    assert best_trial(study).number == b
+    _tell_record(sweeper, study, _ok(70.0, 0.5), headroom=None, number_attrs={"confirms": b})  # b: median of 150, 70 = 110
+    assert best_trial(study).number == a
+    single = _tell_record(sweeper, study, _ok(1000.0, 0.5), headroom=None)  # never confirmed: not a finalist
+    assert best_trial(study).number == a and single != oom_only
 
 
 def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
