@@ -524,3 +524,67 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
     ratio = best["vs_presets"]["seed_optimized"]["ratio"]
     assert ratio == pytest.approx(best["best_value"] / first.value) and ratio >= 1.0
     assert "vs seed_optimized:" in result.stdout
+
+
+def test_open_storage_creates_parent_folders_and_passes_the_heartbeat(tmp_path):
+    """A journal or SQLite file in a folder that does not exist yet: the folders are made. An RDB
+    storage gets the heartbeat, the grace period and the stale-trial callback it was given."""
+    from grpo_sweep.study.storage import open_storage
+
+    open_storage(f"journal:{tmp_path / 'a' / 'b' / 'study.journal'}")
+    assert (tmp_path / "a" / "b").is_dir()
+
+    def callback(study, trial):  # the sweeper's retry of a dead worker's trial
+        pass
+
+    rdb = open_storage(
+        f"sqlite:///{tmp_path / 'c' / 'd' / 'x.db'}", heartbeat_interval=7, grace_period=30, stale_trial_callback=callback
+    )
+    assert (tmp_path / "c" / "d" / "x.db").is_file()
+    assert (rdb.heartbeat_interval, rdb.grace_period, rdb.failed_trial_callback) == (7, 30, callback)
+
+
+def test_open_storage_retries_only_a_lost_schema_race(monkeypatch):
+    """Workers started together on a fresh database all run Optuna's CREATE TABLE / CREATE TYPE and
+    all but one fail with a unique violation (issue 17). open_storage retries that error, up to
+    CREATE_ATTEMPTS times with a growing pause, and nothing else: another error is raised at once.
+    The constructor below raises the recorded errors in turn (the real race, 3 workers on a fresh
+    PostgreSQL database, is the slow test in test_sweeper_workers.py)."""
+    import optuna
+
+    from grpo_sweep.study import storage as st
+
+    calls, sleeps = [], []
+
+    def rdb(errors):
+        def build(url, **kwargs):
+            calls.append(kwargs)
+            if errors:
+                raise errors.pop(0)
+            return "the storage"
+
+        return build
+
+    monkeypatch.setattr(st.time, "sleep", sleeps.append)
+    race = RuntimeError('(psycopg.errors.UniqueViolation) duplicate key value violates "pg_type_typname_nsp_index"')
+    monkeypatch.setattr(optuna.storages, "RDBStorage", rdb([race, race]))
+    assert st.open_storage("postgresql://u@localhost/fresh") == "the storage"
+    assert len(calls) == 3 and len(sleeps) == 2 and 0 < sleeps[0] < sleeps[1] < 1.2
+    assert calls[0]["engine_kwargs"] == {"pool_pre_ping": True}  # a server connection is checked before use
+
+    calls.clear()
+    monkeypatch.setattr(optuna.storages, "RDBStorage", rdb([ConnectionRefusedError("connection refused")]))
+    with pytest.raises(ConnectionRefusedError):
+        st.open_storage("postgresql://u@localhost/fresh")
+    assert len(calls) == 1
+
+    calls.clear()
+    monkeypatch.setattr(optuna.storages, "RDBStorage", rdb([race] * st.CREATE_ATTEMPTS))
+    with pytest.raises(RuntimeError, match="UniqueViolation"):
+        st.open_storage("postgresql://u@localhost/fresh")
+    assert len(calls) == st.CREATE_ATTEMPTS
+
+    calls.clear()
+    monkeypatch.setattr(optuna.storages, "RDBStorage", rdb([]))
+    st.open_storage(f"sqlite:///{Path('/tmp') / 'grpo_sweep_never_written.db'}")
+    assert calls[0]["engine_kwargs"] is None  # SQLite: the default pool
