@@ -96,7 +96,9 @@ def summarize() -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--record-grid", action="store_true", help="measure the grid again (about 30 min: 3 runs per point that fits)"
+        "--record-grid",
+        action="store_true",
+        help="measure the grid again (about 30 min on a quiet core: 5 runs per point that fits)",
     )
     parser.add_argument("--summarize", action="store_true", help="only rebuild summary.json/.md from results")
     cli = parser.parse_args()

@@ -166,8 +166,13 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
 
     default_stop = GrpoOptunaSweeperConf().stop_below
     tiny = landscapes.tiny_cpu()  # each replayed run: one of the point's measured runs, at its measured cost
-    scan = {str(stop): search_seconds.scan(tiny, SCAN_SEEDS, stop) for stop in STOP_BELOW_SCAN}
     gemma = landscapes.gemma3_1b_l4(sigma=tiny["measured_sigma"])
+    grid_data = load_grid()  # the sweeper composes + estimates each point it launches or pre-screens: charged
+    tiny["compose_s"] = search_seconds.measure_compose_s(
+        tiny, [*grid_data["fixed_overrides"], f"gpu.memory_gib={grid_data['budget_bytes'] / 2**30}"]
+    )
+    gemma["compose_s"] = search_seconds.measure_compose_s(gemma, ["+sweeps=gemma3_1b_l4"], cuda=True)
+    scan = {str(stop): search_seconds.scan(tiny, SCAN_SEEDS, stop) for stop in STOP_BELOW_SCAN}
     keys: dict = {}
     rows = []
     for suffix, land, label in (
@@ -211,6 +216,7 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
         "seconds_seeds": SECONDS_SEEDS,
         "sweep_trials_for_pick": search_seconds.N_TRIALS,
         "tiny_run_sigma": tiny["measured_sigma"],
+        "compose_s": {"tiny_cpu": tiny["compose_s"], "gemma3_1b_l4": gemma["compose_s"]},
         "tiny_load_avg_1m": tiny["load_avg_1m"],
         "tiny_how": tiny["how"],
         "gemma_how": gemma["how"],

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -106,18 +107,22 @@ def sweep(
     if frontier:  # hydra.sweeper.frontier_start: the estimator's fullest predicted fits first
         from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
 
+        composed = list(frontier_start.candidates(land["grid"], seed))
         fullness = [
             (params, land["by_key"][key(params)]["predicted_peak_bytes"] / land["budget_bytes"])
-            for params in frontier_start.candidates(land["grid"], seed)
+            for params in composed
             if key(params) in land["by_key"]
         ]
         for params in frontier_start.pick(fullness, frontier, seed):
             study.enqueue_trial(params)
     rng = random.Random(1_000_003 * seed + 17)
+    compose_s = land.get("compose_s", 0.0)  # the sweeper composes and estimates a config: measured per landscape
     top = confirm.effective_top(n_trials, confirm_top, confirm_repeats, sampler)
     n_search = n_trials - top * confirm_repeats
     budget = land["budget_bytes"]
-    clock, found_s, counted, pick_no_confirm = 0.0, None, 0, None
+    # The frontier start composes and estimates every candidate before the first trial (charged here).
+    clock = compose_s * len(composed) if frontier else 0.0
+    found_s, counted, pick_no_confirm = None, 0, None
     stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
 
     def run(trial, point, threshold):
@@ -156,7 +161,8 @@ def sweep(
         if point is None:  # TRL rejects it before any model loads: FAIL, unrun
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
-        if prescreen:
+        if prescreen:  # the sweeper composes and estimates the point before it launches (or prunes) it
+            clock += compose_s
             pruned = for_sampler(
                 prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin), sampler, "maximize"
             )
@@ -191,6 +197,31 @@ def sweep(
 
 def _picked(trial, land: dict) -> dict | None:
     return land["by_key"][key(trial.params)] if trial is not None else None
+
+
+def measure_compose_s(land: dict, base: list[str], count: int = 12, cuda: bool | None = None) -> float:
+    """Seconds the sweeper spends on one point before it launches it: compose the config (Hydra),
+    check it (validate_here; `cuda=True` for a GPU landscape replayed here) and estimate its peak;
+    the median over `count` points of `land`."""
+    import time
+
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.config.local import validate_here
+    from grpo_sweep.config.schema import validate
+    from grpo_sweep.memory.estimator import estimate
+    from hydra_plugins.grpo_optuna_sweeper import space
+
+    times = []
+    for point in random.Random(0).sample(land["points"], count):
+        started = time.perf_counter()
+        cfg = compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())])
+        if cuda:  # a GPU landscape: its packages (bitsandbytes) are on that machine, not necessarily here
+            validate(cfg, cuda=True)
+        else:
+            validate_here(cfg)
+        estimate(cfg)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def random_seconds(land: dict, seed: int) -> float:
