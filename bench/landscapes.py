@@ -115,14 +115,15 @@ def tiny_cpu(sigma: float | None = None) -> dict:
     )
 
 
-def spread_of(points: list[dict]) -> float:
-    """The median over the points that fit of (max - min) / median of their runs."""
+def spread_of(points: list[dict]) -> float | None:
+    """The median over the points that fit of (max - min) / median of their runs (None: no point
+    was run twice)."""
     spreads = []
     for p in points:
         runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
         if p["status"] == "ok" and len(runs) >= 2:
             spreads.append((max(runs) - min(runs)) / statistics.median(runs))
-    return statistics.median(spreads)
+    return statistics.median(spreads) if spreads else None
 
 
 # -------------------------------------------------------------------------------------- gemma3_1b_l4

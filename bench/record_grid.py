@@ -61,6 +61,11 @@ def grid_points() -> list[dict]:
     return points
 
 
+def overrides_for(levers: dict, budget_gib: float) -> list[str]:
+    """A grid point's trial: the fixed overrides, the simulated budget and its levers."""
+    return [*FIXED, f"gpu.memory_gib={budget_gib}", *(f"{k}={v}" for k, v in levers.items())]
+
+
 def run_record(record: dict) -> dict:
     """What one run of a point showed and cost: throughput, wall time (process start to exit; an
     OOM's until it failed), start latency (requested -> first GRPO step) and every step's seconds."""
@@ -101,8 +106,7 @@ def main(budget_gib: float, repeats: int = DEFAULT_REPEATS, conditions: str = ""
                 row = rows[i]
                 if attempt and row["status"] != "ok":
                     continue
-                overrides = [*FIXED, f"gpu.memory_gib={budget_gib}", *(f"{k}={v}" for k, v in points[i].items())]
-                record = run_trial(compose_train_config(overrides), Path(tmp) / f"{attempt}_{i}")
+                record = run_trial(compose_train_config(overrides_for(points[i], budget_gib)), Path(tmp) / f"{attempt}_{i}")
                 if attempt and record["status"] != "ok":
                     raise RuntimeError(f"{points[i]} fitted in pass 1 but ended {record['status']} in pass {attempt + 1}")
                 row["tokens_per_s_runs"].append(record.get("tokens_per_s"))
@@ -167,8 +171,9 @@ def top_up(count: int, more: int, budget_gib: float = DEFAULT_BUDGET_GIB, condit
     with tempfile.TemporaryDirectory() as tmp:
         for attempt in range(more):
             for j, row in enumerate(ok):
-                overrides = [*FIXED, f"gpu.memory_gib={budget_gib}", *(f"{k}={v}" for k, v in row["levers"].items())]
-                record = run_trial(compose_train_config(overrides), Path(tmp) / f"top{attempt}_{j}")
+                record = run_trial(
+                    compose_train_config(overrides_for(row["levers"], budget_gib)), Path(tmp) / f"top{attempt}_{j}"
+                )
                 if record["status"] != "ok":
                     raise RuntimeError(f"{row['levers']} fitted before but ended {record['status']} in the top-up")
                 row["tokens_per_s_runs"].append(record.get("tokens_per_s"))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -56,12 +55,13 @@ def grid_facts(grid: dict) -> dict:
     The spread is (max - min) / median over a point's repeated runs (bench/record_grid.py --repeats):
     when it is near 5 %, "within 5 % of the optimum" is partly decided by measurement noise.
     """
+    import landscapes
+
     ok = [p for p in grid["points"] if p["status"] == "ok"]
-    spreads = [(max(r) - min(r)) / statistics.median(r) for p in ok if len(r := p.get("tokens_per_s_runs") or []) > 1]
     return {
         "grid_points_within_5pct": sum(good_enough(p, grid["optimum"]) for p in ok),
         "grid_points_fit": len(ok),
-        "grid_median_run_spread": median(spreads) if spreads else None,
+        "grid_median_run_spread": landscapes.spread_of(grid["points"]),
     }
 
 
