@@ -97,7 +97,7 @@ def sweep(
         stop_threshold,
         timed_steps,
     )
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, finalists
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_finalist, best_trial, finalists
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -157,6 +157,9 @@ def sweep(
             pick_no_confirm = _picked(best_trial(study), land)
         trial = study.ask(space)
         counted += 1  # every told trial counts toward n_trials, as the sweeper's _progress counts them
+        overrides = [f"{k}={v}" for k, v in sorted(trial.params.items())]  # the sweeper's `overrides` attr
+        trial.set_user_attr(confirm.OVERRIDES_ATTR, overrides)
+        confirm.mark_repeat(study, trial, overrides)  # the same point again: its runs pool with the first's
         point = land["by_key"].get(key(trial.params))
         if point is None:  # TRL rejects it before any model loads: FAIL, unrun
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -170,8 +173,8 @@ def sweep(
                 trial.set_constraint(CONSTRAINT, pruned.constraint)
                 study.tell(trial, pruned.value, state=optuna.trial.TrialState[pruned.state])
                 continue
-        best = best_trial(study) if constrained and stop_below else None
-        run(trial, point, stop_threshold(best.value if best else None, stop_below, OBJECTIVE, "maximize"))
+        best = best_finalist(study) if constrained and stop_below else None
+        run(trial, point, stop_threshold(best.median if best else None, stop_below, OBJECTIVE, "maximize"))
     if pick_no_confirm is None:
         pick_no_confirm = _picked(best_trial(study), land)
     search_s = clock

@@ -61,10 +61,23 @@ def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
     slow = [t for t in study.trials if t.user_attrs.get("status") == "slow"]
     assert slow and all(t.state.name == "PRUNED" and list(t.intermediate_values) == [2] for t in slow)
     confirmations = [t for t in study.trials if t.user_attrs.get("confirms") is not None]
-    assert len(confirmations) == 6 and len(study.trials) == ss.N_TRIALS
-    assert study.user_attrs["confirmation"]["finalists"] == [c.user_attrs["confirms"] for c in confirmations[:3]]
+    chosen = study.user_attrs["confirmation"]["finalists"]
+    assert len(chosen) == 3
+    # The sampler asked again for points it had run: those runs pool with the config's first trial.
+    repeats = [t for t in study.trials if t.user_attrs.get("repeats") is not None]
+    assert repeats and all(t.params == study.trials[t.user_attrs["repeats"]].params for t in repeats)
+    search_runs = {
+        n: sum(1 for t in study.trials if t.user_attrs.get("status") == "ok" and n in (t.number, t.user_attrs.get("repeats")))
+        for n in chosen
+    }
+    # Each finalist is topped up to 1 + 2 runs: the confirmation phase runs only what the search did not.
+    assert {n: sum(c.user_attrs["confirms"] == n for c in confirmations) for n in chosen} == {
+        n: max(0, 3 - search_runs[n]) for n in chosen
+    }
+    assert len(study.trials) == ss.N_TRIALS - (6 - len(confirmations))  # the unused confirmation budget is not run
     winner = finalists(study)[0]
-    assert run["pick"] is land["by_key"][landscapes.key(winner.item.params)] and len(winner.runs) == 3
+    assert winner.item.number in chosen and len(winner.runs) >= 3
+    assert run["pick"] is land["by_key"][landscapes.key(winner.item.params)]
     assert run["confirm_s"] == pytest.approx(
         sum(ss.full_seconds(land["by_key"][landscapes.key(c.params)]) for c in confirmations)
     )

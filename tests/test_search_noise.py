@@ -72,10 +72,22 @@ def test_median_of_runs_rule_by_hand():
     assert best_rule.best_of_runs([(0, 1.0), (1, 2.0)], value=value, group=group, direction="maximize").item == (1, 2.0)
     assert best_rule.best_of_runs([(0, 1.0), (1, 2.0)], value=value, group=group, direction="minimize").item == (0, 1.0)
     assert best_rule.best_of_runs([(0, None)], value=value, group=group, direction="maximize") is None
-    # Config 0 ran twice (median 12); config 1 once, with a better single value: only 0 competes.
-    won = best_rule.best_of_runs([(0, 10.0), (1, 13.0), (0, 14.0)], value=value, group=group, direction="maximize")
-    assert (won.item, won.members, won.runs, won.median) == ((0, 10.0), [(0, 10.0), (0, 14.0)], [10.0, 14.0], 12.0)
-    assert won.spread == pytest.approx(4 / 12)
+    # Config 0 ran twice (median 12), config 1 once (13): every config competes by its median.
+    runs = [(0, 10.0), (1, 13.0), (0, 14.0)]
+    won = best_rule.best_of_runs(runs, value=value, group=group, direction="maximize")
+    assert (won.item, won.runs, won.median) == ((1, 13.0), [13.0], 13.0)
+    # Once confirmation chose its finalists, only they compete: config 1's single run cannot win.
+    top = best_rule.finalists(runs, value=value, group=group, direction="maximize", compete=[0])
+    assert [(f.item, f.members, f.runs, f.median) for f in top] == [((0, 10.0), [(0, 10.0), (0, 14.0)], [10.0, 14.0], 12.0)]
+    assert top[0].spread == pytest.approx(4 / 12)
+    # A config's first run without a value (it ran out of memory) is not the one named: its first valued run is.
+    flaky = best_rule.finalists([(0, None), (0, 7.0), (0, 9.0)], value=value, group=group, direction="maximize")
+    assert (flaky[0].item, len(flaky[0].members), flaky[0].median) == ((0, 7.0), 3, 8.0)
+    # The group of a trial: the config's first trial (a confirmation run, a repeat), else its own number.
+    assert best_rule.config_group({"confirms": 3}, 9) == 3 and best_rule.config_group({"repeats": 4}, 9) == 4
+    assert best_rule.config_group({"repeats": None}, 9) == 9 and best_rule.config_group({}, None) is None
+    assert best_rule.competing({"confirmation": {"finalists": [2, 5], "runs": []}}) == [2, 5]
+    assert best_rule.competing({"confirmation": {"finalists": [], "runs": []}}) is None and best_rule.competing({}) is None
 
     def fin(*runs, median=None):
         return best_rule.Finalist(runs[0], list(runs), list(runs), runs[0] if median is None else median)
@@ -111,6 +123,51 @@ def test_stop_threshold_and_slow_outcome():
     gp = for_sampler(out, "gp", "maximize")  # GP learns from COMPLETE only: the partial value is real
     assert (gp.state, gp.value) == ("COMPLETE", 120.0)
     assert "slow" in STATUSES
+
+
+def test_repeats_pool_and_confirmation_tops_up_by_hand():
+    """A point run again joins its config (user attr `repeats`); the plan ranks configs by their
+    median and tops the best ones up to 1 + repeats runs, interleaved; only finalists compete then."""
+    import logging
+
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, finalists
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize")
+    space = {"b": optuna.distributions.CategoricalDistribution([1, 2, 3, 4])}
+
+    values = [(1, 100.0), (2, 180.0), (1, 120.0), (3, 90.0), (1, 140.0), (4, 175.0)]
+    for b, value in values:
+        study.enqueue_trial({"b": b})
+        trial = study.ask(space)
+        point = [f"b={b}"]
+        trial.set_user_attr("overrides", point)
+        assert confirm.mark_repeat(study, trial, point) == trial.user_attrs.get("repeats")
+        trial.set_user_attr("status", "ok")
+        study.tell(trial, value)
+    assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, 0, None, 0, None]
+    # Before confirmation every config competes by its median: b=2's one run (180) leads b=1's 120.
+    assert best_trial(study).number == 1
+    assert [(f.item.number, f.runs) for f in finalists(study)][:2] == [(1, [180.0]), (5, [175.0])]
+    runs = confirm.plan(study, 3, 2, logging.getLogger("test"))
+    # Top 3 by median: b=2 (180, 1 run), b=4 (175, 1 run), b=1 (120, 3 runs: needs none).
+    assert study.user_attrs["confirmation"]["finalists"] == [1, 5, 0]
+    assert [r["confirms"] for r in runs] == [1, 5, 1, 5]  # round-robin, topped up to 3 runs each
+    assert confirm.plan(study, 3, 2, logging.getLogger("test")) == runs  # once per study
+    for planned, value in zip(runs, [120.0, 170.0, 110.0, 172.0]):
+        trial = study.ask(space)
+        assert (
+            trial.params == {"b": study.trials[planned["confirms"]].params["b"]}
+            and trial.user_attrs["confirms"] == planned["confirms"]
+        )
+        trial.set_user_attr("status", "ok")
+        study.tell(trial, value)
+    # b=4: 175, 170, 172 -> 172; b=1: 100, 120, 140 -> 120; b=2: 180, 120, 110 -> 120 (a tie: the
+    # earlier config first). b=3 (90, one run) never competes again.
+    assert [(f.item.number, f.median) for f in finalists(study)] == [(5, 172.0), (0, 120.0), (1, 120.0)]
+    assert best_trial(study).number == 5
 
 
 def test_confirmation_budget_rule():
@@ -191,7 +248,7 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
 
 @pytest.mark.slow
 def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
-    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist once more, all in the study."""
+    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist topped up to 2 runs, all in the study."""
     result = run(
         sweep_cmd(
             tmp_path,
@@ -208,30 +265,35 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
-    assert len(counted(study)) == len(study.trials) == 6  # confirmation runs are counted in n_trials
-    search, confirmations = study.trials[:4], study.trials[4:]
-    ok = sorted((t for t in search if t.user_attrs["status"] == "ok"), key=lambda t: -t.value)
-    finalists = [t.number for t in ok[:2]]
-    assert [t.user_attrs["confirms"] for t in confirmations] == finalists
+    search = study.trials[:4]
+    confirmations = study.trials[4:]
+    assert all(t.user_attrs.get("confirms") is not None for t in confirmations)
+    # Runs of one point pool under the config's first trial (a repeat asked by the sampler, a confirmation run).
+    group = {t.number: t.user_attrs.get("repeats", t.number) for t in search}
+    for t in search:
+        assert t.params == study.trials[group[t.number]].params
+    runs = {}
+    for t in search:
+        if t.user_attrs["status"] == "ok":
+            runs.setdefault(group[t.number], []).append(t.value)
+    median = lambda vs: sorted(vs)[len(vs) // 2] if len(vs) % 2 else sum(sorted(vs)[len(vs) // 2 - 1 : len(vs) // 2 + 1]) / 2  # noqa: E731
+    finalists = sorted(runs, key=lambda n: -median(runs[n]))[:2]
+    assert study.user_attrs["confirmation"]["finalists"] == finalists
+    # Each finalist is topped up to 1 + confirm_repeats = 2 runs, interleaved; counted in n_trials.
+    assert sorted(t.user_attrs["confirms"] for t in confirmations) == sorted(n for n in finalists if len(runs[n]) < 2)
+    assert len(counted(study)) == len(study.trials) == 4 + len(confirmations)
     for t in confirmations:
         assert t.params == study.trials[t.user_attrs["confirms"]].params
         assert "stop_below" not in t.user_attrs  # a confirmation run always runs to its end
-    assert study.user_attrs["confirmation"]["finalists"] == finalists
     medians = {}
     for n in finalists:
-        values = [study.trials[n].value] + [
-            t.value for t in confirmations if t.user_attrs["confirms"] == n and t.user_attrs["status"] == "ok"
-        ]
-        medians[n] = (
-            sorted(values)[len(values) // 2]
-            if len(values) % 2
-            else sum(sorted(values)[len(values) // 2 - 1 : len(values) // 2 + 1]) / 2
-        )
+        values = runs[n] + [t.value for t in confirmations if t.user_attrs["confirms"] == n and t.user_attrs["status"] == "ok"]
+        medians[n] = median(values)
     winner = max(medians, key=medians.get)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["best_trial"] == winner and best["best_value"] == pytest.approx(medians[winner])
     assert [f["trial"] for f in best["finalists"]] == sorted(finalists, key=lambda n: -medians[n])
-    assert all(len(f["runs"]) == 2 and f["spread"] is not None for f in best["finalists"])
+    assert all(len(f["runs"]) >= 2 and f["spread"] is not None for f in best["finalists"])
     assert isinstance(best["top_two_within_noise"], bool)
     assert "Confirmed finalists" in result.stdout
     report = (tmp_path / "report.html").read_text()

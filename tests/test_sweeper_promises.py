@@ -27,6 +27,7 @@ import pytest
 import yaml
 from test_sweeper_helpers import read_csv
 
+from grpo_sweep.study import best as best_rule
 from hydra_plugins.grpo_optuna_sweeper.outcome import memory_constraint
 
 GIB = 2**30
@@ -464,10 +465,16 @@ def test_progress_line_counts_best_and_time_left():
     progress = Progress(10, t0)
     progress.start(2)  # a resumed sweep: 2 trials were already counted
     assert progress.line(2, None, "tokens_per_s", now=t0) == "trial 2/10 | no feasible trial yet"
-    best = SimpleNamespace(number=3, value=123.456)
+    first = SimpleNamespace(number=3, value=123.456)
+    best = best_rule.Finalist(first, [first], [123.456], 123.456)
     # 2 trials in 60 s since start: 30 s each, 6 still to count -> 3 minutes.
     line = progress.line(4, best, "tokens_per_s", now=t0 + datetime.timedelta(seconds=60))
     assert line == "trial 4/10 | best tokens_per_s=123.5 (trial 3) | ~3m00s left"
+    # A config run three times shows the median of its runs, not its first run.
+    again = best_rule.Finalist(first, [first, first, first], [123.456, 90.0, 100.0], 100.0)
+    assert progress.line(4, again, "tokens_per_s", now=t0).startswith(
+        "trial 4/10 | best tokens_per_s=100 (trial 3, median of 3 runs)"
+    )
 
 
 def test_a_start_point_queued_twice_runs_once(tmp_path):
@@ -813,7 +820,8 @@ def test_trials_csv_rows_by_hand(tmp_path):
 def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
     """With confirmation runs, best_trial is the original trial of the config with the best median
     over its runs that ran ok: a confirmation run joins the trial it confirms; one that ran out of
-    memory adds no value to the median; a config run once does not compete with confirmed ones."""
+    memory adds no value to the median; once the plan chose its finalists, a config run once does not
+    compete with confirmed ones."""
     from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
 
     sweeper = _sweeper(tmp_path)
@@ -831,8 +839,10 @@ def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
     assert best_trial(study).number == b
     _tell_record(sweeper, study, _ok(70.0, 0.5), headroom=None, number_attrs={"confirms": b})  # b: median of 150, 70 = 110
     assert best_trial(study).number == a
-    single = _tell_record(sweeper, study, _ok(1000.0, 0.5), headroom=None)  # never confirmed: not a finalist
-    assert best_trial(study).number == a and single != oom_only
+    single = _tell_record(sweeper, study, _ok(1000.0, 0.5), headroom=None)
+    assert best_trial(study).number == single  # before confirmation chose finalists, every config competes
+    study.set_user_attr("confirmation", {"finalists": [a, b], "runs": []})  # what confirm.plan records
+    assert best_trial(study).number == a and single != oom_only  # never confirmed: not a finalist
 
 
 def test_boundaries_mutation_found_in_the_best_rule(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..metrics import METRICS_FILE
 from ..report.build import build, counts
-from ..report.trials import best_trial, load_dir, overrides, trials_from_study, wandb_group
+from ..report.trials import finalists, load_dir, overrides, trials_from_study, wandb_group
 from ..study.storage import SQLITE_SUFFIXES, SWEEP_JOURNAL, StorageError, is_journal, load_study
 
 
@@ -80,9 +80,11 @@ def cli(argv: list[str]) -> int:
         return 1
     path = build(trials, out, title=title, study=study)
     print(f"report: {path}  ({counts(trials)})")
-    best = best_trial(trials)
-    if best is not None:
-        print(f"best: {best.name}  {best.objective_name} {best.objective:.1f}\n  {overrides(best)}")
+    ranked = finalists(trials)
+    if ranked:
+        best = ranked[0].item
+        runs = f" (median of {len(ranked[0].runs)} runs)" if len(ranked[0].runs) > 1 else ""
+        print(f"best: {best.name}  {best.objective_name} {ranked[0].median:.1f}{runs}\n  {overrides(best)}")
     if args.wandb:
         from ..report.wandb_report import build_and_save
 

@@ -129,8 +129,11 @@ def load_dir(root: Path) -> list[Trial]:
 def trials_from_study(study) -> list[Trial]:
     """Optuna trials, with the metrics.json of their run_dir when it still exists, else user attrs."""
     trials = []
+    chosen = best_rule.competing(study.user_attrs) or []  # the confirmation phase's finalists
     for ft in study.get_trials(deepcopy=False):
         attrs = dict(ft.user_attrs)
+        if ft.number in chosen:
+            attrs["finalist"] = True
         run_dir = attrs.get("run_dir")
         # The sweeper's flat attrs (status, predicted_peak_bytes, deficit_bytes, ...), then a nested
         # "metrics" dict if any, then the trial's own metrics.json, which wins where they overlap.
@@ -196,23 +199,26 @@ def match_preset(levers: dict, presets: dict[str, dict]) -> str | None:
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:
-    """The feasible trial with the best objective in the study's direction; with confirmation runs,
-    the config with the best median of its runs (grpo_sweep.study.best.best_of_runs)."""
+    """The feasible trial with the best objective in the study's direction; a config run more than
+    once counts by the median of its runs (grpo_sweep.study.best.finalists): its first run."""
     ranked = finalists(trials)
     return ranked[0].item if ranked else None
 
 
 def finalists(trials: list[Trial]) -> list:
-    """Each config's runs (a confirmation run, record key `confirms`, joins the trial it repeats),
-    best median first (grpo_sweep.study.best.finalists)."""
+    """Each config's runs (a repeat or a confirmation run, record keys `repeats` / `confirms`, joins
+    the config's first trial), best median first; once the sweep's confirmation phase chose its
+    finalists (record key `finalist`), only they compete (grpo_sweep.study.best.finalists)."""
     if not trials:
         return []
-    runs = [t for t in trials if t.category == "feasible" or t.record.get("confirms") is not None]
+    runs = [t for t in trials if t.category == "feasible" or best_rule.config_group(t.record, None) is not None]
+    chosen = [t.number for t in trials if t.record.get("finalist")]
     return best_rule.finalists(
         runs,
         value=lambda t: t.objective if t.category == "feasible" else None,
-        group=lambda t: t.record.get("confirms", t.number if t.number is not None else t.name),
+        group=lambda t: best_rule.config_group(t.record, t.number if t.number is not None else t.name),
         direction=trials[0].direction,
+        compete=chosen or None,
     )
 
 

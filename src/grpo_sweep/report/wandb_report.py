@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..credentials import redact, wandb_mode
 from ..levers import LEVER_NAMES
-from .trials import Trial, best_trial, overrides
+from .trials import Trial, finalists, overrides
 
 SPEC_FILE = "wandb_report.json"
 
@@ -60,9 +60,10 @@ def build_report(trials: list[Trial], *, group: str | None, title: str, project:
         wr.LinePlot(title="peak memory per step (GiB)", x="Step", y=["peak_memory_gib"]),
         wr.ParameterImportancePlot(with_respect_to=objective),
     ]
-    best = best_trial(trials)
+    ranked = finalists(trials)
+    best = ranked[0].item if ranked else None
     intro = f"{len(trials)} trials of grpo-sweep, W&B group `{group}`. " if group else f"{len(trials)} trials. "
-    intro += f"Best feasible: {best.name} ({objective} {best.objective:.1f})." if best else "No feasible trial."
+    intro += f"Best feasible: {best.name} ({objective} {ranked[0].median:.1f})." if best else "No feasible trial."
     blocks = [wr.P(intro)]
     if best is not None:
         blocks.append(wr.CodeBlock(code=[overrides(best)], language="markdown"))

@@ -1,26 +1,31 @@
 """Confirmation runs: the top feasible configs run again, interleaved, and the best median wins.
 
 A CPU (or shared GPU) measurement of one run moves by 10-30 %, so the best single run is often a
-lucky one. After the search phase the sweeper enqueues the `confirm_top` best feasible configs
-`confirm_repeats` more times each, round-robin (A B C A B C: drift over the confirmation phase
-touches every finalist alike), as ordinary trials with the user attr `confirms` = the trial they
-repeat. grpo_sweep.study.best.best_of_runs then names the config with the best median.
+lucky one. Every run of a config counts: when the sampler asks for a point the study already ran,
+the trial runs it again and joins that config (user attr `repeats` = the config's first trial;
+mark_repeat). After the search phase the sweeper ranks the configs by the median of their runs,
+takes the `confirm_top` best feasible ones and tops each up to 1 + `confirm_repeats` runs,
+round-robin (A B C A B C: drift over the confirmation phase touches every finalist alike), as
+ordinary trials with the user attr `confirms` = the config's first trial. A finalist the search
+already ran that often needs no confirmation run. grpo_sweep.study.best.finalists then names the
+finalist with the best median.
 
 Budget: confirmation runs count in n_trials. The search phase gets n_trials - top x repeats trials;
 confirmation needs the search to keep at least two thirds of them (top is lowered to fit, and below
 two finalists it is off: one config confirmed cannot change the winner). The grid sampler runs every
-point once: no confirmation. Fewer than two feasible configs after the search: no confirmation runs,
-and the study holds fewer than n_trials trials.
+point once: no confirmation. Fewer than two feasible configs after the search, or finalists the
+search already repeated: fewer confirmation runs, and the study holds fewer than n_trials trials.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from grpo_sweep.study import best as best_rule
+from grpo_sweep.study.best import CONFIRMS_ATTR, PLAN_ATTR, REPEATS_ATTR
 
-PLAN_ATTR = "confirmation"  # study user attr: {"finalists": [trial numbers], "runs": count}
-CONFIRMS_ATTR = "confirms"  # trial user attr: the trial number a confirmation run repeats
+OVERRIDES_ATTR = "overrides"  # trial user attr: the point as `python train.py` overrides (the sweeper's)
 
 
 def effective_top(n_trials: int, top: int, repeats: int, sampler: str) -> int:
@@ -47,27 +52,50 @@ def search_trials(study: Any) -> list:
     return [t for t in study.get_trials(deepcopy=False) if is_ok(t) and t.user_attrs.get(CONFIRMS_ATTR) is None]
 
 
+def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
+    """When an earlier trial ran the same point (the same overrides), record on `trial` the config's
+    first trial (user attr `repeats`) and return it: its runs pool with that config's."""
+    for other in study.get_trials(deepcopy=False):
+        if other.number >= trial.number:
+            break
+        if other.user_attrs.get(OVERRIDES_ATTR) == point and other.user_attrs.get("status") != "surplus":
+            first = best_rule.config_group(other.user_attrs, other.number)
+            trial.set_user_attr(REPEATS_ATTR, first)
+            return first
+    return None
+
+
 def plan(study: Any, top: int, repeats: int, log: Any) -> list[dict]:
     """Enqueue the confirmation runs once per study (a resumed sweep finds the plan and reuses it);
-    returns them, one dict per run: {"confirms": trial number, "params": ..., "preset": name or None}."""
+    returns them, one dict per run: {"confirms": first trial, "params": ..., "preset": name or None}."""
     existing = study.user_attrs.get(PLAN_ATTR)
     if existing is not None:
         return existing["runs"]
-    ranked = best_rule.ranked(search_trials(study), value=lambda t: t.value, direction=study.direction)[:top]
+    groups: dict[Any, list] = {}
+    for t in search_trials(study):
+        groups.setdefault(best_rule.config_group(t.user_attrs, t.number), []).append(t)
+    medians = {first: statistics.median(t.value for t in runs) for first, runs in groups.items()}
+    chosen = best_rule.ranked(list(groups), value=medians.get, direction=study.direction)[:top]
     runs: list[dict] = []
-    if len(ranked) >= 2:
-        for _ in range(repeats):
-            for t in ranked:
-                runs.append({"confirms": t.number, "params": dict(t.params), "preset": t.user_attrs.get("preset")})
-    study.set_user_attr(PLAN_ATTR, {"finalists": [t.number for t in ranked], "runs": runs})
+    if len(chosen) >= 2:
+        missing = {first: max(0, 1 + repeats - len(groups[first])) for first in chosen}
+        for round_ in range(repeats + 1):
+            for first in chosen:
+                if missing[first] > round_:
+                    t = groups[first][0]
+                    runs.append({"confirms": first, "params": dict(t.params), "preset": t.user_attrs.get("preset")})
+    else:
+        chosen = []
+    study.set_user_attr(PLAN_ATTR, {"finalists": chosen, "runs": runs})
     for run in runs:
         attrs = {CONFIRMS_ATTR: run["confirms"], **({"preset": run["preset"]} if run["preset"] else {})}
         study.enqueue_trial(run["params"], user_attrs=attrs)
-    if runs:
+    if chosen:
         log.info(
-            "Confirmation: trials %s run %d more times each, interleaved (%d runs, counted in n_trials)",
-            ", ".join(str(t.number) for t in ranked),
-            repeats,
+            "Confirmation: trials %s (runs so far: %s) topped up to %d runs each, interleaved (%d runs, counted in n_trials)",
+            ", ".join(str(first) for first in chosen),
+            ", ".join(str(len(groups[first])) for first in chosen),
+            1 + repeats,
             len(runs),
         )
     else:

@@ -22,9 +22,14 @@ class Progress:
 
     def line(self, counted: int, best: Any | None, objective: str, now: datetime.datetime | None = None) -> str:
         """`trial k/N | best <objective>=<v> (trial n) | ~<t> left` for a study holding `counted`
-        counted trials, `best` its best feasible trial (None: none yet)."""
+        counted trials, `best` its best feasible config (grpo_sweep.study.best.Finalist: the median of
+        its runs, its first trial; None: none yet)."""
         now = now or datetime.datetime.now()
-        shown_best = "no feasible trial yet" if best is None else f"best {objective}={_num(best.value)} (trial {best.number})"
+        if best is None:
+            shown_best = "no feasible trial yet"
+        else:
+            runs = f", median of {len(best.runs)} runs" if len(best.runs) > 1 else ""
+            shown_best = f"best {objective}={_num(best.median)} (trial {best.item.number}{runs})"
         left = self.time_left(counted, now)
         eta = "" if left is None else f" | ~{_duration(left)} left"
         return f"trial {min(counted, self.n_trials)}/{self.n_trials} | {shown_best}{eta}"

@@ -47,20 +47,22 @@ def _is_ok(trial: Any) -> bool:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The feasible trial with the best value in the study's direction; with confirmation runs, the
-    original trial of the config with the best median (grpo_sweep.study.best.best_of_runs)."""
+    """The feasible trial with the best value in the study's direction; a config run more than once
+    counts by the median of its runs, and once confirmation chose its finalists only they compete
+    (grpo_sweep.study.best.finalists): the first run of the winning config."""
     winner = best_finalist(study)
     return winner.item if winner is not None else None
 
 
 def finalists(study: Any) -> list:
-    """Each config's runs (a confirmation run joins the trial it confirms), best median first."""
-    trials = [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or t.user_attrs.get("confirms") is not None]
+    """Each config's runs (repeats and confirmation runs join the config's first trial), best median first."""
+    trials = [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or best_rule.config_group(t.user_attrs, None) is not None]
     return best_rule.finalists(
         trials,
         value=lambda t: t.value if _is_ok(t) else None,
-        group=lambda t: t.user_attrs.get("confirms", t.number),
+        group=lambda t: best_rule.config_group(t.user_attrs, t.number),
         direction=study.direction,
+        compete=best_rule.competing(study.user_attrs),
     )
 
 
@@ -69,12 +71,14 @@ def best_finalist(study: Any) -> Any | None:
     return ranked[0] if ranked else None
 
 
-def noise_summary(ranked: list) -> dict:
-    """best.yaml's `finalists` (each config's runs and spread) and whether the top two overlap."""
+def noise_summary(ranked: list, chosen: bool = True) -> dict:
+    """best.yaml's `finalists` (each config run more than once: its runs and spread) and whether the
+    top two overlap. chosen: the confirmation phase chose them (else the sampler repeated them)."""
     confirmed = [f for f in ranked if len(f.members) > 1]
     if not confirmed:
         return {}
     out = {
+        "finalists_from": "confirmation" if chosen else "repeated by the sampler",
         "finalists": [
             {
                 "trial": f.item.number,
@@ -84,7 +88,7 @@ def noise_summary(ranked: list) -> dict:
                 "spread": float(f.spread) if f.spread is not None else None,
             }
             for f in confirmed
-        ]
+        ],
     }
     if len(confirmed) >= 2:
         overlap = best_rule.within_noise(confirmed[0], confirmed[1])
@@ -195,7 +199,8 @@ def finalist_table(summary: dict, objective: str) -> str:
     """The confirmed finalists: every run, the median and the spread, and the noise verdict."""
     if not summary.get("finalists"):
         return ""
-    lines = [f"\nConfirmed finalists (median of runs wins; {objective}):"]
+    heading = "Confirmed finalists" if summary.get("finalists_from") == "confirmation" else "Configs run more than once"
+    lines = [f"\n{heading} (median of runs wins; {objective}):"]
     for f in summary["finalists"]:
         spread = f"{f['spread']:.0%}" if f["spread"] is not None else "-"
         runs = ", ".join(f"{v:.4g}" for v in f["runs"])
@@ -265,7 +270,7 @@ def write_summary(
                 "overrides": attrs.get("overrides"),
                 "command": command_line(best),
                 "vs_presets": vs_presets(study, best),
-                **noise_summary(ranked_finalists),
+                **noise_summary(ranked_finalists, chosen=best_rule.competing(study.user_attrs) is not None),
             }
         )
         _atomic_write(sweep_dir / "best.yaml", yaml.safe_dump(summary, sort_keys=False))

@@ -353,6 +353,8 @@ class GrpoOptunaSweeper(Sweeper):
         overrides += self._stop_override(trial)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("overrides", point)
+        if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is None:
+            confirm.mark_repeat(trial.study, trial, point)  # the same point again: its runs pool with the first's
         try:
             cfg = self._compose(overrides)
             trial.set_user_attr("levers", requested_levers(cfg))
@@ -369,10 +371,10 @@ class GrpoOptunaSweeper(Sweeper):
         never for a confirmation run (it must run to its end) or before any trial is feasible."""
         if trial.user_attrs.get("confirms") is not None:
             return []
-        from .summary import best_trial
+        from .summary import best_finalist
 
-        best = best_trial(trial.study) if self.conf.stop_below else None
-        threshold = stop_threshold(best.value if best else None, self.conf.stop_below, self.objective, self.conf.direction)
+        best = best_finalist(trial.study) if self.conf.stop_below else None
+        threshold = stop_threshold(best.median if best else None, self.conf.stop_below, self.objective, self.conf.direction)
         if threshold is None:
             return []
         trial.set_user_attr("stop_below", threshold)
@@ -439,10 +441,10 @@ class GrpoOptunaSweeper(Sweeper):
 
     def _progress_line(self, study: Any) -> str:
         """`trial k/N | best ... | ~t left` (progress.py); never fails the sweep."""
-        from .summary import best_trial
+        from .summary import best_finalist
 
         try:
-            return self.progress.line(self._progress(study)[0], best_trial(study), self.objective)
+            return self.progress.line(self._progress(study)[0], best_finalist(study), self.objective)
         except Exception as err:  # noqa: BLE001 - a progress line is not worth a trial
             return f"progress unavailable ({type(err).__name__})"
 
