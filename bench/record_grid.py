@@ -187,9 +187,19 @@ def top_up(count: int, more: int, budget_gib: float = DEFAULT_BUDGET_GIB, condit
         "measured_at": measured_at(),
         "wall_time_s": time.time() - started,
         "conditions": conditions,
+        "drift": drift(ok, more),
     }
     DATA.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {DATA} (topped up {count} points x {more} runs)")
+    print(f"wrote {DATA} (topped up {count} points x {more} runs; drift {data['top_up']['drift']})")
+
+
+def drift(points: list[dict], more: int) -> dict:
+    """How the machine moved between the recording and the top-up: per topped-up point, the median of
+    its `more` new runs over the median of its earlier ones; the median and range over the points."""
+    ratios = sorted(
+        statistics.median(p["tokens_per_s_runs"][-more:]) / statistics.median(p["tokens_per_s_runs"][:-more]) for p in points
+    )
+    return {"new_over_earlier_median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
 
 
 if __name__ == "__main__":

@@ -120,8 +120,9 @@ def sweep(
     top = confirm.effective_top(n_trials, confirm_top, confirm_repeats, sampler)
     n_search = n_trials - top * confirm_repeats
     budget = land["budget_bytes"]
-    # The frontier start composes and estimates every candidate before the first trial (charged here).
-    clock = compose_s * len(composed) if frontier else 0.0
+    # The frontier start composes and estimates every candidate before the first trial (charged here:
+    # its measured seconds, measure_frontier_s, else one compose per candidate).
+    clock = land.get("frontier_s", compose_s * len(composed)) if frontier else 0.0
     found_s, counted, pick_no_confirm = None, 0, None
     stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
 
