@@ -126,6 +126,20 @@ def spread_of(points: list[dict]) -> float | None:
     return statistics.median(spreads) if spreads else None
 
 
+def truth_uncertainty(points: list[dict], optimum: float, within: float = 0.10) -> list[dict]:
+    """How sure the benchmark's truth is where it decides "within 5 %": for each point within
+    `within` of the optimum, its runs, its median / optimum and the relative standard error of that
+    median (1.2533 x the standard deviation of its log runs / sqrt(runs)), best first."""
+    out = []
+    for p in points:
+        runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
+        if p["status"] != "ok" or p["tokens_per_s"] < (1 - within) * optimum or len(runs) < 2:
+            continue
+        se = 1.2533 * statistics.stdev(math.log(r) for r in runs) / math.sqrt(len(runs))
+        out.append({"levers": p["levers"], "of_optimum": p["tokens_per_s"] / optimum, "runs": len(runs), "median_se": se})
+    return sorted(out, key=lambda row: -row["of_optimum"])
+
+
 # -------------------------------------------------------------------------------------- gemma3_1b_l4
 def gemma_space() -> dict:
     from omegaconf import OmegaConf

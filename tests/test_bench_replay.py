@@ -32,8 +32,8 @@ def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
     raw = se.optuna_strategy(grid, 0, constrained=True, prescreen=False)
     assert any(p["predicted_peak_bytes"] > 1.1 * budget for p in raw)  # without it, such points run (and OOM)
 
-    frontier = se.optuna_strategy(grid, 0, constrained=True, prescreen=True, frontier=se.FRONTIER)
-    first = frontier[: se.FRONTIER]
+    frontier = se.optuna_strategy(grid, 0, constrained=True, prescreen=True, frontier=5, n_startup_trials=5)
+    first = frontier[:5]
     assert all(p["predicted_peak_bytes"] <= budget for p in first)
     fullest = max(p["predicted_peak_bytes"] for p in grid["points"] if p["predicted_peak_bytes"] <= budget)
     assert first[0]["predicted_peak_bytes"] == fullest

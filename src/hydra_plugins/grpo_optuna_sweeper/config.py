@@ -26,9 +26,9 @@ class GrpoOptunaSweeperConf:
     direction: str = "maximize"
     sampler: str = "tpe"  # tpe | gp | random | grid
     # TPE only: random trials before it models the study (Optuna's n_startup_trials). Enqueued trials
-    # (frontier_start, warm_start, enqueue) count among them: with frontier_start=5, 5 is enough
+    # (frontier_start, warm_start, enqueue) count among them: after the 5 frontier points, 5 is enough
     # (bench/search_seconds.py: fewer seconds on both landscapes, README "Performance").
-    n_startup_trials: int = 10
+    n_startup_trials: int = 5
     seed: int | None = 0  # sampler seed; each worker process adds its pid when several share a study
     # Pre-screen with grpo_sweep.memory.estimator: PRUNE points predicted over budget by more than margin.
     prescreen: bool = True
@@ -42,8 +42,9 @@ class GrpoOptunaSweeperConf:
     # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study.
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     # Frontier start: first run the N points the estimator predicts fill the allowed memory best,
-    # spread over the space (frontier.py); 0: off. Needs discrete parameters (choice / range).
-    frontier_start: int = 0
+    # spread over the space (frontier.py); 0: off. Needs discrete parameters (choice / range);
+    # without them it is skipped with a log line.
+    frontier_start: int = 5
     # Dead workers: heartbeat every N s; a RUNNING trial silent for grace_period s is failed and retried.
     heartbeat_interval: int = 30
     grace_period: int | None = None  # None: 4 x heartbeat_interval
