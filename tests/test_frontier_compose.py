@@ -157,3 +157,10 @@ def test_cache_outside_a_hydra_app_equals_compose_train_config():
     for point in points:
         _same(cache.config, compose_train_config, [SWEEP, *point])
     assert cache.compositions == 2
+
+
+def test_an_override_hydra_cannot_parse_raises_hydras_error():
+    with tiny_sweeper() as sweeper:
+        cache = sweeper._compose_cache()
+        for bad in (["lora_rank=[1,"], ["lora_rank=8", "=3"]):
+            _same(cache.config, sweeper._compose, [*sweeper.fixed, "lora=qv", *bad])

@@ -5,8 +5,9 @@ LoRA size) buys throughput with memory, so the fastest config usually sits just 
 People search that way by hand (accelerate's `find_executable_batch_size` starts at the largest
 batch and halves on OOM). A sampler that starts from random points spends its first trials on
 small configs that cannot win; starting on the predicted frontier gives it fast, feasible
-trials to learn from at once. The estimator is arithmetic (milliseconds a point), so ranking a
-few hundred candidates costs only their config composition.
+trials to learn from at once. The estimator is arithmetic (milliseconds a point), and the configs
+come from ComposeCache (one Hydra composition per distinct group choice, not one per point), so
+ranking a few hundred candidates costs about a second.
 
 The picks are spread out: each differs from every earlier pick in at least half of the
 parameters, so the start covers several regions of the frontier instead of one corner of it.
@@ -86,13 +87,13 @@ class ComposeCache:
         self._compose = compose
         self._is_group = is_group
         self._bases: dict[tuple[str, ...], Any] = {}  # composed overrides -> config, or the error it raised
+        self._parsed: dict[str, Any] = {}  # override string -> Hydra's Override (value() gives fresh values)
+        self._parser: Any = None
         self.compositions = 0  # real compositions so far
 
     def split(self, overrides: list[str]) -> tuple[list[str], list[Any]]:
         """(the overrides to compose, the parsed value overrides to apply to a copy of that, in order)."""
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = [self._parse(o) for o in overrides]
         groups, applied = [], []
         end = len(parsed)
         while end:
@@ -111,7 +112,10 @@ class ComposeCache:
 
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-        composed, applied = self.split(overrides)
+        try:
+            composed, applied = self.split(overrides)
+        except Exception:  # noqa: BLE001 - not an override Hydra can parse: Hydra's own error, from a full composition
+            composed, applied = list(overrides), []
         key = tuple(composed)
         if key not in self._bases:
             self.compositions += 1
@@ -125,6 +129,15 @@ class ComposeCache:
         cfg = copy.deepcopy(base)
         ConfigLoaderImpl._apply_overrides_to_config(applied, cfg)
         return cfg
+
+    def _parse(self, override: str) -> Any:
+        if override not in self._parsed:
+            if self._parser is None:
+                from hydra.core.override_parser.overrides_parser import OverridesParser
+
+                self._parser = OverridesParser.create()
+            self._parsed[override] = self._parser.parse_overrides([override])[0]
+        return self._parsed[override]
 
     def _kind(self, override: Any) -> str:
         """ "group" (only the defaults list reads it: its place on the line does not matter), "value"
