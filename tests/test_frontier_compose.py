@@ -164,3 +164,26 @@ def test_an_override_hydra_cannot_parse_raises_hydras_error():
         cache = sweeper._compose_cache()
         for bad in (["lora_rank=[1,"], ["lora_rank=8", "=3"]):
             _same(cache.config, sweeper._compose, [*sweeper.fixed, "lora=qv", *bad])
+
+
+@pytest.mark.parametrize("sweep", ["gemma3_1b_l4", "qwen2_5_0_5b_t4", "tiny_cpu_vllm"])
+def test_cache_equals_fresh_compose_on_the_gpu_sweep_spaces(sweep):
+    """Floats, booleans and several levers at once: a sample of each shipped sweep file's space."""
+    import yaml
+
+    from grpo_sweep.config.compose import CONF_DIR, compose_train_config, config_groups
+    from grpo_sweep.memory.estimator import estimate
+
+    params = yaml.safe_load((CONF_DIR / "sweeps" / f"{sweep}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    distributions, _ = space.parse_space([f"{k}={v}" for k, v in params.items()])
+    grid = space.grid_choices(distributions)
+    base = [f"+sweeps={sweep}"]
+    cache = frontier.ComposeCache(compose_train_config, config_groups(base).__contains__)
+    compared = 0
+    for point in itertools.islice(frontier.candidates(grid, seed=3), 5):
+        overrides = [*base, *(space.to_override(k, v) for k, v in point.items())]
+        same = _same(cache.config, compose_train_config, overrides)
+        if same is not None:
+            assert estimate(same[0]).total_bytes == estimate(same[1]).total_bytes
+            compared += 1
+    assert compared == 5  # every point composes: configs compared, not only errors
