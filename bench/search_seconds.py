@@ -329,3 +329,33 @@ def _of_optimum(pick: dict | None, land: dict) -> float:
 def _rate(picks, land: dict) -> float:
     picks = list(picks)
     return sum(1 for p in picks if p is not None and good(p, land)) / len(picks)
+
+
+def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) -> float:
+    """Seconds the sweeper's frontier start spends ranking every point of `land` before its first
+    trial: the config of each point from frontier.ComposeCache (one Hydra composition per distinct
+    group choice, each point a copy with its value overrides applied), checked (validate_here;
+    `cuda=True` for a GPU landscape replayed here) and estimated, as the sweeper's `_enqueue_frontier`
+    does it, outside a Hydra app (compose_train_config). The whole time, not a per-point median."""
+    import time
+
+    from grpo_sweep.config.compose import compose_train_config, config_groups
+    from grpo_sweep.config.local import validate_here
+    from grpo_sweep.config.schema import validate
+    from grpo_sweep.memory.estimator import estimate
+    from hydra_plugins.grpo_optuna_sweeper import frontier, space
+
+    groups = config_groups(base)  # the sweeper reads them from its own config: not charged
+    started = time.perf_counter()
+    cache = frontier.ComposeCache(compose_train_config, groups.__contains__)
+    for point in land["points"]:
+        try:
+            cfg = cache.config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())])
+            if cuda:
+                validate(cfg, cuda=True)
+            else:
+                validate_here(cfg)
+            estimate(cfg)
+        except Exception:  # noqa: BLE001 - as the sweeper: a point that cannot be composed or estimated is not a pick
+            continue
+    return time.perf_counter() - started

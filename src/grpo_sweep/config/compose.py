@@ -23,3 +23,16 @@ def compose_train_config(overrides: list[str] | None = None, conf_dir: Path | No
     register()
     with initialize_config_dir(config_dir=str(conf_dir or CONF_DIR), version_base="1.3"):
         return compose(CONFIG_NAME, overrides=list(overrides or []))
+
+
+def config_groups(overrides: list[str] | None = None, conf_dir: Path | None = None) -> set[str]:
+    """The config groups composing OVERRIDES chose from (`hydra.runtime.choices`: model, gpu, lora, ...,
+    hydra/launcher), for splitting a point's overrides into groups and values (the sweeper's frontier)."""
+    from hydra import compose, initialize_config_dir
+
+    from .schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(conf_dir or CONF_DIR), version_base="1.3"):
+        cfg = compose(CONFIG_NAME, overrides=list(overrides or []), return_hydra_config=True)
+    return set(cfg.hydra.runtime.choices)

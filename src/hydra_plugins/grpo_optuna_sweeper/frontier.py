@@ -5,8 +5,9 @@ LoRA size) buys throughput with memory, so the fastest config usually sits just 
 People search that way by hand (accelerate's `find_executable_batch_size` starts at the largest
 batch and halves on OOM). A sampler that starts from random points spends its first trials on
 small configs that cannot win; starting on the predicted frontier gives it fast, feasible
-trials to learn from at once. The estimator is arithmetic (milliseconds a point), so ranking a
-few hundred candidates costs only their config composition.
+trials to learn from at once. The estimator is arithmetic (milliseconds a point), and the configs
+come from ComposeCache (one Hydra composition per distinct group choice, not one per point), so
+ranking a few hundred candidates costs about a second.
 
 The picks are spread out: each differs from every earlier pick in at least half of the
 parameters, so the start covers several regions of the frontier instead of one corner of it.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
@@ -61,3 +62,89 @@ def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None)
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> int:
     return sum(a[name] != b.get(name) for name in a)
+
+
+class ComposeCache:
+    """Configs for many points of one space at the cost of one Hydra composition per distinct set of
+    config-group choices (`lora=qv`, `gpu=l4_24g`), not one per point.
+
+    Why it is the same config: Hydra composes in two stages (hydra/_internal/config_loader_impl.py):
+    the defaults list is built from the group overrides alone (wherever they stand on the command
+    line), then every other override is applied in command-line order to the composed config by
+    `ConfigLoaderImpl._apply_overrides_to_config` (struct mode on: a key that does not exist raises
+    ConfigCompositionException, `+key` adds, `~key` deletes). So the trailing value overrides of a
+    command line can be applied later, to a deep copy of the composition of the rest, by that very
+    function: same code, same order, same config, same errors.
+
+    `compose(overrides) -> cfg` is the real composition (the sweeper's `_compose`, or
+    `compose_train_config` outside a Hydra app); `is_group(key)` says whether Hydra would read `key`
+    as a config group (`repo.group_exists` in Hydra). Kept on the composed side (exact by
+    construction): group overrides, sweeps, `hydra.*` keys, and every override before the last of
+    those that is not a group override (the order of value overrides is kept).
+    """
+
+    def __init__(self, compose: Callable[[list[str]], Any], is_group: Callable[[str], bool]) -> None:
+        self._compose = compose
+        self._is_group = is_group
+        self._bases: dict[tuple[str, ...], Any] = {}  # composed overrides -> config, or the error it raised
+        self._parsed: dict[str, Any] = {}  # override string -> Hydra's Override (value() gives fresh values)
+        self._parser: Any = None
+        self.compositions = 0  # real compositions so far
+
+    def split(self, overrides: list[str]) -> tuple[list[str], list[Any]]:
+        """(the overrides to compose, the parsed value overrides to apply to a copy of that, in order)."""
+        parsed = [self._parse(o) for o in overrides]
+        groups, applied = [], []
+        end = len(parsed)
+        while end:
+            override = parsed[end - 1]
+            kind = self._kind(override)
+            if kind == "compose":
+                break
+            (groups if kind == "group" else applied).append(override)
+            end -= 1
+        composed = [o.input_line for o in parsed[:end]] + [o.input_line for o in reversed(groups)]
+        return composed, applied[::-1]
+
+    def config(self, overrides: list[str]) -> Any:
+        """The config `compose(overrides)` gives, or the exception it raises."""
+        import copy
+
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        try:
+            composed, applied = self.split(overrides)
+        except Exception:  # noqa: BLE001 - not an override Hydra can parse: Hydra's own error, from a full composition
+            composed, applied = list(overrides), []
+        key = tuple(composed)
+        if key not in self._bases:
+            self.compositions += 1
+            try:
+                self._bases[key] = self._compose(composed)
+            except Exception as err:  # noqa: BLE001 - every point with these choices fails the same way
+                self._bases[key] = err
+        base = self._bases[key]
+        if isinstance(base, Exception):
+            raise base
+        cfg = copy.deepcopy(base)
+        ConfigLoaderImpl._apply_overrides_to_config(applied, cfg)
+        return cfg
+
+    def _parse(self, override: str) -> Any:
+        if override not in self._parsed:
+            if self._parser is None:
+                from hydra.core.override_parser.overrides_parser import OverridesParser
+
+                self._parser = OverridesParser.create()
+            self._parsed[override] = self._parser.parse_overrides([override])[0]
+        return self._parsed[override]
+
+    def _kind(self, override: Any) -> str:
+        """ "group" (only the defaults list reads it: its place on the line does not matter), "value"
+        (applied after composition: may be applied to a copy) or "compose"."""
+        key = override.key_or_group
+        if override.is_sweep_override() or key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            return "compose"
+        if self._is_group(key):  # Hydra: a dict value for a group key is a value override
+            return "value" if isinstance(override.value(), dict) else "group"
+        return "value"

@@ -209,9 +209,10 @@ class GrpoOptunaSweeper(Sweeper):
             log.warning("Frontier start skipped: %s", why)
             return
         fullness = []
+        configs = self._compose_cache()  # one composition per distinct group choice, not one per candidate
         for params in frontier.candidates(choices, self.conf.seed):
             try:
-                cfg = self._compose([*self.fixed, *(space.to_override(k, v) for k, v in params.items())])
+                cfg = configs.config([*self.fixed, *(space.to_override(k, v) for k, v in params.items())])
                 validate_here(cfg)
                 est = estimate(cfg)
             except Exception:  # noqa: BLE001 - a point that cannot be composed or estimated is not a pick
@@ -231,6 +232,18 @@ class GrpoOptunaSweeper(Sweeper):
             len(fullness),
             "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
         )
+
+    def _compose_cache(self) -> frontier.ComposeCache:
+        """A frontier.ComposeCache over `_compose`. A key is a config group as Hydra decides it (its
+        repository has the group) or where the sweep's own config chose one (hydra.runtime.choices);
+        calling a group a value would be wrong, calling a value a group only costs a composition."""
+        chosen = set(self.config.hydra.runtime.choices) if OmegaConf.select(self.config, "hydra.runtime.choices") else set()
+        repository = getattr(self.hydra_context.config_loader, "repository", None)
+
+        def is_group(key: str) -> bool:
+            return key in chosen or repository is None or repository.group_exists(key)
+
+        return frontier.ComposeCache(self._compose, is_group)
 
     def _progress(self, study: Any) -> tuple[int, list[int]]:
         """(trials that count toward n_trials, numbers of RUNNING trials).
