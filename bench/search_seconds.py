@@ -332,8 +332,8 @@ def _rate(picks, land: dict) -> float:
 
 
 def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) -> float:
-    """Seconds the sweeper's frontier start spends ranking every point of `land` before its first
-    trial: the config of each point from frontier.ComposeCache (one Hydra composition per distinct
+    """Seconds the sweeper's frontier start spends ranking the candidates of `land` (every point, or
+    frontier.MAX_CANDIDATES drawn from a larger space) before its first trial: the config of each point from frontier.ComposeCache (one Hydra composition per distinct
     group choice, each point a copy with its value overrides applied), checked (validate_here;
     `cuda=True` for a GPU landscape replayed here) and estimated, as the sweeper's `_enqueue_frontier`
     does it, outside a Hydra app (compose_train_config). The whole time, not a per-point median."""
@@ -348,9 +348,9 @@ def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) ->
     groups = config_groups(base)  # the sweeper reads them from its own config: not charged
     started = time.perf_counter()
     cache = frontier.ComposeCache(compose_train_config, groups.__contains__)
-    for point in land["points"]:
+    for params in frontier.candidates(land["grid"], 0):  # what the sweeper ranks: at most MAX_CANDIDATES
         try:
-            cfg = cache.config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())])
+            cfg = cache.config([*base, *(space.to_override(k, v) for k, v in params.items())])
             if cuda:
                 validate(cfg, cuda=True)
             else:

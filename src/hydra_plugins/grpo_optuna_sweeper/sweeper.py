@@ -203,10 +203,12 @@ class GrpoOptunaSweeper(Sweeper):
         """Queue (once per study) the `count` points predicted to fill the allowed memory best (frontier.py)."""
         if any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
             return
+        if self.conf.sampler == "grid" or not self.distributions:
+            return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
         try:
             choices = space.grid_choices(self.distributions)
-        except ValueError as why:
-            log.warning("Frontier start skipped: %s", why)
+        except ValueError as why:  # on by default: a continuous space is not an error
+            log.info("Frontier start skipped: %s", why)
             return
         fullness = []
         configs = self._compose_cache()  # one composition per distinct group choice, not one per candidate
@@ -220,7 +222,7 @@ class GrpoOptunaSweeper(Sweeper):
             budget = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
             limit = allowed_bytes(budget, self.conf.headroom)
             if limit is None:
-                log.warning("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
+                log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
                 return
             fullness.append((params, est.total_bytes / limit))
         picks = frontier.pick(fullness, count, self.conf.seed)
