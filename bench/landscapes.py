@@ -9,7 +9,8 @@ A landscape is every point of a search space with what a trial of it would show 
   true x exp(N(0, sigma)) (a model, or a machine noisier than the recording's).
 
 tiny_cpu: the 180-point grid measured for real (bench/data/grid_tiny_cpu.json, record_grid.py):
-    every point's runs (5 where it fits), each with its throughput and what it cost in seconds.
+    every point's runs (5 where it fits; the best points topped up: record_grid.py --top-up), each
+    with its throughput and what it cost in seconds.
 gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B on an L4
     (sweeps/gemma3_1b_l4.yaml), the memory wall from grpo_sweep.memory.estimator (with a per-point
     error drawn like the estimator's measured GPU error), throughput and step seconds from

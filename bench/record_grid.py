@@ -181,7 +181,7 @@ def top_up(count: int, more: int, budget_gib: float = DEFAULT_BUDGET_GIB, condit
                 print(f"[top-up] {attempt + 1}/{more} {row['levers']} {record.get('tokens_per_s'):.0f} tok/s", flush=True)
     for row in ok:
         row["tokens_per_s"] = statistics.median(row["tokens_per_s_runs"])
-    data["top_up"] = {
+    entry = {
         "how": f"python bench/record_grid.py --top-up {count} {more}: the {count} best points run {more} more times, "
         "round-robin, appended to their runs (their tokens_per_s is the median of all)",
         "measured_at": measured_at(),
@@ -189,8 +189,9 @@ def top_up(count: int, more: int, budget_gib: float = DEFAULT_BUDGET_GIB, condit
         "conditions": conditions,
         "drift": drift(ok, more),
     }
+    data.setdefault("top_ups", []).append(entry)  # every top-up, oldest first
     DATA.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {DATA} (topped up {count} points x {more} runs; drift {data['top_up']['drift']})")
+    print(f"wrote {DATA} (topped up {count} points x {more} runs; drift {entry['drift']})")
 
 
 def drift(points: list[dict], more: int) -> dict:

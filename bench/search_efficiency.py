@@ -1,7 +1,8 @@
 """Search efficiency: replay search strategies on a lever grid that was measured for real.
 
 bench/data/grid_tiny_cpu.json (bench/record_grid.py) holds real trials of every grid point under a
-simulated budget: tokens/s (the median of 3 runs) for points that fit, a real OOM with its deficit
+simulated budget: tokens/s (the median of its runs: 5, more for the best points after
+record_grid.py --top-up) for points that fit, a real OOM with its deficit
 for points that do not. Each strategy below asks for points and is told the recorded outcome, as
 if it had run the trial, over SEEDS seeds:
 - ours:            our sweeper's sampler and constraint handling (OOM -> infeasible with deficit),
