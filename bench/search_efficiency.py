@@ -197,6 +197,8 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
         keys[f"search_median_seconds_no_frontier_start{suffix}"] = nf["search_median_seconds"]
         keys[f"pick_within_5pct_rate_no_frontier_start{suffix}"] = nf["pick_within_5pct_rate"]
         keys[f"pick_within_5pct_rate_no_confirm_no_frontier_start{suffix}"] = nf["pick_within_5pct_rate_no_confirm"]
+        oracle = search_seconds.oracle_pick_rate(land)
+        keys[f"pick_within_5pct_rate_oracle{suffix}"] = oracle["rate"]
         keys[f"run_spread{suffix}"] = land["spread"]
         rows.append(
             {
@@ -211,6 +213,7 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
                 "pick, no confirm": r["pick_within_5pct_rate_no_confirm"],
                 "pick / optimum: median, worst tenth": f"{r['pick_of_optimum_median']:.3g}, {r['pick_of_optimum_p10']:.3g}",
                 "search ran a good point": r["good_point_run_rate"],
+                "oracle's pick (bound)": f"{oracle['rate']:.3g} ({oracle['contenders']} points x {oracle['runs_each']} runs)",
                 "without frontier start: s": nf["search_median_seconds"],
                 "its pick (no confirm)": f"{nf['pick_within_5pct_rate']:.3g} ({nf['pick_within_5pct_rate_no_confirm']:.3g})",
             }

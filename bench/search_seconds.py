@@ -322,6 +322,27 @@ def _charge(run: dict) -> float:
     return run["found_s"] if run["found_s"] is not None else run["seconds"]
 
 
+def oracle_pick_rate(land: dict, n_trials: int = N_TRIALS, band: float = 0.10, draws: int = 4000) -> dict:
+    """The best pick rate any sweep of `n_trials` trials could reach on `land`: an oracle that already
+    knows which points lie within `band` of the optimum runs each of them n_trials // k times (at
+    least once) and picks the best median. Where the points' runs overlap, even it misses."""
+    contenders = [p for p in land["points"] if p["status"] == "ok" and p["tokens_per_s"] >= (1 - band) * land["optimum"]]
+    runs_each = max(1, n_trials // len(contenders))
+    rng = random.Random(0)
+
+    def one_run(point: dict) -> float:
+        measured = point.get("measured_runs") if land.get("noise") == "measured runs" else None
+        if measured:
+            return rng.choice(measured)["tokens_per_s"]
+        return point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
+
+    hits = 0
+    for _ in range(draws):
+        best = max(contenders, key=lambda p: statistics.median(one_run(p) for _ in range(runs_each)))
+        hits += good(best, land)
+    return {"rate": hits / draws, "contenders": len(contenders), "runs_each": runs_each, "band": band}
+
+
 def _of_optimum(pick: dict | None, land: dict) -> float:
     return pick["tokens_per_s"] / land["optimum"] if pick is not None and pick["status"] == "ok" else 0.0
 

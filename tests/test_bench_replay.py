@@ -103,3 +103,18 @@ def test_measured_noise_replays_the_points_own_runs():
     cheapest = sum(min(r["wall_s"] for r in p["measured_runs"]) for p in confirmed)
     dearest = sum(max(r["wall_s"] for r in p["measured_runs"]) for p in confirmed)
     assert cheapest - 1e-9 <= run["confirm_s"] <= dearest + 1e-9
+
+
+def test_oracle_bound_knows_the_contenders_and_misses_only_by_noise():
+    """bench/search_seconds.py oracle_pick_rate: the points within 10 % of the optimum, the budget split
+    over them; without noise it always picks the optimum, with the measured runs it can miss."""
+    import landscapes
+    import search_seconds as ss
+
+    exact = landscapes.tiny_cpu(sigma=1e-9)
+    bound = ss.oracle_pick_rate(exact, n_trials=40, draws=200)
+    contenders = [p for p in exact["points"] if p["status"] == "ok" and p["tokens_per_s"] >= 0.9 * exact["optimum"]]
+    assert bound["contenders"] == len(contenders) and bound["runs_each"] == max(1, 40 // len(contenders))
+    assert bound["rate"] == 1.0
+    measured = ss.oracle_pick_rate(landscapes.tiny_cpu(), n_trials=40, draws=400)
+    assert 0.0 < measured["rate"] <= 1.0
