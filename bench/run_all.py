@@ -49,7 +49,7 @@ def summarize() -> dict:
         "grid_median_run_spread": search.get("grid_median_run_spread"),
         "search_median_trials": search["search_median_trials"],
         "search_median_trials_no_prescreen": search["search_median_trials_no_prescreen"],
-        "search_median_trials_frontier_start": search.get("search_median_trials_frontier_start"),
+        "search_median_trials_no_frontier_start": search.get("search_median_trials_no_frontier_start"),
         "tpe_unconstrained_median_trials": search["tpe_unconstrained_median_trials"],
         "random_median_trials": search["random_median_trials"],
         "infeasible_final_picks": search["infeasible_final_picks"],
@@ -65,13 +65,17 @@ def summarize() -> dict:
                 f"grid_seconds{suffix}",
                 f"pick_within_5pct_rate{suffix}",
                 f"pick_within_5pct_rate_no_confirm{suffix}",
+                # How far off the pick is (its true value / the optimum), and the best rate any sweep of
+                # the same budget could reach (an oracle that knows the points within 10 %).
+                f"pick_of_optimum_median{suffix}",
+                f"pick_within_5pct_rate_oracle{suffix}",
             )
         },
-        # The recommended start (hydra.sweeper.frontier_start=5 n_startup_trials=5) on both landscapes.
+        # The start before the frontier start became the default (frontier_start=0, n_startup_trials=10).
         **{
             k: search.get(k)
             for suffix in ("", "_gemma_l4")
-            for k in (f"search_median_seconds_frontier_start{suffix}", f"pick_within_5pct_rate_frontier_start{suffix}")
+            for k in (f"search_median_seconds_no_frontier_start{suffix}", f"pick_within_5pct_rate_no_frontier_start{suffix}")
         },
         "stop_below": (search.get("seconds") or {}).get("stop_below"),
         "estimator_median_abs_err": accuracy["median_abs_error"],

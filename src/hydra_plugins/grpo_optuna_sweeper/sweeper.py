@@ -118,8 +118,11 @@ class GrpoOptunaSweeper(Sweeper):
             self._enqueue_presets(study)
         for point in conf.enqueue:
             study.enqueue_trial(OmegaConf.to_container(point), skip_if_exists=True)
-        if conf.frontier_start:
-            self._enqueue_frontier(study, conf.frontier_start)
+        # Never more frontier points than the search phase has room for after the other start points:
+        # a queued point the sweep never reaches would stay WAITING in the study.
+        frontier_count = min(conf.frontier_start, self._room(study, self.n_search))
+        if frontier_count > 0:
+            self._enqueue_frontier(study, frontier_count)
         self._stop_signal, self._in_job = None, False
         previous = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
@@ -246,6 +249,12 @@ class GrpoOptunaSweeper(Sweeper):
             return key in chosen or repository is None or repository.group_exists(key)
 
         return frontier.ComposeCache(self._compose, is_group)
+
+    def _room(self, study: Any, target: int) -> int:
+        """Trials still to start before the study counts `target`: not counted, running or queued yet."""
+        counted, running = self._progress(study)
+        waiting = sum(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
+        return target - counted - len(running) - waiting
 
     def _progress(self, study: Any) -> tuple[int, list[int]]:
         """(trials that count toward n_trials, numbers of RUNNING trials).
