@@ -279,14 +279,15 @@ def test_storage_create_race_and_load_study_by_hand(tmp_path):
 def test_tiny_cpu_sweep(tmp_path):
     """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists."""
     # Pre-screen off: the infeasible points must hit the wall for real (a simulated-budget OOM), not be pruned.
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True))
+    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     trials = counted(study)
-    assert len(trials) == len(study.trials) == 6
-    # tiny_cpu.yaml's enqueued probes ran first: the smallest and the largest point.
+    assert len(trials) == len(study.trials) == 6  # the default frontier start filled only the room left
+    # tiny_cpu.yaml's enqueued probes ran first: the smallest and the largest point; then the frontier start.
     probes = [(t.params["max_seq_length"], t.params["per_device_train_batch_size"]) for t in study.trials[:2]]
     assert probes == [(64, 2), (256, 8)]
+    assert any(t.user_attrs.get("frontier_start") for t in study.trials[2:6])
     for t in trials:
         assert t.user_attrs["status"] in ("ok", "oom", "pruned")
         assert t.user_attrs["levers"]["max_seq_length"] == t.params["max_seq_length"]
@@ -456,7 +457,9 @@ def test_frontier_pick_is_fullest_fit_first_and_spread_out():
 def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
     """hydra.sweeper.frontier_start=2: the first two trials are the estimator's fullest fits, and they fit."""
     result = run(
-        sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2", "hydra.sweeper.prescreen=true")
+        sweep_cmd(
+            tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2", "hydra.sweeper.prescreen=true", frontier=True
+        )
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Frontier start: enqueued 2 of" in result.stdout + result.stderr
@@ -572,7 +575,10 @@ def test_open_storage_retries_only_a_lost_schema_race(monkeypatch):
     race = RuntimeError('(psycopg.errors.UniqueViolation) duplicate key value violates "pg_type_typname_nsp_index"')
     monkeypatch.setattr(optuna.storages, "RDBStorage", rdb([race, race]))
     assert st.open_storage("postgresql://u@localhost/fresh") == "the storage"
-    assert len(calls) == 3 and len(sleeps) == 2 and 0 < sleeps[0] < sleeps[1] < 1.2
+    # A growing pause with jitter (workers that lost together do not retry together): 0.2 s x the
+    # attempt, plus up to 0.3 s; the windows overlap, so two pauses need not be in order.
+    assert len(calls) == 3 and len(sleeps) == 2
+    assert 0.2 <= sleeps[0] < 0.5 and 0.4 <= sleeps[1] < 0.7
     assert calls[0]["engine_kwargs"] == {"pool_pre_ping": True}  # a server connection is checked before use
 
     calls.clear()

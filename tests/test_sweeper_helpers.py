@@ -15,9 +15,12 @@ from conftest import ROOT
 SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "lora=qv"]
 
 
-def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False) -> list[str]:
-    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue` (tests pick their own)."""
+def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False, frontier: bool = False) -> list[str]:
+    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue`, and without the
+    frontier start unless `frontier` (tests pick their own points: the frontier's fullest fits are the
+    slowest trials, and a test of workers or resume does not need them)."""
     extra = [] if enqueue else ["hydra.sweeper.enqueue=[]"]
+    extra += [] if frontier else ["hydra.sweeper.frontier_start=0"]
     return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}", *extra, *args]
 
 
