@@ -19,7 +19,6 @@ search already repeated: fewer confirmation runs, and the study holds fewer than
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from grpo_sweep.study import best as best_rule
@@ -71,21 +70,20 @@ def plan(study: Any, top: int, repeats: int, log: Any) -> list[dict]:
     existing = study.user_attrs.get(PLAN_ATTR)
     if existing is not None:
         return existing["runs"]
-    groups: dict[Any, list] = {}
-    for t in search_trials(study):
-        groups.setdefault(best_rule.config_group(t.user_attrs, t.number), []).append(t)
-    medians = {first: statistics.median(t.value for t in runs) for first, runs in groups.items()}
-    chosen = best_rule.ranked(list(groups), value=medians.get, direction=study.direction)[:top]
+    top_configs = best_rule.finalists(
+        search_trials(study),
+        value=lambda t: t.value,
+        group=lambda t: best_rule.config_group(t.user_attrs, t.number),
+        direction=study.direction,
+    )[:top]
+    if len(top_configs) < 2:
+        top_configs = []
+    chosen = [best_rule.config_group(f.item.user_attrs, f.item.number) for f in top_configs]
     runs: list[dict] = []
-    if len(chosen) >= 2:
-        missing = {first: max(0, 1 + repeats - len(groups[first])) for first in chosen}
-        for round_ in range(repeats + 1):
-            for first in chosen:
-                if missing[first] > round_:
-                    t = groups[first][0]
-                    runs.append({"confirms": first, "params": dict(t.params), "preset": t.user_attrs.get("preset")})
-    else:
-        chosen = []
+    for round_ in range(repeats):  # each finalist has run at least once: at most `repeats` more
+        for first, f in zip(chosen, top_configs):
+            if len(f.runs) + round_ < 1 + repeats:
+                runs.append({"confirms": first, "params": dict(f.item.params), "preset": f.item.user_attrs.get("preset")})
     study.set_user_attr(PLAN_ATTR, {"finalists": chosen, "runs": runs})
     for run in runs:
         attrs = {CONFIRMS_ATTR: run["confirms"], **({"preset": run["preset"]} if run["preset"] else {})}
@@ -94,7 +92,7 @@ def plan(study: Any, top: int, repeats: int, log: Any) -> list[dict]:
         log.info(
             "Confirmation: trials %s (runs so far: %s) topped up to %d runs each, interleaved (%d runs, counted in n_trials)",
             ", ".join(str(first) for first in chosen),
-            ", ".join(str(len(groups[first])) for first in chosen),
+            ", ".join(str(len(f.runs)) for f in top_configs),
             1 + repeats,
             len(runs),
         )
