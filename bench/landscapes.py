@@ -65,13 +65,19 @@ def run_costs(run: dict) -> dict:
     }
 
 
+def repeated_runs(point: dict) -> list[float]:
+    """A point's measured throughputs when it fits and ran at least twice (else none)."""
+    runs = [r for r in point.get("tokens_per_s_runs") or [] if r]
+    return runs if point["status"] == "ok" and len(runs) >= 2 else []
+
+
 def measured_sigma(points: list[dict]) -> float:
     """The log-normal sigma of one run, pooled over the points that fit: sqrt(sum over points of the
     squared log deviations from the point's mean log / sum of (runs - 1))."""
     squares, dof = 0.0, 0
     for p in points:
-        runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
-        if p["status"] != "ok" or len(runs) < 2:
+        runs = repeated_runs(p)
+        if not runs:
             continue
         logs = [math.log(r) for r in runs]
         mean = statistics.fmean(logs)
@@ -121,8 +127,7 @@ def spread_of(points: list[dict]) -> float | None:
     was run twice)."""
     spreads = []
     for p in points:
-        runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
-        if p["status"] == "ok" and len(runs) >= 2:
+        if runs := repeated_runs(p):
             spreads.append((max(runs) - min(runs)) / statistics.median(runs))
     return statistics.median(spreads) if spreads else None
 
@@ -133,8 +138,8 @@ def truth_uncertainty(points: list[dict], optimum: float, within: float = 0.10) 
     median (1.2533 x the standard deviation of its log runs / sqrt(runs)), best first."""
     out = []
     for p in points:
-        runs = [r for r in p.get("tokens_per_s_runs") or [] if r]
-        if p["status"] != "ok" or p["tokens_per_s"] < (1 - within) * optimum or len(runs) < 2:
+        runs = repeated_runs(p)
+        if not runs or p["tokens_per_s"] < (1 - within) * optimum:
             continue
         se = 1.2533 * statistics.stdev(math.log(r) for r in runs) / math.sqrt(len(runs))
         out.append({"levers": p["levers"], "of_optimum": p["tokens_per_s"] / optimum, "runs": len(runs), "median_se": se})

@@ -52,18 +52,23 @@ def run_point(land: dict, point: dict, rng: random.Random, threshold: float | No
     base = {"peak_memory_bytes": point.get("peak_memory_bytes"), "memory_source": point.get("memory_source")}
     if point["status"] == "oom":
         return {**base, "status": "oom", "deficit_bytes": point.get("deficit_bytes")}, point["oom_s"]
-    measured = point.get("measured_runs") if land.get("noise") == "measured runs" else None
-    if measured:
-        drawn = rng.choice(measured)
-        value, start, step_s = drawn["tokens_per_s"], drawn["start_s"], drawn["step_s"]
-    else:
-        value = point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
-        start, step_s = point["start_s"], point["step_s"]
+    drawn = draw_run(land, point, rng)
+    value, start, step_s = drawn["tokens_per_s"], drawn["start_s"], drawn["step_s"]
     steps, first = land["steps"], land["first_timed_step"]
     history = [{"step": i + 1, OBJECTIVE: value} for i in range(steps)]
     if threshold is not None and first < steps and value < threshold:  # the speed meter stops it
         return {**base, "status": "slow", OBJECTIVE: value, "history": history[:first]}, start + sum(step_s[:first])
     return {**base, "status": "ok", OBJECTIVE: value, "history": history}, start + sum(step_s)
+
+
+def draw_run(land: dict, point: dict, rng: random.Random) -> dict:
+    """One run of a point that fits: one of its measured runs drawn at random (tiny_cpu's noise), or
+    its true value x exp(N(0, sigma)) at its costs (a model): tokens_per_s, start_s, step_s."""
+    measured = point.get("measured_runs") if land.get("noise") == "measured runs" else None
+    if measured:
+        return rng.choice(measured)
+    value = point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
+    return {"tokens_per_s": value, "start_s": point["start_s"], "step_s": point["step_s"]}
 
 
 def sweep(
@@ -213,20 +218,12 @@ def measure_compose_s(land: dict, base: list[str], count: int = 12, cuda: bool |
     import time
 
     from grpo_sweep.config.compose import compose_train_config
-    from grpo_sweep.config.local import validate_here
-    from grpo_sweep.config.schema import validate
-    from grpo_sweep.memory.estimator import estimate
     from hydra_plugins.grpo_optuna_sweeper import space
 
     times = []
     for point in random.Random(0).sample(land["points"], count):
         started = time.perf_counter()
-        cfg = compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())])
-        if cuda:  # a GPU landscape: its packages (bitsandbytes) are on that machine, not necessarily here
-            validate(cfg, cuda=True)
-        else:
-            validate_here(cfg)
-        estimate(cfg)
+        _check_and_estimate(compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())]), cuda)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -276,12 +273,7 @@ def evaluate(
     n_startup_trials: int | None = None,
 ) -> dict:
     """Every strategy over `seeds` seeds on `land`; the summary keys (without a landscape suffix).
-    frontier / n_startup_trials: None, the plugin's defaults (hydra.sweeper.frontier_start, n_startup_trials)."""
-    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
-
-    conf = GrpoOptunaSweeperConf()
-    frontier = conf.frontier_start if frontier is None else frontier
-    n_startup_trials = conf.n_startup_trials if n_startup_trials is None else n_startup_trials
+    frontier / n_startup_trials: None, the plugin's defaults (sweep resolves them)."""
     runs_found, runs_pick = [], []
     for seed in range(seeds):
         common = {"n_trials": N_TRIALS, "stop_below": stop_below, "frontier": frontier, "n_startup_trials": n_startup_trials}
@@ -329,16 +321,9 @@ def oracle_pick_rate(land: dict, n_trials: int = N_TRIALS, band: float = 0.10, d
     contenders = [p for p in land["points"] if p["status"] == "ok" and p["tokens_per_s"] >= (1 - band) * land["optimum"]]
     runs_each = max(1, n_trials // len(contenders))
     rng = random.Random(0)
-
-    def one_run(point: dict) -> float:
-        measured = point.get("measured_runs") if land.get("noise") == "measured runs" else None
-        if measured:
-            return rng.choice(measured)["tokens_per_s"]
-        return point["tokens_per_s"] * math.exp(rng.gauss(0.0, land["sigma"]))
-
     hits = 0
     for _ in range(draws):
-        best = max(contenders, key=lambda p: statistics.median(one_run(p) for _ in range(runs_each)))
+        best = max(contenders, key=lambda p: statistics.median(draw_run(land, p, rng)["tokens_per_s"] for _ in range(runs_each)))
         hits += good(best, land)
     return {"rate": hits / draws, "contenders": len(contenders), "runs_each": runs_each, "band": band}
 
@@ -361,9 +346,6 @@ def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) ->
     import time
 
     from grpo_sweep.config.compose import compose_train_config, config_groups
-    from grpo_sweep.config.local import validate_here
-    from grpo_sweep.config.schema import validate
-    from grpo_sweep.memory.estimator import estimate
     from hydra_plugins.grpo_optuna_sweeper import frontier, space
 
     groups = config_groups(base)  # the sweeper reads them from its own config: not charged
@@ -371,12 +353,22 @@ def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) ->
     cache = frontier.ComposeCache(compose_train_config, groups.__contains__)
     for params in frontier.candidates(land["grid"], 0):  # what the sweeper ranks: at most MAX_CANDIDATES
         try:
-            cfg = cache.config([*base, *(space.to_override(k, v) for k, v in params.items())])
-            if cuda:
-                validate(cfg, cuda=True)
-            else:
-                validate_here(cfg)
-            estimate(cfg)
+            _check_and_estimate(cache.config([*base, *(space.to_override(k, v) for k, v in params.items())]), cuda)
         except Exception:  # noqa: BLE001 - as the sweeper: a point that cannot be composed or estimated is not a pick
             continue
     return time.perf_counter() - started
+
+
+def _check_and_estimate(cfg, cuda: bool | None) -> None:
+    """What the sweeper does with a composed point before it launches or ranks it: check it
+    (validate_here; `cuda=True` for a GPU landscape replayed here, whose packages such as
+    bitsandbytes are on that machine, not necessarily here) and estimate its peak."""
+    from grpo_sweep.config.local import validate_here
+    from grpo_sweep.config.schema import validate
+    from grpo_sweep.memory.estimator import estimate
+
+    if cuda:
+        validate(cfg, cuda=True)
+    else:
+        validate_here(cfg)
+    estimate(cfg)
