@@ -3,43 +3,15 @@ composition gives, one composition per group choice, inside the real sweeper wit
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import random
 
 import pytest
 from omegaconf import OmegaConf
+from test_sweeper_helpers import SWEEP, tiny_sweeper
 
 from hydra_plugins.grpo_optuna_sweeper import frontier, space
-
-SWEEP = "+sweeps=tiny_cpu"
-
-
-@contextlib.contextmanager
-def tiny_sweeper(*params: str):
-    """The sweeper of `python train.py -m +sweeps=tiny_cpu [params]` as Hydra sets it up (the
-    master config, Hydra's config loader), without launching anything."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import HydraContext
-
-    from grpo_sweep.config.compose import CONF_DIR
-    from grpo_sweep.config.schema import register
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import GrpoOptunaSweeper
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        master = compose("train", overrides=[SWEEP], return_hydra_config=True)
-        conf = OmegaConf.to_container(master.hydra.sweeper, resolve=True)
-        conf.pop("_target_")
-        sweeper = GrpoOptunaSweeper(**conf)
-        sweeper.hydra_context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=None)
-        sweeper.config = master
-        space_conf = [f"{k}={v}" for k, v in sweeper.params.items()] + [SWEEP, *params]
-        sweeper.distributions, fixed = space.parse_space(space_conf)
-        sweeper.fixed = list(fixed.values())
-        yield sweeper
 
 
 def _overrides(sweeper, params: dict) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import subprocess
@@ -11,8 +12,37 @@ from pathlib import Path
 
 from conftest import ROOT
 
+SWEEP = "+sweeps=tiny_cpu"
 # Each trial: two optimiser steps on 64 prompts; the smallest point of tiny_cpu unless a test sweeps more.
 SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "lora=qv"]
+
+
+@contextlib.contextmanager
+def tiny_sweeper(*params: str):
+    """The sweeper of `python train.py -m +sweeps=tiny_cpu [params]` as Hydra sets it up (the
+    master config, Hydra's config loader), without launching anything."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.config.compose import CONF_DIR
+    from grpo_sweep.config.schema import register
+    from hydra_plugins.grpo_optuna_sweeper import space
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import GrpoOptunaSweeper
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        master = compose("train", overrides=[SWEEP], return_hydra_config=True)
+        conf = OmegaConf.to_container(master.hydra.sweeper, resolve=True)
+        conf.pop("_target_")
+        sweeper = GrpoOptunaSweeper(**conf)
+        sweeper.hydra_context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=None)
+        sweeper.config = master
+        space_conf = [f"{k}={v}" for k, v in sweeper.params.items()] + [SWEEP, *params]
+        sweeper.distributions, fixed = space.parse_space(space_conf)
+        sweeper.fixed = list(fixed.values())
+        yield sweeper
 
 
 def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False, frontier: bool = False) -> list[str]:

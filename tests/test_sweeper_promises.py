@@ -511,6 +511,55 @@ def test_a_start_point_queued_twice_runs_once(tmp_path):
     assert duplicate_of(study, study.ask(space)) is None
 
 
+def test_start_points_never_overflow_the_search_phase(caplog):
+    """Presets, `enqueue` points and the frontier are queued only while the search phase has room: a
+    point the search never reaches would stay WAITING, and the confirmation phase would run it in
+    place of a confirmation run. The points left out are named; a resumed sweep queues nothing twice."""
+    import logging
+
+    import optuna
+    from test_sweeper_helpers import tiny_sweeper
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    points = [{"max_seq_length": 64, "per_device_train_batch_size": b, "lora_rank": r} for b in (2, 4) for r in (8, 16)]
+
+    def waiting(study):
+        return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]
+
+    with tiny_sweeper() as sweeper:
+        sweeper.conf.enqueue = points
+        sweeper.conf.frontier_start = 5
+        sweeper.n_trials, sweeper.n_search = 9, 3  # e.g. 3 search trials + 3 finalists x 2 runs
+        study = optuna.create_study(direction="maximize")
+        with caplog.at_level(logging.INFO):
+            sweeper._enqueue_start(study)
+        assert waiting(study) == points[:3]
+        assert "no room left for enqueue[3]=" in caplog.text and "n_trials=9 less 6 confirmation runs" in caplog.text
+        assert "Frontier start" not in caplog.text  # no room for it either
+        sweeper._enqueue_start(study)  # a resumed sweep, or a second worker: nothing queued twice
+        assert waiting(study) == points[:3]
+
+        # Room for every point and two frontier points.
+        sweeper.n_search = 6
+        study = optuna.create_study(direction="maximize")
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            sweeper._enqueue_start(study)
+        queued = waiting(study)
+        assert queued[:4] == points and len(queued) == 6 and "not queued" not in caplog.text
+
+        # Warm start: the presets first, while there is room; one left out is named.
+        sweeper.conf.warm_start, sweeper.conf.enqueue = True, []
+        sweeper.n_search = 1
+        study = optuna.create_study(direction="maximize")
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            sweeper._enqueue_start(study)
+        presets = [t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)]
+        assert presets == [sweeper.conf.presets[0]]
+        assert f"preset={sweeper.conf.presets[1]} not queued" in caplog.text
+
+
 @pytest.mark.slow
 def test_a_systematic_failure_stops_a_real_sweep(tmp_path):
     """Every trial raises (trial.debug_fault=raise): the sweep stops after

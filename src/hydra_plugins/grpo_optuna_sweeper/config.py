@@ -39,7 +39,8 @@ class GrpoOptunaSweeperConf:
     warm_start: bool = False
     presets: list[str] = field(default_factory=lambda: ["seed_baseline", "seed_optimized"])
     # Points to try first (e.g. the config you run today, or both ends of the range to bracket the
-    # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study.
+    # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study, and
+    # (like the presets) only while the search phase has room: the rest are named in a warning.
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     # Frontier start: first run the N points the estimator predicts fill the allowed memory best,
     # spread over the space (frontier.py); 0: off. Needs discrete parameters (choice / range);

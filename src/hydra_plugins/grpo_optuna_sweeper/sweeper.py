@@ -114,15 +114,7 @@ class GrpoOptunaSweeper(Sweeper):
             conf.sampler,
             ", ".join(self.distributions) or "(empty)",
         )
-        if conf.warm_start:
-            self._enqueue_presets(study)
-        for point in conf.enqueue:
-            study.enqueue_trial(OmegaConf.to_container(point), skip_if_exists=True)
-        # Never more frontier points than the search phase has room for after the other start points:
-        # a queued point the sweep never reaches would stay WAITING in the study.
-        frontier_count = min(conf.frontier_start, self._room(study, self.n_search))
-        if frontier_count > 0:
-            self._enqueue_frontier(study, frontier_count)
+        self._enqueue_start(study)
         self._stop_signal, self._in_job = None, False
         previous = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
@@ -187,11 +179,50 @@ class GrpoOptunaSweeper(Sweeper):
         seed = None if self.conf.seed is None else (int(self.conf.seed) + os.getpid()) % 2**31
         return build_sampler(self.conf.sampler, seed, self.distributions, self.conf.n_startup_trials)
 
+    def _enqueue_start(self, study: Any) -> None:
+        """Queue the start points: the presets (warm_start), the `enqueue` points, then the frontier.
+
+        Never more than the search phase has room for (n_search less what the study already counts,
+        runs or queues): a queued point the search never reaches would stay WAITING, and the
+        confirmation phase would then run it in place of a confirmation run. The points left out are
+        named in a warning (raise hydra.sweeper.n_trials to run them)."""
+        conf = self.conf
+        if conf.warm_start:
+            self._enqueue_presets(study)
+        left_out = []
+        for i, point in enumerate(conf.enqueue):
+            params = OmegaConf.to_container(point)
+            if self._room(study, self.n_search) <= 0 and not _in_study(study, params):
+                left_out.append(f"enqueue[{i}]={params}")
+                continue
+            study.enqueue_trial(params, skip_if_exists=True)
+        if left_out:
+            log.warning(
+                "Start points not queued: the search phase has %d trials (n_trials=%d less %d confirmation runs) "
+                "and no room left for %s; raise hydra.sweeper.n_trials to run them",
+                self.n_search,
+                self.n_trials,
+                self.n_trials - self.n_search,
+                ", ".join(left_out),
+            )
+        frontier_count = min(conf.frontier_start, self._room(study, self.n_search))
+        if frontier_count > 0:
+            self._enqueue_frontier(study, frontier_count)
+
     def _enqueue_presets(self, study: Any) -> None:
-        """Queue each seed preset once per study, with its levers as parameters where they fit the space."""
+        """Queue each seed preset once per study, with its levers as parameters where they fit the space
+        (while the search phase has room: see _enqueue_start)."""
         queued = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
         for preset in self.conf.presets:
             if preset in queued:
+                continue
+            if self._room(study, self.n_search) <= 0:
+                log.warning(
+                    "Warm start: preset=%s not queued: the search phase's %d trials are already taken; "
+                    "raise hydra.sweeper.n_trials to run it",
+                    preset,
+                    self.n_search,
+                )
                 continue
             cfg = self._compose([*self.fixed, f"preset={preset}"])
             params = {}
@@ -520,6 +551,12 @@ def _state(name: str) -> Any:
     from optuna.trial import TrialState
 
     return TrialState[name]
+
+
+def _in_study(study: Any, params: dict) -> bool:
+    """Whether a trial of the study already has `params` (queued, running or run: enqueue_trial's
+    skip_if_exists skips it, so it needs no room)."""
+    return any(t.system_attrs.get("fixed_params", t.params) == params for t in study.get_trials(deepcopy=False))
 
 
 def _fixed_in(trial: Any, key: str) -> bool:
