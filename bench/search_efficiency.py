@@ -6,10 +6,12 @@ record_grid.py --top-up) for points that fit, a real OOM with its deficit
 for points that do not. Each strategy below asks for points and is told the recorded outcome, as
 if it had run the trial, over SEEDS seeds:
 - ours:            our sweeper's sampler and constraint handling (OOM -> infeasible with deficit),
-                   with the estimator pre-screen (points predicted over budget are pruned unrun);
+                   with the estimator pre-screen (points predicted over budget are pruned unrun), the
+                   frontier start and neighbour moves (the plugin's defaults);
 - ours_no_prescreen: the same without the pre-screen;
 - ours_no_frontier_start: ours without the frontier start (frontier_start=0, n_startup_trials=10: the
                    defaults before 2026-11-30; "ours" runs the estimator's 5 fullest predicted fits first);
+- ours_no_neighbours: ours without neighbour moves (neighbour_every=0, the default before 2026-11-30 20:40 UTC);
 - tpe_unconstrained: Optuna TPE that only sees OOMs as failed trials (what hydra-optuna-sweeper does);
 - random:          uniform sampling without replacement;
 - grid:            every point.
@@ -39,6 +41,8 @@ SEEDS = 50  # the issue asks >= 20; with 20 the median moved by +-3 trials betwe
 WITHIN = 0.05
 # "ours" runs the plugin's defaults (frontier_start=5, n_startup_trials=5); this row, the start before them
 NO_FRONTIER = {"frontier": 0, "n_startup_trials": 10}
+# "ours" moves one lever of the best config every 2nd search trial (neighbour_every=2); this row, without
+NO_NEIGHBOURS = {"neighbour_every": 0}
 SWEEP_BUDGET = 40  # the final pick is the best feasible trial after this many trials
 
 
@@ -95,11 +99,15 @@ def optuna_strategy(
     frontier: int = 0,
     sampler: str | None = None,
     n_startup_trials: int = 10,
+    neighbour_every: int = 0,
 ) -> list[dict]:
-    """Ask/tell with the sweeper's own sampler, judge(), pre-screen and frontier start, on recorded outcomes."""
+    """Ask/tell with the sweeper's own sampler, judge(), pre-screen, frontier start and neighbour
+    moves, on recorded outcomes."""
     import optuna
+    import search_seconds
 
     from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
+    from hydra_plugins.grpo_optuna_sweeper import neighbours
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
     from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, judge, prescreen_verdict
     from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
@@ -124,6 +132,8 @@ def optuna_strategy(
     limit = len(grid["points"])
     found = False
     while (not found or len(ran) < SWEEP_BUDGET) and len(ran) < limit and asked < 20 * limit:
+        if constrained and neighbours.due(asked, n_startup_trials, neighbour_every):  # asked: what the sweeper counts
+            search_seconds.enqueue_neighbour(study, grid, seed, prescreen, conf.prescreen_margin)
         asked += 1
         trial = study.ask(space)
         point = grid["by_key"].get(key(trial.params))
@@ -143,6 +153,7 @@ def optuna_strategy(
         ran.append(point)
         if constrained:
             outcome = judge(point, objective="tokens_per_s", direction="maximize", budget_bytes=budget, headroom=None)
+            trial.set_user_attr("status", outcome.attrs.get("status"))  # as the sweeper records it (the best rule reads it)
             if outcome.constraint is not None:
                 trial.set_constraint(CONSTRAINT, outcome.constraint)
             study.tell(trial, outcome.value, state=optuna.trial.TrialState[outcome.state])
@@ -197,6 +208,11 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
         keys[f"search_median_seconds_no_frontier_start{suffix}"] = nf["search_median_seconds"]
         keys[f"pick_within_5pct_rate_no_frontier_start{suffix}"] = nf["pick_within_5pct_rate"]
         keys[f"pick_within_5pct_rate_no_confirm_no_frontier_start{suffix}"] = nf["pick_within_5pct_rate_no_confirm"]
+        nn = search_seconds.evaluate(land, SECONDS_SEEDS, default_stop, others=False, **NO_NEIGHBOURS)
+        keys[f"search_median_seconds_no_neighbours{suffix}"] = nn["search_median_seconds"]
+        keys[f"pick_within_5pct_rate_no_neighbours{suffix}"] = nn["pick_within_5pct_rate"]
+        keys[f"pick_within_5pct_rate_no_confirm_no_neighbours{suffix}"] = nn["pick_within_5pct_rate_no_confirm"]
+        keys[f"good_point_run_rate_no_neighbours{suffix}"] = nn["good_point_run_rate"]
         oracle = search_seconds.oracle_pick_rate(land)
         keys[f"pick_within_5pct_rate_oracle{suffix}"] = oracle["rate"]
         keys[f"run_spread{suffix}"] = land["spread"]
@@ -216,6 +232,9 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
                 "oracle's pick (bound)": f"{oracle['rate']:.3g} ({oracle['contenders']} points x {oracle['runs_each']} runs)",
                 "without frontier start: s": nf["search_median_seconds"],
                 "its pick (no confirm)": f"{nf['pick_within_5pct_rate']:.3g} ({nf['pick_within_5pct_rate_no_confirm']:.3g})",
+                "without neighbour moves: s": nn["search_median_seconds"],
+                "its pick (no confirm), good point run": f"{nn['pick_within_5pct_rate']:.3g} "
+                f"({nn['pick_within_5pct_rate_no_confirm']:.3g}), {nn['good_point_run_rate']:.3g}",
             }
         )
     repeats = {}
@@ -249,11 +268,18 @@ def main() -> dict:
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
 
     conf = GrpoOptunaSweeperConf()
-    start = {"frontier": conf.frontier_start, "n_startup_trials": conf.n_startup_trials}  # the plugin's defaults
+    start = {  # the plugin's defaults
+        "frontier": conf.frontier_start,
+        "n_startup_trials": conf.n_startup_trials,
+        "neighbour_every": conf.neighbour_every,
+    }
     strategies = {
         "ours": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=True, **start),
         "ours_no_prescreen": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=False, **start),
-        "ours_no_frontier_start": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=True, **NO_FRONTIER),
+        "ours_no_frontier_start": lambda s: optuna_strategy(
+            grid, s, constrained=True, prescreen=True, **{**start, **NO_FRONTIER}
+        ),
+        "ours_no_neighbours": lambda s: optuna_strategy(grid, s, constrained=True, prescreen=True, **{**start, **NO_NEIGHBOURS}),
         "tpe_unconstrained": lambda s: optuna_strategy(grid, s, constrained=False, prescreen=False),
         "random": lambda s: random_strategy(grid, s),
     }
@@ -297,6 +323,7 @@ def main() -> dict:
         "search_median_trials": summary["ours"]["median_trials"],
         "search_median_trials_no_prescreen": summary["ours_no_prescreen"]["median_trials"],
         "search_median_trials_no_frontier_start": summary["ours_no_frontier_start"]["median_trials"],
+        "search_median_trials_no_neighbours": summary["ours_no_neighbours"]["median_trials"],
         "tpe_unconstrained_median_trials": summary["tpe_unconstrained"]["median_trials"],
         "random_median_trials": summary["random"]["median_trials"],
         "infeasible_final_picks": summary["ours"]["infeasible_final_picks"],

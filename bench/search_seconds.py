@@ -85,15 +85,17 @@ def sweep(
     sampler: str = "tpe",
     frontier: int | None = None,
     n_startup_trials: int | None = None,
+    neighbour_every: int | None = None,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials.
-    frontier / n_startup_trials: None, the plugin's defaults (hydra.sweeper.frontier_start, n_startup_trials)."""
+    frontier / n_startup_trials / neighbour_every: None, the plugin's defaults (hydra.sweeper.frontier_start,
+    n_startup_trials, neighbour_every)."""
     import logging
 
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper import confirm
+    from hydra_plugins.grpo_optuna_sweeper import confirm, neighbours
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
     from hydra_plugins.grpo_optuna_sweeper.outcome import (
         CONSTRAINT,
@@ -110,6 +112,7 @@ def sweep(
     conf = GrpoOptunaSweeperConf()
     frontier = conf.frontier_start if frontier is None else frontier
     n_startup_trials = conf.n_startup_trials if n_startup_trials is None else n_startup_trials
+    neighbour_every = conf.neighbour_every if neighbour_every is None else neighbour_every
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space, n_startup_trials))
     if frontier:  # hydra.sweeper.frontier_start: the estimator's fullest predicted fits first
@@ -164,6 +167,8 @@ def sweep(
     while counted < n_search or (until_found and found_s is None and counted < CAP):
         if counted == n_search and pick_no_confirm is None:
             pick_no_confirm = _picked(best_trial(study), land)
+        if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
+            enqueue_neighbour(study, land, seed, prescreen, conf.prescreen_margin)
         trial = study.ask(space)
         counted += 1  # every told trial counts toward n_trials, as the sweeper's _progress counts them
         overrides = [f"{k}={v}" for k, v in sorted(trial.params.items())]  # the sweeper's `overrides` attr
@@ -205,6 +210,23 @@ def sweep(
         "stopped_good": len(stopped_good),
         "study": study,
     }
+
+
+def enqueue_neighbour(study, land: dict, seed: int, prescreen: bool, margin: float) -> None:
+    """The sweeper's _enqueue_neighbour on a landscape (neighbours.enqueue): a move to a point of the
+    landscape (else TRL would reject it) that the pre-screen lets run."""
+    from hydra_plugins.grpo_optuna_sweeper import neighbours
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+
+    def runs(params: dict) -> bool:
+        point = land["by_key"].get(key(params))
+        if point is None:
+            return False
+        if not prescreen or point.get("predicted_peak_bytes") is None:
+            return True
+        return prescreen_verdict(point["predicted_peak_bytes"], land["budget_bytes"], margin) is None
+
+    neighbours.enqueue(study, land["grid"], runs, seed)
 
 
 def _picked(trial, land: dict) -> dict | None:
@@ -271,12 +293,19 @@ def evaluate(
     others: bool = True,
     frontier: int | None = None,
     n_startup_trials: int | None = None,
+    neighbour_every: int | None = None,
 ) -> dict:
     """Every strategy over `seeds` seeds on `land`; the summary keys (without a landscape suffix).
-    frontier / n_startup_trials: None, the plugin's defaults (sweep resolves them)."""
+    frontier / n_startup_trials / neighbour_every: None, the plugin's defaults (sweep resolves them)."""
     runs_found, runs_pick = [], []
     for seed in range(seeds):
-        common = {"n_trials": N_TRIALS, "stop_below": stop_below, "frontier": frontier, "n_startup_trials": n_startup_trials}
+        common = {
+            "n_trials": N_TRIALS,
+            "stop_below": stop_below,
+            "frontier": frontier,
+            "n_startup_trials": n_startup_trials,
+            "neighbour_every": neighbour_every,
+        }
         runs_found.append(sweep(land, seed, confirm_top=0, until_found=True, **common))
         runs_pick.append(sweep(land, seed, confirm_top=confirm_top, confirm_repeats=confirm_repeats, **common))
     charged = [_charge(f) + p["confirm_s"] for f, p in zip(runs_found, runs_pick)]

@@ -32,6 +32,10 @@ def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
     raw = se.optuna_strategy(grid, 0, constrained=True, prescreen=False)
     assert any(p["predicted_peak_bytes"] > 1.1 * budget for p in raw)  # without it, such points run (and OOM)
 
+    moving = se.optuna_strategy(grid, 0, constrained=True, prescreen=True, neighbour_every=2)
+    assert moving != ours  # the same seed: neighbour moves from the 11th counted trial on change the path
+    assert any(se.good_enough(p, grid["optimum"]) for p in moving)
+
     frontier = se.optuna_strategy(grid, 0, constrained=True, prescreen=True, frontier=5, n_startup_trials=5)
     first = frontier[:5]
     assert all(p["predicted_peak_bytes"] <= budget for p in first)
@@ -82,6 +86,17 @@ def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
         sum(ss.full_seconds(land["by_key"][landscapes.key(c.params)]) for c in confirmations)
     )
     assert 0 < run["search_s"] < run["seconds"]
+    # Neighbour moves (the default neighbour_every=2): queued by the sweeper's neighbours.enqueue,
+    # each a one-step move of a config the search had run, never one in the confirmation phase.
+    from hydra_plugins.grpo_optuna_sweeper import neighbours
+
+    moved = [t for t in study.trials if neighbours.NEIGHBOUR_ATTR in t.user_attrs]
+    assert moved and not any(t.user_attrs.get("confirms") is not None for t in moved)
+    for t in moved:
+        origin = study.trials[t.user_attrs[neighbours.NEIGHBOUR_ATTR]]
+        assert origin.number < t.number and t.params in neighbours.moves(origin.params, land["grid"])
+    off = ss.sweep(land, 0, n_trials=ss.N_TRIALS, stop_below=0.9, confirm_top=3, neighbour_every=0)["study"]
+    assert not any(neighbours.NEIGHBOUR_ATTR in t.user_attrs for t in off.trials)
 
 
 def test_measured_noise_replays_the_points_own_runs():

@@ -279,7 +279,11 @@ def test_storage_create_race_and_load_study_by_hand(tmp_path):
 def test_tiny_cpu_sweep(tmp_path):
     """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists."""
     # Pre-screen off: the infeasible points must hit the wall for real (a simulated-budget OOM), not be pruned.
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True))
+    result = run(
+        sweep_cmd(
+            tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True, neighbours=True
+        )
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     trials = counted(study)

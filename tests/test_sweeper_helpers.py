@@ -45,12 +45,21 @@ def tiny_sweeper(*params: str):
         yield sweeper
 
 
-def sweep_cmd(sweep_dir: Path, *args: str, sweep: str = "tiny_cpu", enqueue: bool = False, frontier: bool = False) -> list[str]:
-    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue`, and without the
-    frontier start unless `frontier` (tests pick their own points: the frontier's fullest fits are the
-    slowest trials, and a test of workers or resume does not need them)."""
+def sweep_cmd(
+    sweep_dir: Path,
+    *args: str,
+    sweep: str = "tiny_cpu",
+    enqueue: bool = False,
+    frontier: bool = False,
+    neighbours: bool = False,
+) -> list[str]:
+    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue`, without the
+    frontier start unless `frontier` and without neighbour moves unless `neighbours` (tests pick
+    their own points: the frontier's fullest fits are the slowest trials, and a test of workers or
+    resume does not need them)."""
     extra = [] if enqueue else ["hydra.sweeper.enqueue=[]"]
     extra += [] if frontier else ["hydra.sweeper.frontier_start=0"]
+    extra += [] if neighbours else ["hydra.sweeper.neighbour_every=0"]
     return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}", *extra, *args]
 
 

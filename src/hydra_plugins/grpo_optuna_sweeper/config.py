@@ -46,6 +46,9 @@ class GrpoOptunaSweeperConf:
     # spread over the space (frontier.py); 0: off. Needs discrete parameters (choice / range);
     # without them it is skipped with a log line.
     frontier_start: int = 5
+    # Neighbour moves: once n_startup_trials are counted, every N-th search trial is the best config so
+    # far with one lever moved one step (neighbours.py); 0: off. Needs discrete parameters.
+    neighbour_every: int = 2
     # Dead workers: heartbeat every N s; a RUNNING trial silent for grace_period s is failed and retried.
     heartbeat_interval: int = 30
     grace_period: int | None = None  # None: 4 x heartbeat_interval

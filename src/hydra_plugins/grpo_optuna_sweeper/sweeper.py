@@ -32,7 +32,7 @@ from grpo_sweep.metrics import read_metrics
 from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
 from grpo_sweep.units import budget_bytes
 
-from . import confirm, frontier, space
+from . import confirm, frontier, neighbours, space
 from .failures import systematic_failure
 from .outcome import (
     Outcome,
@@ -269,6 +269,34 @@ class GrpoOptunaSweeper(Sweeper):
             "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
         )
 
+    def _enqueue_neighbour(self, study: Any) -> None:
+        """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
+        point that composes, passes validate_here and, with the pre-screen on, is not pruned."""
+        if self.conf.sampler == "grid" or not self.distributions:
+            return
+        try:
+            choices = space.grid_choices(self.distributions)
+        except ValueError:
+            return  # a continuous space: no steps to take
+        configs = self._neighbour_configs = getattr(self, "_neighbour_configs", None) or self._compose_cache()
+
+        def runs(point: dict) -> bool:
+            try:
+                cfg = configs.config([*self.fixed, *(space.to_override(k, v) for k, v in point.items())])
+                validate_here(cfg)
+                if not self.conf.prescreen:
+                    return True
+                est = estimate(cfg)
+            except Exception:  # noqa: BLE001 - a point that cannot be composed, checked or estimated is not a move
+                return False
+            limit = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
+            return prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin) is None
+
+        move = neighbours.enqueue(study, choices, runs, self.conf.seed)
+        if move is not None:
+            moved = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in move["moved"].items())
+            log.info("Neighbour move: trial %d's config (the best so far) with %s", move["from"], moved)
+
     def _compose_cache(self) -> frontier.ComposeCache:
         """A frontier.ComposeCache over `_compose`. A key is a config group as Hydra decides it (its
         repository has the group) or where the sweep's own config chose one (hydra.runtime.choices);
@@ -325,7 +353,12 @@ class GrpoOptunaSweeper(Sweeper):
                     waited = True
                 time.sleep(min(5.0, self.conf.heartbeat_interval))
                 continue
-            batch = [study.ask() for _ in range(min(self.conf.n_jobs, room))]
+            size = min(self.conf.n_jobs, room)
+            turn = counted + len(running)  # the study's count when this batch's first trial is told
+            every, startup = self.conf.neighbour_every, self.conf.n_startup_trials
+            if target == self.n_search and any(neighbours.due(turn + i, startup, every) for i in range(size)):
+                self._enqueue_neighbour(study)  # search phase only: never in place of a confirmation run
+            batch = [study.ask() for _ in range(size)]
             self._run_batch(study, batch, target)
             self.stopped = self._systematic_failure(study)
             if self.stopped is not None:

@@ -1,0 +1,132 @@
+"""Neighbour moves (hydra_plugins/grpo_optuna_sweeper/neighbours.py): the moves, the turn rule and
+the queued point on real Optuna studies, then a real sweep whose later trials are the best config
+with one lever moved one step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_sweeper_helpers import counted, load_study, run, sweep_cmd
+
+from hydra_plugins.grpo_optuna_sweeper import neighbours
+
+SPACE = {"batch": [16, 2, 8, 4], "lora": ["qv", "all_linear"], "ckpt": [False, True], "rank": [8]}
+
+
+def test_moves_step_a_numeric_lever_to_its_sorted_neighbours_and_swap_any_other():
+    moves = neighbours.moves({"batch": 4, "lora": "qv", "ckpt": False, "rank": 8}, SPACE)
+    assert moves == [
+        {"batch": 2, "lora": "qv", "ckpt": False, "rank": 8},  # 4's neighbours in sorted order: 2 and 8, not 16
+        {"batch": 8, "lora": "qv", "ckpt": False, "rank": 8},
+        {"batch": 4, "lora": "all_linear", "ckpt": False, "rank": 8},
+        {"batch": 4, "lora": "qv", "ckpt": True, "rank": 8},  # a bool is not a number here
+    ]
+    ends = neighbours.moves({"batch": 16, "lora": "all_linear", "ckpt": True, "rank": 8}, SPACE)
+    assert [m["batch"] for m in ends if m["batch"] != 16] == [8]  # the top end moves down only
+    # A value outside the choices (a preset's) or a lever the point lacks: no move of that lever.
+    assert neighbours.moves({"batch": 3}, {"batch": [2, 4]}) == []
+    assert neighbours.moves({"lora": "qv"}, SPACE) == [{"lora": "all_linear"}]
+    # Floats are numbers too (gpu_memory_utilization).
+    assert neighbours.moves({"gmu": 0.4}, {"gmu": [0.3, 0.4, 0.5, 0.6]}) == [{"gmu": 0.3}, {"gmu": 0.5}]
+
+
+def test_due_every_nth_search_trial_after_the_startup_trials():
+    assert [c for c in range(12) if neighbours.due(c, 5, 2)] == [5, 7, 9, 11]
+    assert [c for c in range(6) if neighbours.due(c, 0, 3)] == [0, 3]
+    assert not any(neighbours.due(c, 5, 0) for c in range(20))  # 0: off
+
+
+def test_pick_skips_tried_and_refused_points_and_follows_the_seed():
+    best = {"batch": 4, "lora": "qv", "ckpt": False, "rank": 8}
+    tried = [best, {**best, "batch": 8}]
+    refused = {"ckpt"}  # e.g. the pre-screen prunes it
+
+    def runs(point):
+        return not any(point[k] != best[k] for k in refused)
+
+    picks = {tuple(sorted(neighbours.pick(best, SPACE, tried, runs, random.Random(s)).items())) for s in range(40)}
+    assert picks == {
+        tuple(sorted({**best, "batch": 2}.items())),
+        tuple(sorted({**best, "lora": "all_linear"}.items())),
+    }
+    same = [neighbours.pick(best, SPACE, tried, runs, random.Random(7)) for _ in range(3)]
+    assert same[0] == same[1] == same[2]
+    everything = [*tried, {**best, "batch": 2}, {**best, "lora": "all_linear"}]
+    assert neighbours.pick(best, SPACE, everything, runs, random.Random(0)) is None
+
+
+def _told(study, params, value, **attrs):
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT
+
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in SPACE.items()}
+    study.enqueue_trial(params)
+    trial = study.ask(dists)
+    for key, val in {"status": "ok", **attrs}.items():
+        trial.set_user_attr(key, val)
+    trial.set_constraint(CONSTRAINT, -1.0)
+    study.tell(trial, value)
+    return trial
+
+
+def test_enqueue_moves_from_the_best_median_config_not_a_preset():
+    import optuna
+
+    from grpo_sweep.study.best import REPEATS_ATTR
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    a = {"batch": 4, "lora": "qv", "ckpt": False, "rank": 8}
+    b = {"batch": 8, "lora": "all_linear", "ckpt": True, "rank": 8}
+    assert neighbours.enqueue(study, SPACE, lambda p: True, 0) is None  # nothing feasible yet
+    first_a = _told(study, a, 100.0)
+    _told(study, a, 100.0, **{REPEATS_ATTR: first_a.number})
+    first_b = _told(study, b, 130.0)  # one lucky run: its median 130 ...
+    _told(study, b, 60.0, **{REPEATS_ATTR: first_b.number})
+    _told(study, b, 70.0, **{REPEATS_ATTR: first_b.number})  # ... is 70 after three
+    _told(study, {**b, "batch": 16}, 500.0, preset="seed_optimized")  # a preset sets levers outside the space
+
+    move = neighbours.enqueue(study, SPACE, lambda p: True, 0)
+    assert move["from"] == first_a.number  # the best median that is not a preset
+    assert sum(move["params"][k] != a[k] for k in a) == 1 and move["params"] in neighbours.moves(a, SPACE)
+    waiting = [t for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]
+    assert len(waiting) == 1 and waiting[0].user_attrs[neighbours.NEIGHBOUR_ATTR] == first_a.number
+    assert neighbours.enqueue(study, SPACE, lambda p: True, 0) is None  # a queued trial goes first
+    assert neighbours.enqueue(optuna.create_study(), SPACE, lambda p: False, 0) is None
+
+
+@pytest.mark.slow
+def test_a_real_sweep_moves_one_lever_of_the_best_config(tmp_path):
+    """n_startup_trials=2, neighbour_every=1: after two sampled trials, each search trial is the best
+    config so far with one lever moved one step, never a point the study already ran."""
+    result = run(
+        sweep_cmd(
+            tmp_path,
+            "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.n_startup_trials=2",
+            "hydra.sweeper.neighbour_every=1",
+            "hydra.sweeper.confirm_top=0",
+            "hydra.sweeper.stop_below=null",
+            "per_device_train_batch_size=2",
+            "lora=qv",
+            "max_seq_length=choice(64,128)",
+            "lora_rank=choice(8,16)",
+            neighbours=True,
+        )
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    trials = counted(study)
+    assert len(trials) == 4
+    assert not any(neighbours.NEIGHBOUR_ATTR in t.user_attrs for t in trials[:2])
+    space = {"max_seq_length": [64, 128], "lora_rank": [8, 16]}
+    moved = [t for t in trials[2:] if neighbours.NEIGHBOUR_ATTR in t.user_attrs]
+    assert moved, [t.user_attrs for t in trials]  # at least the first turn had a fresh move
+    for t in moved:
+        origin = study.trials[t.user_attrs[neighbours.NEIGHBOUR_ATTR]]
+        assert origin.user_attrs["status"] == "ok" and origin.number < t.number
+        assert t.params in neighbours.moves(origin.params, space)
+        assert all(o.params != t.params for o in study.trials[: t.number])
+    assert "Neighbour move: trial " in result.stdout + result.stderr
