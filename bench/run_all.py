@@ -71,11 +71,26 @@ def summarize() -> dict:
                 f"pick_within_5pct_rate_oracle{suffix}",
             )
         },
-        # The start before the frontier start became the default (frontier_start=0, n_startup_trials=10).
+        # Without the frontier start (frontier_start=0, n_startup_trials=10), and without neighbour moves
+        # (neighbour_every=0); 300 paired seeds for the neighbour moves' effect on the pick and the search.
         **{
             k: search.get(k)
             for suffix in ("", "_gemma_l4")
-            for k in (f"search_median_seconds_no_frontier_start{suffix}", f"pick_within_5pct_rate_no_frontier_start{suffix}")
+            for k in (
+                f"search_median_seconds_no_frontier_start{suffix}",
+                f"pick_within_5pct_rate_no_frontier_start{suffix}",
+                f"search_median_seconds_no_neighbours{suffix}",
+                f"pick_within_5pct_rate_no_neighbours{suffix}",
+            )
+        },
+        "search_median_trials_no_neighbours": search.get("search_median_trials_no_neighbours"),
+        **{
+            f"{k}_300_seeds_{variant}{suffix}": (
+                ((search.get("seconds") or {}).get("neighbour_effect") or {}).get(f"{variant}{suffix}") or {}
+            ).get(k)
+            for suffix in ("", "_gemma_l4")
+            for variant in ("with", "without")
+            for k in ("pick_within_5pct_rate", "good_point_run_rate")
         },
         "stop_below": (search.get("seconds") or {}).get("stop_below"),
         "estimator_median_abs_err": accuracy["median_abs_error"],

@@ -174,6 +174,9 @@ def random_strategy(grid: dict, seed: int) -> list[dict]:
 SECONDS_SEEDS = 30  # seconds and pick rates: each seed replays 3 sweeps with Optuna (minutes on 2 shared cores)
 STOP_BELOW_SCAN = (None, 0.3, 0.5, 0.7)  # hydra.sweeper.stop_below candidates (None: off)
 SCAN_SEEDS = 20
+# Neighbour moves on and off, paired on the same seeds: 30 seeds resolve a pick rate to about +-0.09,
+# too coarse to see the difference (about 4 min on a free core)
+EFFECT_SEEDS = 300
 CONFIRM_SCAN = ((3, 2), (3, 4), (2, 6))  # (confirm_top, confirm_repeats) in the same 40-trial sweep
 
 
@@ -237,6 +240,19 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
                 f"({nn['pick_within_5pct_rate_no_confirm']:.3g}), {nn['good_point_run_rate']:.3g}",
             }
         )
+    effect = {}
+    for suffix, land in (("", tiny), ("_gemma_l4", gemma)):
+        for name, setting in (("with", {}), ("without", NO_NEIGHBOURS)):
+            r = search_seconds.evaluate(land, EFFECT_SEEDS, default_stop, others=False, **setting)
+            effect[f"{name}{suffix}"] = {
+                k: r[k]
+                for k in (
+                    "search_median_seconds",
+                    "pick_within_5pct_rate",
+                    "pick_within_5pct_rate_no_confirm",
+                    "good_point_run_rate",
+                )
+            }
     repeats = {}
     for top, rep in CONFIRM_SCAN:  # what to set on a noisy machine
         for suffix, land in (("", tiny), ("_gemma_l4", gemma)):
@@ -246,6 +262,7 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
         "stop_below": default_stop,
         "stop_below_scan": scan,
         "confirm_scan": repeats,
+        "neighbour_effect": {"seeds": EFFECT_SEEDS, **effect},
         "seconds_seeds": SECONDS_SEEDS,
         "sweep_trials_for_pick": search_seconds.N_TRIALS,
         "tiny_run_sigma": tiny["measured_sigma"],

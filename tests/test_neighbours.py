@@ -35,6 +35,10 @@ def test_due_every_nth_search_trial_after_the_startup_trials():
     assert [c for c in range(12) if neighbours.due(c, 5, 2)] == [5, 7, 9, 11]
     assert [c for c in range(6) if neighbours.due(c, 0, 3)] == [0, 3]
     assert not any(neighbours.due(c, 5, 0) for c in range(20))  # 0: off
+    assert neighbours.check_every(0) == 0 and neighbours.check_every(3) == 3
+    for bad in (-1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match=r"hydra.sweeper.neighbour_every=.*: must be an integer >= 0 \(0: off\)"):
+            neighbours.check_every(bad)
 
 
 def test_pick_skips_tried_and_refused_points_and_follows_the_seed():

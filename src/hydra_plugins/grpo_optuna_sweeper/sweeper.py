@@ -83,6 +83,7 @@ class GrpoOptunaSweeper(Sweeper):
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         conf = self.conf
+        neighbours.check_every(conf.neighbour_every)  # before the storage opens
         params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         self.distributions, fixed = space.parse_space(params_conf)
         self.fixed = list(fixed.values())
