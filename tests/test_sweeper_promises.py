@@ -709,6 +709,9 @@ def test_judge_and_oom_deficit_by_hand():
     assert oom_deficit({"deficit_bytes": 7, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (7.0, "metrics")
     assert oom_deficit({"deficit_bytes": 0, "oom": {"deficit_bytes": 9}, "error": message}, 1024 * mib) == (9.0, "metrics")
     assert oom_deficit({"deficit_bytes": 1, "error": message}, 1024 * mib) == (1.0, "metrics")  # one byte is a deficit
+    for junk in (True, math.inf, math.nan):  # not byte counts: the next source decides
+        assert oom_deficit({"deficit_bytes": junk, "error": message}, 1024 * mib) == (384.0 * mib, "oom message")
+        assert oom_deficit({"peak_memory_bytes": junk}, 1024 * mib)[1].startswith("unknown")
     assert oom_deficit({"deficit_bytes": "384 MiB", "error": message}, 1024 * mib) == (384.0 * mib, "oom message")
     assert oom_deficit({"error": asked, "peak_memory_bytes": 1100 * mib}, 1024 * mib) == (76.0 * mib, "peak - budget")
     assert oom_deficit({"error": asked, "peak_memory_bytes": 1024 * mib}, 1024 * mib) == (512.0 * mib, "requested allocation")

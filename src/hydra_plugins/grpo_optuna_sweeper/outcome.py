@@ -80,13 +80,13 @@ def oom_deficit(record: dict, budget_bytes: float | None) -> tuple[float, str]:
     """Bytes over the budget for an OOM trial, and how that number was obtained."""
     for source in (record, record.get("oom") or {}):
         deficit = source.get("deficit_bytes")
-        if isinstance(deficit, (int, float)) and deficit > 0:
+        if _number(deficit) and deficit > 0:
             return float(deficit), "metrics"
     parsed = parse_oom_message(record.get("error") or "")
     if parsed.get("deficit_bytes"):
         return float(parsed["deficit_bytes"]), "oom message"
     peak = record.get("peak_memory_bytes")
-    if budget_bytes is not None and peak is not None and peak > budget_bytes:
+    if budget_bytes is not None and _number(peak) and peak > budget_bytes:
         return float(peak - budget_bytes), "peak - budget"
     if parsed.get("requested_bytes"):
         return float(parsed["requested_bytes"]), "requested allocation"
@@ -113,7 +113,7 @@ def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: 
         # Every COMPLETE trial carries the constraint (GPSampler requires the same constraints on all).
         # It ran without OOM, so when its peak cannot be compared with the card it is feasible: 0.
         constraint = 0.0
-        if allowed is not None and peak is not None and comparable(record):
+        if allowed is not None and _number(peak) and comparable(record):
             constraint = float(peak - allowed)
         return Outcome("COMPLETE", float(value), constraint, attrs)
     if status == "oom":
@@ -125,7 +125,7 @@ def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: 
     if status == "slow":
         value = record.get(objective)
         constraint = 0.0
-        if allowed is not None and peak is not None and comparable(record):
+        if allowed is not None and _number(peak) and comparable(record):
             constraint = float(peak - allowed)
         return Outcome("PRUNED", float(value) if _number(value) else None, constraint, attrs)
     attrs.setdefault("error", f"trial status {status!r}")
