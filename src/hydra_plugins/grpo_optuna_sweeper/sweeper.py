@@ -272,7 +272,7 @@ class GrpoOptunaSweeper(Sweeper):
 
     def _enqueue_neighbour(self, study: Any) -> None:
         """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
-        point that composes, passes validate_here and, with the pre-screen on, is not pruned."""
+        point that composes, passes validate_here and is not pruned by the pre-screen (_prescreen)."""
         if self.conf.sampler == "grid" or not self.distributions:
             return
         try:
@@ -281,17 +281,13 @@ class GrpoOptunaSweeper(Sweeper):
             return  # a continuous space: no steps to take
         configs = self._neighbour_configs = getattr(self, "_neighbour_configs", None) or self._compose_cache()
 
-        def runs(point: dict) -> bool:
+        def runs(point: dict) -> bool:  # what _prepare would launch: it composes, passes the checks, is not pruned
             try:
                 cfg = configs.config([*self.fixed, *(space.to_override(k, v) for k, v in point.items())])
                 validate_here(cfg)
-                if not self.conf.prescreen:
-                    return True
-                est = estimate(cfg)
-            except Exception:  # noqa: BLE001 - a point that cannot be composed, checked or estimated is not a move
+            except Exception:  # noqa: BLE001 - a point that cannot be composed or checked is not a move
                 return False
-            limit = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
-            return prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin) is None
+            return self._prescreen(None, cfg, budget_bytes(cfg)) is None
 
         move = neighbours.enqueue(study, choices, runs, self.conf.seed)
         if move is not None:
@@ -469,16 +465,19 @@ class GrpoOptunaSweeper(Sweeper):
         trial.set_user_attr("stop_below", threshold)
         return [f"trial.stop_below={threshold:.6g}"]
 
-    def _prescreen(self, trial: Any, cfg: DictConfig, budget: float | None) -> Outcome | None:
-        """PRUNE a point the estimator predicts over budget by more than the margin (never run it)."""
+    def _prescreen(self, trial: Any | None, cfg: DictConfig, budget: float | None) -> Outcome | None:
+        """PRUNE a point the estimator predicts over budget by more than the margin (never run it).
+        trial: where the prediction is recorded; None to ask only (a neighbour move's candidate)."""
         if not self.conf.prescreen:
             return None
         try:
             est = estimate(cfg)
         except Exception as err:  # noqa: BLE001 - a failed estimate only means: run it and see
-            trial.set_user_attr("predicted_error", str(err)[:300])
+            if trial is not None:
+                trial.set_user_attr("predicted_error", str(err)[:300])
             return None
-        trial.set_user_attr("predicted_peak_bytes", int(est.total_bytes))
+        if trial is not None:
+            trial.set_user_attr("predicted_peak_bytes", int(est.total_bytes))
         limit = est.budget_bytes if est.budget_bytes is not None else budget
         verdict = prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin)
         return for_sampler(verdict, self.conf.sampler, self.conf.direction)
