@@ -98,6 +98,13 @@ def test_enqueue_moves_from_the_best_median_config_not_a_preset():
     waiting = [t for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]
     assert len(waiting) == 1 and waiting[0].user_attrs[neighbours.NEIGHBOUR_ATTR] == first_a.number
     assert neighbours.enqueue(study, SPACE, lambda p: True, 0) is None  # a queued trial goes first
+    # Every move of the best config tried (slower, all of them): the next best config moves instead.
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # the queued move, failed: still tried
+    for point in neighbours.moves(a, SPACE):
+        if point != waiting[0].system_attrs["fixed_params"]:
+            _told(study, point, 10.0)
+    move = neighbours.enqueue(study, SPACE, lambda p: True, 0)
+    assert move["from"] == first_b.number and move["params"] in neighbours.moves(b, SPACE)
     assert neighbours.enqueue(optuna.create_study(), SPACE, lambda p: False, 0) is None
 
 

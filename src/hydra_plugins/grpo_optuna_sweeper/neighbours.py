@@ -8,11 +8,12 @@ what a person tuning by hand does next: keep the best config, change one lever.
 
 The rule (`hydra.sweeper.neighbour_every=N`, 0: off): once the study counts `n_startup_trials`
 trials, every N-th search trial is a neighbour of the best config so far (the best median of its
-runs, grpo_sweep.study.best): one lever changed, a numeric lever to the next value up or down in
-sorted order, any other lever (a config group, a bool, a string) to another of its values. Only a
-point no trial of the study has (queued, run or pruned) and, with the pre-screen on, one the
-estimator does not prune; among those one is drawn at random (the sweep's seed). When there is
-none, or no feasible config yet, the sampler asks as usual. Neighbours are queued trials (user
+runs, grpo_sweep.study.best; once all of its moves are tried, the next best): one lever changed,
+a numeric lever to the next value up or down in sorted order, any other lever (a config group, a
+bool, a string) to another of its values. Only a point no trial of the study has (queued, run or
+pruned) and, with the pre-screen on, one the estimator does not prune; among those one is drawn at
+random (the sweep's seed). When no config has such a move, or none is feasible yet, the sampler
+asks as usual. Neighbours are queued trials (user
 attr `neighbour_of` = the config's first trial), so every worker of a study runs them and they
 count in n_trials like any search trial; never in the confirmation phase.
 
@@ -81,9 +82,10 @@ def pick(
 
 def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]], bool], seed: Any) -> dict | None:
     """Queue one neighbour move of the best config so far (not a preset's: a preset sets levers outside
-    the space) and return {"from": its first trial, "params": ..., "moved": {lever: (old, new)}}; None
-    when a trial already waits (start points and retries go first), nothing is feasible yet, or no
-    move is fresh and allowed by `runs`."""
+    the space), or of the next best when every move of the best has been tried, and return {"from":
+    its first trial, "params": ..., "moved": {lever: (old, new)}}; None when a trial already waits
+    (start points and retries go first), nothing is feasible yet, or no config has a move that is
+    fresh and allowed by `runs`."""
     from grpo_sweep.study import best as best_rule
 
     from .summary import finalists
@@ -91,13 +93,14 @@ def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]
     trials = study.get_trials(deepcopy=False)
     if any(t.state.name == "WAITING" for t in trials):
         return None
-    best = next((f for f in finalists(study) if not f.item.user_attrs.get("preset")), None)
-    if best is None:
-        return None
-    params = dict(best.item.params)
     tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
-    point = pick(params, choices, tried, runs, random.Random(f"{seed}:{len(trials)}"))
-    if point is None:
+    rng = random.Random(f"{seed}:{len(trials)}")
+    for best in (f for f in finalists(study) if not f.item.user_attrs.get("preset")):
+        params = dict(best.item.params)
+        point = pick(params, choices, tried, runs, rng)
+        if point is not None:
+            break
+    else:
         return None
     first = best_rule.config_group(best.item.user_attrs, best.item.number)
     study.enqueue_trial(point, user_attrs={NEIGHBOUR_ATTR: first}, skip_if_exists=True)

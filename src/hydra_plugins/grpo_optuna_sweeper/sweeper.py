@@ -280,14 +280,18 @@ class GrpoOptunaSweeper(Sweeper):
         except ValueError:
             return  # a continuous space: no steps to take
         configs = self._neighbour_configs = getattr(self, "_neighbour_configs", None) or self._compose_cache()
+        verdicts = self._move_verdicts = getattr(self, "_move_verdicts", {})  # a refused move stays refused
 
         def runs(point: dict) -> bool:  # what _prepare would launch: it composes, passes the checks, is not pruned
-            try:
-                cfg = configs.config([*self.fixed, *(space.to_override(k, v) for k, v in point.items())])
-                validate_here(cfg)
-            except Exception:  # noqa: BLE001 - a point that cannot be composed or checked is not a move
-                return False
-            return self._prescreen(None, cfg, budget_bytes(cfg)) is None
+            key = tuple(sorted((k, repr(v)) for k, v in point.items()))
+            if key not in verdicts:
+                try:
+                    cfg = configs.config([*self.fixed, *(space.to_override(k, v) for k, v in point.items())])
+                    validate_here(cfg)
+                    verdicts[key] = self._prescreen(None, cfg, budget_bytes(cfg)) is None
+                except Exception:  # noqa: BLE001 - a point that cannot be composed or checked is not a move
+                    verdicts[key] = False
+            return verdicts[key]
 
         move = neighbours.enqueue(study, choices, runs, self.conf.seed)
         if move is not None:
