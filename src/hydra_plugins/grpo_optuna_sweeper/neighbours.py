@@ -18,7 +18,7 @@ attr `neighbour_of` = the config's first trial), so every worker of a study runs
 count in n_trials like any search trial; never in the confirmation phase.
 
 Measured (bench/search_efficiency.py `neighbour_effect`, 300 paired seeds, README "Performance"): a
-40-trial sweep runs a truly-good point in 0.95 of the sweeps instead of 0.88 on the tiny grid, 0.66
+40-trial sweep runs a truly-good point in 1.00 of the sweeps instead of 0.88 on the tiny grid, 0.68
 instead of 0.52 on the Gemma 3 1B / L4 model, whose pick rises from 0.37 to 0.50.
 """
 
