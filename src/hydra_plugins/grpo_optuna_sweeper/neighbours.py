@@ -74,8 +74,8 @@ def pick(
 ) -> dict[str, Any] | None:
     """One move of `params` that no trial has (`tried`: every trial's parameters) and that the
     pre-screen would let run (`runs(point)`), drawn with `rng`; None when there is none."""
-    seen = {_key(p) for p in tried}
-    fresh = [point for point in moves(params, choices) if _key(point) not in seen]
+    seen = {point_key(p) for p in tried}
+    fresh = [point for point in moves(params, choices) if point_key(point) not in seen]
     rng.shuffle(fresh)
     return next((point for point in fresh if runs(point)), None)
 
@@ -111,5 +111,6 @@ def _numeric(values: list) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def _key(params: dict[str, Any]) -> tuple:
+def point_key(params: dict[str, Any]) -> tuple:
+    """A hashable key of a point (its parameters, order-free)."""
     return tuple(sorted((k, repr(v)) for k, v in params.items()))

@@ -283,7 +283,7 @@ class GrpoOptunaSweeper(Sweeper):
         verdicts = self._move_verdicts = getattr(self, "_move_verdicts", {})  # a refused move stays refused
 
         def runs(point: dict) -> bool:  # what _prepare would launch: it composes, passes the checks, is not pruned
-            key = tuple(sorted((k, repr(v)) for k, v in point.items()))
+            key = neighbours.point_key(point)
             if key not in verdicts:
                 try:
                     cfg = configs.config([*self.fixed, *(space.to_override(k, v) for k, v in point.items())])
@@ -296,7 +296,7 @@ class GrpoOptunaSweeper(Sweeper):
         move = neighbours.enqueue(study, choices, runs, self.conf.seed)
         if move is not None:
             moved = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in move["moved"].items())
-            log.info("Neighbour move: trial %d's config (the best so far) with %s", move["from"], moved)
+            log.info("Neighbour move: trial %d's config (the best so far with a move left) with %s", move["from"], moved)
 
     def _compose_cache(self) -> frontier.ComposeCache:
         """A frontier.ComposeCache over `_compose`. A key is a config group as Hydra decides it (its
