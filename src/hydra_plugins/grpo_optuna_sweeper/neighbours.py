@@ -13,9 +13,9 @@ a numeric lever to the next value up or down in sorted order, any other lever (a
 bool, a string) to another of its values. Only a point no trial of the study has (queued, run or
 pruned) and, with the pre-screen on, one the estimator does not prune; among those one is drawn at
 random (the sweep's seed). When no config has such a move, or none is feasible yet, the sampler
-asks as usual. Neighbours are queued trials (user
-attr `neighbour_of` = the config's first trial), so every worker of a study runs them and they
-count in n_trials like any search trial; never in the confirmation phase.
+asks as usual. Neighbours are queued trials (user attr `neighbour_of` = the config's first trial),
+so every worker of a study runs them and they count in n_trials like any search trial; never in the
+confirmation phase.
 
 Measured (bench/search_efficiency.py `neighbour_effect`, 300 paired seeds, README "Performance"): a
 40-trial sweep runs a truly-good point in 1.00 of the sweeps instead of 0.88 on the tiny grid, 0.68
@@ -93,7 +93,7 @@ def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]
     trials = study.get_trials(deepcopy=False)
     if any(t.state.name == "WAITING" for t in trials):
         return None
-    tried = [t.system_attrs.get("fixed_params", t.params) for t in trials]
+    tried = points(trials)
     rng = random.Random(f"{seed}:{len(trials)}")
     for best in (f for f in finalists(study) if not f.item.user_attrs.get("preset")):
         params = dict(best.item.params)
@@ -105,6 +105,11 @@ def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]
     first = best_rule.config_group(best.item.user_attrs, best.item.number)
     study.enqueue_trial(point, user_attrs={NEIGHBOUR_ATTR: first}, skip_if_exists=True)
     return {"from": first, "params": point, "moved": {k: (params[k], v) for k, v in point.items() if params[k] != v}}
+
+
+def points(trials: Iterable[Any]) -> list[dict[str, Any]]:
+    """Each trial's point: the parameters it was queued with (a WAITING trial has no others yet) or ran."""
+    return [t.system_attrs.get("fixed_params", t.params) for t in trials]
 
 
 def _numeric(values: list) -> bool:

@@ -67,6 +67,8 @@ class GrpoOptunaSweeper(Sweeper):
         self.config: DictConfig | None = None
         self.launcher = None
         self.job_idx = 0
+        self._neighbour_configs: frontier.ComposeCache | None = None  # made on the first neighbour move
+        self._move_verdicts: dict[tuple, bool] = {}  # a move's point -> whether it may run (a refused move stays refused)
 
     # ---------------------------------------------------------------- Hydra's Sweeper interface
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -279,8 +281,9 @@ class GrpoOptunaSweeper(Sweeper):
             choices = space.grid_choices(self.distributions)
         except ValueError:
             return  # a continuous space: no steps to take
-        configs = self._neighbour_configs = getattr(self, "_neighbour_configs", None) or self._compose_cache()
-        verdicts = self._move_verdicts = getattr(self, "_move_verdicts", {})  # a refused move stays refused
+        if self._neighbour_configs is None:
+            self._neighbour_configs = self._compose_cache()
+        configs, verdicts = self._neighbour_configs, self._move_verdicts
 
         def runs(point: dict) -> bool:  # what _prepare would launch: it composes, passes the checks, is not pruned
             key = neighbours.point_key(point)
@@ -593,7 +596,7 @@ def _state(name: str) -> Any:
 def _in_study(study: Any, params: dict) -> bool:
     """Whether a trial of the study already has `params` (queued, running or run: enqueue_trial's
     skip_if_exists skips it, so it needs no room)."""
-    return any(t.system_attrs.get("fixed_params", t.params) == params for t in study.get_trials(deepcopy=False))
+    return params in neighbours.points(study.get_trials(deepcopy=False))
 
 
 def _fixed_in(trial: Any, key: str) -> bool:
