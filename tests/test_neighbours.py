@@ -60,6 +60,37 @@ def test_pick_skips_tried_and_refused_points_and_follows_the_seed():
     assert neighbours.pick(best, SPACE, everything, runs, random.Random(0)) is None
 
 
+def _fits(point):
+    """A toy pre-screen: memory grows with the batch and all_linear's targets, checkpointing halves it."""
+    return point["batch"] * (2 if point["lora"] == "all_linear" else 1) * (0.5 if point["ckpt"] else 1) <= 16
+
+
+def test_repairs_pair_a_refused_step_with_one_move_of_another_lever():
+    best = {"batch": 8, "lora": "all_linear", "ckpt": False, "rank": 8}
+    blocked = [s for s in neighbours.moves(best, SPACE) if not _fits(s)]
+    assert blocked == [{**best, "batch": 16}]  # 16 x 2 = 32: the only step that does not fit
+    assert neighbours.repairs(best, SPACE, blocked) == [
+        {**best, "batch": 16, "lora": "qv"},
+        {**best, "batch": 16, "ckpt": True},
+    ]  # never batch 16 -> 8 again (the step undone): the stepped lever stays where the step put it
+    two = [{**best, "batch": 16}, {**best, "lora": "qv"}]
+    both = neighbours.repairs(best, SPACE, two)
+    assert len(both) == len({neighbours.point_key(p) for p in both})  # 16+qv from either step: once
+    assert {**best, "batch": 16, "lora": "qv"} in both
+
+
+def test_pick_takes_a_repair_first_then_the_plain_steps():
+    best = {"batch": 8, "lora": "all_linear", "ckpt": False, "rank": 8}
+    repaired = [{**best, "batch": 16, "lora": "qv"}, {**best, "batch": 16, "ckpt": True}]
+    picks = [neighbours.pick(best, SPACE, [best], _fits, random.Random(s)) for s in range(30)]
+    assert all(p in repaired for p in picks) and all(r in picks for r in repaired)  # both, at random
+    # Both repairs tried: a plain step that fits (batch 4, lora qv, ckpt on), never the refused batch 16.
+    plain = {neighbours.point_key(neighbours.pick(best, SPACE, [best, *repaired], _fits, random.Random(s))) for s in range(30)}
+    assert plain == {neighbours.point_key({**best, **c}) for c in ({"batch": 4}, {"lora": "qv"}, {"ckpt": True})}
+    # A repair that the pre-screen refuses as well is no move.
+    assert neighbours.pick(best, SPACE, [best], lambda p: _fits(p) and p["batch"] < 16, random.Random(0))["batch"] != 16
+
+
 def _told(study, params, value, **attrs):
     import optuna
 

@@ -47,7 +47,8 @@ class GrpoOptunaSweeperConf:
     # without them it is skipped with a log line.
     frontier_start: int = 5
     # Neighbour moves: once n_startup_trials are counted, every N-th search trial is the best config so
-    # far with one lever moved one step (neighbours.py); 0: off. Needs discrete parameters.
+    # far with one lever moved one step, a step that would not fit first, with a second lever moved to
+    # make room (neighbours.py); 0: off. Needs discrete parameters.
     neighbour_every: int = 2
     # Dead workers: heartbeat every N s; a RUNNING trial silent for grace_period s is failed and retried.
     heartbeat_interval: int = 30

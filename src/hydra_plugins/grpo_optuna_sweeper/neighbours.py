@@ -4,22 +4,26 @@ Why: the throughput landscape is made of a few levers with a direction (a larger
 gradient accumulation, no checkpointing when it fits), and the winner is usually one or two lever
 moves from a good config the search has already run. TPE sees a numeric `choice(2, 4, 8, 16)` as
 unordered categories and, with run-to-run noise, often stops one move short. A neighbour move is
-what a person tuning by hand does next: keep the best config, change one lever.
+what a person tuning by hand does next: keep the best config, change one lever; and when that
+change does not fit, change a second lever to make room for it.
 
 The rule (`hydra.sweeper.neighbour_every=N`, 0: off): once the study counts `n_startup_trials`
 trials, every N-th search trial is a neighbour of the best config so far (the best median of its
-runs, grpo_sweep.study.best; once all of its moves are tried, the next best): one lever changed,
-a numeric lever to the next value up or down in sorted order, any other lever (a config group, a
-bool, a string) to another of its values. Only a point no trial of the study has (queued, run or
-pruned) and, with the pre-screen on, one the estimator does not prune; among those one is drawn at
-random (the sweep's seed). When no config has such a move, or none is feasible yet, the sampler
-asks as usual. Neighbours are queued trials (user attr `neighbour_of` = the config's first trial),
-so every worker of a study runs them and they count in n_trials like any search trial; never in the
+runs, grpo_sweep.study.best; once all of its moves are tried, the next best). A step changes one
+lever: a numeric lever to the next value up or down in sorted order, any other lever (a config
+group, a bool, a string) to another of its values. A repair move first: a step the pre-screen
+refuses (the estimator says it would not fit, or it fails the checks), taken together with a
+move of another lever that makes it pass (batch 8 -> 16 with lora all_linear -> qv); then a
+plain step. Only a point no trial of the study has (queued, run or pruned) and, with the
+pre-screen on, one the estimator does not prune; among those one is drawn at random (the sweep's
+seed). When no config has such a move, or none is feasible yet, the sampler asks as usual.
+Neighbours are queued trials (user attr `neighbour_of` = the config's first trial), so every
+worker of a study runs them and they count in n_trials like any search trial; never in the
 confirmation phase.
 
-Measured (bench/search_efficiency.py `neighbour_effect`, 300 paired seeds, README "Performance"): a
-40-trial sweep runs a truly-good point in 1.00 of the sweeps instead of 0.88 on the tiny grid, 0.68
-instead of 0.52 on the Gemma 3 1B / L4 model, whose pick rises from 0.37 to 0.50.
+What they change, measured with and without on both landscapes (300 paired seeds, and the Gemma
+model at several noise levels): README "Performance", bench/search_efficiency.py `neighbour_effect`
+and `gemma_pick_by_noise`.
 """
 
 from __future__ import annotations
@@ -65,6 +69,20 @@ def moves(params: dict[str, Any], choices: dict[str, list]) -> list[dict[str, An
     return out
 
 
+def repairs(params: dict[str, Any], choices: dict[str, list], blocked: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repair moves: each step of `params` in `blocked` (a move the pre-screen refuses: it would not
+    fit, or it does not pass the checks) taken together with one move of another lever (`moves` of
+    the step that leaves the stepped lever where the step put it). Each point once, in order."""
+    out, seen = [], set()
+    for step in blocked:
+        stepped = _moved(params, step)
+        for point in moves(step, choices):
+            if _moved(step, point) != stepped and (k := point_key(point)) not in seen:
+                seen.add(k)
+                out.append(point)
+    return out
+
+
 def pick(
     params: dict[str, Any],
     choices: dict[str, list],
@@ -73,11 +91,19 @@ def pick(
     rng: random.Random,
 ) -> dict[str, Any] | None:
     """One move of `params` that no trial has (`tried`: every trial's parameters) and that the
-    pre-screen would let run (`runs(point)`), drawn with `rng`; None when there is none."""
+    pre-screen would let run (`runs(point)`), drawn with `rng`; None when there is none. A repair
+    move goes first: a step the pre-screen refuses, made to fit by one more lever (`repairs`). A
+    step towards speed that does not fit is what the search cannot take one lever at a time (a
+    larger batch that only fits with fewer LoRA targets), and what a person tuning by hand tries
+    next; then the plain steps."""
     seen = {point_key(p) for p in tried}
-    fresh = [point for point in moves(params, choices) if point_key(point) not in seen]
-    rng.shuffle(fresh)
-    return next((point for point in fresh if runs(point)), None)
+    steps = moves(params, choices)
+    rng.shuffle(steps)
+    blocked = [step for step in steps if not runs(step)]
+    repaired = [point for point in repairs(params, choices, blocked) if point_key(point) not in seen]
+    rng.shuffle(repaired)
+    fresh = [step for step in steps if point_key(step) not in seen]
+    return next((point for point in repaired if runs(point)), None) or next((step for step in fresh if runs(step)), None)
 
 
 def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]], bool], seed: Any) -> dict | None:
@@ -110,6 +136,11 @@ def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]
 def points(trials: Iterable[Any]) -> list[dict[str, Any]]:
     """Each trial's point: the parameters it was queued with (a WAITING trial has no others yet) or ran."""
     return [t.system_attrs.get("fixed_params", t.params) for t in trials]
+
+
+def _moved(params: dict[str, Any], point: dict[str, Any]) -> str | None:
+    """The first lever whose value differs between `params` and `point` (None: the same point)."""
+    return next((k for k in point if params.get(k) != point[k]), None)
 
 
 def _numeric(values: list) -> bool:

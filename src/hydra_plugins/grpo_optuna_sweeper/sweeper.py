@@ -299,7 +299,10 @@ class GrpoOptunaSweeper(Sweeper):
         move = neighbours.enqueue(study, choices, runs, self.conf.seed)
         if move is not None:
             moved = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in move["moved"].items())
-            log.info("Neighbour move: trial %d's config (the best so far with a move left) with %s", move["from"], moved)
+            repair = " (a repair: one of the two alone would not pass the pre-screen)" if len(move["moved"]) > 1 else ""
+            log.info(
+                "Neighbour move: trial %d's config (the best so far with a move left) with %s%s", move["from"], moved, repair
+            )
 
     def _compose_cache(self) -> frontier.ComposeCache:
         """A frontier.ComposeCache over `_compose`. A key is a config group as Hydra decides it (its
