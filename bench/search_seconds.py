@@ -128,6 +128,8 @@ def sweep(
             study.enqueue_trial(params)
     rng = random.Random(1_000_003 * seed + 17)
     compose_s = land.get("compose_s", 0.0)  # the sweeper composes and estimates a config: measured per landscape
+    # A neighbour move's candidate is composed from the sweeper's ComposeCache (a copy of a composition per
+    # group choice): move_check_s, measured with the frontier start's; else a full composition each.
     top = confirm.effective_top(n_trials, confirm_top, confirm_repeats, sampler)
     n_search = n_trials - top * confirm_repeats
     budget = land["budget_bytes"]
@@ -135,6 +137,7 @@ def sweep(
     # its measured seconds, measure_frontier_s, else one compose per candidate).
     clock = land.get("frontier_s", compose_s * len(composed)) if frontier else 0.0
     found_s, counted, pick_no_confirm = None, 0, None
+    verdicts: dict = {}  # the sweeper's _move_verdicts: a neighbour move's candidate -> may it run
     stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
 
     def run(trial, point, threshold):
@@ -168,7 +171,8 @@ def sweep(
         if counted == n_search and pick_no_confirm is None:
             pick_no_confirm = _picked(best_trial(study), land)
         if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
-            enqueue_neighbour(study, land, seed, prescreen, conf.prescreen_margin)
+            checked = enqueue_neighbour(study, land, seed, prescreen, conf.prescreen_margin, verdicts)
+            clock += checked * land.get("move_check_s", compose_s)  # each candidate composed and estimated once
         trial = study.ask(space)
         counted += 1  # every told trial counts toward n_trials, as the sweeper's _progress counts them
         overrides = [f"{k}={v}" for k, v in sorted(trial.params.items())]  # the sweeper's `overrides` attr
@@ -212,10 +216,29 @@ def sweep(
     }
 
 
-def enqueue_neighbour(study, land: dict, seed: int, prescreen: bool, margin: float) -> None:
-    """The sweeper's _enqueue_neighbour on a landscape (neighbours.enqueue): a move to a point of the
-    landscape (else TRL would reject it) that the pre-screen lets run."""
+def enqueue_neighbour(study, land: dict, seed: int, prescreen: bool, margin: float, verdicts: dict | None = None) -> int:
+    """The sweeper's _enqueue_neighbour on a landscape (neighbours.enqueue); returns how many candidate
+    points it checked that `verdicts` (the sweeper's _move_verdicts: point -> may run) did not hold
+    yet, each a composition and an estimate the sweeper pays for once."""
     from hydra_plugins.grpo_optuna_sweeper import neighbours
+
+    verdicts = {} if verdicts is None else verdicts
+    known = len(verdicts)
+    allowed = move_allowed(land, prescreen, margin)
+
+    def runs(params: dict) -> bool:
+        point = neighbours.point_key(params)
+        if point not in verdicts:
+            verdicts[point] = allowed(params)
+        return verdicts[point]
+
+    neighbours.enqueue(study, land["grid"], runs, seed)
+    return len(verdicts) - known
+
+
+def move_allowed(land: dict, prescreen: bool, margin: float):
+    """The sweeper's `runs` for a neighbour move on a landscape: a point of the landscape (else TRL
+    would reject it) that the pre-screen lets run."""
     from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
 
     def runs(params: dict) -> bool:
@@ -226,7 +249,7 @@ def enqueue_neighbour(study, land: dict, seed: int, prescreen: bool, margin: flo
             return True
         return prescreen_verdict(point["predicted_peak_bytes"], land["budget_bytes"], margin) is None
 
-    neighbours.enqueue(study, land["grid"], runs, seed)
+    return runs
 
 
 def _picked(trial, land: dict) -> dict | None:
@@ -272,13 +295,19 @@ def scan(land: dict, seeds: int, stop_below: float | None) -> dict:
     }
 
 
-def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: int) -> dict:
-    """The pick rate of an N_TRIALS sweep confirming `top` finalists `repeats` more times each."""
+def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: int, **setting) -> dict:
+    """The pick rate of an N_TRIALS sweep confirming `top` finalists `repeats` more times each, and how
+    often its search ran a truly-good point at all; `setting`: sweep's frontier / n_startup_trials /
+    neighbour_every."""
     runs = [
-        sweep(land, s, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=top, confirm_repeats=repeats) for s in range(seeds)
+        sweep(land, s, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=top, confirm_repeats=repeats, **setting)
+        for s in range(seeds)
     ]
     return {
         "pick_within_5pct_rate": _rate((r["pick"] for r in runs), land),
+        # top 0: the sweep without confirmation (all N_TRIALS search; the best single run wins)
+        "pick_within_5pct_rate_no_confirm": _rate((r["pick_no_confirm"] for r in runs), land),
+        "good_point_run_rate": sum(r["found_s"] is not None for r in runs) / len(runs),
         "median_confirm_seconds": median(r["confirm_s"] for r in runs),
     }
 

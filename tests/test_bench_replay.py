@@ -87,14 +87,23 @@ def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
     )
     assert 0 < run["search_s"] < run["seconds"]
     # Neighbour moves (the default neighbour_every=2): queued by the sweeper's neighbours.enqueue,
-    # each a one-step move of a config the search had run, never one in the confirmation phase.
+    # each a one-step move of a config the search had run, or a step the pre-screen refuses repaired
+    # by a second lever; never one in the confirmation phase.
     from hydra_plugins.grpo_optuna_sweeper import neighbours
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
 
+    allowed = ss.move_allowed(land, True, GrpoOptunaSweeperConf().prescreen_margin)
     moved = [t for t in study.trials if neighbours.NEIGHBOUR_ATTR in t.user_attrs]
     assert moved and not any(t.user_attrs.get("confirms") is not None for t in moved)
+    repaired = 0
     for t in moved:
         origin = study.trials[t.user_attrs[neighbours.NEIGHBOUR_ATTR]]
-        assert origin.number < t.number and t.params in neighbours.moves(origin.params, land["grid"])
+        steps = neighbours.moves(origin.params, land["grid"])
+        assert origin.number < t.number and allowed(t.params)
+        if t.params not in steps:
+            assert t.params in neighbours.repairs(origin.params, land["grid"], [s for s in steps if not allowed(s)])
+            repaired += 1
+    assert 0 < repaired < len(moved)  # the grid's wall blocks some steps: repairs first, plain steps too
     off = ss.sweep(land, 0, n_trials=ss.N_TRIALS, stop_below=0.9, confirm_top=3, neighbour_every=0)["study"]
     assert not any(neighbours.NEIGHBOUR_ATTR in t.user_attrs for t in off.trials)
 
