@@ -172,3 +172,48 @@ def test_a_real_sweep_moves_one_lever_of_the_best_config(tmp_path):
         assert t.params in neighbours.moves(origin.params, space)
         assert all(o.params != t.params for o in study.trials[: t.number])
     assert "Neighbour move: trial " in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_a_real_sweep_repairs_a_step_that_would_not_fit(tmp_path):
+    """The card fits sequence 64 x batch 4 and 128 x 2, not 128 x 4 (the estimator's own numbers set the
+    budget). From 64 x 4, the step to sequence 128 is refused by the pre-screen: the next trial is the
+    repair, 128 with the batch halved, not the plain step to batch 2."""
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.memory.estimator import estimate
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+
+    fixed = ["lora=qv", "lora_rank=8"]
+
+    def predicted(seq, batch):
+        cfg = compose_train_config(["+sweeps=tiny_cpu", *fixed, f"max_seq_length={seq}", f"per_device_train_batch_size={batch}"])
+        return estimate(cfg).total_bytes
+
+    budget = 1.25 * max(predicted(64, 4), predicted(128, 2))
+    assert predicted(128, 4) > budget * (1 + GrpoOptunaSweeperConf().prescreen_margin)  # the refused step
+    result = run(
+        sweep_cmd(
+            tmp_path,
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_startup_trials=1",
+            "hydra.sweeper.neighbour_every=1",
+            "hydra.sweeper.confirm_top=0",
+            "hydra.sweeper.stop_below=null",
+            "hydra.sweeper.enqueue=[{max_seq_length:64,per_device_train_batch_size:4}]",
+            f"gpu.memory_gib={budget / 2**30}",
+            *fixed,
+            "max_seq_length=choice(64,128)",
+            "per_device_train_batch_size=choice(2,4)",
+            enqueue=True,
+            neighbours=True,
+        )
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}"))
+    assert [t.params for t in trials] == [
+        {"max_seq_length": 64, "per_device_train_batch_size": 4},
+        {"max_seq_length": 128, "per_device_train_batch_size": 2},
+    ]
+    assert [t.user_attrs["status"] for t in trials] == ["ok", "ok"]  # the repaired point fits for real
+    assert trials[1].user_attrs[neighbours.NEIGHBOUR_ATTR] == trials[0].number
+    assert "(a repair: one of the two alone would not pass the pre-screen)" in result.stdout + result.stderr
