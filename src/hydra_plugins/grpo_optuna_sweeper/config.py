@@ -5,10 +5,15 @@ No `from __future__ import annotations` in plugin modules with dataclasses: Hydr
 without registering them in sys.modules, where dataclasses would look the string annotations up.
 """
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import CompactHydraException
+
+SAMPLERS = ("tpe", "gp", "random", "grid")
 
 
 @dataclass
@@ -61,7 +66,8 @@ class GrpoOptunaSweeperConf:
     top_k: int = 5  # rows of the final table
     # Early stop (tokens_per_s, maximize): a trial whose first timed step (after its peak is measured)
     # runs below stop_below x the best feasible tokens/s so far stops: PRUNED, status `slow`, its peak
-    # and partial throughput kept. null or 0: off. 0.5 from bench/search_efficiency.py (README).
+    # and partial throughput kept. A fraction in [0, 1]; null or 0: off. 0.5 from
+    # bench/search_efficiency.py (README).
     stop_below: float | None = 0.5
     # Confirmation: the top confirm_top feasible configs run confirm_repeats more times, interleaved,
     # and the winner is the best median. Counted in n_trials: the search gets
@@ -73,3 +79,67 @@ class GrpoOptunaSweeperConf:
 ConfigStore.instance().store(
     group="hydra/sweeper", name="grpo_optuna", node=GrpoOptunaSweeperConf, provider="grpo_optuna_sweeper"
 )
+
+
+# --- what each setting allows ----------------------------------------------------------------------
+# Hydra checks the types against the dataclass above when it composes the config; the ranges are
+# checked here, once, before the study's storage opens (check), and by the pieces that take a
+# setting directly (build_sampler, neighbours.check_every): one rule per key.
+def _integer(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _optional(rule: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or rule(v)
+
+
+ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n_trials": (_integer(1), "an integer >= 1"),
+    "n_jobs": (_integer(1), "an integer >= 1"),
+    "direction": (lambda v: isinstance(v, str) and v.lower() in ("maximize", "minimize"), "maximize or minimize"),
+    "sampler": (lambda v: v in SAMPLERS, "one of " + ", ".join(SAMPLERS)),
+    "n_startup_trials": (_integer(0), "an integer >= 0"),
+    "seed": (_optional(_integer(0)), "an integer >= 0, or null"),
+    "prescreen_margin": (lambda v: _number(v) and v >= 0, "a number >= 0 (a fraction of the budget: 0.1 = 10 %)"),
+    "headroom": (
+        _optional(lambda v: _number(v) and 0 < v <= 1),
+        "a number in (0, 1] (a fraction of the budget), or null: all of it",
+    ),
+    "frontier_start": (_integer(0), "an integer >= 0 (0: off)"),
+    "neighbour_every": (_integer(0), "an integer >= 0 (0: off)"),
+    "heartbeat_interval": (_integer(1), "an integer >= 1 (seconds)"),
+    "grace_period": (_optional(_integer(1)), "an integer >= 1 (seconds), or null: 4 x heartbeat_interval"),
+    "max_retry": (_integer(0), "an integer >= 0"),
+    "max_failures_in_a_row": (_integer(0), "an integer >= 0 (0: never stop)"),
+    "top_k": (_integer(1), "an integer >= 1"),
+    "stop_below": (
+        _optional(lambda v: _number(v) and 0 <= v <= 1),
+        "a number in [0, 1] (a fraction of the best tokens/s so far: 0.5 = half), or null or 0: off",
+    ),
+    "confirm_top": (_integer(0), "an integer >= 0 (0: off)"),
+    "confirm_repeats": (_integer(0), "an integer >= 0"),
+}
+
+
+class SweeperSettingError(CompactHydraException, ValueError):
+    """A hydra.sweeper setting out of its range: Hydra prints the message alone, without a traceback."""
+
+
+def check_setting(key: str, value: Any) -> Any:
+    """`value` when hydra.sweeper.<key> allows it, else a ValueError naming the key, the value and what
+    is allowed."""
+    rule, allowed = ALLOWED[key]
+    if not rule(value):
+        raise SweeperSettingError(f"hydra.sweeper.{key}={value!r}: must be {allowed}")
+    return value
+
+
+def check(conf: Any) -> None:
+    """Every setting of `conf` (the sweeper's hydra.sweeper node) that has a rule; a missing key is the default."""
+    defaults = GrpoOptunaSweeperConf()
+    for key in ALLOWED:
+        check_setting(key, conf.get(key, getattr(defaults, key)))

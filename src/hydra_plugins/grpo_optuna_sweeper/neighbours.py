@@ -37,9 +37,9 @@ NEIGHBOUR_ATTR = "neighbour_of"  # trial user attr: the first trial of the confi
 
 def check_every(every: Any) -> int:
     """hydra.sweeper.neighbour_every as an int, or a ValueError that names the key, the value and what is allowed."""
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-        raise ValueError(f"hydra.sweeper.neighbour_every={every!r}: must be an integer >= 0 (0: off)")
-    return every
+    from .config import check_setting
+
+    return check_setting("neighbour_every", every)
 
 
 def due(counted: int, n_startup_trials: int, every: int) -> bool:

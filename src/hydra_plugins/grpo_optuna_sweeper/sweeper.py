@@ -33,6 +33,8 @@ from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
 from grpo_sweep.units import budget_bytes
 
 from . import confirm, frontier, neighbours, space
+from .config import check as check_settings
+from .config import check_setting
 from .failures import systematic_failure
 from .outcome import (
     Outcome,
@@ -85,7 +87,7 @@ class GrpoOptunaSweeper(Sweeper):
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         conf = self.conf
-        neighbours.check_every(conf.neighbour_every)  # before the storage opens
+        check_settings(conf)  # before the storage opens: a bad value is one line, no traceback
         params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         self.distributions, fixed = space.parse_space(params_conf)
         self.fixed = list(fixed.values())
@@ -575,8 +577,8 @@ def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_tr
     n_startup_trials: TPE's random trials before it models the study (`hydra.sweeper.n_startup_trials`)."""
     import optuna
 
-    if isinstance(n_startup_trials, bool) or not isinstance(n_startup_trials, int) or n_startup_trials < 0:
-        raise ValueError(f"hydra.sweeper.n_startup_trials={n_startup_trials!r}: must be an integer >= 0")
+    check_setting("n_startup_trials", n_startup_trials)
+    check_setting("sampler", name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
@@ -587,7 +589,7 @@ def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_tr
             return optuna.samplers.RandomSampler(seed=seed)
         if name == "grid":
             return optuna.samplers.GridSampler(space.grid_choices(distributions), seed=seed)
-    raise ValueError(f"hydra.sweeper.sampler={name}: must be one of tpe, gp, random, grid")
+    raise AssertionError(name)  # config.SAMPLERS names one more than this function builds
 
 
 def _state(name: str) -> Any:

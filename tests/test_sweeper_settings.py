@@ -1,0 +1,70 @@
+"""hydra.sweeper.* settings out of range: one line that names the key, the value and what is allowed,
+before the study's storage opens (hydra_plugins/grpo_optuna_sweeper/config.py: ALLOWED, check)."""
+
+from __future__ import annotations
+
+import pytest
+from test_sweeper_helpers import run, sweep_cmd
+
+from hydra_plugins.grpo_optuna_sweeper.config import ALLOWED, GrpoOptunaSweeperConf, SweeperSettingError, check
+
+# Each setting with a rule, one value it must refuse (by hand, not from the rule) and the words of
+# what is allowed.
+BAD = {
+    "n_trials": (0, "an integer >= 1"),
+    "n_jobs": (0, "an integer >= 1"),
+    "direction": ("fastest", "maximize or minimize"),
+    "sampler": ("cmaes", "one of tpe, gp, random, grid"),
+    "n_startup_trials": (-1, "an integer >= 0"),
+    "seed": (-3, "an integer >= 0, or null"),
+    "prescreen_margin": (-0.1, "a number >= 0"),
+    "headroom": (1.2, "a number in (0, 1]"),
+    "frontier_start": (-5, "an integer >= 0 (0: off)"),
+    "neighbour_every": (True, "an integer >= 0 (0: off)"),
+    "heartbeat_interval": (0, "an integer >= 1 (seconds)"),
+    "grace_period": (0, "an integer >= 1 (seconds), or null"),
+    "max_retry": (-1, "an integer >= 0"),
+    "max_failures_in_a_row": (-2, "an integer >= 0 (0: never stop)"),
+    "top_k": (0, "an integer >= 1"),
+    "stop_below": (50, "a number in [0, 1]"),  # 50 % typed as a percentage
+    "confirm_top": (-1, "an integer >= 0 (0: off)"),
+    "confirm_repeats": (-2, "an integer >= 0"),
+}
+
+
+def test_every_setting_with_a_rule_has_a_bad_value_here():
+    assert set(BAD) == set(ALLOWED)
+
+
+def test_the_defaults_and_the_edges_pass():
+    check(vars(GrpoOptunaSweeperConf()))
+    edges = {
+        "stop_below": [None, 0, 1],
+        "headroom": [None, 1, 0.5],
+        "confirm_top": [0],
+        "seed": [None, 0],
+        "grace_period": [None],
+    }
+    for key, values in edges.items():
+        for value in values:
+            check({key: value})  # the other keys: their defaults
+    check({"direction": "MINIMIZE", "prescreen_margin": 0})
+
+
+@pytest.mark.parametrize("key", sorted(BAD))
+def test_a_bad_value_names_the_key_the_value_and_what_is_allowed(key):
+    value, allowed = BAD[key]
+    with pytest.raises(SweeperSettingError) as err:
+        check({key: value})
+    assert str(err.value).startswith(f"hydra.sweeper.{key}={value!r}: must be {allowed}")
+    assert isinstance(err.value, ValueError)
+
+
+def test_a_bad_setting_stops_the_sweep_in_one_line_before_the_storage_opens(tmp_path):
+    result = run(sweep_cmd(tmp_path / "sweep", "hydra.sweeper.stop_below=1.5", "hydra.sweeper.n_trials=1"), timeout=180)
+    assert result.returncode != 0
+    assert result.stderr.startswith(
+        "hydra.sweeper.stop_below=1.5: must be a number in [0, 1] (a fraction of the best tokens/s so far: 0.5 = half), or null or 0: off"
+    ), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "sweep").exists()  # no sweep dir, no journal, no trial
