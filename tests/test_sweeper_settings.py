@@ -68,3 +68,17 @@ def test_a_bad_setting_stops_the_sweep_in_one_line_before_the_storage_opens(tmp_
     ), result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
     assert not (tmp_path / "sweep").exists()  # no sweep dir, no journal, no trial
+
+
+def test_every_shipped_sweep_passes_the_check():
+    from hydra import compose, initialize_config_dir
+
+    from grpo_sweep.config.compose import CONF_DIR
+    from grpo_sweep.config.schema import register
+
+    register()
+    sweeps = sorted(p.stem for p in (CONF_DIR / "sweeps").glob("*.yaml"))
+    assert "gemma3_1b_l4" in sweeps and "tiny_cpu" in sweeps
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name in sweeps:
+            check(compose("train", overrides=[f"+sweeps={name}"], return_hydra_config=True).hydra.sweeper)
