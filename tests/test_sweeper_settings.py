@@ -27,7 +27,7 @@ BAD = {
     "max_failures_in_a_row": (-2, "an integer >= 0 (0: never stop)"),
     "top_k": (0, "an integer >= 1"),
     "stop_below": (50, "a number in [0, 1]"),  # 50 % typed as a percentage
-    "confirm_top": (-1, "an integer >= 0 (0: off)"),
+    "confirm_top": (1, "0 (off) or an integer >= 2"),
     "confirm_repeats": (-2, "an integer >= 0"),
 }
 
@@ -49,6 +49,16 @@ def test_the_defaults_and_the_edges_pass():
         for value in values:
             check({key: value})  # the other keys: their defaults
     check({"direction": "MINIMIZE", "prescreen_margin": 0})
+
+
+def test_the_grace_period_must_outlast_a_heartbeat():
+    check({"heartbeat_interval": 1, "grace_period": 3})
+    for grace in (30, 10):
+        with pytest.raises(
+            SweeperSettingError,
+            match=rf"hydra.sweeper.grace_period={grace}: must be greater than hydra.sweeper.heartbeat_interval=30",
+        ):
+            check({"grace_period": grace})  # heartbeat_interval: its default, 30
 
 
 @pytest.mark.parametrize("key", sorted(BAD))

@@ -120,7 +120,10 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
         _optional(lambda v: _number(v) and 0 <= v <= 1),
         "a number in [0, 1] (a fraction of the best tokens/s so far: 0.5 = half), or null or 0: off",
     ),
-    "confirm_top": (_integer(0), "an integer >= 0 (0: off)"),
+    "confirm_top": (
+        lambda v: _integer(0)(v) and v != 1,
+        "0 (off) or an integer >= 2 (one finalist confirmed cannot change the winner)",
+    ),
     "confirm_repeats": (_integer(0), "an integer >= 0"),
 }
 
@@ -139,7 +142,13 @@ def check_setting(key: str, value: Any) -> Any:
 
 
 def check(conf: Any) -> None:
-    """Every setting of `conf` (the sweeper's hydra.sweeper node) that has a rule; a missing key is the default."""
+    """Every setting of `conf` (the sweeper's hydra.sweeper node) that has a rule, and the one rule
+    between two of them; a missing key is the default."""
     defaults = GrpoOptunaSweeperConf()
-    for key in ALLOWED:
-        check_setting(key, conf.get(key, getattr(defaults, key)))
+    value = {key: check_setting(key, conf.get(key, getattr(defaults, key))) for key in ALLOWED}
+    grace, beat = value["grace_period"], value["heartbeat_interval"]
+    if grace is not None and grace <= beat:
+        raise SweeperSettingError(
+            f"hydra.sweeper.grace_period={grace!r}: must be greater than hydra.sweeper.heartbeat_interval={beat!r} "
+            "(a live trial beats once per interval; a shorter grace fails and retries it), or null: 4 x heartbeat_interval"
+        )
