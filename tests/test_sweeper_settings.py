@@ -48,7 +48,9 @@ def test_the_defaults_and_the_edges_pass():
     for key, values in edges.items():
         for value in values:
             check({key: value})  # the other keys: their defaults
-    check({"direction": "MINIMIZE", "prescreen_margin": 0})
+    check({"direction": "minimize", "prescreen_margin": 0})
+    with pytest.raises(SweeperSettingError, match="direction='MAXIMIZE': must be maximize or minimize"):
+        check({"direction": "MAXIMIZE"})  # Optuna would refuse it only once the storage is open
 
 
 def test_the_grace_period_must_outlast_a_heartbeat():

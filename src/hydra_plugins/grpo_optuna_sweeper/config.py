@@ -100,7 +100,7 @@ def _optional(rule: Callable[[Any], bool]) -> Callable[[Any], bool]:
 ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n_trials": (_integer(1), "an integer >= 1"),
     "n_jobs": (_integer(1), "an integer >= 1"),
-    "direction": (lambda v: isinstance(v, str) and v.lower() in ("maximize", "minimize"), "maximize or minimize"),
+    "direction": (lambda v: v in ("maximize", "minimize"), "maximize or minimize"),  # Optuna's own spelling
     "sampler": (lambda v: v in SAMPLERS, "one of " + ", ".join(SAMPLERS)),
     "n_startup_trials": (_integer(0), "an integer >= 0"),
     "seed": (_optional(_integer(0)), "an integer >= 0, or null"),
