@@ -10,6 +10,7 @@ import pytest
 from test_sweeper_helpers import counted, load_study, run, sweep_cmd
 
 from hydra_plugins.grpo_optuna_sweeper import neighbours
+from hydra_plugins.grpo_optuna_sweeper.config import check_setting
 
 SPACE = {"batch": [16, 2, 8, 4], "lora": ["qv", "all_linear"], "ckpt": [False, True], "rank": [8]}
 
@@ -35,10 +36,11 @@ def test_due_every_nth_search_trial_after_the_startup_trials():
     assert [c for c in range(12) if neighbours.due(c, 5, 2)] == [5, 7, 9, 11]
     assert [c for c in range(6) if neighbours.due(c, 0, 3)] == [0, 3]
     assert not any(neighbours.due(c, 5, 0) for c in range(20))  # 0: off
-    assert neighbours.check_every(0) == 0 and neighbours.check_every(3) == 3
+    for good in (0, 3):
+        assert check_setting("neighbour_every", good) == good
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ValueError, match=r"hydra.sweeper.neighbour_every=.*: must be an integer >= 0 \(0: off\)"):
-            neighbours.check_every(bad)
+            check_setting("neighbour_every", bad)
 
 
 def test_pick_skips_tried_and_refused_points_and_follows_the_seed():

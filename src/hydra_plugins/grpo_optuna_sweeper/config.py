@@ -84,7 +84,7 @@ ConfigStore.instance().store(
 # --- what each setting allows ----------------------------------------------------------------------
 # Hydra checks the types against the dataclass above when it composes the config; the ranges are
 # checked here, once, before the study's storage opens (check), and by the pieces that take a
-# setting directly (build_sampler, neighbours.check_every): one rule per key.
+# setting directly (build_sampler): one rule per key.
 def _integer(low: int) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
 

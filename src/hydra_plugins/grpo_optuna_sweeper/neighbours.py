@@ -35,13 +35,6 @@ from typing import Any
 NEIGHBOUR_ATTR = "neighbour_of"  # trial user attr: the first trial of the config it moved from
 
 
-def check_every(every: Any) -> int:
-    """hydra.sweeper.neighbour_every as an int, or a ValueError that names the key, the value and what is allowed."""
-    from .config import check_setting
-
-    return check_setting("neighbour_every", every)
-
-
 def due(counted: int, n_startup_trials: int, every: int) -> bool:
     """Whether the next search trial (the study counts `counted`) is a neighbour move."""
     if every <= 0 or counted < n_startup_trials:
