@@ -183,6 +183,10 @@ CONFIRM_SCAN = ((3, 2), (3, 4), (2, 6))  # (confirm_top, confirm_repeats) in the
 # search, decides the pick. 200 seeds resolve a rate to about +-0.035.
 NOISE_SCAN = (0.0, 0.03, 0.06, 0.1)
 NOISE_SEEDS = 200
+# A longer sweep on a noisy machine (the Gemma model at this machine's sigma): (n_trials, confirm_top,
+# confirm_repeats); what README "On a noisy machine" recommends rests on it.
+LONGER = ((40, 3, 2), (80, 3, 2), (80, 3, 4), (120, 3, 4))
+LONGER_SEEDS = 100
 
 
 def seconds_and_picks() -> tuple[dict, list[dict], dict]:
@@ -280,8 +284,13 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
         by_noise[str(sigma)]["with"]["pick_within_5pct_rate_no_confirm"] = no_confirm
         keys[f"pick_within_5pct_rate_gemma_l4_sigma_{sigma}"] = by_noise[str(sigma)]["with"]["pick_within_5pct_rate"]
         keys[f"pick_within_5pct_rate_no_confirm_gemma_l4_sigma_{sigma}"] = no_confirm
+    longer = {
+        f"{n}_trials_top{top}_x{rep}": search_seconds.picks(gemma, LONGER_SEEDS, default_stop, top, rep, n_trials=n)
+        for n, top, rep in LONGER
+    }
     info = {
         "stop_below": default_stop,
+        "gemma_longer_sweeps": {"seeds": LONGER_SEEDS, **longer},
         "gemma_pick_by_noise": {"seeds": NOISE_SEEDS, "measured_sigma": tiny["measured_sigma"], **by_noise},
         "stop_below_scan": scan,
         "confirm_scan": repeats,

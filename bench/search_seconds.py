@@ -295,12 +295,12 @@ def scan(land: dict, seeds: int, stop_below: float | None) -> dict:
     }
 
 
-def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: int, **setting) -> dict:
-    """The pick rate of an N_TRIALS sweep confirming `top` finalists `repeats` more times each, and how
+def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: int, n_trials: int = N_TRIALS, **setting) -> dict:
+    """The pick rate of an `n_trials` sweep confirming `top` finalists `repeats` more times each, and how
     often its search ran a truly-good point at all; `setting`: sweep's frontier / n_startup_trials /
     neighbour_every."""
     runs = [
-        sweep(land, s, n_trials=N_TRIALS, stop_below=stop_below, confirm_top=top, confirm_repeats=repeats, **setting)
+        sweep(land, s, n_trials=n_trials, stop_below=stop_below, confirm_top=top, confirm_repeats=repeats, **setting)
         for s in range(seeds)
     ]
     return {
@@ -309,6 +309,7 @@ def picks(land: dict, seeds: int, stop_below: float | None, top: int, repeats: i
         "pick_within_5pct_rate_no_confirm": _rate((r["pick_no_confirm"] for r in runs), land),
         "good_point_run_rate": sum(r["found_s"] is not None for r in runs) / len(runs),
         "median_confirm_seconds": median(r["confirm_s"] for r in runs),
+        "median_seconds": median(r["seconds"] for r in runs),
     }
 
 
