@@ -92,11 +92,13 @@ def pick(
     seen = {point_key(p) for p in tried}
     steps = moves(params, choices)
     rng.shuffle(steps)
-    blocked = [step for step in steps if not runs(step)]
+    fits, blocked = [], []
+    for step in steps:  # each step asks `runs` once
+        (fits if runs(step) else blocked).append(step)
     repaired = [point for point in repairs(params, choices, blocked) if point_key(point) not in seen]
     rng.shuffle(repaired)
-    fresh = [step for step in steps if point_key(step) not in seen]
-    return next((point for point in repaired if runs(point)), None) or next((step for step in fresh if runs(step)), None)
+    plain = (step for step in fits if point_key(step) not in seen)
+    return next((point for point in repaired if runs(point)), None) or next(plain, None)
 
 
 def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]], bool], seed: Any) -> dict | None:
