@@ -142,7 +142,7 @@ def test_unsloth_translation():
     assert (fast["use_vllm"], fast["vllm_mode"]) == (True, "colocate") and "min_tokens" in fast["generation_kwargs"]
     assert unsloth.vllm_available() == installed("vllm")
     peft = unsloth.peft_kwargs(cfg)
-    assert (peft["r"], peft["target_modules"], peft["lora_alpha"]) == (32, ["q_proj", "v_proj"], 32)
+    assert (peft["r"], peft["target_modules"], peft["lora_alpha"]) == (32, ["q_proj", "v_proj"], 64)  # alpha null: 2 x rank
     assert peft["use_gradient_checkpointing"] == "unsloth"
     assert unsloth.peft_kwargs(compose(["gradient_checkpointing=false"]))["use_gradient_checkpointing"] is False
 

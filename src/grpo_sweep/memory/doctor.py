@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..config.schema import split_of
 from ..units import GIB as GiB
 from . import estimator as est_mod
 from . import throughput
@@ -104,7 +105,7 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
     moves: list[Move] = []
     if not cfg.gradient_checkpointing and backend != "unsloth":
         moves.append(Move("checkpointing", {"gradient_checkpointing": True}, "gradient checkpointing on"))
-    B, GA = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    B, GA = split_of(cfg)
     factor = 2
     while B // factor >= 1 and B % factor == 0:
         moves.append(

@@ -27,7 +27,7 @@ from ..config import backends
 from ..config.local import cuda_available, installed
 from ..config.model_arch import fill_arch
 from ..config.schema import ConfigError
-from ..levers import requested_levers
+from ..levers import recipe_of, requested_levers
 from ..metrics import empty_metrics, read_metrics, write_metrics
 from . import worker
 
@@ -162,7 +162,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         keep_alive.close()
     record = read_metrics(run_dir)
     if timed_out:
-        record = record or empty_metrics("timeout", None, requested_levers(cfg))
+        record = record or empty_metrics("timeout", None, requested_levers(cfg), recipe_of(cfg))
         record["status"] = "timeout"
         record["error"] = reason
     elif record is None:
@@ -172,7 +172,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
             if code is not None and code < 0
             else f"trial process exited with code {code} without writing metrics"
         )
-        record = empty_metrics("failed", reason, requested_levers(cfg))
+        record = empty_metrics("failed", reason, requested_levers(cfg), recipe_of(cfg))
     record["exitcode"] = proc.exitcode
     record["wall_time_s"] = time.monotonic() - started
     first_step = record.get("first_step_begin_unix")
