@@ -127,8 +127,9 @@ def requested_levers(cfg) -> dict:
 
 
 def recipe_of(cfg) -> dict:
-    """The recipe a resolved config trains (plain values): every recipe setting, completions_per_step as
-    per_device_train_batch_size x gradient_accumulation_steps when it is null, the model and task by name."""
+    """The recipe a config trains (plain values): every recipe setting, completions_per_step as
+    per_device_train_batch_size x gradient_accumulation_steps when it is null, the model and task by name.
+    lora_alpha stays null when it is (2 x lora_rank: it follows a rank concession, not a change of its own)."""
 
     def get(key):
         node = cfg
@@ -139,10 +140,8 @@ def recipe_of(cfg) -> dict:
         return list(node) if key == "lora_target_modules" else node
 
     out = {key: get(key) for key in RECIPE_SETTINGS}
-    if out["completions_per_step"] is None and get("gradient_accumulation_steps") is not None:
-        out["completions_per_step"] = get("per_device_train_batch_size") * get("gradient_accumulation_steps")
-    if out["lora_alpha"] is None and out["lora_rank"] is not None:
-        out["lora_alpha"] = 2 * out["lora_rank"]  # schema: null means 2 x lora_rank
+    if out["completions_per_step"] is None:
+        out["completions_per_step"] = get("per_device_train_batch_size") * (get("gradient_accumulation_steps") or 1)
     out["model"] = get("model.name")
     out["task"] = get("task.name")
     return {k: (bool(v) if k in ("load_in_4bit", "trial.full_finetune") and v is not None else v) for k, v in out.items()}

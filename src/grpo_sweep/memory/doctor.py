@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..config.schema import split_of
+from ..levers import RECIPE, kind_of
 from ..units import GIB as GiB
 from . import estimator as est_mod
 from . import throughput
@@ -43,7 +44,11 @@ class Move:
     group: str
     overrides: dict
     label: str
-    changes_experiment: bool = False
+
+    @property
+    def changes_experiment(self) -> bool:
+        """Whether the move changes the recipe (what is learned: levers.KINDS), not only a knob."""
+        return any(kind_of(key) == RECIPE for key in self.overrides)
 
 
 def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
@@ -160,7 +165,6 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
                 "sequence",
                 {"max_seq_length": shorter},
                 f"max_seq_length {cfg.max_seq_length} -> {shorter} (halves the completion budget)",
-                changes_experiment=True,
             )
         )
     return moves

@@ -150,23 +150,26 @@ def price_tags(
     best_value: float | None,
     estimate_without: Callable[[Any, str], dict | None],
     estimate_recipe: Callable[[], dict | None],
+    value_of: Callable[[Any], float] | None = None,
 ) -> dict:
     """The note's table as data: the fastest configuration at the full recipe (or why none fits), the
     cheapest concession(s) that fit, and for each concession the winner took: the recipe value, the
     value used, and the objective and peak it bought. Measured from a trial that differs only there
     (same knobs, the other concessions the same), else estimated (estimate_without(winner, setting):
-    {peak_bytes, tokens_per_s} of the winner at the recipe value) and labelled so."""
+    {peak_bytes, fits, tokens_per_s_ratio} of the winner at the recipe value) and labelled so.
+    value_of(trial): the value a trial counts by (the median of its config's runs; default its own)."""
     done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     ok = [t for t in done if is_ok(t)]
     sign = 1 if maximize else -1
+    value = value_of or (lambda t: t.value)
     out: dict[str, Any] = {"recipe": recipe}
-    full = sorted((t for t in ok if not _taken(t)), key=lambda t: sign * t.value, reverse=True)
+    full = sorted((t for t in ok if not _taken(t)), key=lambda t: sign * value(t), reverse=True)
     if full:
         t = full[0]
         out["full_recipe"] = {
             "fits": True,
             "trial": t.number,
-            "objective": t.value,
+            "objective": value(t),
             "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
             "knobs": dict(t.params),
         }
@@ -174,11 +177,11 @@ def price_tags(
         out["full_recipe"] = {"fits": False, "reason": _why_full_does_not_fit(done, estimate_recipe)}
         fits = [t for t in ok if _taken(t)]
         if fits:
-            t = min(fits, key=lambda t: (len(_taken(t)), -sign * t.value))
+            t = min(fits, key=lambda t: (len(_taken(t)), -sign * value(t)))
             out["cheapest"] = {
                 "trial": t.number,
                 "concessions": {k: {"recipe": recipe.get(k), "used": v} for k, v in _taken(t).items()},
-                "objective": t.value,
+                "objective": value(t),
                 "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
             }
         else:
@@ -188,6 +191,8 @@ def price_tags(
         return out
     taken = _taken(best)
     out["winner"] = {"trial": best.number, "objective": best_value, "concessions": len(taken)}
+    if full and best_value and out["full_recipe"]["objective"]:
+        out["winner"]["vs_full_recipe"] = best_value / out["full_recipe"]["objective"]
     rows = []
     for setting, used in taken.items():
         row = {"setting": setting, "recipe": recipe.get(setting), "used": used}
@@ -199,18 +204,19 @@ def price_tags(
         ]
         twin_ok = [t for t in twins if is_ok(t)]
         if twin_ok:
-            twin = max(twin_ok, key=lambda t: sign * t.value)
+            twin = max(twin_ok, key=lambda t: sign * value(t))
             peak_w, peak_t = best.user_attrs.get("peak_memory_bytes"), twin.user_attrs.get("peak_memory_bytes")
+            at_recipe, used_value = value(twin), value(best)
             row.update(
                 basis="measured",
                 vs_trial=twin.number,
-                objective_at_recipe=twin.value,
-                objective_used=best.value,
-                objective_ratio=best.value / twin.value if twin.value else None,
+                objective_at_recipe=at_recipe,
+                objective_used=used_value,
+                objective_ratio=used_value / at_recipe if at_recipe else None,
                 peak_at_recipe_bytes=peak_t,
                 peak_used_bytes=peak_w,
                 peak_saved_bytes=peak_t - peak_w if peak_t is not None and peak_w is not None else None,
-                bought=f"{best.value / twin.value:.2f}x objective" if twin.value else "-",
+                bought=f"{used_value / at_recipe:.2f}x objective" if at_recipe else "-",
             )
         elif twins:
             twin = twins[0]
@@ -232,12 +238,12 @@ def price_tags(
                 row.update(peak_at_recipe_bytes=est.get("peak_bytes"), fits_at_recipe=est.get("fits"))
                 if est.get("tokens_per_s_ratio"):
                     row["objective_ratio"] = est["tokens_per_s_ratio"]
-                row["bought"] = (
-                    "estimated: "
-                    + ("it fits (the recipe value is predicted not to)" if est.get("fits") is False else "")
-                    + (f"{est['tokens_per_s_ratio']:.2f}x tokens/s" if est.get("tokens_per_s_ratio") else "")
-                    or "estimated: no measured twin"
-                )
+                parts = []
+                if est.get("fits") is False:
+                    parts.append("it fits (at the recipe value the estimator predicts it would not)")
+                if est.get("tokens_per_s_ratio"):
+                    parts.append(f"~{est['tokens_per_s_ratio']:.2f}x tokens/s (the throughput model)")
+                row["bought"] = "; ".join(parts) or "no measured twin; the estimator sees no memory difference that matters"
         rows.append(row)
     out["taken"] = rows
     return out
@@ -290,6 +296,11 @@ def describe(tags: dict, objective: str) -> str:
         return "\n".join(lines)
     if not tags.get("taken"):
         lines.append(f"  the winner (trial {winner['trial']}) runs the full recipe: it gave nothing up")
+    elif winner.get("vs_full_recipe"):
+        lines.append(
+            f"  the winner (trial {winner['trial']}) gave up {winner['concessions']} setting(s) for "
+            f"{winner['vs_full_recipe']:.2f}x the full recipe's {objective}:"
+        )
     for row in tags.get("taken", []):
         peak = ""
         if row.get("peak_at_recipe_bytes") and row.get("peak_used_bytes"):

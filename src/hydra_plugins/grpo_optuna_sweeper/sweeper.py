@@ -657,7 +657,7 @@ class GrpoOptunaSweeper(Sweeper):
         the sweep (the trials and best.yaml matter more): on an error it says why instead."""
         from grpo_sweep.memory.throughput import relative_step_time
 
-        from .summary import _is_ok, best_finalist
+        from .summary import _is_ok, finalists
 
         def predict(overrides: list[str]) -> tuple[Any, Any]:
             cfg = self._compose(overrides)
@@ -688,7 +688,9 @@ class GrpoOptunaSweeper(Sweeper):
             return out
 
         try:
-            winner = best_finalist(study)
+            ranked = finalists(study)
+            winner = ranked[0] if ranked else None
+            median = {m.number: float(f.median) for f in ranked for m in f.members}  # a trial counts by its config
             tags = concessions.price_tags(
                 study.get_trials(deepcopy=False),
                 self.recipe,
@@ -699,6 +701,7 @@ class GrpoOptunaSweeper(Sweeper):
                 best_value=float(winner.median) if winner else None,
                 estimate_without=estimate_without,
                 estimate_recipe=estimate_recipe,
+                value_of=lambda t: median.get(t.number, t.value),
             )
         except Exception as err:  # noqa: BLE001 - see the docstring
             return {"error": f"{type(err).__name__}: {err}"}
