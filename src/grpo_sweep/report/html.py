@@ -249,7 +249,10 @@ def concessions_html(tags: dict, objective: str) -> str:
         cheap = tags.get("cheapest")
         if cheap:
             what = ", ".join(f"{k} {_value(v['recipe'])} &rarr; {_value(v['used'])}" for k, v in cheap["concessions"].items())
-            html += f"<p>Cheapest concession that fits: {what} (trial {cheap['trial']}, {_e(objective)} {cheap['objective']:.4g}).</p>"
+            html += (
+                f"<p>Cheapest concession that fits: {what} "
+                f"(trial {cheap['trial']}, {_e(objective)} {cheap['objective']:.4g}).</p>"
+            )
     winner = tags.get("winner")
     rows = tags.get("taken") or []
     if winner and not rows:
