@@ -234,6 +234,16 @@ def split_of(cfg: Any) -> tuple[int, int]:
     return batch, accum
 
 
+def resolve_split(cfg: Any) -> Any:
+    """Write the derived gradient_accumulation_steps (split_of) into cfg, so every reader after it (the
+    trainer's GRPOConfig, config.yaml, W&B) sees the split as an integer. validate and run_trial call it."""
+    _, accum = split_of(cfg)
+    if cfg.get("gradient_accumulation_steps") != accum:
+        with read_write(cfg), open_dict(cfg):
+            cfg.gradient_accumulation_steps = accum
+    return cfg
+
+
 def generation_batch_size(cfg: Any) -> int:
     """Completions generated per optimiser step, as TRL derives it (steps_per_generation = grad-accum)."""
     batch, accum = split_of(cfg)
@@ -251,10 +261,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     """
     check_known_keys(cfg)
     _positive(cfg, "per_device_train_batch_size")
-    batch, accum = split_of(cfg)
-    if cfg.get("gradient_accumulation_steps") != accum:
-        with read_write(cfg), open_dict(cfg):
-            cfg.gradient_accumulation_steps = accum  # derived once, here: every reader after sees the split
+    resolve_split(cfg)
     for key in (
         "max_seq_length",
         "gradient_accumulation_steps",

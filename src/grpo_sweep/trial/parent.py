@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import backends
 from ..config.local import cuda_available, installed
 from ..config.model_arch import fill_arch
-from ..config.schema import ConfigError
+from ..config.schema import ConfigError, resolve_split
 from ..levers import recipe_of, requested_levers
 from ..metrics import empty_metrics, read_metrics, write_metrics
 from . import worker
@@ -133,6 +133,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         fill_arch(cfg)
     except ConfigError as exc:
         print(f"[trial] architecture not known here ({exc}); the trial loads the model by name", flush=True)
+    resolve_split(cfg)  # gradient_accumulation_steps from completions_per_step (validate did it already for train.py)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     for stale in (run_dir / "metrics.json", run_dir / worker.STOP_FILE, run_dir / worker.WANDB_NOTE_FILE):
         stale.unlink(missing_ok=True)
