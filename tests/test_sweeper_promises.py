@@ -57,6 +57,7 @@ def _study(sweeper):
 
     from grpo_sweep.study.storage import open_storage
 
+    sweeper.sweep_dir.mkdir(parents=True, exist_ok=True)  # as sweep() does before the storage opens
     return optuna.create_study(study_name="promises", storage=open_storage(sweeper.storage_url), direction=sweeper.conf.direction)
 
 

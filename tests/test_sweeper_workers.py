@@ -34,6 +34,7 @@ def fresh_storage(request, tmp_path):
     """A storage no worker has touched: a new journal file, or a new PostgreSQL database (created
     here, dropped after), so Optuna's schema does not exist when the workers start."""
     if request.param == "journal":
+        (tmp_path / "shared").mkdir()  # a storage outside the sweep dir: its folder must exist
         yield f"journal:{tmp_path / 'shared' / 'study.journal'}"
         return
     if not POSTGRES:

@@ -1,0 +1,259 @@
+"""Faults a careful user's bad day brings, injected into real tiny sweeps (issue #30, docs/crash-safety.md).
+
+Each test asserts what is kept and what is counted afterwards, not only that nothing raised:
+- a journal torn mid-append (a kill, a full disk on a tiny tmpfs) is repaired on the next run, which
+  keeps every finished trial and ends with exactly n_trials counted;
+- a broken metrics.json is one failed trial naming the file, the sweep goes on;
+- a worker that dies releases its trial, and a re-run never waits out grace_period for it;
+- a PostgreSQL restart across a trial's end is retried, nothing lost; a storage that stays away ends
+  the sweep with one line;
+- a study name reused for another search stops before any trial, naming each difference;
+- a failure that embeds the sampled value still stops the sweep as systematic.
+
+Storages: the journal (the default), SQLite, and the real PostgreSQL from `.ci/run`
+(GRPO_SWEEP_TEST_POSTGRES; skipped with the reason without it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from test_sweeper_helpers import SMALL, counted, load_study, run, start, sweep_cmd, trials_so_far, wait_for
+
+from grpo_sweep.metrics import MetricsError, read_metrics
+
+POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
+# Short heartbeats so nothing waits long; the grace period a re-run must NOT wait out is long.
+QUICK = [
+    *SMALL,
+    "hydra.sweeper.confirm_top=0",
+    "hydra.sweeper.heartbeat_interval=2",
+    "hydra.sweeper.grace_period=600",
+    "hydra.sweeper.storage_retry_s=20",
+]
+
+
+def _journal_records(path: Path) -> list[dict]:
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert all(line.endswith(b"\n") for line in lines), "a torn (unterminated) record is left"
+    return [json.loads(line) for line in lines]
+
+
+def _done(storage: str, name: str = "tiny_cpu") -> dict[int, float]:
+    return {t.number: t.value for t in trials_so_far(storage, name) if t.state.name == "COMPLETE"}
+
+
+def _running(storage: str, name: str = "tiny_cpu") -> list[int]:
+    return [t.number for t in trials_so_far(storage, name) if t.state.name == "RUNNING"]
+
+
+@pytest.fixture
+def storage_of(request, tmp_path):
+    """A fresh storage of each kind: the sweep dir's journal, a SQLite file, a new PostgreSQL database."""
+    kind = request.param
+    if kind == "journal":
+        yield f"journal:{tmp_path / 'sweep' / 'study.journal'}"
+    elif kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'sweep' / 'study.db'}"
+    else:
+        if not POSTGRES:
+            pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
+        import sqlalchemy
+
+        from grpo_sweep.study.storage import to_url
+
+        name = f"grpo_sweep_faults_{uuid.uuid4().hex[:10]}"
+        admin = sqlalchemy.create_engine(to_url(POSTGRES), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+        try:
+            yield POSTGRES.rsplit("/", 1)[0] + "/" + name
+        finally:
+            with admin.connect() as conn:
+                conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            admin.dispose()
+
+
+# ------------------------------------------------------------------ 1. torn journal
+@pytest.mark.slow
+def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp_path):
+    """SIGKILL the sweep while its third trial runs, and leave the journal ending in half a record
+    (what a kill mid-append leaves). The same command again: one line says the journal was repaired
+    and where the backup is; it does not wait out grace_period=600 s for the dead worker's trial; it
+    ends with exactly n_trials=3 counted, the two finished trials kept with their values, and
+    `grpo-sweep report` reads the study."""
+    sweep_dir = tmp_path / "sweep"
+    journal = sweep_dir / "study.journal"
+    storage = f"journal:{journal}"
+    cmd = sweep_cmd(sweep_dir, "hydra.sweeper.n_trials=3", *QUICK)
+    proc = start(cmd, tmp_path / "first.log")
+    try:
+        wait_for(lambda: len(_done(storage)) == 2 and _running(storage), timeout=600, proc=proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = _done(storage)
+    lines = journal.read_bytes().splitlines(keepends=True)
+    with open(journal, "ab") as f:
+        f.write(lines[-1][: len(lines[-1]) // 2])  # half of a record, no newline: the append cut short
+
+    t0 = time.monotonic()
+    result = run(cmd, timeout=600)
+    elapsed = time.monotonic() - t0
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    repaired = [line for line in out.splitlines() if "repaired: dropped" in line]
+    assert len(repaired) == 1 and str(journal) in repaired[0] and ".torn-" in repaired[0], out[-3000:]
+    assert list(sweep_dir.glob("study.journal.torn-*.bak")), "no backup of the torn journal"
+    assert "belonged to a worker of this host that is gone" in out
+    assert "waiting for" not in out  # no other worker is alive: nothing to wait for
+    assert elapsed < 600  # never waited out grace_period
+    _journal_records(journal)
+    study = load_study(storage)
+    assert len(counted(study)) == 3
+    after = {t.number: t.value for t in study.trials if t.state.name == "COMPLETE"}
+    assert {n: after[n] for n in before} == before  # every finished trial kept, with its measurement
+    report = subprocess.run(
+        [str(Path(sys.executable).parent / "grpo-sweep"), "report", str(sweep_dir), "--out", str(tmp_path / "rep")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert (tmp_path / "rep" / "report.html").exists()
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        return False
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode == 0
+    )
+
+
+def _fill(where: Path) -> Path:
+    """Fill the filesystem at `where` to the last byte; returns the filler file."""
+    filler = where / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0")
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_resumes(tmp_path):
+    """The journal lives on a tiny tmpfs the test mounts (root only; else skipped with the reason).
+    The disk fills while the second trial runs: the sweep retries its writes for storage_retry_s,
+    then ends with one line (no traceback) and leaves no half record; once space is freed the same
+    command finishes with the first trial kept and exactly n_trials=3 counted."""
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, "256k"):
+        pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case needs a real full filesystem")
+    try:
+        storage = f"journal:{mnt / 'study.journal'}"
+        cmd = sweep_cmd(tmp_path / "sweep", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}", *QUICK)
+        cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
+        proc = start(cmd, tmp_path / "first.log")
+        try:
+            wait_for(lambda: len(_done(storage)) == 1 and _running(storage), timeout=600, proc=proc)
+            filler = _fill(mnt)
+            code = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        out = (tmp_path / "first.log").read_text()
+        assert code == 1, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        last = [line for line in out.splitlines() if "Sweep stopped: storage" in line]
+        assert len(last) == 1 and "No space left on device" in last[0] and "re-run the same command" in last[0], out[-3000:]
+        _journal_records(mnt / "study.journal")  # no half record behind the failed write
+        before = _done(storage)
+        assert len(before) == 1
+        filler.unlink()  # the user frees the disk
+        result = run(cmd, timeout=600)
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out[-3000:]
+        study = load_study(storage)
+        assert len(counted(study)) == 3
+        after = {t.number: t.value for t in study.trials if t.state.name == "COMPLETE"}
+        assert {n: after[n] for n in before} == before
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# ------------------------------------------------------------------ 2. broken metrics.json
+BROKEN = {
+    "garbage": "\x00\x01 not json at all",
+    "empty": "",
+    "half": '{"status": "ok", "tokens_per_s": 12',
+    "a list": "[1, 2, 3]",
+    "step not a number": json.dumps({"status": "ok", "tokens_per_s": 1.0, "history": [{"step": "one"}]}),
+    "unknown status": json.dumps({"status": "great"}),
+    "a string for a number": json.dumps({"status": "ok", "tokens_per_s": "1255"}),
+}
+
+
+@pytest.mark.parametrize("how", [*BROKEN, "a directory"])
+def test_every_broken_metrics_json_is_one_line_naming_the_file(tmp_path, how):
+    path = tmp_path / "metrics.json"
+    if how == "a directory":
+        path.mkdir()
+    else:
+        path.write_text(BROKEN[how])
+    with pytest.raises(MetricsError) as err:
+        read_metrics(tmp_path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_whole_record_and_no_record_still_read(tmp_path):
+    assert read_metrics(tmp_path) is None
+    (tmp_path / "metrics.json").write_text(json.dumps({"status": "ok", "tokens_per_s": 3.5, "history": [{"step": 1}]}))
+    assert read_metrics(tmp_path)["tokens_per_s"] == 3.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage_of", ["journal", "sqlite", "postgres"], indirect=True)
+def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, storage_of):
+    """trial.debug_fault=bad_metrics on every trial: each is FAIL with the reason naming its
+    metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0."""
+    sweep_dir = tmp_path / "sweep"
+    result = run(
+        sweep_cmd(
+            sweep_dir,
+            "hydra.sweeper.n_trials=2",
+            f"hydra.sweeper.storage={storage_of}",
+            "hydra.sweeper.max_failures_in_a_row=0",
+            "trial.debug_fault=bad_metrics",
+            *QUICK,
+        )
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "Traceback" not in out
+    study = load_study(storage_of)
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
+    for t in study.trials:
+        assert "metrics.json: not valid JSON" in t.user_attrs["error"], t.user_attrs
+        assert f"trial_{t.number:04d}" in t.user_attrs["error"]
+    assert len(counted(study)) == 2
+    assert (sweep_dir / "trials.csv").exists() and (sweep_dir / "report.html").exists()
