@@ -58,29 +58,16 @@ def _running(storage: str, name: str = "tiny_cpu") -> list[int]:
 
 @pytest.fixture
 def storage_of(request, tmp_path):
-    """A fresh storage of each kind: the sweep dir's journal, a SQLite file, a new PostgreSQL database."""
-    kind = request.param
+    """(storage, study name): the sweep dir's journal, a SQLite file, or the real PostgreSQL database
+    (shared with other tests: a study name of its own)."""
+    kind, name = request.param, f"faults-{uuid.uuid4().hex[:8]}"
     if kind == "journal":
-        yield f"journal:{tmp_path / 'sweep' / 'study.journal'}"
-    elif kind == "sqlite":
-        yield f"sqlite:///{tmp_path / 'sweep' / 'study.db'}"
-    else:
-        if not POSTGRES:
-            pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
-        import sqlalchemy
-
-        from grpo_sweep.study.storage import to_url
-
-        name = f"grpo_sweep_faults_{uuid.uuid4().hex[:10]}"
-        admin = sqlalchemy.create_engine(to_url(POSTGRES), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-        try:
-            yield POSTGRES.rsplit("/", 1)[0] + "/" + name
-        finally:
-            with admin.connect() as conn:
-                conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            admin.dispose()
+        return f"journal:{tmp_path / 'sweep' / 'study.journal'}", name
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'sweep' / 'study.db'}", name
+    if not POSTGRES:
+        pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
+    return POSTGRES, name
 
 
 # ------------------------------------------------------------------ 1. torn journal
@@ -144,19 +131,16 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
 def _fill(where: Path) -> Path:
     """Fill the filesystem at `where` to the last byte; returns the filler file."""
     filler = where / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        except OSError:
-            pass
-        try:
-            while True:
-                f.write(b"\0")
-                f.flush()
-        except OSError:
-            pass
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
     return filler
 
 
@@ -236,12 +220,13 @@ def test_a_whole_record_and_no_record_still_read(tmp_path):
 def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, storage_of):
     """trial.debug_fault=bad_metrics on every trial: each is FAIL with the reason naming its
     metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0."""
-    sweep_dir = tmp_path / "sweep"
+    sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
     result = run(
         sweep_cmd(
             sweep_dir,
             "hydra.sweeper.n_trials=2",
-            f"hydra.sweeper.storage={storage_of}",
+            f"hydra.sweeper.storage={storage}",
+            f"hydra.sweeper.study_name={name}",
             "hydra.sweeper.max_failures_in_a_row=0",
             "trial.debug_fault=bad_metrics",
             *QUICK,
@@ -250,7 +235,7 @@ def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, sto
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert "Traceback" not in out
-    study = load_study(storage_of)
+    study = load_study(storage, name)
     assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
     for t in study.trials:
         assert "metrics.json: not valid JSON" in t.user_attrs["error"], t.user_attrs

@@ -287,19 +287,24 @@ def _safe_backend_cls() -> type:
 
         def append_logs(self, logs: list[dict[str, Any]]) -> None:
             with get_lock_file(self._lock):
-                text = "\n".join(json.dumps(entry, separators=(",", ":")) for entry in logs) + "\n"
-                with open(self._file_path, "ab") as f:
-                    start = f.tell()
+                data = ("\n".join(json.dumps(entry, separators=(",", ":")) for entry in logs) + "\n").encode("utf-8")
+                # Unbuffered: a buffered file would flush its leftover bytes again when closed.
+                fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                try:
+                    start = os.lseek(fd, 0, os.SEEK_END)
                     try:
-                        f.write(text.encode("utf-8"))
-                        f.flush()
-                        os.fsync(f.fileno())
+                        done = 0
+                        while done < len(data):
+                            done += os.write(fd, data[done:])
+                        os.fsync(fd)
                     except OSError:
                         try:
-                            os.ftruncate(f.fileno(), start)  # freeing bytes works on a full disk too
+                            os.ftruncate(fd, start)  # freeing bytes works on a full disk too
                         except OSError:
                             pass  # repaired when the journal is next opened (repair_journal)
                         raise
+                finally:
+                    os.close(fd)
 
     return SafeJournalFileBackend
 
