@@ -346,3 +346,72 @@ def test_a_dead_worker_is_known_only_on_this_host_by_its_pid():
     finally:
         alive.kill()
         alive.wait()
+
+
+# ------------------------------------------------------------------ 5. one name, one search
+@pytest.mark.slow
+def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path):
+    """A one-trial study over lora_rank=choice(8,16,32), maximize tokens_per_s. Re-run with a
+    different choice list, an added parameter, the other direction, another objective: each stops
+    with exit 1 and one line naming each difference and a new study_name, and the study still holds
+    its one trial. The same search again resumes it ("Resuming study ... with 1 trials")."""
+    sweep_dir = tmp_path / "sweep"
+    base = [a for a in QUICK if a != "lora_rank=8"] + ["hydra.sweeper.n_trials=1"]
+    first = run(sweep_cmd(sweep_dir, *base))
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    assert "New study 'tiny_cpu'" in first.stdout + first.stderr
+    storage = f"journal:{sweep_dir / 'study.journal'}"
+    created = load_study(storage)
+    assert created.user_attrs["identity:objective"] == "tokens_per_s"
+    assert created.user_attrs["identity:direction"] == "maximize"
+    assert list(created.user_attrs["identity:search_space"]) == ["lora_rank"]
+
+    others = {
+        "choice list": (
+            ["lora_rank=choice(8,16,32,64)"],
+            ["parameter lora_rank: the study has choice(8, 16, 32), this sweep choice(8, 16, 32, 64)"],
+        ),
+        "added parameter": ([], ["parameter lora added (choice(qv, all_linear))"]),
+        "direction": (["hydra.sweeper.direction=minimize"], ['direction: the study has "maximize", this sweep "minimize"']),
+        "objective": (
+            ["hydra.sweeper.objective=samples_per_s"],
+            ['objective: the study has "tokens_per_s", this sweep "samples_per_s"'],
+        ),
+    }
+    for what, (extra, expected) in others.items():
+        args = [a for a in base if not (what == "added parameter" and a == "lora=qv")] + extra
+        result = run(sweep_cmd(sweep_dir, *args))
+        out = result.stdout + result.stderr
+        assert result.returncode == 1, (what, out[-3000:])
+        lines = [line for line in out.splitlines() if "is another search" in line]
+        assert len(lines) == 1, (what, out[-3000:])
+        for words in expected:
+            assert words in lines[0], (what, lines[0])
+        assert "hydra.sweeper.study_name=tiny_cpu-2" in lines[0]
+        assert "Traceback" not in out
+        assert len(load_study(storage).trials) == 1  # no trial was asked or queued
+    again = run(sweep_cmd(sweep_dir, *base))
+    assert again.returncode == 0 and "Resuming study 'tiny_cpu' with 1 trials" in again.stdout + again.stderr
+    assert len(load_study(storage).trials) == 1
+
+
+# ------------------------------------------------------------------ 6. systematic failure by cause
+@pytest.mark.slow
+def test_failures_that_embed_the_sampled_value_still_stop_the_sweep(tmp_path):
+    """`+foo=choice(1,2,3)` is rejected for every point with the point's own value in the message:
+    the sweep still stops after max_failures_in_a_row=3 trials with exit 1, not after n_trials=8."""
+    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=8", "+foo=choice(1,2,3)", *QUICK))
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 3
+    assert "failed in a row for the same reason" in out
+
+
+def test_the_cause_of_a_failure_leaves_values_and_paths_out():
+    from hydra_plugins.grpo_optuna_sweeper.failures import cause_of
+
+    one = "invalid: foo=1: unknown key at /tmp/a/trial_0001/config.yaml ('x1')"
+    two = "invalid: foo=3.5: unknown key at /tmp/a/trial_0007/config.yaml ('x2')"
+    assert cause_of(one) == cause_of(two)
+    assert cause_of("failed: ModuleNotFoundError: vllm") != cause_of("failed: RuntimeError: reward raised")

@@ -629,7 +629,7 @@ class GrpoOptunaSweeper(Sweeper):
             study,
             self.sweep_dir,
             storage_url=self.storage_url,
-            objective=self.objective,
+            objective=identity.objective_of(study, self.objective),  # the one the study was created with
             fixed=self.fixed,
             top_k=self.conf.top_k,
             headroom=self.conf.headroom,
