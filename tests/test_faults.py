@@ -415,3 +415,47 @@ def test_the_cause_of_a_failure_leaves_values_and_paths_out():
     two = "invalid: foo=3.5: unknown key at /tmp/a/trial_0007/config.yaml ('x2')"
     assert cause_of(one) == cause_of(two)
     assert cause_of("failed: ModuleNotFoundError: vllm") != cause_of("failed: RuntimeError: reward raised")
+
+
+# ------------------------------------------------------------------ 7. smaller defects
+def test_bad_ranges_name_the_parameter_and_integer_levers_sample_integers():
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.space import parse_space
+
+    with pytest.raises(ValueError) as err:
+        parse_space(["lora_rank=interval(10,5)"])
+    assert str(err.value).startswith("hydra.sweeper.params lora_rank=interval(10,5): ") and "\n" not in str(err.value)
+    dists, _ = parse_space(
+        ["max_seq_length=interval(64,256)", "learning_rate=interval(1e-5,1e-4)"], is_integer=lambda k: k == "max_seq_length"
+    )
+    assert dists["max_seq_length"] == IntDistribution(64, 256)
+    assert isinstance(dists["learning_rate"], FloatDistribution)
+    assert isinstance(
+        parse_space(["max_seq_length=interval(64.5,256)"], is_integer=lambda k: True)[0]["max_seq_length"], FloatDistribution
+    )
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["learning_rate=interval(1e-3,1e-5)"], "hydra.sweeper.params learning_rate=interval(1e-3,1e-5)"),
+        (
+            ["hydra.sweeper.sampler=grid", "learning_rate=interval(1e-5,1e-4)"],
+            "hydra.sweeper.params.learning_rate: sampler=grid needs discrete values",
+        ),
+        (["hydra.sweeper.storage=sqlite:////nonexistent/dir/x.db"], "folder /nonexistent/dir does not exist"),
+        (["hydra.sweeper.storage=postgresql://grpo_sweep_ci:wrong-secret@localhost:5999/x"], "cannot connect"),
+        (
+            ["hydra.sweeper.storage=postgresql://grpo_sweep_ci:wrong-secret@localhost:5432/grpo_sweep_ci"],
+            "password authentication failed",
+        ),
+    ],
+)
+def test_bad_sweeper_input_is_one_line_before_any_trial(tmp_path, args, words):
+    result = run(sweep_cmd(tmp_path, *QUICK, *args), timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Traceback" not in out and words in out, out[-3000:]
+    assert "wrong-secret" not in out
+    assert not list(tmp_path.glob("trial_*")) and not Path("/nonexistent").exists()

@@ -95,6 +95,8 @@ class GrpoOptunaSweeper(Sweeper):
         params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         try:
             self.distributions, fixed = space.parse_space(params_conf, is_integer=self._integer_lever)
+            if conf.sampler == "grid":
+                space.grid_choices(self.distributions)  # a continuous interval cannot be a grid
         except ValueError as err:  # a bad range: one line naming the parameter, before the storage opens
             raise SweeperSettingError(str(err)) from None
         self.fixed = list(fixed.values())
