@@ -30,6 +30,7 @@ import pytest
 from test_sweeper_helpers import SMALL, counted, load_study, run, start, sweep_cmd, trials_so_far, wait_for
 
 from grpo_sweep.metrics import MetricsError, read_metrics
+from grpo_sweep.study.storage import StorageError
 
 POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
 # Short heartbeats so nothing waits long; the grace period a re-run must NOT wait out is long.
@@ -48,12 +49,20 @@ def _journal_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+def _trials(storage: str, name: str) -> list:
+    """The study's trials so far, or [] before the sweep created its storage."""
+    try:
+        return trials_so_far(storage, name)
+    except StorageError:  # a SQLite file not created yet
+        return []
+
+
 def _done(storage: str, name: str = "tiny_cpu") -> dict[int, float]:
-    return {t.number: t.value for t in trials_so_far(storage, name) if t.state.name == "COMPLETE"}
+    return {t.number: t.value for t in _trials(storage, name) if t.state.name == "COMPLETE"}
 
 
 def _running(storage: str, name: str = "tiny_cpu") -> list[int]:
-    return [t.number for t in trials_so_far(storage, name) if t.state.name == "RUNNING"]
+    return [t.number for t in _trials(storage, name) if t.state.name == "RUNNING"]
 
 
 @pytest.fixture
@@ -460,3 +469,42 @@ def test_bad_sweeper_input_is_one_line_before_any_trial(tmp_path, args, words):
     assert "Traceback" not in out and words in out, out[-3000:]
     assert "wrong-secret" not in out
     assert not list(tmp_path.glob("trial_*")) and not Path("/nonexistent").exists()
+
+
+@pytest.mark.slow
+def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rerun_resumes(tmp_path):
+    """Another process holds the SQLite file's exclusive lock while trial 1 runs, longer than
+    storage_retry_s=3: the sweep's writes fail as "database is locked", are retried, and the sweep
+    ends with exit 1 and one line saying what failed and what to do (no traceback). With the lock
+    released, the same command keeps trial 0 and ends with exactly n_trials=2 counted."""
+    import sqlite3
+
+    sweep_dir = tmp_path / "sweep"
+    db = sweep_dir / "study.db"
+    storage = f"sqlite:///{db}"
+    cmd = sweep_cmd(sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", *QUICK)
+    cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
+    proc = start(cmd, tmp_path / "first.log")
+    holder = None
+    try:
+        wait_for(lambda: len(_done(storage)) == 1 and _running(storage), timeout=600, proc=proc)
+        before = _done(storage)
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        code = proc.wait(timeout=300)
+    finally:
+        if holder is not None:
+            holder.execute("ROLLBACK")
+            holder.close()
+        if proc.poll() is None:
+            proc.kill()
+    out = (tmp_path / "first.log").read_text()
+    assert code == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    last = [line for line in out.splitlines() if "Sweep stopped: storage" in line]
+    assert len(last) == 1 and "database is locked" in last[0] and "re-run the same command" in last[0], out[-3000:]
+    result = run(cmd, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    study = load_study(storage)
+    assert len(counted(study)) == 2
+    assert {n: t.value for n, t in enumerate(study.trials) if n in before} == before
