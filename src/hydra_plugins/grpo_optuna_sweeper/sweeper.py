@@ -83,6 +83,12 @@ class GrpoOptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        try:
+            return self._sweep(arguments)
+        except StorageUnavailable as err:  # retried for storage_retry_s already: one line, no traceback
+            raise SweepError(f"Sweep stopped: {err}") from None
+
+    def _sweep(self, arguments: list[str]) -> Any:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -105,6 +111,8 @@ class GrpoOptunaSweeper(Sweeper):
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         try:
             study = self._open_study()
+        except StorageUnavailable:
+            raise
         except (StorageError, identity.StudyMismatch) as err:  # cannot connect, a missing folder, another search: one line
             raise SweepError(str(err)) from None
         n_trials = conf.n_trials
@@ -138,13 +146,10 @@ class GrpoOptunaSweeper(Sweeper):
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal),
         }
         try:
-            try:
-                self._loop(study, self.n_search)
-                if self.stopped is None and self.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
-                    plan = confirm.plan(study, self.confirm_top, self.conf.confirm_repeats, log)
-                    self._loop(study, self.n_search + len(plan))
-            except StorageUnavailable as err:  # retried for storage_retry_s already: one line, no traceback
-                raise SweepError(f"Sweep stopped: {err}") from None
+            self._loop(study, self.n_search)
+            if self.stopped is None and self.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
+                plan = confirm.plan(study, self.confirm_top, self.conf.confirm_repeats, log)
+                self._loop(study, self.n_search + len(plan))
             if self.stopped is not None:
                 log.error("%s", self.stopped.message())
                 self._write_report(study)
