@@ -301,21 +301,23 @@ def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_
 
 # ------------------------------------------------------------------ 3. a dying worker
 @pytest.mark.slow
-def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_wait(tmp_path):
+@pytest.mark.parametrize("storage_of", ["journal", "sqlite", "postgres"], indirect=True)
+def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_wait(tmp_path, storage_of):
     """Not a signal: a file stands where trial 1's job directory goes, so Hydra's launcher raises
     OSError in the sweeper. Trial 1 is released before the sweeper exits (FAIL, status worker_error,
     the error named, its point re-enqueued: nothing stays RUNNING) and trial 0 is kept. With the
     file gone, the same command ends with exactly n_trials=2 counted, without waiting out
     grace_period=600 and without a "waiting for other workers" line (no other worker exists)."""
-    sweep_dir = tmp_path / "sweep"
-    storage = f"journal:{sweep_dir / 'study.journal'}"
+    sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
     sweep_dir.mkdir()
     (sweep_dir / "trial_0001").write_text("in the way\n")
-    cmd = sweep_cmd(sweep_dir, "hydra.sweeper.n_trials=2", *QUICK)
+    cmd = sweep_cmd(
+        sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", f"hydra.sweeper.study_name={name}", *QUICK
+    )
     first = run(cmd, timeout=600)
     out = first.stdout + first.stderr
     assert first.returncode != 0, out[-3000:]
-    study = load_study(storage)
+    study = load_study(storage, name)
     states = {t.number: (t.state.name, t.user_attrs.get("status")) for t in study.trials}
     assert states[0] == ("COMPLETE", "ok") and states[1] == ("FAIL", "worker_error"), states
     assert "the sweeper failed: FileExistsError" in study.trials[1].user_attrs["error"]
@@ -328,7 +330,7 @@ def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_w
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert time.monotonic() - t0 < 300 and "waiting for" not in out
-    study = load_study(storage)
+    study = load_study(storage, name)
     assert len(counted(study)) == 2 and not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
     assert study.trials[0].value == kept
 
