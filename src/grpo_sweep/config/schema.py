@@ -24,7 +24,7 @@ from . import backends
 MODEL_SOURCES = ("random", "hub")
 MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
-FAULTS = (None, "raise", "signal", "hang", "oom")
+FAULTS = (None, "raise", "signal", "hang", "oom", "bad_metrics")
 START_METHODS = ("auto", "forkserver", "spawn")
 
 
@@ -136,7 +136,7 @@ class TrialConfig:
     # threads, and on a shared or loaded machine OpenMP threads contend (measured on 2 cores under
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
-    debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom | bad_metrics
     # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
     # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.
     full_finetune: bool = False

@@ -148,6 +148,19 @@ def inject_fault(kind: str | None) -> None:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+def tear_metrics(kind: str | None, run_dir: Path) -> None:
+    """trial.debug_fault=bad_metrics: leave metrics.json torn (its first half), as a crash or a full
+    disk mid-write would, after the trial's record was written (the parent calls it last)."""
+    if kind != "bad_metrics":
+        return
+    from ..metrics import METRICS_FILE
+
+    path = Path(run_dir) / METRICS_FILE
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    print(f"[trial] debug_fault=bad_metrics: {path} torn", flush=True)
+
+
 def set_alloc_conf(expandable: bool) -> str:
     """PYTORCH_CUDA_ALLOC_CONF with expandable_segments as the lever says, the user's other settings
     kept. Before CUDA starts (the allocator reads it on first use): spawn children have not imported
