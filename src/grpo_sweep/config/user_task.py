@@ -163,19 +163,28 @@ def _find_module(module: str):
 
 
 def _top_level_names(source: str) -> tuple[set[str], bool]:
-    """Names a module defines at top level, and whether it has a star import (then unknown)."""
-    names, star = set(), False
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    """Names a module defines at top level (inside top-level if/try blocks too), and whether they
+    cannot be known from the source: a star import, a module `__getattr__`, or a module that
+    replaces itself in sys.modules (lazy modules such as trl.rewards)."""
+    names, unknown = set(), False
+    body = list(ast.parse(source).body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            body += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            body += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
+            unknown |= node.name == "__getattr__"
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            unknown |= any(isinstance(t, ast.Subscript) for t in targets)  # sys.modules[__name__] = ...
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
-                star |= alias.name == "*"
+                unknown |= alias.name == "*"
                 names.add((alias.asname or alias.name).split(".")[0])
-    return names, star
+    return names, unknown
 
 
 def check_reward_funcs(cfg: Any) -> None:
