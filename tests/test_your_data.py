@@ -173,7 +173,8 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
     assert "Sweep stopped" in out and "my_rewards.broken raised ZeroDivisionError" in out, out[-3000:]
     assert "the task's reward function raised" in out  # failures.ADVICE: not "nothing fits"
     study = load_study(f"journal:{tmp_path / 'sweep' / 'study.journal'}")
-    assert len(study.trials) == 2 and all(t.user_attrs["status"] == "failed" for t in study.trials)
+    ran = [t for t in study.trials if t.user_attrs.get("status") != "pruned"]  # the pre-screen may prune a point
+    assert len(ran) == 2 and all(t.user_attrs["status"] == "failed" for t in ran)  # stopped after 2 of 6, none an OOM
 
 
 # --- the proof: the exported config is the one that was measured ----------------------------------
