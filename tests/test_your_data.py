@@ -205,6 +205,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
         "task.reward_weights=[1.0,0.25]",
         "model=hub",
         f"model.hub_id={model_dir}",
+        "gradient_accumulation_steps=2",  # accumulation > 1: TRL's generation batch = batch x accumulation
         "hydra.sweeper.n_trials=3",
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -263,7 +264,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
     assert type(ran).__name__ == "GRPOConfig" and ran.max_steps == 2
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_completion_length"):
         assert getattr(ran, key) == eff[key], key
-    assert ran.generation_batch_size == eff["generation_batch_size"]
+    assert ran.generation_batch_size == eff["generation_batch_size"] == 2 * eff["per_device_train_batch_size"]
     assert ran.gradient_checkpointing == eff["gradient_checkpointing"]
     assert ran.bf16 is False and winner["device"] == "cpu"  # precision as measured (float32 on CPU)
     assert ran.model_init_kwargs["dtype"] == "float32" == winner["trainer_settings"]["dtype"]
@@ -309,3 +310,125 @@ def test_exported_config_is_what_was_measured(tmp_path):
     assert f"trial {other} " in exported and (sweep_dir / f"trial{other}_grpo_config.py").exists()
     if other == best["best_trial"]:
         assert exported == trl_yaml
+
+
+# --- the other export files, from the functions the trials call -----------------------------------
+
+
+def _metrics_for(settings: dict, backend: str) -> dict:
+    return {
+        "status": "ok",
+        "backend": backend,
+        "device": "cuda",
+        "run_dir": "/runs/trial_0007",
+        "steps": 3,
+        "tokens_per_s": 1234.5,
+        "step_time_s": 2.0,
+        "reward_seconds_per_step": 0.5,
+        "peak_memory_bytes": 12 * 2**30,
+        "budget_bytes": 16 * 2**30,
+        "trainer_settings": settings,
+    }
+
+
+def test_unsloth_export_makes_the_calls_the_trial_made(tmp_path, monkeypatch):
+    """best_unsloth.py, executed against a recording stand-in for Unsloth (it needs CUDA), calls
+    from_pretrained and get_peft_model with exactly the arguments trial/backends/unsloth.py passes."""
+    import types
+
+    import torch
+
+    from grpo_sweep.report.export import export_trial
+    from grpo_sweep.trial.backends import unsloth as backend
+
+    cfg = compose(["backend=unsloth", "gpu=t4_16g", "load_in_4bit=true", "lora_rank=32", "gradient_checkpointing=true"])
+    loaded = backend.from_pretrained_kwargs(cfg, "Qwen/Qwen2.5-0.5B", device_util=0.41, dtype=torch.bfloat16)
+    grpo = backend.grpo_unsloth_args(cfg, on_cuda=True, output_dir="x")
+    keep = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_completion_length")
+    settings = {
+        "model_name_or_path": "Qwen/Qwen2.5-0.5B",
+        "model": {"name": "qwen", "source": "hub"},
+        "dtype": "bfloat16",
+        "grpo_config": {k: grpo[k] for k in keep}
+        | {"bf16": False, "use_vllm": True, "vllm_mode": "colocate", "gradient_checkpointing": True},
+        "lora": None,
+        "quantization": None,
+        "unsloth": backend.unsloth_settings(cfg, loaded),
+        "task": "arithmetic",
+        "max_prompt_length": 32,
+        "worst_case_lengths": True,
+    }
+    run_dir = tmp_path / "trial_0007"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(json.dumps(_metrics_for(settings, "unsloth")))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"trial": {"study": "qwen_t4", "number": 7}, "gpu": {"name": "t4_16g"}}))
+    files = export_trial(run_dir, tmp_path, prefix="best")
+    assert [p.name for p in files] == ["best.trl.yaml", "best_grpo_config.py", "best_unsloth.py"]
+    text = (tmp_path / "best_unsloth.py").read_text()
+    assert "sweep qwen_t4, trial 7" in text and "1234.5 tokens/s" in text and "25.0% of the step" in text
+
+    calls = {}
+
+    class FastLanguageModel:
+        @staticmethod
+        def from_pretrained(**kwargs):
+            calls["from_pretrained"] = kwargs
+            return "model", "tokenizer"
+
+        @staticmethod
+        def get_peft_model(model, **kwargs):
+            calls["get_peft_model"] = kwargs
+            return model
+
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel))
+    built = runpy.run_path(str(tmp_path / "best_unsloth.py"))
+    # the lever's share of the target card (the trial passed 0.41 of the card it emulated on), else identical
+    assert calls["from_pretrained"] == {**loaded, "gpu_memory_utilization": cfg.gpu_memory_utilization}
+    assert calls["get_peft_model"] == backend.peft_kwargs(cfg)
+    assert calls["get_peft_model"]["use_gradient_checkpointing"] == "unsloth" and calls["get_peft_model"]["r"] == 32
+    args = built["training_args"]
+    assert args.gradient_checkpointing is False  # Unsloth's own checkpointing, as the trial ran it
+    assert (args.per_device_train_batch_size, args.num_generations) == (
+        grpo["per_device_train_batch_size"],
+        grpo["num_generations"],
+    )
+    # the TRL file for the same trial: vLLM colocate with the lever's share, a built-in task's note
+    trl_text = (tmp_path / "best.trl.yaml").read_text()
+    assert "grpo-sweep's built-in task: add your data" in trl_text
+    parsed = yaml.safe_load(trl_text)
+    assert parsed["use_vllm"] is True and parsed["vllm_mode"] == "colocate" and parsed["gradient_checkpointing"] is True
+
+
+def test_four_bit_export_builds_the_bitsandbytes_config(tmp_path):
+    from grpo_sweep.report.export import export_trial
+
+    settings = {
+        "model_name_or_path": "meta-llama/Llama-3.2-1B",
+        "dtype": "bfloat16",
+        "grpo_config": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4, "bf16": False},
+        "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "bias": "none"},
+        "quantization": {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": "bfloat16",
+        },
+        "task": "gsm8k",
+    }
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(json.dumps(_metrics_for(settings, "trl")))
+    export_trial(run_dir, tmp_path)
+    import torch
+
+    built = runpy.run_path(str(tmp_path / "best_grpo_config.py"))
+    quant = built["quantization_config"]
+    assert quant.load_in_4bit and quant.bnb_4bit_quant_type == "nf4" and quant.bnb_4bit_use_double_quant
+    assert quant.bnb_4bit_compute_dtype == torch.bfloat16
+    # (bf16 false: this CPU cannot build a bf16 GRPOConfig; the precision check is the proof test's)
+    assert built["training_args"].generation_batch_size == 16
+    from trl.scripts.grpo import make_parser
+
+    _, grpo_args, model_args, _ = make_parser().parse_args_and_config(args=["--config", str(tmp_path / "best.trl.yaml")])
+    assert model_args.load_in_4bit and model_args.bnb_4bit_quant_type == "nf4" and model_args.use_bnb_nested_quant
+    assert model_args.dtype == "bfloat16" and grpo_args.gradient_accumulation_steps == 2

@@ -58,7 +58,8 @@ def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None)
         + (f", {step:.3g} s per step" if step is not None else "")
         + (f", peak memory {peak / GIB:.3f} GiB ({peak} B)" if peak is not None else ", no peak")
         + (f" of a {budget / GIB:.3g} GiB budget" if budget else "")
-        + (f"; reward functions {reward_s:.3g} s per step" if reward_s is not None else ""),
+        + (f"; reward functions {reward_s:.3g} s per step" if reward_s is not None else "")
+        + (f" ({100 * reward_s / step:.1f}% of the step)" if reward_s is not None and step else ""),
     ]
     return lines
 

@@ -265,6 +265,7 @@ def write_summary(
                 # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
                 "reward_mean": attrs.get("reward_mean"),
                 "reward_change": attrs.get("reward_change"),
+                "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
                 "headroom": headroom,
                 "run_dir": attrs.get("run_dir"),
                 "overrides": attrs.get("overrides"),
@@ -290,6 +291,9 @@ def write_summary(
             f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
             + (f", reward {reward:.3f}" if reward is not None else "")
         )
+        reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
+        if reward_s is not None and step_s:
+            print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
         for preset, info in summary["vs_presets"].items():
             if info.get("ratio"):
                 print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
