@@ -75,6 +75,8 @@ def _notes(metrics: dict, settings: dict) -> list[str]:
         )
     if metrics.get("device") == "cpu":
         notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")
+        if settings.get("grpo_config", {}).get("use_vllm"):
+            notes.append("vLLM ran from its CPU build with grpo-sweep's patches (trl_vllm.py); stock trl grpo runs vLLM on CUDA")
     return notes
 
 

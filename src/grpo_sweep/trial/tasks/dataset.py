@@ -80,12 +80,20 @@ class DatasetTask(Task):
     def _text(self, prompt: Any) -> str:
         return render(prompt) if is_conversation(prompt) else str(prompt)
 
-    def examples(self) -> list[tuple[str, str]]:
-        """(prompt text, answer) for the warm-up and the local tokenizer: the `answer` column when
-        there is one, else empty."""
+    def answer_column(self) -> str | None:
+        """The column the warm tiny model is warmed up to answer with (model.init=warm): `answer`,
+        else `solution`, else the first other text column; None when there is none."""
         rows = self.rows()
-        column = str(self.cfg.task.prompt_column)
-        answers = rows["answer"] if "answer" in rows.column_names else [""] * len(rows)
+        others = [c for c in rows.column_names if c != self.cfg.task.prompt_column]
+        named = [c for c in ("answer", "solution") if c in others]
+        text = [c for c in others if isinstance(rows[0][c], (str, int, float)) and not isinstance(rows[0][c], bool)]
+        return (named or text or [None])[0]
+
+    def examples(self) -> list[tuple[str, str]]:
+        """(prompt text, answer) for the warm-up and the local tokenizer (answer_column, or empty)."""
+        rows = self.rows()
+        column, answer = str(self.cfg.task.prompt_column), self.answer_column()
+        answers = rows[answer] if answer else [""] * len(rows)
         return [(self._text(p), str(a)) for p, a in zip(rows[column], answers)]
 
     def corpus(self) -> list[str]:
