@@ -262,7 +262,10 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
         from .backends import trl as trl_backend
 
         # What the export (report/export.py) writes for TRL / Unsloth: read back from the built trainer.
-        record["trainer_settings"] = getattr(backend, "settings", trl_backend.settings)(trainer, cfg, effective)
+        try:  # never fails the trial: without it the trial only cannot be exported (report/export.py says so)
+            record["trainer_settings"] = getattr(backend, "settings", trl_backend.settings)(trainer, cfg, effective)
+        except Exception as exc:  # noqa: BLE001
+            print(f"[trial] trainer settings for the export not read: {type(exc).__name__}: {exc}", flush=True)
         record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
         memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
         from .backends.readback import format_mismatch, lever_mismatch
