@@ -165,6 +165,7 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
         "model.init=random",
         "hydra.sweeper.n_trials=6",
         "hydra.sweeper.max_failures_in_a_row=2",
+        "hydra.sweeper.prescreen=false",  # every point runs (a pruned point between two failures resets the count)
     )
     result = subprocess.run(
         cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -173,8 +174,8 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
     assert "Sweep stopped" in out and "my_rewards.broken raised ZeroDivisionError" in out, out[-3000:]
     assert "the task's reward function raised" in out  # failures.ADVICE: not "nothing fits"
     study = load_study(f"journal:{tmp_path / 'sweep' / 'study.journal'}")
-    ran = [t for t in study.trials if t.user_attrs.get("status") != "pruned"]  # the pre-screen may prune a point
-    assert len(ran) == 2 and all(t.user_attrs["status"] == "failed" for t in ran)  # stopped after 2 of 6, none an OOM
+    assert len(study.trials) == 2  # stopped after 2 of 6
+    assert all(t.state.name == "FAIL" and t.user_attrs["status"] == "failed" for t in study.trials)  # none an OOM
 
 
 # --- the proof: the exported config is the one that was measured ----------------------------------
