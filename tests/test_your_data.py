@@ -100,6 +100,11 @@ def test_bad_data_and_rewards_are_config_errors_naming_file_and_column(tmp_path,
 
     pq.write_table(pa.table({"question": ["a"], "solution": ["1"]}), tmp_path / "d.parquet")
     assert "question" in error(dataset_overrides(tmp_path / "d.parquet", "my_rewards.brevity"))
+    # .json as datasets' json builder reads it: a list of records; an object is one row of its keys
+    (tmp_path / "records.json").write_text(json.dumps([{"prompt": "a", "solution": "1"}]))
+    validate_here(compose(dataset_overrides(tmp_path / "records.json", "my_rewards.brevity")), cuda=False)
+    (tmp_path / "wrapped.json").write_text(json.dumps({"data": [{"prompt": "a"}]}))
+    assert "its columns: data)" in error(dataset_overrides(tmp_path / "wrapped.json", "my_rewards.brevity"))
 
 
 def test_missing_column_stops_train_py_before_any_trial(tmp_path):

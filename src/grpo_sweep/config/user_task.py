@@ -78,25 +78,24 @@ def _columns_and_rows(path: Path) -> tuple[list[str], int]:
             reader = csv.reader(fh)
             header = next(reader, [])
             return header, sum(1 for row in reader if row)
-    if suffix == ".jsonl":
-        columns: list[str] = []
-        rows = 0
-        with open(path) as fh:
-            for line in fh:
-                if line.strip():
-                    if not rows:
-                        columns = list(json.loads(line))
-                    rows += 1
-        return columns, rows
-    data = json.loads(path.read_text())  # .json: a list of records, or {column: [values]}
-    if isinstance(data, dict) and "data" in data and isinstance(data["data"], list):
-        data = data["data"]
-    if isinstance(data, list):
-        return (list(data[0]) if data and isinstance(data[0], dict) else []), len(data)
-    if isinstance(data, dict):
-        first = next(iter(data.values()), [])
-        return list(data), len(first) if isinstance(first, list) else 1
-    return [], 0
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            data = None  # one record per line, which datasets' json builder reads too
+        if isinstance(data, list):  # a list of records
+            return (list(data[0]) if data and isinstance(data[0], dict) else []), len(data)
+        if isinstance(data, dict):  # datasets reads a single object as one row (its keys the columns)
+            return list(data), 1
+    columns: list[str] = []
+    rows = 0
+    with open(path) as fh:  # JSON lines
+        for line in fh:
+            if line.strip():
+                if not rows:
+                    columns = list(json.loads(line))
+                rows += 1
+    return columns, rows
 
 
 @functools.lru_cache(maxsize=16)
