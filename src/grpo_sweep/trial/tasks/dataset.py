@@ -115,4 +115,7 @@ class DatasetTask(Task):
             fit_conversation(p, tokenizer, max_len, pad) if is_conversation(p) else fit_prompt(str(p), tokenizer, max_len, pad)
             for p in prompts
         ]
-        return rows.remove_columns([column]).add_column("prompt", fitted)
+        # TRL reads `prompt`: the prompt column becomes it (a different column of that name gives way)
+        return rows.remove_columns([c for c in dict.fromkeys((column, "prompt")) if c in rows.column_names]).add_column(
+            "prompt", fitted
+        )
