@@ -117,6 +117,17 @@ def test_missing_column_stops_train_py_before_any_trial(tmp_path):
     assert time.monotonic() - start < 120
 
 
+def test_unreachable_hub_dataset_fails_before_the_model_loads(tmp_path):
+    write_data(tmp_path, chat=False)
+    run_dir = tmp_path / "run"
+    overrides = ["task=dataset", "task.path=someorg/somedata", "task.reward_funcs=[my_rewards.brevity]", "model.init=random"]
+    run_train([*overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    record = load_metrics(run_dir)
+    assert record["status"] == "failed" and record["error"].startswith("ConfigError: task.path=someorg/somedata")
+    assert "huggingface.co" in record["error"]  # failures.ADVICE's Hub advice if a sweep keeps failing so
+    assert record["trainable_params"] is None and not record["effective"]  # no trainer, no model was built
+
+
 # --- one trial on your data ------------------------------------------------------------------------
 
 

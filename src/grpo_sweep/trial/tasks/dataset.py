@@ -69,6 +69,11 @@ class DatasetTask(Task):
             data = load_dataset(**args)
         except FileNotFoundError as err:
             raise ConfigError(f"task.path={task.path}: could not be loaded ({type(err).__name__}: {err})") from None
+        except ConnectionError as err:
+            raise ConfigError(
+                f"task.path={task.path}: the Hub dataset could not be reached ({err}); run where huggingface.co is "
+                "reachable, or save it locally and point task.path at the file or folder"
+            ) from None
         except ValueError as err:
             if "split" in str(err).lower():
                 raise ConfigError(f"task.split={task.split}: not a split of {where} ({err})") from None
