@@ -59,6 +59,11 @@ class TrialMetrics(TypedDict, total=False):
     reward_first: float | None  # the first step's mean reward
     reward_last: float | None  # the last step's mean reward
     reward_change: float | None  # mean reward of the last quarter of steps - the first quarter's ("still learns")
+    reward_seconds_per_step: float | None  # median s per step spent in the reward functions (all of them), first step excluded
+    prompt_lengths: dict[str, Any] | None  # the task's prompts in tokens before cut/padding: count, min, median, p95, max,
+    #   cut (how many are longer than max_prompt_length and were cut to it), max_prompt_length
+    trainer_settings: dict[str, Any] | None  # what the export writes (report/export.py), read back from the built trainer:
+    #   model_name_or_path, dtype, grpo_config (GRPOConfig fields), lora, quantization, dataset, reward_funcs, unsloth
     warmup: dict[str, Any] | None  # model.init=warm: the warm-up's steps, loss, seconds (trial/warmup.py)
     # --- memory (trial/measure/memory_meter.py)
     peak_memory_bytes: int | None  # the peak: allocator (cuda) or live tensors (cpu-tracker)

@@ -15,6 +15,7 @@ import shutil
 from omegaconf import DictConfig
 
 from .schema import ConfigError, validate
+from .user_task import check_user_task
 
 
 def installed(module: str) -> bool:
@@ -63,4 +64,5 @@ def validate_here(cfg: DictConfig, *, cuda: bool | None = None) -> DictConfig:
     """`schema.validate` with this machine's facts: CUDA (detected unless given) and installed packages."""
     validate(cfg, cuda=cuda_available() if cuda is None else cuda, installed=installed)
     check_task(cfg)
+    check_user_task(cfg)  # task=dataset's file and columns, task.reward_funcs' modules
     return cfg

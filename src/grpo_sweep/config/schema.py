@@ -113,6 +113,14 @@ class TaskConfig:
     max_operand: int = 99
     dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
+    # task=dataset (your data, config/user_task.py): a local .jsonl/.json/.parquet/.csv file or folder, or a
+    # hub id, read with datasets.load_dataset; the prompts' column; the other columns go to the rewards.
+    path: str | None = None
+    prompt_column: str = "prompt"
+    # Your reward functions: import paths as `trl grpo --reward_funcs` takes them (my_rewards.accuracy,
+    # trl.rewards.think_format_reward); empty: the task's own. Weights: GRPOConfig.reward_weights.
+    reward_funcs: list = field(default_factory=list)
+    reward_weights: list | None = None
 
 
 @dataclass

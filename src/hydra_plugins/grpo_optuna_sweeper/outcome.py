@@ -37,6 +37,7 @@ RECORD_ATTRS = (
     "reward_first",
     "reward_last",
     "reward_change",
+    "reward_seconds_per_step",
     "peak_memory_bytes",
     "memory_source",
     "trainable_params",
