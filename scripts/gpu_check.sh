@@ -3,7 +3,7 @@
 #
 # Here, once:    scripts/gpu_wheels.sh               # wheels the device lacks -> .whl/{base,bnb,unsloth}
 # Here, first:   PY=.venv/bin/python scripts/gpu_check.sh --cpu-dry-run   # same flow on CPU (~1-2 min)
-# On the GPU (device tool), two calls of < 64 MiB carry each, back to back (README "GPU backends"):
+# On the GPU (device tool), two calls of < 64 MiB carry each, back to back (docs/contributing.md "The device check"):
 #   carry [".whl/base", ".whl/bnb"]      command: scripts/gpu_check.sh --part a    timeout_s 590
 #   carry [".whl/base", ".whl/unsloth"]  command: scripts/gpu_check.sh --part b    timeout_s 590
 # then here:     .venv/bin/python scripts/gpu_check.py --merge <part a json> <part b json>

@@ -1,4 +1,4 @@
-"""Draw a run's reward curve (the report's figure) to a PNG, e.g. the README's learn-experiment curve:
+"""Draw a run's reward curve (the report's figure) to a PNG, e.g. docs/getting-started.md's learn-experiment curve:
 
     python train.py +experiment=learn hydra.run.dir=outputs/learn
     python scripts/reward_curve.py outputs/learn docs/learn_reward_curve.png

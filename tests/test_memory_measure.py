@@ -158,7 +158,7 @@ def test_large_card_ends_ok_with_breakdown_summing_to_peak(trials):
     assert breakdown["trainable_params"] == tiny_lora_bytes(16)
     assert 0 < on_disk["peak_memory_bytes"] <= on_disk["budget_bytes"]
     # ... and the estimator's prediction against this measured peak, within its goal (worst case
-    # <= 25 %, README "Estimator accuracy").
+    # <= 25 %, docs/performance.md "Estimator accuracy").
     predicted = on_disk["predicted_peak_bytes"]
     assert abs(predicted - on_disk["peak_memory_bytes"]) <= 0.25 * on_disk["peak_memory_bytes"], (
         predicted,

@@ -37,7 +37,7 @@ class GrpoOptunaSweeperConf:
     sampler: str = "tpe"  # tpe | gp | random | grid
     # TPE only: random trials before it models the study (Optuna's n_startup_trials). Enqueued trials
     # (frontier_start, warm_start, enqueue) count among them: after the 5 frontier points, 5 is enough
-    # (bench/search_seconds.py: fewer seconds on both landscapes, README "Performance").
+    # (bench/search_seconds.py: fewer seconds on both landscapes, docs/performance.md).
     n_startup_trials: int = 5
     seed: int | None = 0  # sampler seed; each worker process adds its pid when several share a study
     # Pre-screen with grpo_sweep.memory.estimator: PRUNE points predicted over budget by more than margin.
@@ -76,7 +76,7 @@ class GrpoOptunaSweeperConf:
     # Early stop (tokens_per_s, maximize): a trial whose first timed step (after its peak is measured)
     # runs below stop_below x the best feasible tokens/s so far stops: PRUNED, status `slow`, its peak
     # and partial throughput kept. A fraction in [0, 1]; null or 0: off. 0.5 from
-    # bench/search_efficiency.py (README).
+    # bench/search_efficiency.py (docs/performance.md).
     stop_below: float | None = 0.5
     # Confirmation: the top confirm_top feasible configs run confirm_repeats more times, interleaved,
     # and the winner is the best median. Counted in n_trials: the search gets

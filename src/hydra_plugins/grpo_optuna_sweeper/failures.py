@@ -29,7 +29,7 @@ ADVICE = (
     ),
     (
         ("ModuleNotFoundError", "No module named", "ImportError", "is not installed"),
-        "a package is missing: install the backend's extra (README, 'GPU backends') or choose another backend=",
+        "a package is missing: install the backend's extra (docs/backends.md) or choose another backend=",
     ),
     (
         ("reward",),

@@ -22,7 +22,7 @@ worker of a study runs them and they count in n_trials like any search trial; ne
 confirmation phase.
 
 What they change, measured with and without on both landscapes (300 paired seeds, and the Gemma
-model at several noise levels): README "Performance", bench/search_efficiency.py `neighbour_effect`
+model at several noise levels): docs/performance.md, bench/search_efficiency.py `neighbour_effect`
 and `gemma_pick_by_noise`.
 """
 

@@ -37,7 +37,7 @@ three alternating runs each): 4.3-4.5 s of CPU tracked vs 1.4-2.0 s untracked (~
 ~3-4x the wall time per step under load; less on bigger models, where each op does more work. Hence
 memory_meter.MemoryMeter tracks only the measuring steps (the first two: step 1 creates the optimiser
 state, step 2 is the steady state) unless a budget is set or lengths vary, and throughput is taken
-from the untracked steps when there are any (see README "Memory: measured and enforced").
+from the untracked steps when there are any (see docs/memory.md "Memory: measured and enforced").
 """
 
 from __future__ import annotations

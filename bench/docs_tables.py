@@ -1,0 +1,126 @@
+"""The Performance page's numbers, rendered from bench/results/summary.json when the site is built.
+
+mkdocs.yml names this file as a hook, so `make docs` (`mkdocs build --strict`) calls `on_page_markdown`
+for every page; it replaces, from the summary.json of the checkout being built:
+
+    <!-- bench:goals -->            each goal, its value(s) from summary.json, and whether it is met
+    <!-- bench:figures -->          every figure summary.json holds (the table `make bench` writes to summary.md)
+    {{ bench:KEY }}                 one value, formatted as summary.md formats it (3 significant digits)
+    {{ bench:KEY:SPEC }}            one value with a Python format spec, e.g. {{ bench:overhead_ratio:.2f }}
+
+A KEY summary.json does not hold fails the build, naming the key. The per-benchmark tables
+(bench/results/<name>.md, written by each benchmark) are included as they are with pymdownx.snippets.
+
+`python bench/docs_tables.py [PAGE.md]` prints PAGE expanded (default: the goals and figures tables).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, markdown_table  # noqa: E402
+
+SUMMARY = RESULTS / "summary.json"
+VALUE = re.compile(r"\{\{\s*bench:([A-Za-z0-9_.]+)(?::([^}\s]+))?\s*\}\}")
+MARKERS = ("<!-- bench:goals -->", "<!-- bench:figures -->")
+
+
+class MissingFigure(KeyError):
+    """A page names a figure that summary.json does not hold."""
+
+    def __str__(self) -> str:
+        return f"bench/results/summary.json has no figure {self.args[0]!r} (a page asks for it); run `make bench` or fix the page"
+
+
+def load(path: Path = SUMMARY) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _get(summary: dict, key: str):
+    if key not in summary or summary[key] is None:
+        raise MissingFigure(key)
+    return summary[key]
+
+
+def fmt(value, spec: str | None = None) -> str:
+    if spec:
+        return format(value, spec)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _secs(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _seconds_vs_random(s: dict, suffix: str) -> tuple[str, bool]:
+    ours, rnd = _get(s, f"search_median_seconds{suffix}"), _get(s, f"random_median_seconds{suffix}")
+    return f"{_secs(ours)} s vs random {_secs(rnd)} s ({ours / rnd:.2g}x)", ours <= rnd / 3
+
+
+def _pick(s: dict, suffix: str) -> tuple[str, bool]:
+    with_, without = _get(s, f"pick_within_5pct_rate{suffix}"), _get(s, f"pick_within_5pct_rate_no_confirm{suffix}")
+    return f"{with_:.2f} (without confirmation {without:.2f})", with_ >= 0.9 and with_ > without
+
+
+def goals(s: dict) -> list[dict]:
+    """One row per goal of the bench (docs/performance.md): the value and whether it is met."""
+    rows = []
+
+    def row(what: str, goal: str, value: str, met: bool | None) -> None:
+        rows.append({"figure": what, "goal": goal, "measured": value, "met": {True: "yes", False: "**no**", None: "-"}[met]})
+
+    o = _get(s, "overhead_ratio")
+    row("framework overhead (trial step / bare TRL step)", "<= 1.05", f"{o:.2f}", o <= 1.05)
+    w, c = _get(s, "warm_start_s"), _get(s, "cold_start_s")
+    row("trial start, warm (forkserver)", "<= 2 s", f"{w:.2f} s (cold {c:.2f} s)", w <= 2)
+    t, r, g = _get(s, "search_median_trials"), _get(s, "random_median_trials"), _get(s, "grid_size")
+    row(
+        f"search: median trials to within 5 % ({g}-point grid)",
+        "<= 1/10 of the grid, fewer than random",
+        f"{t:g} (random {r:g})",
+        t <= g / 10 and t < r,
+    )
+    bad = _get(s, "infeasible_final_picks")
+    row("infeasible final picks", "0", str(bad), bad == 0)
+    m, x = _get(s, "estimator_median_abs_err"), _get(s, "estimator_max_abs_err")
+    row("estimator error (absolute): median, worst", "<= 10 %, <= 25 %", f"{m:.1%}, {x:.1%}", m <= 0.10 and x <= 0.25)
+    for suffix, name in (("", "tiny grid"), ("_gemma_l4", "Gemma 3 1B / L4 model")):
+        text, met = _seconds_vs_random(s, suffix)
+        row(f"search machine seconds to a good point, {name}", "<= 1/3 of random", text, met)
+        text, met = _pick(s, suffix)
+        row(f"pick within 5 % of the optimum, {name}", ">= 0.9 and above no confirmation", text, met)
+    for suffix, name in (
+        ("_recipe_held_tiny_knobs", "tiny, knobs only"),
+        ("_recipe_held_tiny", "tiny, concessions"),
+        ("_recipe_held_gemma_knobs", "Gemma model, knobs only"),
+        ("_recipe_held_gemma_concessions", "Gemma model, concessions"),
+    ):
+        if f"search_median_seconds{suffix}" in s:
+            text, _ = _seconds_vs_random(s, suffix)
+            row(f"recipe held ({name}): seconds", "no goal set", text, None)
+    return rows
+
+
+def expand(markdown: str, summary: dict) -> str:
+    """`markdown` with every bench marker and {{ bench:KEY }} replaced from `summary`."""
+    if MARKERS[0] in markdown:
+        markdown = markdown.replace(MARKERS[0], markdown_table(goals(summary)))
+    if MARKERS[1] in markdown:
+        rows = [{"figure": k, "value": v} for k, v in summary.items()]
+        markdown = markdown.replace(MARKERS[1], markdown_table(rows))
+    return VALUE.sub(lambda m: fmt(_get(summary, m.group(1)), m.group(2)), markdown)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # mkdocs hook
+    if VALUE.search(markdown) or any(marker in markdown for marker in MARKERS):
+        return expand(markdown, load())
+    return markdown
+
+
+if __name__ == "__main__":
+    text = Path(sys.argv[1]).read_text() if len(sys.argv) > 1 else "\n\n".join(MARKERS)
+    print(expand(text, load()))
