@@ -26,6 +26,8 @@ MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
 FAULTS = (None, "raise", "signal", "hang", "oom")
 START_METHODS = ("auto", "forkserver", "spawn")
+# trial.strategy: how N processes of one trial share the model (docs/multi-gpu.md). ZeRO is DeepSpeed's.
+STRATEGIES = ("ddp", "fsdp", "zero2", "zero3")
 
 
 class ConfigError(ValueError):
@@ -146,6 +148,10 @@ class TrialConfig:
     # Early stop: after the first timed step (once the peak is measured) a trial below this many
     # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
     stop_below: float | None = None
+    # Processes (ranks, one per GPU) one trial trains with, and how they share the model: ddp (replicas),
+    # fsdp (everything sharded), zero2 / zero3 (DeepSpeed). 1: today's single process (docs/multi-gpu.md).
+    num_processes: int = 1
+    strategy: str = "ddp"
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -270,6 +276,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "logger.mode", ("auto", "online", "offline", "disabled"))
     _one_of(cfg, "trial.debug_fault", FAULTS)
     _one_of(cfg, "trial.start_method", START_METHODS)
+    check_processes(cfg, cuda=cuda, installed=installed)
     if cfg.model.source == "hub" and not cfg.model.hub_id:
         raise ConfigError(f"model.hub_id: required when model.source=hub (model={cfg.model.name})")
     if cfg.model.tokenizer == "hub" and not cfg.model.hub_id:
@@ -308,6 +315,29 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
         )
     return cfg
+
+
+def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], bool] | None) -> None:
+    """trial.num_processes and trial.strategy: a range, the strategies, what each needs."""
+    n = cfg.trial.get("num_processes", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"trial.num_processes={n}: must be an integer >= 1 (processes, one per GPU, in one trial)")
+    _one_of(cfg, "trial.strategy", STRATEGIES)
+    strategy = cfg.trial.strategy
+    if n > 1 and cfg.backend.name == "unsloth":
+        raise ConfigError(
+            f"trial.num_processes={n}: not with backend=unsloth (it trains in one process); use backend=trl or trl_vllm"
+        )
+    if n > 1 and strategy in ("zero2", "zero3"):
+        if cuda is False:
+            raise ConfigError(
+                f"trial.strategy={strategy}: DeepSpeed ZeRO needs CUDA and none is available here; "
+                "on CPU use trial.strategy=ddp or fsdp"
+            )
+        if installed is not None and not installed("deepspeed"):
+            raise ConfigError(
+                f"trial.strategy={strategy}: needs the package deepspeed, which is not installed (pip install deepspeed)"
+            )
 
 
 # --- keys the schema does not know (added with `+`), ranges, the objective, LoRA modules ----------

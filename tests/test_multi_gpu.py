@@ -1,0 +1,137 @@
+"""Trials larger than one GPU (issue 27): the estimator per rank, the settings, the launch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, compose
+
+from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.memory.estimator import GiB, estimate, param_counts, shapes
+
+GEMMA = ["model=gemma3_1b", "gpu=l4_24g"]
+# Gemma 3 1B by hand: one decoder layer = q 1152x1024 + k, v 1152x256 + o 1024x1152 + MLP 3 x 1152x6912
+# + 4 norms x 1152 + q/k norms 2 x 256; the root = embeddings 262144 x 1152 (tied head) + final norm 1152.
+GEMMA_LAYER = 1152 * 1024 + 2 * 1152 * 256 + 1024 * 1152 + 3 * 1152 * 6912 + 4 * 1152 + 2 * 256
+GEMMA_ROOT = 262144 * 1152 + 1152
+
+
+def est(*overrides: str, mode: str | None = None):
+    return estimate(compose([*GEMMA, *overrides]), mode)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2", "zero3"])
+def test_one_process_is_the_single_process_estimate_whatever_the_strategy(strategy):
+    plain = est()
+    one = est(f"trial.strategy={strategy}")
+    assert one.components == plain.components and one.total_bytes == plain.total_bytes
+
+
+def test_ddp_is_a_full_replica_plus_buckets_the_size_of_the_gradients():
+    one, ddp = est(), est("trial.num_processes=4", "trial.strategy=ddp")
+    for key in ("weights", "lora_params", "gradients", "optimizer_state", "activations", "logits"):
+        assert ddp.components[key] == one.components[key], key
+    assert ddp.components["ddp_buckets"] == one.components["gradients"] > 0
+    assert ddp.total_bytes == one.total_bytes + one.components["gradients"]
+    assert ddp.assumptions["world_size"] == 4 and ddp.assumptions["single_process_bytes"] == one.total_bytes
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_zero2_shards_gradients_and_optimiser_state_only(n):
+    full = ["trial.full_finetune=true"]
+    one, z2 = est(*full), est(*full, f"trial.num_processes={n}", "trial.strategy=zero2")
+    params = 999_885_952
+    assert z2.components["weights"] == one.components["weights"] == 2 * params  # replicated, bf16
+    assert z2.components["gradients"] == -(-2 * params // n)  # bf16 gradients, 1/n (rank 0 rounds up)
+    assert z2.components["optimizer_state"] == -(-12 * params // n)  # fp32 master + 2 moments, 1/n
+    assert z2.components["ddp_buckets"] == 1152 * 1152 * 2  # HF's "auto" reduce bucket: hidden^2
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_fsdp_and_zero3_shard_parameters_and_add_the_gathered_layer(strategy):
+    n = 4
+    s = shapes(compose(GEMMA), "trl")
+    assert 26 * GEMMA_LAYER + GEMMA_ROOT == param_counts(s)["total"] == 999_885_952
+    one = est("trial.full_finetune=true")
+    r = est("trial.full_finetune=true", f"trial.num_processes={n}", f"trial.strategy={strategy}")
+    assert r.peak_phase == "training"
+    assert r.components["weights"] == -(-one.components["weights"] // n)
+    assert r.components["gradients"] == -(-one.components["gradients"] // n)
+    gathered = r.components["gathered_params"]
+    if strategy == "fsdp":  # the root unit stays gathered + the running and the prefetched layer
+        assert gathered == 2 * (GEMMA_ROOT + 2 * GEMMA_LAYER)
+    else:  # the largest module (the embedding) + a 0.9 x hidden^2 prefetch bucket
+        assert gathered == 2 * GEMMA_ROOT + int(0.9 * 1152 * 1152) * 2
+    assert r.total_bytes < one.total_bytes
+
+
+def test_zero3_with_hf_generate_gathers_the_whole_model_for_generation():
+    r = est("trial.num_processes=4", "trial.strategy=zero3")  # LoRA: training is light, generation is not
+    assert r.peak_phase == "generation"
+    assert r.components["gathered_params"] == 2 * 999_885_952
+    fsdp = est("trial.num_processes=4", "trial.strategy=fsdp")  # summon_full_params(recurse=False): root only
+    assert fsdp.total_bytes < r.total_bytes
+
+
+def test_more_ranks_never_need_more_memory_per_rank_when_sharded():
+    # From 2 ranks on: one process runs plain bf16 AdamW, while DeepSpeed adds an fp32 master copy,
+    # so ZeRO-2 over 2 ranks can need more than one process (12/2 + 2/2 > 4 + 2 bytes per weight).
+    for strategy in ("zero2", "fsdp", "zero3"):
+        totals = [
+            est("trial.full_finetune=true", f"trial.num_processes={n}", f"trial.strategy={strategy}").total_bytes
+            for n in (2, 4, 8)
+        ]
+        assert all(b <= a for a, b in zip(totals, totals[1:])), (strategy, totals)
+
+
+def test_full_finetune_trains_every_weight():
+    lora, full = est(), est("trial.full_finetune=true")
+    params = 999_885_952
+    assert full.components["lora_params"] == 0 and full.assumptions["trainable_params"] == params
+    assert full.components["gradients"] == 2 * params and full.components["optimizer_state"] == 4 * params
+    assert full.components["activations"] > lora.components["activations"]  # every linear saves its input
+
+
+def test_pre_screen_verdict_follows_the_largest_rank():
+    """A full fine-tune of Gemma 3 1B does not fit an 8 GiB card alone; 4 ranks with FSDP do."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+
+    base = ["trial.full_finetune=true", "gpu.memory_gib=8"]
+    one = est(*base)
+    four = est(*base, "trial.num_processes=4", "trial.strategy=fsdp")
+    assert prescreen_verdict(one.total_bytes, one.budget_bytes, 0.1) is not None  # pruned
+    assert prescreen_verdict(four.total_bytes, four.budget_bytes, 0.1) is None  # runs
+    assert not one.fits and four.fits and four.budget_bytes == 8 * GiB
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["trial.num_processes=0"], "trial.num_processes=0: must be an integer >= 1"),
+        (["trial.strategy=zero4"], "trial.strategy=zero4: must be one of ddp, fsdp, zero2, zero3"),
+        (["trial.num_processes=2", "backend=unsloth"], "trial.num_processes=2: not with backend=unsloth"),
+        (["trial.num_processes=2", "trial.strategy=zero3"], "trial.strategy=zero3: DeepSpeed ZeRO needs CUDA"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), cuda=False)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_zero_needs_deepspeed_installed_on_a_cuda_machine():
+    cfg = compose(["trial.num_processes=2", "trial.strategy=zero2"])
+    with pytest.raises(ConfigError, match="needs the package deepspeed"):
+        validate(cfg, cuda=True, installed=lambda p: p != "deepspeed")
+    validate(cfg, cuda=True, installed=lambda p: True)
+
+
+def test_estimate_cli_prints_the_per_rank_table():
+    args = [sys.executable, "-m", "grpo_sweep.cli", "estimate", *GEMMA, "trial.num_processes=4", "trial.strategy=zero3"]
+    out = subprocess.run(args + ["trial.full_finetune=true"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "per rank (4 x zero3)" in out.stdout and "gathered_params" in out.stdout and "1 process" in out.stdout
+    one = est("trial.full_finetune=true")
+    assert f"{one.total_bytes / GiB:.2f} GiB" in out.stdout  # the one-process column's total
