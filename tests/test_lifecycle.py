@@ -87,6 +87,31 @@ def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
+    """trial.num_processes=2: the worker leads torchrun, torchrun starts the ranks in their own
+    sessions; SIGKILL of train.py must still leave no process behind, and the record says why."""
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *FAST,
+        "trial.num_processes=2",
+        "trial.debug_fault=hang",
+        f"hydra.run.dir={run_dir}",
+    ]
+    hanging = lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2))  # noqa: E731
+    trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", hanging)
+    names = [" ".join(p.cmdline()) for p in trial]
+    assert sum("grpo_sweep.trial.rank" in n and "torch.distributed.run" not in n for n in names) == 2, names
+    assert any("torch.distributed.run" in n for n in names), names
+
+    wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
+    m = load_metrics(run_dir)
+    assert m["status"] == "failed" and "the process that started it died" in m["error"]
+    assert m["world_size"] == 2 and len(m["rank_status"]) == 2
+
+
+@pytest.mark.slow
 def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path):
     from grpo_sweep.trial.worker import WANDB_NOTE_FILE
 

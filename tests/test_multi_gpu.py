@@ -135,3 +135,95 @@ def test_estimate_cli_prints_the_per_rank_table():
     assert "per rank (4 x zero3)" in out.stdout and "gathered_params" in out.stdout and "1 process" in out.stdout
     one = est("trial.full_finetune=true")
     assert f"{one.total_bytes / GiB:.2f} GiB" in out.stdout  # the one-process column's total
+
+
+# ----------------------------------------------------------------------------- N processes, for real
+
+from grpo_sweep.metrics import KEYS  # noqa: E402
+from grpo_sweep.trial.ranks import command, merge  # noqa: E402
+
+TINY_DDP = ["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=ddp"]
+
+
+def _rank(status="ok", peak=100, tokens=10.0, **extra):
+    return {"status": status, "error": None, "peak_memory_bytes": peak, "tokens_per_s": tokens, "samples_per_s": 1.0,
+            "tokens_per_step": 50.0, "step_time_s": 2.0, "predicted_peak_bytes": 90, **extra}  # fmt: skip
+
+
+def test_merge_judges_the_largest_rank_and_sums_throughput():
+    out = merge([_rank(peak=100, tokens=10.0), _rank(peak=130, tokens=12.0, step_time_s=3.0, peak_phase="backward")], 2, "ddp")
+    assert out["status"] == "ok" and out["error"] is None
+    assert out["rank_peak_memory_bytes"] == [100, 130] and out["peak_memory_bytes"] == 130 and out["peak_rank"] == 1
+    assert out["peak_phase"] == "backward"  # the largest rank's own breakdown and phase
+    assert out["tokens_per_s"] == 22.0 and out["samples_per_s"] == 2.0 and out["tokens_per_step"] == 100.0
+    assert out["step_time_s"] == 3.0  # the slowest rank: they wait for each other
+    assert out["world_size"] == 2 and out["strategy"] == "ddp" and set(out) <= KEYS
+
+
+def test_merge_an_oom_on_any_rank_is_the_trials_oom_with_that_ranks_message():
+    stopped = _rank("failed", error="TrialStopped: the trial process received SIGTERM")
+    oom = _rank(
+        "oom",
+        error="OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        requested_bytes=2 << 30,
+        oom_phase="backward",
+    )
+    out = merge([stopped, oom], 2, "fsdp")
+    assert out["status"] == "oom" and out["error"].startswith("rank 1: OutOfMemoryError: CUDA out of memory")
+    assert out["requested_bytes"] == 2 << 30 and out["oom_phase"] == "backward"
+    assert out["rank_status"] == ["failed", "oom"]
+    # A crash: the rank that failed first is the cause, not the one torchrun stopped afterwards.
+    crash = _rank("failed", error="RuntimeError: boom")
+    assert merge([stopped, crash], 2, "ddp")["error"] == "rank 1: RuntimeError: boom"
+    # A rank that left nothing: the trial failed, and says which.
+    out = merge([_rank(), None], 2, "ddp", launcher_exitcode=1)
+    assert out["status"] == "failed" and "ranks [1] left no metrics.json" in out["error"] and out["tokens_per_s"] is None
+
+
+def test_the_launch_is_torchrun_with_one_rank_per_process():
+    cmd = command(compose(TINY_DDP), "/runs/x")
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in cmd and "--max-restarts=0" in cmd
+    assert cmd[-3:] == ["-m", "grpo_sweep.trial.rank", "/runs/x"]
+
+
+def _check_rank_records(m: dict, n: int, strategy: str) -> list[float]:
+    assert set(m) <= KEYS, sorted(set(m) - KEYS)  # every key declared in metrics.TrialMetrics
+    assert m["world_size"] == n and m["strategy"] == strategy and m["rank_status"] == ["ok"] * n
+    peaks, predicted = m["rank_peak_memory_bytes"], m["rank_predicted_peak_bytes"]
+    assert len(peaks) == n and all(p and p > 0 for p in peaks) and m["peak_memory_bytes"] == max(peaks)
+    assert m["memory_source"] == "cpu-tracker"
+    assert m["tokens_per_s"] == pytest.approx(sum(m["rank_tokens_per_s"]))
+    return [(pr - p) / p for p, pr in zip(peaks, predicted)]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
+    from conftest import load_metrics, run_train
+
+    out = run_train([*TINY_DDP, f"hydra.run.dir={tmp_path}"], timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok", m["error"]
+    errors = _check_rank_records(m, 2, "ddp")
+    assert all(abs(e) <= 0.10 for e in errors), errors  # the estimate per rank within 10 %
+    # Each rank ran GRPO steps of its own: its own record, two steps, a reward.
+    for k in range(2):
+        r = load_metrics(tmp_path / "ranks" / str(k))
+        assert r["steps"] == 2 and r["reward_mean"] is not None and r["effective"]["generation_batch_size"] == 8
+    # DDP's gradient buckets are real: the tracker sees the adapters' gradient bytes once more than
+    # one process (the prediction's ddp_buckets term).
+    assert m["predicted_peak_breakdown"]["ddp_buckets"] == m["predicted_peak_breakdown"]["gradients"] > 0
+    assert m["peak_memory_breakdown"]["weights"] > 0 and m["peak_memory_breakdown"]["trainable_params"] > 0
+
+
+@pytest.mark.slow
+def test_an_oom_on_one_rank_makes_the_trial_oom_with_that_ranks_message(tmp_path):
+    from conftest import load_metrics, run_train
+
+    args = [*TINY_DDP, "trial.debug_fault=oom", "trial.debug_fault_rank=1", f"hydra.run.dir={tmp_path}"]
+    out = run_train(args, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "oom" and m["error"].startswith("rank 1: "), m["error"]
+    assert "can't allocate memory" in m["error"] or "out of memory" in m["error"].lower()
+    assert m["rank_status"][1] == "oom" and m["rank_status"][0] != "ok"  # rank 0 was stopped, not left waiting

@@ -139,6 +139,7 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    debug_fault_rank: int | None = None  # with num_processes > 1: inject on this rank only (None: all)
     # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
     # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.
     full_finetune: bool = False

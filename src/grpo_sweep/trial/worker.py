@@ -15,16 +15,10 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+from .stopping import TrialStopped
+
 STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_trial or the guardian)
 WANDB_NOTE_FILE = "WANDB_RUN_NOT_FINISHED.txt"  # written by the parent when the W&B run was left open
-
-
-class TrialStopped(BaseException):
-    """SIGTERM from the parent (timeout, interrupted sweep) or from our guardian (the parent died)."""
-
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
 
 
 def write_stop_request(run_dir: str | Path, status: str, reason: str) -> None:
@@ -162,9 +156,14 @@ def set_alloc_conf(expandable: bool) -> str:
     return value
 
 
-def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) -> None:
-    """Entry point in the child. Always leaves metrics.json unless killed from outside."""
-    os.setpgrp()  # our own process group: the parent can kill us and anything we started
+def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *, as_rank: bool = False) -> None:
+    """Entry point in the child. Always leaves metrics.json unless killed from outside.
+
+    With trial.num_processes > 1 this process leads the trial: it launches the ranks under torchrun
+    (trial/ranks.py) and merges their records; each rank runs this function again with `as_rank`
+    (trial/rank.py), in its own directory, as a one-process trial's body."""
+    if not as_rank:  # a rank is already a session leader (torchrun): it dies with torchrun instead
+        os.setpgrp()  # our own process group: the parent can kill us and anything we started
     if lifeline is not None:
         start_guardian(lifeline, run_dir, grace_s)
         lifeline.close()
@@ -186,6 +185,13 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
     cfg = OmegaConf.create(container)
     record = empty_metrics("failed", None, requested_levers(cfg))
     record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
+    if int(cfg.trial.get("num_processes", 1) or 1) > 1 and not as_rank:
+        from .ranks import lead
+
+        lead(cfg, run_path, record, grace_s)  # always writes metrics.json
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
@@ -285,12 +291,16 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
             traceback.print_exc()
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop now waits for metrics.json and W&B
+        if not as_rank:  # a one-process trial (ranks.merge writes these for N processes)
+            record.update(world_size=1, strategy=None)
         if meter is not None:
             record.update(meter.summary())
             record["history"] = meter.rows
             record["first_step_begin_unix"] = meter.first_step_begin_unix
         if memory is not None:
             record.update(memory.result(error_text if oom else None))
+            if not as_rank:
+                record["rank_peak_memory_bytes"] = [record.get("peak_memory_bytes")]
         write_metrics(run_path, record)
         if wb is not None and record.get("wandb_run_id"):
             record["wandb_finished"] = wb.finish(record)  # after metrics.json: a slow upload never costs the result
