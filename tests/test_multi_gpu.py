@@ -113,6 +113,7 @@ def test_pre_screen_verdict_follows_the_largest_rank():
         (["trial.strategy=zero4"], "trial.strategy=zero4: must be one of ddp, fsdp, zero2, zero3"),
         (["trial.num_processes=2", "backend=unsloth"], "trial.num_processes=2: not with backend=unsloth"),
         (["trial.num_processes=2", "trial.strategy=zero3"], "trial.strategy=zero3: DeepSpeed ZeRO needs CUDA"),
+        (["trial.num_processes=2", "trial.strategy=fsdp"], "trial.strategy=fsdp: accelerate enables FSDP only on accelerators"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_key(overrides, needle):
@@ -227,3 +228,40 @@ def test_an_oom_on_one_rank_makes_the_trial_oom_with_that_ranks_message(tmp_path
     assert m["status"] == "oom" and m["error"].startswith("rank 1: "), m["error"]
     assert "can't allocate memory" in m["error"] or "out of memory" in m["error"].lower()
     assert m["rank_status"][1] == "oom" and m["rank_status"][0] != "ok"  # rank 0 was stopped, not left waiting
+
+
+def test_fsdp_and_zero_arguments_for_the_trainer():
+    """What a rank hands GRPOConfig for each strategy (FSDP2, one unit per decoder layer; DeepSpeed
+    with HF's "auto" values); GRPOConfig itself turns the FSDP request into accelerate's plugin."""
+    from trl import GRPOConfig
+
+    from grpo_sweep.trial.backends.trl import grpo_args
+
+    def args(strategy, n=2):
+        cfg = compose([f"trial.num_processes={n}", f"trial.strategy={strategy}", "per_device_train_batch_size=4"])
+        return grpo_args(cfg, on_cuda=False, output_dir="/tmp/unused")
+
+    assert args("ddp")["ddp_find_unused_parameters"] is False and args("ddp")["generation_batch_size"] == 8
+    assert "fsdp" not in args("ddp", n=1) and args("ddp", n=1)["generation_batch_size"] == 4
+    fsdp = GRPOConfig(**args("fsdp"))
+    assert fsdp.fsdp_plugin_args["fsdp_version"] == 2
+    assert (
+        fsdp.fsdp_plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP" and fsdp.fsdp_plugin_args["reshard_after_forward"]
+    )
+    for strategy, stage in (("zero2", 2), ("zero3", 3)):
+        ds = args(strategy)["deepspeed"]
+        assert ds["zero_optimization"]["stage"] == stage and ds["train_micro_batch_size_per_gpu"] == "auto"
+    assert "stage3_prefetch_bucket_size" in args("zero3")["deepspeed"]["zero_optimization"]
+
+
+@pytest.mark.slow
+def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tmp_path):
+    """The launch path of an FSDP trial, run for real on CPU past the settings check: torch's FSDP2
+    runs on CPU over gloo, but accelerate 1.x enables FSDP only on accelerators and would train DDP.
+    Each rank reads back how accelerate distributes the trainer and fails rather than mislabel."""
+    from grpo_sweep.trial.parent import run_trial
+
+    cfg = compose(["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=fsdp"])
+    m = run_trial(cfg, tmp_path)
+    assert m["status"] == "failed" and m["world_size"] == 2 and m["strategy"] == "fsdp"
+    assert "trial.strategy=fsdp did not take effect: accelerate distributes this trainer as ddp" in m["error"], m["error"]

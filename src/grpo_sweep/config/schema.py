@@ -329,6 +329,11 @@ def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], b
         raise ConfigError(
             f"trial.num_processes={n}: not with backend=unsloth (it trains in one process); use backend=trl or trl_vllm"
         )
+    if n > 1 and strategy == "fsdp" and cuda is False:
+        raise ConfigError(
+            "trial.strategy=fsdp: accelerate enables FSDP only on accelerators (on CPU it would wrap the "
+            "model in DDP instead) and no CUDA device is available here; on CPU use trial.strategy=ddp"
+        )
     if n > 1 and strategy in ("zero2", "zero3"):
         if cuda is False:
             raise ConfigError(

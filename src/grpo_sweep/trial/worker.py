@@ -257,6 +257,11 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *,
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
+        if as_rank and effective.get("strategy") != cfg.trial.strategy:  # never credit one strategy's numbers to another
+            raise RuntimeError(
+                f"trial.strategy={cfg.trial.strategy} did not take effect: accelerate distributes this trainer "
+                f"as {effective.get('strategy')} (see docs/multi-gpu.md)"
+            )
         record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
         memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
         from .backends.readback import format_mismatch, lever_mismatch

@@ -95,7 +95,7 @@ def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
         return {"ddp_find_unused_parameters": False}
     if strategy == "fsdp":
         return {
-            "fsdp": "full_shard auto_wrap",
+            "fsdp": True,  # full shard: fsdp_config's reshard_after_forward
             "fsdp_config": {
                 "version": 2,
                 "reshard_after_forward": True,
@@ -228,6 +228,7 @@ def effective(trainer) -> dict:
     quant = getattr(getattr(model, "config", None), "quantization_config", None)
     vllm_util = args.vllm_gpu_memory_utilization if getattr(args, "use_vllm", False) else None
     return {
+        "strategy": strategy_of(trainer),
         "max_completion_length": trainer.max_completion_length,
         "gpu_memory_utilization": vllm_util,
         "per_device_train_batch_size": args.per_device_train_batch_size,
@@ -240,6 +241,19 @@ def effective(trainer) -> dict:
         # TRL can switch checkpointing on for k-bit models: read the model, not only the args.
         "gradient_checkpointing": bool(args.gradient_checkpointing) or bool(getattr(model, "is_gradient_checkpointing", False)),
     }
+
+
+def strategy_of(trainer) -> str | None:
+    """How accelerate really distributes the trainer: ddp | fsdp | zero2 | zero3, None for one process.
+    (accelerate 1.x enables FSDP only on accelerators: on CPU an fsdp request becomes DDP.)"""
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    kind = str(getattr(state, "distributed_type", "NO")).split(".")[-1]
+    if kind == "FSDP":
+        return "fsdp"
+    if kind == "DEEPSPEED":
+        plugin = getattr(state, "deepspeed_plugin", None)
+        return f"zero{getattr(plugin, 'zero_stage', '?')}"
+    return "ddp" if kind.startswith("MULTI_") else None
 
 
 def _get(obj, key):
