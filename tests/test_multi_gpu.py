@@ -265,3 +265,85 @@ def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tm
     m = run_trial(cfg, tmp_path)
     assert m["status"] == "failed" and m["world_size"] == 2 and m["strategy"] == "fsdp"
     assert "trial.strategy=fsdp did not take effect: accelerate distributes this trainer as ddp" in m["error"], m["error"]
+
+
+# ----------------------------------------------------------------------------- vLLM server mode
+
+
+def test_server_mode_takes_the_pool_off_the_training_card():
+    colocate = est("backend=trl_vllm")
+    server = est("backend=trl_vllm", "backend.vllm_mode=server")
+    pool = int(0.6 * server.budget_bytes)  # gpu_memory_utilization x the L4's budget
+    assert colocate.components["vllm_pool"] == pool and server.components["vllm_pool"] == 0
+    assert server.assumptions["vllm_server_bytes"] == pool and server.assumptions["vllm_mode"] == "server"
+    assert server.total_bytes == colocate.total_bytes - pool
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "estimate", *GEMMA, "backend=trl_vllm", "backend.vllm_mode=server"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0 and "vLLM server (backend.vllm_mode=server" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["backend.vllm_mode=remote"], "backend.vllm_mode=remote: must be one of colocate, server"),
+        (["backend=trl", "backend.vllm_mode=server"], "backend.vllm_mode=server: needs backend=trl_vllm"),
+        (
+            ["backend=trl_vllm", "backend.vllm_tensor_parallel_size=0"],
+            "backend.vllm_tensor_parallel_size=0: must be an integer >= 1",
+        ),
+        (
+            ["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_tensor_parallel_size=2", "trial.vllm_devices=[3]"],
+            "backend.vllm_tensor_parallel_size=2: more than the 1 trial.vllm_devices=[3]",
+        ),
+    ],
+)
+def test_bad_server_settings_are_one_line(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), cuda=True)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_server_command_is_trls_own_through_the_shim():
+    from grpo_sweep.trial.vllm_server import command, environment
+
+    cfg = compose(
+        ["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_tensor_parallel_size=2", "trial.vllm_devices=[2,3]"]
+    )
+    cmd = command(cfg, "/models/x", 8123, on_cuda=True)
+    assert cmd[1:5] == ["-m", "grpo_sweep.trial.vllm_serve", "serve", "/models/x"]
+    joined = " ".join(cmd)
+    assert "--tensor-parallel-size 2" in joined and "--port 8123" in joined and "--max-model-len 96" in joined
+    assert "--weight-transfer-config" in joined and "--kv-cache-memory-bytes" not in joined  # TRL's settings
+    assert environment(cfg, on_cuda=True)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    cpu = command(cfg, "/models/x", 8123, on_cuda=False, kv_cache_bytes=12345)
+    assert "--dtype float32" in " ".join(cpu) and cpu[-2:] == ["--kv-cache-memory-bytes", "12345"]
+    assert environment(cfg, on_cuda=False)["VLLM_TARGET_DEVICE"] == "cpu"
+
+
+@pytest.mark.slow
+def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
+    import psutil
+    from conftest import load_metrics, run_train
+
+    out = run_train(
+        ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=32", f"hydra.run.dir={tmp_path}"]
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok", m["error"]
+    assert set(m) <= KEYS and m["backend"] == "trl_vllm" and m["effective"]["vllm_mode"] == "server"
+    assert m["steps"] == 2 and m["tokens_per_s"] > 0
+    assert m["vllm_pool_bytes"] is None  # nothing of vLLM's inside the training process
+    assert m["vllm_server_peak_rss_bytes"] > 100 * 2**20 and m["vllm_server_start_s"] > 0  # measured apart
+    assert "skipped on CPU" in m["vllm_weight_sync"]
+    log = (tmp_path / "vllm_server.log").read_text()
+    assert log.count("POST /v1/completions") >= 2  # every step generated through the server
+    port = m["vllm_server_url"].rsplit(":", 1)[1]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "grpo_sweep.trial.vllm_serve" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, left  # torn down

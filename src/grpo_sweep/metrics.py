@@ -90,6 +90,11 @@ class TrialMetrics(TypedDict, total=False):
     rank_predicted_peak_bytes: list[int | None] | None  # the estimator's per-rank prediction, as each rank made it
     rank_status: list[str | None] | None  # each rank's own status (null: it left no record)
     rank_tokens_per_s: list[float | None] | None  # each rank's throughput; tokens_per_s is their sum
+    # --- backend.vllm_mode=server (trial/vllm_server.py): the server's own memory, apart from training's
+    vllm_server_url: str | None  # where the trial's `trl vllm-serve` listened
+    vllm_server_start_s: float | None  # server start to healthy
+    vllm_server_peak_rss_bytes: int | None  # peak resident set of the server's process tree (sampled, 0.2 s)
+    vllm_weight_sync: str | None  # server mode: how (or whether) the weights reached the server
     # --- an OOM's numbers (memory/oom_message.py)
     oom_phase: str | None  # the phase the OOM happened in
     requested_bytes: int | None  # the failed allocation

@@ -73,6 +73,12 @@ def cli(argv: list[str]) -> int:
             f"vLLM KV cache: needs {fmt_gib(a['kv_cache_needed_bytes'])} for {a['generation_batch']} x "
             f"{cfg.max_seq_length} tokens, {fmt_gib(a['kv_cache_available_bytes'])} available"
         )
+    if a.get("vllm_server_bytes") is not None:
+        print(
+            f"vLLM server (backend.vllm_mode=server, tensor parallel {a['vllm_tensor_parallel_size']}): "
+            f"{fmt_gib(a['vllm_server_bytes'])} per server device, on its own devices (trial.vllm_devices), "
+            "outside the training budget above"
+        )
     for key in ("backend_note", "weights"):
         if key in a:
             print(f"note: {a[key]}")

@@ -104,6 +104,10 @@ class BackendConfig:
     name: str = "auto"
     vllm_enable_sleep_mode: bool = False
     unsloth_standby: bool = False
+    # trl_vllm: colocate (vLLM inside each training process, its pool on the training card) or server
+    # (`trl vllm-serve` on trial.vllm_devices; the training cards hold no vLLM pool). docs/multi-gpu.md
+    vllm_mode: str = "colocate"
+    vllm_tensor_parallel_size: int = 1  # server mode: vLLM's tensor parallelism over trial.vllm_devices
 
 
 @dataclass
@@ -153,6 +157,9 @@ class TrialConfig:
     # fsdp (everything sharded), zero2 / zero3 (DeepSpeed). 1: today's single process (docs/multi-gpu.md).
     num_processes: int = 1
     strategy: str = "ddp"
+    # backend.vllm_mode=server: the CUDA devices the vLLM server runs on (CUDA_VISIBLE_DEVICES of the
+    # server); the training ranks should use the others. Ignored on CPU.
+    vllm_devices: list = field(default_factory=list)
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -278,6 +285,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "trial.debug_fault", FAULTS)
     _one_of(cfg, "trial.start_method", START_METHODS)
     check_processes(cfg, cuda=cuda, installed=installed)
+    check_vllm_server(cfg)
     if cfg.model.source == "hub" and not cfg.model.hub_id:
         raise ConfigError(f"model.hub_id: required when model.source=hub (model={cfg.model.name})")
     if cfg.model.tokenizer == "hub" and not cfg.model.hub_id:
@@ -316,6 +324,30 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
         )
     return cfg
+
+
+VLLM_MODES = ("colocate", "server")
+
+
+def check_vllm_server(cfg: Any) -> None:
+    """backend.vllm_mode, backend.vllm_tensor_parallel_size and trial.vllm_devices."""
+    _one_of(cfg, "backend.vllm_mode", VLLM_MODES)
+    tp = cfg.backend.get("vllm_tensor_parallel_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"backend.vllm_tensor_parallel_size={tp}: must be an integer >= 1")
+    if cfg.backend.vllm_mode != "server":
+        return
+    if cfg.backend.name != "trl_vllm":
+        raise ConfigError(
+            f"backend.vllm_mode=server: needs backend=trl_vllm (got backend={cfg.backend.name}); "
+            "the other backends generate in the training process"
+        )
+    devices = list(cfg.trial.get("vllm_devices") or [])
+    if devices and tp > len(devices):
+        raise ConfigError(
+            f"backend.vllm_tensor_parallel_size={tp}: more than the {len(devices)} trial.vllm_devices={devices} "
+            "the server runs on"
+        )
 
 
 def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], bool] | None) -> None:

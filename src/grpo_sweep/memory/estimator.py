@@ -595,7 +595,12 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         cpu_plan = vllm_cpu_plan(s, pool if budget is not None else None)
         pool = cpu_plan["pool_bytes"]
     gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
-    if vllm:
+    # backend.vllm_mode=server: vLLM runs in its own process on its own devices (trial.vllm_devices);
+    # the training card holds no pool and the trainer generates nothing itself.
+    server = vllm and backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "server"
+    if server:
+        pass
+    elif vllm:
         train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
         gen["vllm_pool"] = pool
     else:
@@ -635,7 +640,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
             "kv_cache_tokens": max(int(available // kv_bytes_per_token(s)), 0),
             "kv_cache_one_sequence_ok": available >= s.S * kv_bytes_per_token(s),
         }
-        if backend == "trl_vllm":
+        if backend == "trl_vllm" and not server:
             free_at_start = budget - weights - CUDA_CONTEXT_BYTES
             kv_info["vllm_startup_ok"] = free_at_start >= pool
     fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
@@ -659,6 +664,10 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "strategy": strategy,
         "params": param_counts(s)["total"],
         "vllm_sleep": sleep if vllm else None,
+        "vllm_mode": (cfg.backend.get("vllm_mode", "colocate") if vllm else None),
+        # server mode: the server's pool on its own devices, outside the training budget
+        "vllm_server_bytes": int(pool) if server else None,
+        "vllm_tensor_parallel_size": int(cfg.backend.get("vllm_tensor_parallel_size", 1)) if server else None,
         **kv_info,
     }
     if world > 1:  # the same config in one process, to show what the ranks save

@@ -225,7 +225,9 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *,
             record["predicted_peak_bytes"] = None
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
-        memory = MemoryMeter(cfg, on_cuda, vllm=backends.runs_vllm(backend_name))  # caps CUDA before the model loads
+        # vLLM's pool shares the training card in colocate mode only (server mode: its own devices)
+        colocated = backends.runs_vllm(backend_name) and cfg.backend.get("vllm_mode", "colocate") != "server"
+        memory = MemoryMeter(cfg, on_cuda, vllm=colocated)  # caps CUDA before the model loads
         task = get_task(cfg)
         from .models import load_tokenizer
 
@@ -296,6 +298,10 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *,
             traceback.print_exc()
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop now waits for metrics.json and W&B
+        if "grpo_sweep.trial.vllm_server" in sys.modules:  # backend.vllm_mode=server: stop it, whatever happened
+            from .vllm_server import stop_all
+
+            record.update(stop_all())
         if not as_rank:  # a one-process trial (ranks.merge writes these for N processes)
             record.update(world_size=1, strategy=None)
         if meter is not None:
