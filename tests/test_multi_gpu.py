@@ -347,3 +347,76 @@ def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
         if "grpo_sweep.trial.vllm_serve" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])
     ]
     assert not left, left  # torn down
+
+
+# ----------------------------------------------------------------------------- SLURM
+
+
+def test_grpo_slurm_launcher_asks_slurm_for_a_gpu_per_rank():
+    """hydra/launcher=grpo_slurm: submitit_slurm with one task per trial and trial.num_processes GPUs."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.config.compose import CONF_DIR
+    from grpo_sweep.config.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("train", overrides=["hydra/launcher=grpo_slurm", "trial.num_processes=4"], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    assert launcher["gpus_per_node"] == 4 and launcher["tasks_per_node"] == 1
+
+
+# ----------------------------------------------------------------------------- the doctor
+
+
+def test_doctor_proposes_gpus_with_fsdp_when_one_card_cannot_fit():
+    """A full fine-tune of Gemma 3 1B on an 8 GiB card: no lever on one card fits (weights, gradients
+    and AdamW state alone are ~7.5 GiB), so the doctor proposes sharding over 2 GPUs with FSDP."""
+    from grpo_sweep.memory.doctor import diagnose, format_report
+
+    cfg = compose([*GEMMA, "trial.full_finetune=true", "gpu.memory_gib=8"])
+    r = diagnose(cfg, {})
+    assert r["fits_after"] and r["overrides"] == ["trial.num_processes=2", "trial.strategy=fsdp"], r["overrides"]
+    text = format_report(r, cfg)
+    assert "use 2 GPUs with FSDP" in text and "[needs more GPUs]" in text
+
+
+def test_doctor_proposes_moving_vllm_to_its_own_gpu():
+    """vLLM colocate with a large share on a small card: moving vLLM to its own GPU frees the pool."""
+    from grpo_sweep.memory.doctor import diagnose
+
+    cfg = compose([*GEMMA, "backend=trl_vllm", "gpu.memory_gib=8", "gpu_memory_utilization=0.6", "trial.full_finetune=true"])
+    r = diagnose(cfg, {})
+    levers = {row["lever"]: row for row in r["levers"]}
+    server = next(v for k, v in levers.items() if k.startswith("move vLLM to its own GPU"))
+    assert server["needs_hardware"] and "backend.vllm_mode=server" in server["overrides"]
+    assert server["saving_bytes"] == int(0.6 * cfg.gpu.memory_gib * GiB) or server["saving_bytes"] > 4 * GiB
+
+
+def test_doctor_keeps_one_card_fixes_first():
+    """When a lever on one card fits, the doctor never asks for more hardware."""
+    from grpo_sweep.memory.doctor import diagnose
+
+    r = diagnose(compose([*GEMMA, "preset=seed_baseline", "gpu.memory_gib=6"]), {})
+    assert r["fits_after"] and not any("num_processes" in o or "vllm_mode" in o for o in r["overrides"]), r["overrides"]
+
+
+def test_hardware_moves_by_hand():
+    from grpo_sweep.memory.doctor import candidate_moves
+
+    moves = [m for m in candidate_moves(compose([*GEMMA, "backend=trl_vllm"]), "trl_vllm", "cuda") if m.needs_hardware]
+    assert [m.overrides for m in moves] == [
+        {"trial.num_processes": 2, "trial.strategy": "fsdp"},
+        {"trial.num_processes": 4, "trial.strategy": "fsdp"},
+        {"trial.num_processes": 8, "trial.strategy": "fsdp"},
+        {"backend.vllm_mode": "server", "trial.vllm_devices": [1]},
+    ]
+    assert not [m for m in candidate_moves(compose(GEMMA), "trl", "cpu") if m.needs_hardware]  # no GPUs to add on CPU
+    two = compose([*GEMMA, "backend=trl_vllm", "trial.num_processes=2"])
+    assert [m.overrides for m in candidate_moves(two, "trl_vllm", "cuda") if m.needs_hardware] == [
+        {"backend.vllm_mode": "server", "trial.vllm_devices": [2]}  # the GPU after the ranks' 0 and 1
+    ]

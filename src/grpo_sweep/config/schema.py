@@ -270,6 +270,10 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
+    if cfg.trial.get("full_finetune") and cfg.load_in_4bit:
+        raise ConfigError(
+            "trial.full_finetune=true: not with load_in_4bit=true (4-bit weights do not train; QLoRA is LoRA on them)"
+        )
     if cfg.trial.get("full_finetune") and cfg.backend.name == "unsloth":
         raise ConfigError("trial.full_finetune=true: not with backend=unsloth (it always adds a LoRA adapter); use backend=trl")
     _one_of(cfg, "model.init", MODEL_INITS)
