@@ -420,3 +420,40 @@ def test_hardware_moves_by_hand():
     assert [m.overrides for m in candidate_moves(two, "trl_vllm", "cuda") if m.needs_hardware] == [
         {"backend.vllm_mode": "server", "trial.vllm_devices": [2]}  # the GPU after the ranks' 0 and 1
     ]
+
+
+# ----------------------------------------------------------------------------- a sweep over the processes
+
+
+@pytest.mark.slow
+def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
+    """trial.num_processes and trial.strategy in the search space (grid, 2 points): both trials run,
+    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks."""
+    import csv
+
+    from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+
+    conf = tmp_path / "conf"
+    (conf / "sweeps").mkdir(parents=True)
+    (conf / "sweeps" / "procs_cpu.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /gpu: cpu_sim\n  - override /hydra/sweeper: grpo_optuna\n"
+        "gpu:\n  memory_gib: 0.25\nnum_generations: 2\ntrial:\n  steps: 2\n"
+        "hydra:\n  sweeper:\n    study_name: procs_cpu\n    sampler: grid\n    n_trials: 2\n"
+        "    params:\n      trial.num_processes: choice(1, 2)\n      trial.strategy: choice(ddp)\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    result = run(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *SMALL, sweep="procs_cpu"))
+    tmp_path = sweep_dir
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))
+    assert sorted(t.params["trial.num_processes"] for t in trials) == [1, 2]
+    assert all(t.user_attrs["status"] == "ok" for t in trials), [t.user_attrs.get("error") for t in trials]
+    two = next(t for t in trials if t.params["trial.num_processes"] == 2)
+    assert two.user_attrs["world_size"] == 2 and two.user_attrs["strategy"] == "ddp"
+    assert len(two.user_attrs["rank_peak_memory_bytes"]) == 2
+    rows = {int(r["world_size"]): r for r in csv.DictReader(open(tmp_path / "trials.csv"))}
+    assert set(rows) == {1, 2} and rows[2]["strategy"] == "ddp" and len(rows[2]["rank_peak_memory_bytes"].split()) == 2
+    assert "2 x ddp" in result.stdout  # the summary table's ranks column
+    html = (tmp_path / "report.html").read_text()
+    assert "per-rank peak GiB" in html and "strategy" in html
