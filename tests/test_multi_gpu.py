@@ -457,3 +457,19 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     assert "2 x ddp" in result.stdout  # the summary table's ranks column
     html = (tmp_path / "report.html").read_text()
     assert "per-rank peak GiB" in html and "strategy" in html
+
+
+@pytest.mark.slow
+def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path):
+    """trial.timeout_s bounds the whole group: the parent's SIGTERM reaches torchrun and the ranks,
+    the trial is `timeout`, and no rank outlives it."""
+    import psutil
+
+    from grpo_sweep.trial.parent import run_trial
+
+    cfg = compose([*TINY_DDP, "trial.debug_fault=hang", "trial.timeout_s=150"])
+    m = run_trial(cfg, tmp_path)
+    assert m["status"] == "timeout" and "trial.timeout_s=150" in m["error"]
+    assert m["world_size"] == 2 and len(m["rank_status"]) == 2
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not ranks, ranks
