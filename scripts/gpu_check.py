@@ -69,10 +69,18 @@ CASES = {
     "alloc_default": ("b", 75, 50),
     "alloc_expandable": ("b", 75, 50),
     "sweep": ("b", 240, 90),
+    # part c: a machine with >= 2 GPUs (issue 27; docs/multi-gpu.md): one trial over 2 ranks, per strategy,
+    # and vLLM on its own GPU. zero2/zero3 need DeepSpeed on the machine (carry its wheel).
+    "multi_ddp": ("c", 150, 100),
+    "multi_fsdp": ("c", 150, 100),
+    "multi_zero2": ("c", 150, 100),
+    "multi_zero3": ("c", 150, 100),
+    "vllm_server": ("c", 200, 140),
 }
+MULTI_GPU_CASES = ("multi_ddp", "multi_fsdp", "multi_zero2", "multi_zero3", "vllm_server")
 # Seconds of cases per device call: 15 minutes of device time hold one machine start (~1.5 min),
 # two transfers and installs (~1 min) and 330 + 370 s of cases; each call stays under 600 s.
-PART_BUDGET_S = {"a": 330, "b": 370}
+PART_BUDGET_S = {"a": 330, "b": 370, "c": 560}
 
 
 def steps_and_cap(cap: int) -> list[str]:
@@ -123,6 +131,19 @@ def plan(cpu: bool) -> dict:
             "alloc_default": None,  # the CUDA caching allocator
             "alloc_expandable": None,
             "sweep": [*TINY, *sim, "gpu.memory_gib=1.0", *steps_and_cap(60)],
+            # 2 ranks over gloo: DDP only (accelerate enables FSDP on accelerators only; ZeRO needs CUDA)
+            "multi_ddp": [*TINY, *sim, "gpu.memory_gib=1.0", "trial.num_processes=2", "trial.strategy=ddp", *steps_and_cap(150)],
+            "multi_fsdp": None,
+            "multi_zero2": None,
+            "multi_zero3": None,
+            "vllm_server": [
+                *TINY,
+                *sim,
+                "gpu.memory_gib=1.0",
+                "backend=trl_vllm",
+                "backend.vllm_mode=server",
+                *steps_and_cap(200),
+            ],
         }
     l4 = ["gpu=l4_24g"]
     oom_base = [*GEMMA, *l4, "num_generations=4"]
@@ -148,7 +169,16 @@ def plan(cpu: bool) -> dict:
         "alloc_expandable": [*near, *steps_and_cap(CASES["alloc_expandable"][1])],
         # Per trial: 2 steps of 256-token completions; the sweeper's space is in gpu_check_conf/.
         "sweep": [*GEMMA, *l4, "max_seq_length=384", "max_prompt_length=128", "num_generations=4", *steps_and_cap(75)],
-    }
+        # Full fine-tuning, where sharding matters; each rank's peak against the per-rank estimate.
+        **{
+            f"multi_{s}": [*GEMMA, *l4, "trial.full_finetune=true", "trial.num_processes=2", f"trial.strategy={s}",
+                           "max_seq_length=256", "max_prompt_length=128", *steps_and_cap(CASES[f"multi_{s}"][1])]
+            for s in ("ddp", "fsdp", "zero2", "zero3")
+        },  # fmt: skip
+        # vLLM on GPU 1 (`trl vllm-serve`), training on GPU 0 with no vLLM pool.
+        "vllm_server": [*GEMMA, *l4, "backend=trl_vllm", "backend.vllm_mode=server", "trial.vllm_devices=[1]",
+                        "max_seq_length=384", "max_prompt_length=128", *steps_and_cap(CASES["vllm_server"][1])],
+    }  # fmt: skip
 
 
 class Log:
@@ -323,6 +353,7 @@ def sweep(overrides: list[str], timeout: float, log: Log, cpu: bool) -> dict:
 
 
 VERSIONS = (
+    "deepspeed",
     "torch",
     "transformers",
     "trl",
@@ -351,7 +382,7 @@ if sys.argv[2] == 'cuda':
     c = torch.cuda.is_available()
     p = torch.cuda.get_device_properties(0) if c else None
     out.update(cuda=c, gpu=p.name if c else None, total_memory_bytes=int(p.total_memory) if c else None,
-               cuda_version=torch.version.cuda)
+               cuda_version=torch.version.cuda, gpu_count=torch.cuda.device_count())
 else:
     out['cuda'] = False  # the dry run never asks for a card (and skips importing torch for it)
 print(json.dumps(out))
@@ -380,6 +411,7 @@ def environment(cpu: bool) -> dict:
     env["cuda"] = bool(env["versions"].get("cuda"))
     env["gpu"] = env["versions"].get("gpu")
     env["total_memory_bytes"] = env["versions"].get("total_memory_bytes")
+    env["gpu_count"] = env["versions"].get("gpu_count") or (0 if not cpu else None)
     return env
 
 
@@ -499,7 +531,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-dry-run", action="store_true", help="same flow on CPU: tiny model, simulated budgets")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "gpu_check"))
-    ap.add_argument("--part", default="all", choices=("a", "b", "all"), help="a: TRL + bitsandbytes cases, b: Unsloth's")
+    ap.add_argument(
+        "--part", default="all", choices=("a", "b", "c", "all"), help="a: TRL + bitsandbytes cases, b: Unsloth's, c: >= 2 GPUs"
+    )
     ap.add_argument("--only", default=None, help="comma-separated cases (default: all of the part)")
     ap.add_argument("--budget-s", type=float, default=None, help=f"skip cases that would not fit (default {PART_BUDGET_S})")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the parts' files into --out (default bench/results)")
@@ -561,6 +595,14 @@ def main() -> int:
             continue
         if overrides is None:
             results["skipped"][name] = NEEDS_CUDA
+            save()
+            continue
+        if name in MULTI_GPU_CASES and not cpu and env.get("gpu_count", 1) < 2:
+            results["skipped"][name] = f"skipped: needs 2 GPUs, this machine has {env.get('gpu_count')}"
+            save()
+            continue
+        if name in ("multi_zero2", "multi_zero3") and importlib.util.find_spec("deepspeed") is None:
+            results["skipped"][name] = "skipped: deepspeed not installed (carry its wheel)"
             save()
             continue
         if name == "seed_optimized" and importlib.util.find_spec("bitsandbytes") is None:

@@ -359,7 +359,7 @@ def gpu_check():
 
 
 # Packages the device carries but this machine may lack: the only refusals a plan may meet here.
-CARRIED_ONLY = {"seed_optimized": "bitsandbytes", "unsloth": "unsloth"}
+CARRIED_ONLY = {"seed_optimized": "bitsandbytes", "unsloth": "unsloth", "multi_zero2": "deepspeed", "multi_zero3": "deepspeed"}
 
 
 @pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu-dry-run"])

@@ -50,7 +50,9 @@ def _hanging_under(root: Path) -> Path | None:
     return next((log.parent for log in root.glob("*/trial.log") if _hanging(log)), None)
 
 
-def _kill_parent_during_hang(cmd: list[str], log: Path, trial_log, env: dict | None = None) -> list[psutil.Process]:
+def _kill_parent_during_hang(
+    cmd: list[str], log: Path, trial_log, env: dict | None = None, started_by: str = "forkserver", seen: list | None = None
+) -> list[psutil.Process]:
     """Start `cmd`, wait until its trial hangs (`trial_log`: a path, or a callable), SIGKILL it;
     return the trial's processes as they were."""
     hanging = trial_log if callable(trial_log) else (lambda: _hanging(trial_log))
@@ -61,7 +63,9 @@ def _kill_parent_during_hang(cmd: list[str], log: Path, trial_log, env: dict | N
         wait_for(hanging, timeout=300, proc=proc)
         trial = _descendants(proc.pid)
         names = " ".join(" ".join(p.cmdline()) for p in trial)
-        assert len(trial) >= 2 and "forkserver" in names, names  # the forkserver and the worker (and its guardian)
+        assert len(trial) >= 2 and started_by in names, names  # the forkserver (or spawn) and the worker (and its guardian)
+        if seen is not None:  # the command lines, read while the processes are alive
+            seen.extend(" ".join(p.cmdline()) for p in trial)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -84,6 +88,50 @@ def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
     summary, _ = read_run(m["wandb_dir"])
     assert summary["state"] == "failed"
     assert "the process that started it died" in summary["summary"]["error"]
+
+
+@pytest.mark.slow
+def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
+    """trial.num_processes=2: the worker leads torchrun, torchrun starts the ranks in their own
+    sessions; SIGKILL of train.py must still leave no process behind, and the record says why."""
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *FAST,
+        "trial.num_processes=2",
+        "trial.debug_fault=hang",
+        f"hydra.run.dir={run_dir}",
+    ]
+    hanging = lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2))  # noqa: E731
+    names: list[str] = []
+    trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", hanging, seen=names)
+    assert sum("grpo_sweep.trial.rank" in n and "torch.distributed.run" not in n for n in names) == 2, names
+    assert any("torch.distributed.run" in n for n in names), names
+
+    wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
+    m = load_metrics(run_dir)
+    assert m["status"] == "failed" and "the process that started it died" in m["error"]
+    assert m["world_size"] == 2 and len(m["rank_status"]) == 2
+
+
+@pytest.mark.slow
+def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
+    """backend.vllm_mode=server: the trial's `trl vllm-serve` (and vLLM's engine process) die too."""
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, str(ROOT / "train.py"), *FAST, "backend=trl_vllm", "backend.vllm_mode=server",
+        "trial.debug_fault=hang", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    names: list[str] = []
+    trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", run_dir / "trial.log", started_by="spawn_main", seen=names)
+    assert any("grpo_sweep.trial.vllm_serve" in n for n in names), names  # the server was running
+    assert any("EngineCore" in n for n in names), names  # and vLLM's engine process
+
+    wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
+    m = load_metrics(run_dir)
+    assert m["status"] == "failed" and "the process that started it died" in m["error"]
+    assert m["vllm_server_peak_rss_bytes"] > 0  # stopped by the worker, and measured
 
 
 @pytest.mark.slow

@@ -87,3 +87,26 @@ def test_sweep_through_submitit_local_launcher(tmp_path):
     assert all(t.user_attrs["status"] == "ok" and t.value > 0 for t in trials)
     assert list(tmp_path.rglob(".submitit")), "the jobs ran through submitit"
     assert (tmp_path / "best.yaml").exists()
+
+
+@pytest.mark.slow
+def test_submitit_local_runs_a_two_process_trial(tmp_path):
+    """A trial of 2 ranks (trial.num_processes=2, DDP over gloo) as a submitit job: torchrun inside
+    the job, the study told the merged record (the largest rank's peak)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    import json
+
+    result = run(
+        sweep_cmd(
+            tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=1",
+            "trial.num_processes=2", "hydra.sweeper.enqueue=[{max_seq_length: 64, per_device_train_batch_size: 2}]", *SMALL,
+        )
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+    (trial,) = counted(study)
+    assert trial.state.name == "COMPLETE" and trial.user_attrs["status"] == "ok"
+    (metrics,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/metrics.json")]
+    assert metrics["world_size"] == 2 and len(metrics["rank_peak_memory_bytes"]) == 2
+    assert metrics["peak_memory_bytes"] == max(metrics["rank_peak_memory_bytes"])
+    assert list(tmp_path.rglob(".submitit")), "the job ran through submitit"

@@ -102,8 +102,9 @@ KINDS: dict[str, Kind] = {
     "model": Kind(RECIPE, "the model that learns"),
     "task": Kind(RECIPE, "the prompts and rewards it learns from"),
 }
-# Sections that never change what is learned: how a trial is measured and logged, the card it runs on.
-KNOB_SECTIONS: tuple[str, ...] = ("trial", "logger", "gpu")
+# Sections that never change what is learned: how a trial is measured, launched and logged, the card it
+# runs on, and how the backend generates (vLLM colocated or a server, its parallelism, Unsloth's engine).
+KNOB_SECTIONS: tuple[str, ...] = ("trial", "logger", "gpu", "backend")
 
 
 def kind_of(setting: str) -> str:

@@ -91,6 +91,19 @@ class TrialMetrics(TypedDict, total=False):
     nvml_source: str | None  # nvml-process | nvml-device
     memory_cap: dict[str, Any] | None  # set_per_process_memory_fraction: actual, target, fraction
     cuda_alloc_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF the trial ran with (the expandable_segments lever)
+    # --- a trial of N processes (trial.num_processes > 1; trial/ranks.py merges the ranks' records)
+    world_size: int | None  # processes (ranks) the trial trained with; 1 for a one-process trial
+    strategy: str | None  # ddp | fsdp | zero2 | zero3 (trial.strategy); null for one process
+    rank_peak_memory_bytes: list[int | None] | None  # each rank's peak, by rank; peak_memory_bytes is the largest
+    peak_rank: int | None  # the rank whose peak is peak_memory_bytes
+    rank_predicted_peak_bytes: list[int | None] | None  # the estimator's per-rank prediction, as each rank made it
+    rank_status: list[str | None] | None  # each rank's own status (null: it left no record)
+    rank_tokens_per_s: list[float | None] | None  # each rank's throughput; tokens_per_s is their sum
+    # --- backend.vllm_mode=server (trial/vllm_server.py): the server's own memory, apart from training's
+    vllm_server_url: str | None  # where the trial's `trl vllm-serve` listened
+    vllm_server_start_s: float | None  # server start to healthy
+    vllm_server_peak_rss_bytes: int | None  # peak resident set of the server's process tree (sampled, 0.2 s)
+    vllm_weight_sync: str | None  # server mode: how (or whether) the weights reached the server
     # --- an OOM's numbers (memory/oom_message.py)
     oom_phase: str | None  # the phase the OOM happened in
     requested_bytes: int | None  # the failed allocation

@@ -10,12 +10,13 @@ import sys
 
 from ..config.compose import compose_train_config
 from ..config.schema import ConfigError, validate
-from ..memory.estimator import LOGITS_MODES, estimate, fmt_gib, format_table, target_device, verdict
+from ..memory.estimator import LOGITS_MODES, estimate, fmt_gib, format_rank_table, format_table, target_device, verdict
 
 USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [logits_mode=chunked|full] [--json]
 
 Predict peak memory for a config without a GPU, e.g.
-  grpo-sweep estimate model=gemma3_1b gpu=l4_24g gpu.memory_gib=22 preset=seed_baseline logits_mode=full"""
+  grpo-sweep estimate model=gemma3_1b gpu=l4_24g gpu.memory_gib=22 preset=seed_baseline logits_mode=full
+  grpo-sweep estimate model=gemma3_1b gpu=l4_24g trial.num_processes=4 trial.strategy=zero3   (per rank)"""
 
 
 def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
@@ -58,6 +59,9 @@ def cli(argv: list[str]) -> int:
         f"logits_mode={a['logits_mode']} ({a['logits_mode_source']}) peak phase={est.peak_phase}"
     )
     print(format_table(est))
+    if a.get("world_size", 1) > 1:
+        print(f"\nlargest rank of {a['world_size']} ({a['strategy']}; every rank holds the same shares) vs one process:")
+        print(format_rank_table(est))
     if a.get("vllm_weights_bytes") is not None:  # vLLM-CPU (estimator.vllm_cpu_plan): exact bytes
         print(
             f"vLLM-CPU: KV cache {a['kv_cache_available_bytes']:,} B in the share after its fp32 weights "
@@ -68,6 +72,12 @@ def cli(argv: list[str]) -> int:
         print(
             f"vLLM KV cache: needs {fmt_gib(a['kv_cache_needed_bytes'])} for {a['generation_batch']} x "
             f"{cfg.max_seq_length} tokens, {fmt_gib(a['kv_cache_available_bytes'])} available"
+        )
+    if a.get("vllm_server_bytes") is not None:
+        print(
+            f"vLLM server (backend.vllm_mode=server, tensor parallel {a['vllm_tensor_parallel_size']}): "
+            f"{fmt_gib(a['vllm_server_bytes'])} per server device, on its own devices (trial.vllm_devices), "
+            "outside the training budget above"
         )
     for key in ("backend_note", "weights"):
         if key in a:

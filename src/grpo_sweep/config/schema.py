@@ -26,6 +26,8 @@ MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
 FAULTS = (None, "raise", "signal", "hang", "oom", "bad_metrics")
 START_METHODS = ("auto", "forkserver", "spawn")
+# trial.strategy: how N processes of one trial share the model (docs/multi-gpu.md). ZeRO is DeepSpeed's.
+STRATEGIES = ("ddp", "fsdp", "zero2", "zero3")
 
 
 class ConfigError(ValueError):
@@ -102,6 +104,10 @@ class BackendConfig:
     name: str = "auto"
     vllm_enable_sleep_mode: bool = False
     unsloth_standby: bool = False
+    # trl_vllm: colocate (vLLM inside each training process, its pool on the training card) or server
+    # (`trl vllm-serve` on trial.vllm_devices; the training cards hold no vLLM pool). docs/multi-gpu.md
+    vllm_mode: str = "colocate"
+    vllm_tensor_parallel_size: int = 1  # server mode: vLLM's tensor parallelism over trial.vllm_devices
 
 
 @dataclass
@@ -145,6 +151,7 @@ class TrialConfig:
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
     debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom | bad_metrics
+    debug_fault_rank: int | None = None  # with num_processes > 1: inject on this rank only (None: all)
     # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
     # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.
     full_finetune: bool = False
@@ -154,6 +161,13 @@ class TrialConfig:
     # Early stop: after the first timed step (once the peak is measured) a trial below this many
     # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
     stop_below: float | None = None
+    # Processes (ranks, one per GPU) one trial trains with, and how they share the model: ddp (replicas),
+    # fsdp (everything sharded), zero2 / zero3 (DeepSpeed). 1: today's single process (docs/multi-gpu.md).
+    num_processes: int = 1
+    strategy: str = "ddp"
+    # backend.vllm_mode=server: the CUDA devices the vLLM server runs on (CUDA_VISIBLE_DEVICES of the
+    # server); the training ranks should use the others. Ignored on CPU.
+    vllm_devices: list = field(default_factory=list)
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
 
@@ -311,6 +325,10 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
+    if cfg.trial.get("full_finetune") and cfg.load_in_4bit:
+        raise ConfigError(
+            "trial.full_finetune=true: not with load_in_4bit=true (4-bit weights do not train; QLoRA is LoRA on them)"
+        )
     if cfg.trial.get("full_finetune") and cfg.backend.name == "unsloth":
         raise ConfigError("trial.full_finetune=true: not with backend=unsloth (it always adds a LoRA adapter); use backend=trl")
     _one_of(cfg, "model.init", MODEL_INITS)
@@ -325,6 +343,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "logger.mode", ("auto", "online", "offline", "disabled"))
     _one_of(cfg, "trial.debug_fault", FAULTS)
     _one_of(cfg, "trial.start_method", START_METHODS)
+    check_processes(cfg, cuda=cuda, installed=installed)
+    check_vllm_server(cfg)
     if cfg.model.source == "hub" and not cfg.model.hub_id:
         raise ConfigError(f"model.hub_id: required when model.source=hub (model={cfg.model.name})")
     if cfg.model.tokenizer == "hub" and not cfg.model.hub_id:
@@ -363,6 +383,58 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
         )
     return cfg
+
+
+VLLM_MODES = ("colocate", "server")
+
+
+def check_vllm_server(cfg: Any) -> None:
+    """backend.vllm_mode, backend.vllm_tensor_parallel_size and trial.vllm_devices."""
+    _one_of(cfg, "backend.vllm_mode", VLLM_MODES)
+    tp = cfg.backend.get("vllm_tensor_parallel_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"backend.vllm_tensor_parallel_size={tp}: must be an integer >= 1")
+    if cfg.backend.vllm_mode != "server":
+        return
+    if cfg.backend.name != "trl_vllm":
+        raise ConfigError(
+            f"backend.vllm_mode=server: needs backend=trl_vllm (got backend={cfg.backend.name}); "
+            "the other backends generate in the training process"
+        )
+    devices = list(cfg.trial.get("vllm_devices") or [])
+    if devices and tp > len(devices):
+        raise ConfigError(
+            f"backend.vllm_tensor_parallel_size={tp}: more than the {len(devices)} trial.vllm_devices={devices} "
+            "the server runs on"
+        )
+
+
+def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], bool] | None) -> None:
+    """trial.num_processes and trial.strategy: a range, the strategies, what each needs."""
+    n = cfg.trial.get("num_processes", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"trial.num_processes={n}: must be an integer >= 1 (processes, one per GPU, in one trial)")
+    _one_of(cfg, "trial.strategy", STRATEGIES)
+    strategy = cfg.trial.strategy
+    if n > 1 and cfg.backend.name == "unsloth":
+        raise ConfigError(
+            f"trial.num_processes={n}: not with backend=unsloth (it trains in one process); use backend=trl or trl_vllm"
+        )
+    if n > 1 and strategy == "fsdp" and cuda is False:
+        raise ConfigError(
+            "trial.strategy=fsdp: accelerate enables FSDP only on accelerators (on CPU it would wrap the "
+            "model in DDP instead) and no CUDA device is available here; on CPU use trial.strategy=ddp"
+        )
+    if n > 1 and strategy in ("zero2", "zero3"):
+        if cuda is False:
+            raise ConfigError(
+                f"trial.strategy={strategy}: DeepSpeed ZeRO needs CUDA and none is available here; "
+                "on CPU use trial.strategy=ddp or fsdp"
+            )
+        if installed is not None and not installed("deepspeed"):
+            raise ConfigError(
+                f"trial.strategy={strategy}: needs the package deepspeed, which is not installed (pip install deepspeed)"
+            )
 
 
 # --- keys the schema does not know (added with `+`), ranges, the objective, LoRA modules ----------

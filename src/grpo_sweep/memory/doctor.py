@@ -44,6 +44,8 @@ class Move:
     group: str
     overrides: dict
     label: str
+    # More hardware (GPUs for the ranks, a GPU for vLLM): offered only when no change on one card fits
+    needs_hardware: bool = False
 
     @property
     def changes_experiment(self) -> bool:
@@ -155,6 +157,7 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
                     f"vLLM share {cfg.gpu_memory_utilization} -> {best} (KV cache still holds the batch)",
                 )
             )
+    moves += hardware_moves(cfg, backend, device)
     if cfg.lora_rank >= 8:
         moves.append(Move("rank", {"lora_rank": cfg.lora_rank // 2}, f"LoRA rank {cfg.lora_rank} -> {cfg.lora_rank // 2}"))
     completion = cfg.max_seq_length - cfg.max_prompt_length
@@ -165,6 +168,36 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
                 "sequence",
                 {"max_seq_length": shorter},
                 f"max_seq_length {cfg.max_seq_length} -> {shorter} (halves the completion budget)",
+            )
+        )
+    return moves
+
+
+def hardware_moves(cfg: Any, backend: str, device: str) -> list[Move]:
+    """On a card (CUDA): spread the trial over N GPUs with FSDP (parameters, gradients and optimiser
+    state sharded: the estimator's largest rank), or move vLLM off the training card to its own GPU
+    (backend.vllm_mode=server). Offered only when nothing on one card fits (docs/multi-gpu.md)."""
+    if device != "cuda":
+        return []
+    moves = []
+    if int(cfg.trial.get("num_processes", 1) or 1) == 1 and backend != "unsloth":
+        for n in (2, 4, 8):
+            moves.append(
+                Move(
+                    "gpus",
+                    {"trial.num_processes": n, "trial.strategy": "fsdp"},
+                    f"use {n} GPUs with FSDP (each rank holds 1/{n} of the weights, gradients and optimiser state)",
+                    needs_hardware=True,
+                )
+            )
+    if backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "colocate":
+        ranks = int(cfg.trial.get("num_processes", 1) or 1)
+        moves.append(
+            Move(
+                "vllm_server",
+                {"backend.vllm_mode": "server", "trial.vllm_devices": [ranks]},
+                f"move vLLM to its own GPU (backend.vllm_mode=server on GPU {ranks}: no vLLM pool on the training card)",
+                needs_hardware=True,
             )
         )
     return moves
@@ -265,11 +298,13 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
                 "speed_cost_pct": round(cost, 1),
                 "gib_per_pct": None if cost <= 0.05 else gib / cost,
                 "changes_experiment": move.changes_experiment,
+                "needs_hardware": move.needs_hardware,
             }
         )
     levers.sort(
         key=lambda r: (
             r["changes_experiment"],
+            r["needs_hardware"],
             -(r["gib_per_pct"] if r["gib_per_pct"] is not None else 1e9 * (r["saving_bytes"] > 0)),
             r["lever"],
         )
@@ -281,8 +316,14 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         for move in moves:
             groups.setdefault(move.group, []).append(move)
         names = list(groups)
-        for allow_experiment in (False, True):
-            usable = [g for g in names if allow_experiment or not groups[g][0].changes_experiment]
+        # One card, the recipe as it is; then more hardware (GPUs, vLLM's own GPU); then shorter sequences.
+        for allow_experiment, allow_hardware in ((False, False), (False, True), (True, True)):
+            usable = [
+                g
+                for g in names
+                if (allow_experiment or not groups[g][0].changes_experiment)
+                and (allow_hardware or not groups[g][0].needs_hardware)
+            ]
             by_size: dict[int, tuple] = {}
             for size in range(len(usable) + 1):
                 for combo in itertools.combinations(usable, size):
@@ -383,6 +424,7 @@ def format_report(r: dict, cfg: Any) -> str:
     for row in r["levers"]:
         ratio = "free" if row["gib_per_pct"] is None else f"{row['gib_per_pct']:.3g} GiB/%"
         flag = "  [changes the experiment]" if row["changes_experiment"] else ""
+        flag += "  [needs more GPUs]" if row.get("needs_hardware") else ""
         out.append(
             f"  {row['lever']:<62} saves {row['saving_bytes'] / GiB:6.2f} GiB  "
             f"speed {-row['speed_cost_pct']:+6.1f} %  {ratio}{flag}"

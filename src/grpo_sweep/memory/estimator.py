@@ -102,6 +102,7 @@ class Shapes:
     wb: int  # bytes per weight/activation element in the model dtype
     four_bit: bool
     ckpt: bool
+    full: bool = False  # trial.full_finetune: every weight trains (no LoRA adapter)
 
     @property
     def qd(self) -> int:
@@ -166,6 +167,7 @@ def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
         four_bit=bool(cfg.load_in_4bit),
         # Unsloth always checkpoints (use_gradient_checkpointing="unsloth", offloaded to CPU RAM).
         ckpt=bool(cfg.gradient_checkpointing) or backend == "unsloth",
+        full=bool(cfg.trial.get("full_finetune", False)),
     )
 
 
@@ -213,7 +215,10 @@ def weights_bytes(s: Shapes) -> int:
 
 
 def lora_param_count(s: Shapes) -> int:
-    """r x (in + out) per adapted projection per layer (PEFT LoraLayer: lora_A in->r, lora_B r->out)."""
+    """r x (in + out) per adapted projection per layer (PEFT LoraLayer: lora_A in->r, lora_B r->out);
+    0 with trial.full_finetune (no adapter)."""
+    if s.full:
+        return 0
     shapes_ = linear_shapes(s)
     return s.L * sum(s.rank * sum(shapes_[m]) for m in s.targets if m in shapes_)
 
@@ -223,10 +228,22 @@ def lora_bytes(s: Shapes) -> int:
     return lora_param_count(s) * 4
 
 
+def trainable_param_count(s: Shapes) -> int:
+    """Parameters that train: the LoRA adapter's, or every weight with trial.full_finetune."""
+    return param_counts(s)["total"] if s.full else lora_param_count(s)
+
+
+def gradient_bytes(s: Shapes) -> int:
+    """One gradient per trainable parameter, in the parameter's dtype (fp32 LoRA; the model dtype
+    when every weight trains)."""
+    return param_counts(s)["total"] * s.wb if s.full else lora_bytes(s)
+
+
 def optimizer_bytes(s: Shapes) -> int:
-    """AdamW exp_avg + exp_avg_sq in fp32 per trainable parameter (torch.optim.AdamW; transformers 5
-    defaults to adamw_torch_fused on torch >= 2.8, which needs no foreach temporaries)."""
-    return 2 * lora_bytes(s)
+    """AdamW exp_avg + exp_avg_sq per trainable parameter, in the parameter's dtype
+    (torch.optim.AdamW's `zeros_like(p)`; transformers 5 defaults to adamw_torch_fused on
+    torch >= 2.8, which needs no foreach temporaries)."""
+    return 2 * gradient_bytes(s)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -265,7 +282,7 @@ def layer_saved_bytes_per_token(s: Shapes, *, first: bool = False, masked: bool 
     n += sum(_norm_saved(w) for w in norms)
     if s.family == "gemma3":
         n += _norm_saved(s.qd)  # q_norm over the heads (q requires grad once any adapter touches it)
-        if not first or "k_proj" in s.targets:
+        if not first or "k_proj" in s.targets or s.full:
             n += _norm_saved(s.kd)
     # LoRA inputs grouped by the tensor they read.
     groups = {
@@ -276,6 +293,9 @@ def layer_saved_bytes_per_token(s: Shapes, *, first: bool = False, masked: bool 
     }
     widths = {"attn_in": s.H, "o_in": s.qd, "mlp_in": s.H, "down_in": s.I}
     for group, modules in groups.items():
+        if s.full:  # every projection's weight trains: F.linear saves its input (model dtype), once
+            n += wb * widths[group]
+            continue
         adapters = sum(1 for m in modules if m in s.targets)
         if adapters:
             copies = 1 if wb == 4 else adapters
@@ -310,7 +330,9 @@ def activation_bytes(s: Shapes) -> int:
     masked = masked_layers(s)
     per_layer = []
     for i in range(s.L):
-        per_layer.append(layer_saved_bytes_per_token(s, first=(i == 0 and not s.ckpt), masked=i < masked))
+        # Full fine-tuning trains the embedding: layer 0's input requires grad like every other.
+        first = i == 0 and not s.ckpt and not s.full
+        per_layer.append(layer_saved_bytes_per_token(s, first=first, masked=i < masked))
     rotary = 2 * (2 if s.family == "gemma3" else 1) * s.hd * s.wb
     head_in = _norm_saved(s.H) + s.H * s.wb
     masks = (2 * s.S) if masked else 0  # bool [B, 1, S, S] for the sliding and the full pattern
@@ -424,7 +446,92 @@ def vllm_cpu_plan(s: Shapes, share: int | None) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- ranks
+
+
+def layer_param_count(s: Shapes) -> int:
+    """One decoder layer's parameters (projections, q/k/v biases, norms): an FSDP unit."""
+    n = param_counts(s)
+    norms = 4 * s.H + 2 * s.hd if s.family == "gemma3" else 2 * s.H
+    bias = (s.qd + 2 * s.kd) if s.qkv_bias else 0
+    return n["linear"] // s.L + norms + bias
+
+
+def root_param_count(s: Shapes) -> int:
+    """What is not in a decoder layer: embeddings, the (untied) LM head, the final norm: FSDP's root
+    unit (accelerate's transformer auto-wrap policy wraps each decoder layer, the rest stays at the root)."""
+    return param_counts(s)["total"] - s.L * layer_param_count(s)
+
+
+def _shard(nbytes: int, n: int) -> int:
+    """The largest rank's share: FSDP pads each flat parameter to a multiple of the world size,
+    DeepSpeed ZeRO its partitions; rank 0 holds ceil(bytes / n)."""
+    return -(-int(nbytes) // n)
+
+
+def rank_terms(s: Shapes, n: int, strategy: str, phase: str, comps: dict, *, hf_generate: bool = True) -> dict:
+    """The largest rank's components for `phase` (training | generation) of a trial with `n`
+    processes under `strategy`, from the single-process components `comps`. Sources:
+
+    - ddp (torch DistributedDataParallel as accelerate wraps the model): every rank holds the whole
+      replica; the Reducer allocates flat gradient buckets the size of every trainable gradient
+      (`gradient_as_bucket_view=False`, the default), alive from the wrap to the end: `ddp_buckets`.
+    - zero2 (DeepSpeed ZeRO stage 2): gradients and optimiser state partitioned (1/n each), weights
+      replicated; gradients are reduced through an IPG bucket of `reduce_bucket_size` elements
+      (HF's "auto": hidden_size^2), at most the gradients' size: `ddp_buckets`.
+    - fsdp (FSDP, full shard, one unit per decoder layer): weights, trainable parameters, gradients
+      and optimiser state 1/n; the root unit (embeddings, final norm, untied LM head) stays gathered
+      through forward and backward (FSDP does not reshard the root after forward), plus two decoder
+      layers at once (the running one and the one prefetched, BACKWARD_PRE): `gathered_params`.
+      TRL generates under `summon_full_params(recurse=False)`: the root only, the layers as they run.
+    - zero3 (DeepSpeed ZeRO stage 3): sharded like fsdp; parameters are fetched per module, with a
+      prefetch bucket of 0.9 x hidden_size^2 elements (TRL's `prepare_deepspeed`): the largest module
+      (a layer or the embedding) + that bucket. TRL's `ds3_gather_for_generation=True` (the default)
+      gathers the whole model for HF `generate`: generation holds every weight.
+    Activations, logits and inputs are per micro-batch: the same on every rank. n == 1 changes nothing.
+    """
+    out = dict(comps)
+    if n <= 1:
+        return out
+    trains = phase == "training"
+    grads = gradient_bytes(s)
+    gathers_all = phase == "generation" and hf_generate  # ZeRO-3 + HF generate: the whole model
+    if strategy == "ddp":
+        out["ddp_buckets"] = grads
+        return out
+    # zero2, fsdp, zero3: gradients (training only) and optimiser state sharded
+    out["gradients"] = _shard(out["gradients"], n)
+    optimizer = out["optimizer_state"]
+    if strategy in ("zero2", "zero3") and s.wb == 2:
+        # DeepSpeed's bf16 optimiser keeps an fp32 master copy beside AdamW's two fp32 moments:
+        # 12 bytes per trainable parameter (the engine casts the model, adapters included, to bf16).
+        optimizer = 12 * trainable_param_count(s)
+    out["optimizer_state"] = _shard(optimizer, n)
+    if strategy == "zero2":
+        out["ddp_buckets"] = min(grads, s.H * s.H * (4 if not s.full else s.wb)) if trains else 0
+        return out
+    # fsdp, zero3: parameters sharded too
+    full_weights = out["weights"]
+    out["weights"] = _shard(out["weights"], n)
+    out["lora_params"] = _shard(out["lora_params"], n)
+    layer = layer_param_count(s) * s.wb
+    root = root_param_count(s) * s.wb
+    if strategy == "fsdp":
+        out["gathered_params"] = root + 2 * layer
+    elif gathers_all:  # ds3_gather_for_generation gathers the whole model for HF generate
+        out["gathered_params"] = full_weights
+    else:
+        out["gathered_params"] = max(layer, root) + min(layer, int(0.9 * s.H * s.H) * s.wb)
+    return out
+
+
 # ----------------------------------------------------------------------------- estimate
+
+
+def processes(cfg: Any) -> tuple[int, str]:
+    """(trial.num_processes, trial.strategy): 1 and ddp when the config names neither."""
+    trial = cfg.get("trial") or {}
+    return int(trial.get("num_processes", 1) or 1), str(trial.get("strategy", "ddp") or "ddp")
 
 
 def default_logits_mode(backend: str) -> tuple[str, str]:
@@ -476,7 +583,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
     train = {
         "weights": 0 if backend == "unsloth" else weights,  # Unsloth shares vLLM's weights
         "lora_params": lora,
-        "gradients": lora,
+        "gradients": gradient_bytes(s),
         "optimizer_state": optimizer_bytes(s),
         "activations": act + input_bytes(s),
         "logits": logits_bytes(s, logits_mode),
@@ -490,11 +597,23 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         cpu_plan = vllm_cpu_plan(s, pool if budget is not None else None)
         pool = cpu_plan["pool_bytes"]
     gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
-    if vllm:
+    # backend.vllm_mode=server: vLLM runs in its own process on its own devices (trial.vllm_devices);
+    # the training card holds no pool and the trainer generates nothing itself.
+    server = vllm and backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "server"
+    if server:
+        pass
+    elif vllm:
         train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
         gen["vllm_pool"] = pool
     else:
         gen["generation"] = hf_generation_bytes(s)
+    world, strategy = processes(cfg)
+    single = {"training": dict(train), "generation": dict(gen)}
+    train = rank_terms(s, world, strategy, "training", train, hf_generate=not vllm)
+    gen = rank_terms(s, world, strategy, "generation", gen, hf_generate=not vllm)
+    for key in set(train) | set(gen):  # both phases list the same components
+        train.setdefault(key, 0)
+        gen.setdefault(key, 0)
     phases = {"training": train, "generation": gen}
     peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
     components = {k: int(v) for k, v in phases[peak_phase].items()}
@@ -523,7 +642,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
             "kv_cache_tokens": max(int(available // kv_bytes_per_token(s)), 0),
             "kv_cache_one_sequence_ok": available >= s.S * kv_bytes_per_token(s),
         }
-        if backend == "trl_vllm":
+        if backend == "trl_vllm" and not server:
             free_at_start = budget - weights - CUDA_CONTEXT_BYTES
             kv_info["vllm_startup_ok"] = free_at_start >= pool
     fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
@@ -541,11 +660,25 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "micro_batch_tokens": s.B * s.S,
         "generation_batch": s.G,
         "per_device_train_batch_size_counts": "completions (TRL 1.x); num_generations only groups them",
-        "trainable_params": lora_param_count(s),
+        "trainable_params": trainable_param_count(s),
+        "full_finetune": s.full,
+        "world_size": world,
+        "strategy": strategy,
         "params": param_counts(s)["total"],
         "vllm_sleep": sleep if vllm else None,
+        "vllm_mode": (cfg.backend.get("vllm_mode", "colocate") if vllm else None),
+        # server mode: the server's pool on its own devices, outside the training budget
+        "vllm_server_bytes": int(pool) if server else None,
+        "vllm_tensor_parallel_size": int(cfg.backend.get("vllm_tensor_parallel_size", 1)) if server else None,
         **kv_info,
     }
+    if world > 1:  # the same config in one process, to show what the ranks save
+        one = max(single.values(), key=lambda c: sum(c.values()))
+        assumptions["single_process_components"] = {k: int(v) for k, v in one.items()}
+        assumptions["single_process_bytes"] = int(sum(one.values()))
+        assumptions["ranks"] = (
+            f"{world} ranks, {strategy}: every rank holds the same shares (rank 0 the rounding); the table is the largest rank"
+        )
     if backend == "unsloth":
         assumptions["weights"] = "shared with vLLM (inside vllm_pool)"
     if cfg.backend.name == "auto" and device == "cuda" and backend == "trl":
@@ -582,6 +715,20 @@ def format_table(est: Estimate) -> str:
     rows.append(
         f"{'budget':<18}{'' if est.budget_bytes is None else f'{est.budget_bytes:,}':>14}  {fmt_gib(est.budget_bytes):>8}"
     )
+    return "\n".join(rows)
+
+
+def format_rank_table(est: Estimate) -> str:
+    """One process beside the largest rank of N (`trial.num_processes`), component by component."""
+    a = est.assumptions
+    one = a.get("single_process_components") or est.components
+    n, strategy = a.get("world_size", 1), a.get("strategy", "ddp")
+    head = f"per rank ({n} x {strategy})"
+    rows = [f"{'component':<18}{'1 process':>14}  {head:>22}"]
+    for key in est.components:
+        rows.append(f"{key:<18}{fmt_gib(one.get(key, 0)):>14}  {fmt_gib(est.components[key]):>22}")
+    rows.append(f"{'total':<18}{fmt_gib(a.get('single_process_bytes', est.total_bytes)):>14}  {fmt_gib(est.total_bytes):>22}")
+    rows.append(f"{'budget per card':<18}{fmt_gib(est.budget_bytes):>14}  {fmt_gib(est.budget_bytes):>22}")
     return "\n".join(rows)
 
 

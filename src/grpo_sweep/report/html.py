@@ -119,6 +119,16 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     if all(t.number is None for t in trials):
         cols.pop(0)  # a plain multirun has no Optuna trial numbers
     cols += [c for c in optional if any(c[2](t) is not None for t in trials)]
+    if any((t.record.get("world_size") or 1) > 1 for t in trials):  # trials of N processes (trial.num_processes)
+        cols += [
+            ("world_size", "ranks", lambda t: t.record.get("world_size")),
+            ("strategy", "strategy", lambda t: t.record.get("strategy")),
+            (
+                "rank_peaks",
+                "per-rank peak GiB",
+                lambda t: " / ".join(f"{p / 2**30:.3f}" for p in t.record.get("rank_peak_memory_bytes") or [] if p) or None,
+            ),
+        ]
     cols += [(lv, lv, _lever_getter(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
     cols += [
         ("reward_mean", "reward", lambda t: t.record.get("reward_mean")),

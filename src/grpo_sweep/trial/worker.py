@@ -15,16 +15,10 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+from .stopping import TrialStopped
+
 STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_trial or the guardian)
 WANDB_NOTE_FILE = "WANDB_RUN_NOT_FINISHED.txt"  # written by the parent when the W&B run was left open
-
-
-class TrialStopped(BaseException):
-    """SIGTERM from the parent (timeout, interrupted sweep) or from our guardian (the parent died)."""
-
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
 
 
 def write_stop_request(run_dir: str | Path, status: str, reason: str) -> None:
@@ -175,9 +169,14 @@ def set_alloc_conf(expandable: bool) -> str:
     return value
 
 
-def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) -> None:
-    """Entry point in the child. Always leaves metrics.json unless killed from outside."""
-    os.setpgrp()  # our own process group: the parent can kill us and anything we started
+def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *, as_rank: bool = False) -> None:
+    """Entry point in the child. Always leaves metrics.json unless killed from outside.
+
+    With trial.num_processes > 1 this process leads the trial: it launches the ranks under torchrun
+    (trial/ranks.py) and merges their records; each rank runs this function again with `as_rank`
+    (trial/rank.py), in its own directory, as a one-process trial's body."""
+    if not as_rank:  # a rank is already a session leader (torchrun): it dies with torchrun instead
+        os.setpgrp()  # our own process group: the parent can kill us and anything we started
     if lifeline is not None:
         start_guardian(lifeline, run_dir, grace_s)
         lifeline.close()
@@ -199,6 +198,13 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
     cfg = OmegaConf.create(container)
     record = empty_metrics("failed", None, requested_levers(cfg), recipe_of(cfg))
     record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
+    if int(cfg.trial.get("num_processes", 1) or 1) > 1 and not as_rank:
+        from .ranks import lead
+
+        lead(cfg, run_path, record, grace_s)  # always writes metrics.json
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
     reward_clock = None  # tasks/rewards.RewardClock: seconds in reward functions per step
@@ -233,7 +239,9 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
             record["predicted_peak_bytes"] = None
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
         backend = get_backend(backend_name)
-        memory = MemoryMeter(cfg, on_cuda, vllm=backends.runs_vllm(backend_name))  # caps CUDA before the model loads
+        # vLLM's pool shares the training card in colocate mode only (server mode: its own devices)
+        colocated = backends.runs_vllm(backend_name) and cfg.backend.get("vllm_mode", "colocate") != "server"
+        memory = MemoryMeter(cfg, on_cuda, vllm=colocated)  # caps CUDA before the model loads
         task = get_task(cfg)
         from .models import load_tokenizer
 
@@ -272,6 +280,11 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
+        if as_rank and effective.get("strategy") != cfg.trial.strategy:  # never credit one strategy's numbers to another
+            raise RuntimeError(
+                f"trial.strategy={cfg.trial.strategy} did not take effect: accelerate distributes this trainer "
+                f"as {effective.get('strategy')} (see docs/multi-gpu.md)"
+            )
         from .backends import trl as trl_backend
 
         # What the export (report/export.py) writes for TRL / Unsloth: read back from the built trainer.
@@ -313,6 +326,12 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
             traceback.print_exc()
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop now waits for metrics.json and W&B
+        if "grpo_sweep.trial.vllm_server" in sys.modules:  # backend.vllm_mode=server: stop it, whatever happened
+            from .vllm_server import stop_all
+
+            record.update(stop_all())
+        if not as_rank:  # a one-process trial (ranks.merge writes these for N processes)
+            record.update(world_size=1, strategy=None)
         if meter is not None:
             record.update(meter.summary())
             record["history"] = meter.rows
@@ -321,6 +340,8 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
             record["reward_seconds_per_step"] = reward_clock.seconds_per_step()
         if memory is not None:
             record.update(memory.result(error_text if oom else None))
+            if not as_rank:
+                record["rank_peak_memory_bytes"] = [record.get("peak_memory_bytes")]
         write_metrics(run_path, record)
         if wb is not None and record.get("wandb_run_id"):
             record["wandb_finished"] = wb.finish(record)  # after metrics.json: a slow upload never costs the result

@@ -39,6 +39,9 @@ RECORD_ATTRS = (
     "reward_change",
     "reward_seconds_per_step",
     "peak_memory_bytes",
+    "world_size",  # a trial of N processes (trial.num_processes): the peak above is its largest rank's
+    "strategy",
+    "rank_peak_memory_bytes",
     "memory_source",
     "trainable_params",
     "device",

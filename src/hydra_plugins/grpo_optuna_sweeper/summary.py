@@ -33,6 +33,9 @@ FIRST_COLUMNS = [
     "predicted_peak_bytes",
     "budget_bytes",
     "deficit_bytes",
+    "world_size",  # trial.num_processes; peak_memory_bytes is then the largest rank's
+    "strategy",
+    "rank_peak_memory_bytes",  # each rank's peak, space-separated
 ]
 LAST_COLUMNS = ["preset", "worker", "run_dir", "wandb_run_id", "error"]
 
@@ -123,7 +126,8 @@ def rows(study: Any) -> tuple[list[str], list[dict]]:
             "objective": t.value if _is_ok(t) else "",
         }
         for key in FIRST_COLUMNS[5:]:
-            row[key] = attrs.get(key, "")
+            value = attrs.get(key, "")
+            row[key] = " ".join(str(v) for v in value) if isinstance(value, list) else value
         lever_values = attrs.get("levers") or {}
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
@@ -169,12 +173,34 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def ranks_text(attrs: dict) -> str:
+    """`2 x ddp` for a trial of 2 processes, `1` for one."""
+    n = attrs.get("world_size") or 1
+    return f"{n} x {attrs.get('strategy')}" if n > 1 else "1"
+
+
+def rank_peaks_text(attrs: dict) -> str:
+    peaks = attrs.get("rank_peak_memory_bytes") or []
+    return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
+
+
 def table(study: Any, objective: str, top_k: int) -> str:
     ok = best_rule.ranked(
         [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
     )
     keys = sorted({k for t in ok[:top_k] for k in t.params})
-    header = ["rank", "trial", objective, "peak GiB", "pred GiB", "reward", "reward change", *keys]
+    multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
+    header = [
+        "rank",
+        "trial",
+        objective,
+        "peak GiB",
+        "pred GiB",
+        *(["ranks", "per-rank GiB"] if multi else []),
+        "reward",
+        "reward change",
+        *keys,
+    ]
     lines = [header]
     for rank, t in enumerate(ok[:top_k], 1):
         peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
@@ -185,6 +211,7 @@ def table(study: Any, objective: str, top_k: int) -> str:
                 _fmt(t.value),
                 f"{peak / GIB:.2f}" if peak else "-",
                 f"{pred / GIB:.2f}" if pred else "-",
+                *([ranks_text(t.user_attrs), rank_peaks_text(t.user_attrs)] if multi else []),
                 *[
                     _fmt(t.user_attrs.get(k)) if t.user_attrs.get(k) is not None else "-"
                     for k in ("reward_mean", "reward_change")

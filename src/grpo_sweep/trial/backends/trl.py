@@ -43,7 +43,8 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         num_generations=cfg.num_generations,
-        generation_batch_size=generation_batch_size(cfg),
+        # TRL's generation batch is global: every rank's per-device batch x grad-accum (steps_per_generation).
+        generation_batch_size=generation_batch_size(cfg) * num_processes(cfg),
         max_completion_length=completion,
         gradient_checkpointing=cfg.gradient_checkpointing,
         learning_rate=cfg.learning_rate,
@@ -70,12 +71,56 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     levers = set(args) & set(extra)
     if levers:
         raise ValueError(f"trial.grpo_config: {sorted(levers)} are set by the levers; set them at the top level")
+    args.update(strategy_args(cfg, on_cuda=on_cuda))
     args.update(extra)
     if cfg.trial.worst_case_lengths:
         # Force every completion to the full budget: the peak a trial measures is the worst case.
         floor = {"hf": "min_new_tokens", "vllm": "min_tokens"}[sampler]
         args["generation_kwargs"] = {floor: completion}
     return args
+
+
+def num_processes(cfg: Any) -> int:
+    return int(cfg.trial.get("num_processes", 1) or 1)
+
+
+def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
+    """GRPOConfig arguments for trial.strategy when the trial runs as N ranks (torchrun sets the
+    ranks' environment; accelerate reads it: gloo on CPU, NCCL on CUDA). ddp needs none;
+    fsdp: transformers' `fsdp` / `fsdp_config` (FSDP2 `fully_shard`, one unit per decoder layer,
+    see docs/multi-gpu.md); zero2 / zero3: a DeepSpeed config dict with HF's "auto" values."""
+    if num_processes(cfg) <= 1:
+        return {}
+    strategy = cfg.trial.get("strategy", "ddp")
+    if strategy == "ddp":
+        # LoRA trains every adapter each step: no unused parameters to search for (a full pass per step otherwise).
+        return {"ddp_find_unused_parameters": False}
+    if strategy == "fsdp":
+        return {
+            "fsdp": True,  # full shard: fsdp_config's reshard_after_forward
+            "fsdp_config": {
+                "version": 2,
+                "reshard_after_forward": True,
+                "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "cpu_ram_efficient_loading": False,
+                "state_dict_type": "FULL_STATE_DICT",
+                "activation_checkpointing": False,
+            },
+        }
+    stage = 2 if strategy == "zero2" else 3
+    zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto")
+    return {
+        "deepspeed": {
+            "zero_optimization": zero,
+            "bf16": {"enabled": "auto"},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+            "gradient_clipping": "auto",
+        }
+    }
 
 
 def lora_config(cfg: Any):
@@ -185,6 +230,7 @@ def effective(trainer) -> dict:
     quant = getattr(getattr(model, "config", None), "quantization_config", None)
     vllm_util = args.vllm_gpu_memory_utilization if getattr(args, "use_vllm", False) else None
     return {
+        "strategy": strategy_of(trainer),
         "max_completion_length": trainer.max_completion_length,
         "gpu_memory_utilization": vllm_util,
         "per_device_train_batch_size": args.per_device_train_batch_size,
@@ -197,6 +243,19 @@ def effective(trainer) -> dict:
         # TRL can switch checkpointing on for k-bit models: read the model, not only the args.
         "gradient_checkpointing": bool(args.gradient_checkpointing) or bool(getattr(model, "is_gradient_checkpointing", False)),
     }
+
+
+def strategy_of(trainer) -> str | None:
+    """How accelerate really distributes the trainer: ddp | fsdp | zero2 | zero3, None for one process.
+    (accelerate 1.x enables FSDP only on accelerators: on CPU an fsdp request becomes DDP.)"""
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    kind = str(getattr(state, "distributed_type", "NO")).split(".")[-1]
+    if kind == "FSDP":
+        return "fsdp"
+    if kind == "DEEPSPEED":
+        plugin = getattr(state, "deepspeed_plugin", None)
+        return f"zero{getattr(plugin, 'zero_stage', '?')}"
+    return "ddp" if kind.startswith("MULTI_") else None
 
 
 def _get(obj, key):

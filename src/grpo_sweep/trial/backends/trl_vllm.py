@@ -169,6 +169,70 @@ def explain_startup_error(exc: BaseException, plan: dict, cfg: Any) -> BaseExcep
 # ----------------------------------------------------------------------------- build
 
 
+def server_mode(cfg: Any) -> bool:
+    return cfg.backend.get("vllm_mode", "colocate") == "server"
+
+
+SERVER_SYNC_CPU = (
+    "skipped on CPU: TRL's server-mode weight transfer is vLLM's NCCL engine (CUDA only; "
+    "VLLMClient.init_communicator refuses a CPU device), so the server generated with the initial weights"
+)
+SERVER_SYNC_CUDA = "TRL streams the weights to the server over NCCL before every generation; not re-checked in server mode"
+
+
+def patch_server_for_cpu() -> None:
+    """Server mode on CPU: TRL 1.16 refuses to open its weight-transfer group without CUDA
+    (`VLLMClient.init_communicator` raises NotImplementedError) and its sync streams over NCCL. In
+    this trial process only: no group, no sync (recorded as `vllm_weight_sync`); generation through
+    the server is real."""
+    from trl.generation import vllm_client as vc
+    from trl.generation import vllm_generation as vg
+
+    if getattr(vc.VLLMClient.init_communicator, "grpo_sweep_cpu", False):
+        return
+
+    def init_communicator(self, device=0):
+        self.communicator = None
+
+    init_communicator.grpo_sweep_cpu = True
+    vc.VLLMClient.init_communicator = init_communicator
+    stock = vg.VLLMGeneration.sync_weights
+
+    def sync_weights(self):
+        if self.mode == "server":
+            return None
+        return stock(self)
+
+    vg.VLLMGeneration.sync_weights = sync_weights
+
+
+def build_server_trainer(cfg: Any, ctx: Any, model):
+    """backend.vllm_mode=server: rank 0 (or the only process) starts `trl vllm-serve` on the saved
+    model and waits for it to be healthy; TRL's client (main process only) generates through it."""
+    from trl import GRPOConfig
+
+    from .. import vllm_server
+
+    url = "http://127.0.0.1:0"  # ranks other than 0 never connect (TRL's client lives on the main process)
+    if int(os.environ.get("RANK", "0")) == 0:
+        kv = None if ctx.on_cuda else cpu_plan(cfg)["kv_cache_bytes"]  # the share's KV cache, as colocate
+        server = vllm_server.start(cfg, model.name_or_path, ctx.run_dir, on_cuda=ctx.on_cuda, kv_cache_bytes=kv)
+        url = server.url
+    if not ctx.on_cuda:
+        patch_server_for_cpu()
+    args = trl_backend.grpo_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer"), sampler="vllm")
+    args.update(
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_server_timeout=60.0,
+        vllm_max_model_length=cfg.max_seq_length,
+    )
+    trainer = trl_backend.make_trainer(ctx, model, GRPOConfig(**args), peft_config=trl_backend.lora_config(cfg))
+    trainer.grpo_sweep_vllm = {"server": True, "lever": float(cfg.gpu_memory_utilization), "on_cuda": ctx.on_cuda}
+    return trainer
+
+
 def build_trainer(cfg: Any, ctx: Any):
     from trl import GRPOConfig
 
@@ -181,6 +245,8 @@ def build_trainer(cfg: Any, ctx: Any):
         quantization_config=trl_backend.quantization_config(cfg),
         by_path=True,
     )
+    if server_mode(cfg):
+        return build_server_trainer(cfg, ctx, model)
     plan = None
     if ctx.on_cuda:
         util = device_utilization(cfg)
@@ -268,6 +334,10 @@ def vllm_readback(trainer, llm) -> dict:
 
 def effective(trainer) -> dict:
     out = trl_backend.effective(trainer)
+    info = getattr(trainer, "grpo_sweep_vllm", {})
+    if info.get("server"):  # the server holds vLLM's memory, not this process: no pool here
+        out.update(gpu_memory_utilization=info["lever"], vllm_pool_bytes=None, vllm_mode="server")
+        return out
     generation = getattr(trainer, "vllm_generation", None)
     out.update(vllm_readback(trainer, getattr(generation, "llm", None)))
     return out
@@ -325,6 +395,10 @@ def after_train(trainer, record: dict) -> None:
     """
     trl_backend.after_train(trainer, record)
     generation = getattr(trainer, "vllm_generation", None)
+    info = getattr(trainer, "grpo_sweep_vllm", {})
+    if info.get("server"):
+        record["vllm_weight_sync"] = SERVER_SYNC_CUDA if info.get("on_cuda") else SERVER_SYNC_CPU
+        return
     if generation is None:
         return
     per_step = [

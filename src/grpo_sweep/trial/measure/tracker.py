@@ -274,10 +274,28 @@ class TensorTracker(TorchDispatchMode):
         def forward_saving(*args, **kwargs):
             if not getattr(self, "active", False):  # stopped: untracked steps must run at full speed
                 return forward(*args, **kwargs)
+            self.reregister(model)
             with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
                 return forward(*args, **kwargs)
 
         trainer.compute_loss = forward_saving
+
+    def reregister(self, model) -> None:
+        """Class the model's parameters again before each tracked forward: under DDP (a trial of N
+        processes) the wrap in `trainer.train()` gives parameters storages born inside the mode,
+        which would otherwise count as temporaries (or activations once saved for backward)."""
+        for param in model.parameters():
+            category = "trainable_params" if param.requires_grad else "weights"
+            try:
+                entry = self._entries.get(id(param.untyped_storage()))
+            except (RuntimeError, NotImplementedError):
+                continue
+            if entry is None:
+                new = self._track(param, category)
+                if new:
+                    self._grew(new)
+            elif entry.category not in ("weights", "trainable_params"):
+                self.reclassify(param, category, only_from=None)
 
     def _pack(self, tensor):
         self.reclassify(tensor, "activations")

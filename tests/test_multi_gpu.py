@@ -1,0 +1,475 @@
+"""Trials larger than one GPU (issue 27): the estimator per rank, the settings, the launch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, compose
+
+from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.memory.estimator import GiB, estimate, param_counts, shapes
+
+GEMMA = ["model=gemma3_1b", "gpu=l4_24g"]
+# Gemma 3 1B by hand: one decoder layer = q 1152x1024 + k, v 1152x256 + o 1024x1152 + MLP 3 x 1152x6912
+# + 4 norms x 1152 + q/k norms 2 x 256; the root = embeddings 262144 x 1152 (tied head) + final norm 1152.
+GEMMA_LAYER = 1152 * 1024 + 2 * 1152 * 256 + 1024 * 1152 + 3 * 1152 * 6912 + 4 * 1152 + 2 * 256
+GEMMA_ROOT = 262144 * 1152 + 1152
+
+
+def est(*overrides: str, mode: str | None = None):
+    return estimate(compose([*GEMMA, *overrides]), mode)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2", "zero3"])
+def test_one_process_is_the_single_process_estimate_whatever_the_strategy(strategy):
+    plain = est()
+    one = est(f"trial.strategy={strategy}")
+    assert one.components == plain.components and one.total_bytes == plain.total_bytes
+
+
+def test_ddp_is_a_full_replica_plus_buckets_the_size_of_the_gradients():
+    one, ddp = est(), est("trial.num_processes=4", "trial.strategy=ddp")
+    for key in ("weights", "lora_params", "gradients", "optimizer_state", "activations", "logits"):
+        assert ddp.components[key] == one.components[key], key
+    assert ddp.components["ddp_buckets"] == one.components["gradients"] > 0
+    assert ddp.total_bytes == one.total_bytes + one.components["gradients"]
+    assert ddp.assumptions["world_size"] == 4 and ddp.assumptions["single_process_bytes"] == one.total_bytes
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_zero2_shards_gradients_and_optimiser_state_only(n):
+    full = ["trial.full_finetune=true"]
+    one, z2 = est(*full), est(*full, f"trial.num_processes={n}", "trial.strategy=zero2")
+    params = 999_885_952
+    assert z2.components["weights"] == one.components["weights"] == 2 * params  # replicated, bf16
+    assert z2.components["gradients"] == -(-2 * params // n)  # bf16 gradients, 1/n (rank 0 rounds up)
+    assert z2.components["optimizer_state"] == -(-12 * params // n)  # fp32 master + 2 moments, 1/n
+    assert z2.components["ddp_buckets"] == 1152 * 1152 * 2  # HF's "auto" reduce bucket: hidden^2
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_fsdp_and_zero3_shard_parameters_and_add_the_gathered_layer(strategy):
+    n = 4
+    s = shapes(compose(GEMMA), "trl")
+    assert 26 * GEMMA_LAYER + GEMMA_ROOT == param_counts(s)["total"] == 999_885_952
+    one = est("trial.full_finetune=true")
+    r = est("trial.full_finetune=true", f"trial.num_processes={n}", f"trial.strategy={strategy}")
+    assert r.peak_phase == "training"
+    assert r.components["weights"] == -(-one.components["weights"] // n)
+    assert r.components["gradients"] == -(-one.components["gradients"] // n)
+    gathered = r.components["gathered_params"]
+    if strategy == "fsdp":  # the root unit stays gathered + the running and the prefetched layer
+        assert gathered == 2 * (GEMMA_ROOT + 2 * GEMMA_LAYER)
+    else:  # the largest module (the embedding) + a 0.9 x hidden^2 prefetch bucket
+        assert gathered == 2 * GEMMA_ROOT + int(0.9 * 1152 * 1152) * 2
+    assert r.total_bytes < one.total_bytes
+
+
+def test_zero3_with_hf_generate_gathers_the_whole_model_for_generation():
+    r = est("trial.num_processes=4", "trial.strategy=zero3")  # LoRA: training is light, generation is not
+    assert r.peak_phase == "generation"
+    assert r.components["gathered_params"] == 2 * 999_885_952
+    fsdp = est("trial.num_processes=4", "trial.strategy=fsdp")  # summon_full_params(recurse=False): root only
+    assert fsdp.total_bytes < r.total_bytes
+
+
+def test_more_ranks_never_need_more_memory_per_rank_when_sharded():
+    # From 2 ranks on: one process runs plain bf16 AdamW, while DeepSpeed adds an fp32 master copy,
+    # so ZeRO-2 over 2 ranks can need more than one process (12/2 + 2/2 > 4 + 2 bytes per weight).
+    for strategy in ("zero2", "fsdp", "zero3"):
+        totals = [
+            est("trial.full_finetune=true", f"trial.num_processes={n}", f"trial.strategy={strategy}").total_bytes
+            for n in (2, 4, 8)
+        ]
+        assert all(b <= a for a, b in zip(totals, totals[1:])), (strategy, totals)
+
+
+def test_full_finetune_trains_every_weight():
+    lora, full = est(), est("trial.full_finetune=true")
+    params = 999_885_952
+    assert full.components["lora_params"] == 0 and full.assumptions["trainable_params"] == params
+    assert full.components["gradients"] == 2 * params and full.components["optimizer_state"] == 4 * params
+    assert full.components["activations"] > lora.components["activations"]  # every linear saves its input
+
+
+def test_pre_screen_verdict_follows_the_largest_rank():
+    """A full fine-tune of Gemma 3 1B does not fit an 8 GiB card alone; 4 ranks with FSDP do."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+
+    base = ["trial.full_finetune=true", "gpu.memory_gib=8"]
+    one = est(*base)
+    four = est(*base, "trial.num_processes=4", "trial.strategy=fsdp")
+    assert prescreen_verdict(one.total_bytes, one.budget_bytes, 0.1) is not None  # pruned
+    assert prescreen_verdict(four.total_bytes, four.budget_bytes, 0.1) is None  # runs
+    assert not one.fits and four.fits and four.budget_bytes == 8 * GiB
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["trial.num_processes=0"], "trial.num_processes=0: must be an integer >= 1"),
+        (["trial.strategy=zero4"], "trial.strategy=zero4: must be one of ddp, fsdp, zero2, zero3"),
+        (["trial.num_processes=2", "backend=unsloth"], "trial.num_processes=2: not with backend=unsloth"),
+        (["trial.num_processes=2", "trial.strategy=zero3"], "trial.strategy=zero3: DeepSpeed ZeRO needs CUDA"),
+        (["trial.num_processes=2", "trial.strategy=fsdp"], "trial.strategy=fsdp: accelerate enables FSDP only on accelerators"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), cuda=False)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_zero_needs_deepspeed_installed_on_a_cuda_machine():
+    cfg = compose(["trial.num_processes=2", "trial.strategy=zero2"])
+    with pytest.raises(ConfigError, match="needs the package deepspeed"):
+        validate(cfg, cuda=True, installed=lambda p: p != "deepspeed")
+    validate(cfg, cuda=True, installed=lambda p: True)
+
+
+def test_estimate_cli_prints_the_per_rank_table():
+    args = [sys.executable, "-m", "grpo_sweep.cli", "estimate", *GEMMA, "trial.num_processes=4", "trial.strategy=zero3"]
+    out = subprocess.run(args + ["trial.full_finetune=true"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "per rank (4 x zero3)" in out.stdout and "gathered_params" in out.stdout and "1 process" in out.stdout
+    one = est("trial.full_finetune=true")
+    assert f"{one.total_bytes / GiB:.2f} GiB" in out.stdout  # the one-process column's total
+
+
+# ----------------------------------------------------------------------------- N processes, for real
+
+from grpo_sweep.metrics import KEYS  # noqa: E402
+from grpo_sweep.trial.ranks import command, merge  # noqa: E402
+
+TINY_DDP = ["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=ddp"]
+
+
+def _rank(status="ok", peak=100, tokens=10.0, **extra):
+    return {"status": status, "error": None, "peak_memory_bytes": peak, "tokens_per_s": tokens, "samples_per_s": 1.0,
+            "tokens_per_step": 50.0, "step_time_s": 2.0, "predicted_peak_bytes": 90, **extra}  # fmt: skip
+
+
+def test_merge_judges_the_largest_rank_and_sums_throughput():
+    out = merge([_rank(peak=100, tokens=10.0), _rank(peak=130, tokens=12.0, step_time_s=3.0, peak_phase="backward")], 2, "ddp")
+    assert out["status"] == "ok" and out["error"] is None
+    assert out["rank_peak_memory_bytes"] == [100, 130] and out["peak_memory_bytes"] == 130 and out["peak_rank"] == 1
+    assert out["peak_phase"] == "backward"  # the largest rank's own breakdown and phase
+    assert out["tokens_per_s"] == 22.0 and out["samples_per_s"] == 2.0 and out["tokens_per_step"] == 100.0
+    assert out["step_time_s"] == 3.0  # the slowest rank: they wait for each other
+    assert out["world_size"] == 2 and out["strategy"] == "ddp" and set(out) <= KEYS
+
+
+def test_merge_an_oom_on_any_rank_is_the_trials_oom_with_that_ranks_message():
+    stopped = _rank("failed", error="TrialStopped: the trial process received SIGTERM")
+    oom = _rank(
+        "oom",
+        error="OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        requested_bytes=2 << 30,
+        oom_phase="backward",
+    )
+    out = merge([stopped, oom], 2, "fsdp")
+    assert out["status"] == "oom" and out["error"].startswith("rank 1: OutOfMemoryError: CUDA out of memory")
+    assert out["requested_bytes"] == 2 << 30 and out["oom_phase"] == "backward"
+    assert out["rank_status"] == ["failed", "oom"]
+    # A crash: the rank that failed first is the cause, not the one torchrun stopped afterwards.
+    crash = _rank("failed", error="RuntimeError: boom")
+    assert merge([stopped, crash], 2, "ddp")["error"] == "rank 1: RuntimeError: boom"
+    # A rank that left nothing: the trial failed, and says which.
+    out = merge([_rank(), None], 2, "ddp", launcher_exitcode=1)
+    assert out["status"] == "failed" and "ranks [1] left no metrics.json" in out["error"] and out["tokens_per_s"] is None
+
+
+def test_the_launch_is_torchrun_with_one_rank_per_process():
+    cmd = command(compose(TINY_DDP), "/runs/x")
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in cmd and "--max-restarts=0" in cmd
+    assert cmd[-3:] == ["-m", "grpo_sweep.trial.rank", "/runs/x"]
+
+
+def _check_rank_records(m: dict, n: int, strategy: str) -> list[float]:
+    assert set(m) <= KEYS, sorted(set(m) - KEYS)  # every key declared in metrics.TrialMetrics
+    assert m["world_size"] == n and m["strategy"] == strategy and m["rank_status"] == ["ok"] * n
+    peaks, predicted = m["rank_peak_memory_bytes"], m["rank_predicted_peak_bytes"]
+    assert len(peaks) == n and all(p and p > 0 for p in peaks) and m["peak_memory_bytes"] == max(peaks)
+    assert m["memory_source"] == "cpu-tracker"
+    assert m["tokens_per_s"] == pytest.approx(sum(m["rank_tokens_per_s"]))
+    return [(pr - p) / p for p, pr in zip(peaks, predicted)]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
+    from conftest import load_metrics, run_train
+
+    out = run_train([*TINY_DDP, f"hydra.run.dir={tmp_path}"], timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok", m["error"]
+    errors = _check_rank_records(m, 2, "ddp")
+    assert all(abs(e) <= 0.10 for e in errors), errors  # the estimate per rank within 10 %
+    # Each rank ran GRPO steps of its own: its own record, two steps, a reward.
+    for k in range(2):
+        r = load_metrics(tmp_path / "ranks" / str(k))
+        assert r["steps"] == 2 and r["reward_mean"] is not None and r["effective"]["generation_batch_size"] == 8
+    # DDP's gradient buckets are real: the tracker sees the adapters' gradient bytes once more than
+    # one process (the prediction's ddp_buckets term).
+    assert m["predicted_peak_breakdown"]["ddp_buckets"] == m["predicted_peak_breakdown"]["gradients"] > 0
+    assert m["peak_memory_breakdown"]["weights"] > 0 and m["peak_memory_breakdown"]["trainable_params"] > 0
+
+
+@pytest.mark.slow
+def test_an_oom_on_one_rank_makes_the_trial_oom_with_that_ranks_message(tmp_path):
+    from conftest import load_metrics, run_train
+
+    args = [*TINY_DDP, "trial.debug_fault=oom", "trial.debug_fault_rank=1", f"hydra.run.dir={tmp_path}"]
+    out = run_train(args, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "oom" and m["error"].startswith("rank 1: "), m["error"]
+    assert "can't allocate memory" in m["error"] or "out of memory" in m["error"].lower()
+    assert m["rank_status"][1] == "oom" and m["rank_status"][0] != "ok"  # rank 0 was stopped, not left waiting
+
+
+def test_fsdp_and_zero_arguments_for_the_trainer():
+    """What a rank hands GRPOConfig for each strategy (FSDP2, one unit per decoder layer; DeepSpeed
+    with HF's "auto" values); GRPOConfig itself turns the FSDP request into accelerate's plugin."""
+    from trl import GRPOConfig
+
+    from grpo_sweep.trial.backends.trl import grpo_args
+
+    def args(strategy, n=2):
+        cfg = compose([f"trial.num_processes={n}", f"trial.strategy={strategy}", "per_device_train_batch_size=4"])
+        return grpo_args(cfg, on_cuda=False, output_dir="/tmp/unused")
+
+    assert args("ddp")["ddp_find_unused_parameters"] is False and args("ddp")["generation_batch_size"] == 8
+    assert "fsdp" not in args("ddp", n=1) and args("ddp", n=1)["generation_batch_size"] == 4
+    fsdp = GRPOConfig(**args("fsdp"))
+    assert fsdp.fsdp_plugin_args["fsdp_version"] == 2
+    assert (
+        fsdp.fsdp_plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP" and fsdp.fsdp_plugin_args["reshard_after_forward"]
+    )
+    for strategy, stage in (("zero2", 2), ("zero3", 3)):
+        ds = args(strategy)["deepspeed"]
+        assert ds["zero_optimization"]["stage"] == stage and ds["train_micro_batch_size_per_gpu"] == "auto"
+    assert "stage3_prefetch_bucket_size" in args("zero3")["deepspeed"]["zero_optimization"]
+
+
+@pytest.mark.slow
+def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tmp_path):
+    """The launch path of an FSDP trial, run for real on CPU past the settings check: torch's FSDP2
+    runs on CPU over gloo, but accelerate 1.x enables FSDP only on accelerators and would train DDP.
+    Each rank reads back how accelerate distributes the trainer and fails rather than mislabel."""
+    from grpo_sweep.trial.parent import run_trial
+
+    cfg = compose(["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=fsdp"])
+    m = run_trial(cfg, tmp_path)
+    assert m["status"] == "failed" and m["world_size"] == 2 and m["strategy"] == "fsdp"
+    assert "trial.strategy=fsdp did not take effect: accelerate distributes this trainer as ddp" in m["error"], m["error"]
+
+
+# ----------------------------------------------------------------------------- vLLM server mode
+
+
+def test_server_mode_takes_the_pool_off_the_training_card():
+    colocate = est("backend=trl_vllm")
+    server = est("backend=trl_vllm", "backend.vllm_mode=server")
+    pool = int(0.6 * server.budget_bytes)  # gpu_memory_utilization x the L4's budget
+    assert colocate.components["vllm_pool"] == pool and server.components["vllm_pool"] == 0
+    assert server.assumptions["vllm_server_bytes"] == pool and server.assumptions["vllm_mode"] == "server"
+    assert server.total_bytes == colocate.total_bytes - pool
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep.cli", "estimate", *GEMMA, "backend=trl_vllm", "backend.vllm_mode=server"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0 and "vLLM server (backend.vllm_mode=server" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["backend.vllm_mode=remote"], "backend.vllm_mode=remote: must be one of colocate, server"),
+        (["backend=trl", "backend.vllm_mode=server"], "backend.vllm_mode=server: needs backend=trl_vllm"),
+        (
+            ["backend=trl_vllm", "backend.vllm_tensor_parallel_size=0"],
+            "backend.vllm_tensor_parallel_size=0: must be an integer >= 1",
+        ),
+        (
+            ["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_tensor_parallel_size=2", "trial.vllm_devices=[3]"],
+            "backend.vllm_tensor_parallel_size=2: more than the 1 trial.vllm_devices=[3]",
+        ),
+    ],
+)
+def test_bad_server_settings_are_one_line(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), cuda=True)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_server_command_is_trls_own_through_the_shim():
+    from grpo_sweep.trial.vllm_server import command, environment
+
+    cfg = compose(
+        ["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_tensor_parallel_size=2", "trial.vllm_devices=[2,3]"]
+    )
+    cmd = command(cfg, "/models/x", 8123, on_cuda=True)
+    assert cmd[1:5] == ["-m", "grpo_sweep.trial.vllm_serve", "serve", "/models/x"]
+    joined = " ".join(cmd)
+    assert "--tensor-parallel-size 2" in joined and "--port 8123" in joined and "--max-model-len 96" in joined
+    assert "--weight-transfer-config" in joined and "--kv-cache-memory-bytes" not in joined  # TRL's settings
+    assert environment(cfg, on_cuda=True)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    cpu = command(cfg, "/models/x", 8123, on_cuda=False, kv_cache_bytes=12345)
+    assert "--dtype float32" in " ".join(cpu) and cpu[-2:] == ["--kv-cache-memory-bytes", "12345"]
+    assert environment(cfg, on_cuda=False)["VLLM_TARGET_DEVICE"] == "cpu"
+
+
+@pytest.mark.slow
+def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
+    import psutil
+    from conftest import load_metrics, run_train
+
+    out = run_train(
+        ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=32", f"hydra.run.dir={tmp_path}"]
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok", m["error"]
+    assert set(m) <= KEYS and m["backend"] == "trl_vllm" and m["effective"]["vllm_mode"] == "server"
+    assert m["steps"] == 2 and m["tokens_per_s"] > 0
+    assert m["vllm_pool_bytes"] is None  # nothing of vLLM's inside the training process
+    assert m["vllm_server_peak_rss_bytes"] > 100 * 2**20 and m["vllm_server_start_s"] > 0  # measured apart
+    assert "skipped on CPU" in m["vllm_weight_sync"]
+    log = (tmp_path / "vllm_server.log").read_text()
+    assert log.count("POST /v1/completions") >= 2  # every step generated through the server
+    port = m["vllm_server_url"].rsplit(":", 1)[1]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "grpo_sweep.trial.vllm_serve" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, left  # torn down
+
+
+# ----------------------------------------------------------------------------- SLURM
+
+
+def test_grpo_slurm_launcher_asks_slurm_for_a_gpu_per_rank():
+    """hydra/launcher=grpo_slurm: submitit_slurm with one task per trial and trial.num_processes GPUs."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.config.compose import CONF_DIR
+    from grpo_sweep.config.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("train", overrides=["hydra/launcher=grpo_slurm", "trial.num_processes=4"], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    assert launcher["gpus_per_node"] == 4 and launcher["tasks_per_node"] == 1
+
+
+# ----------------------------------------------------------------------------- the doctor
+
+
+def test_doctor_proposes_gpus_with_fsdp_when_one_card_cannot_fit():
+    """A full fine-tune of Gemma 3 1B on an 8 GiB card: no lever on one card fits (weights, gradients
+    and AdamW state alone are ~7.5 GiB), so the doctor proposes sharding over 2 GPUs with FSDP."""
+    from grpo_sweep.memory.doctor import diagnose, format_report
+
+    cfg = compose([*GEMMA, "trial.full_finetune=true", "gpu.memory_gib=8"])
+    r = diagnose(cfg, {})
+    assert r["fits_after"] and r["overrides"] == ["trial.num_processes=2", "trial.strategy=fsdp"], r["overrides"]
+    text = format_report(r, cfg)
+    assert "use 2 GPUs with FSDP" in text and "[needs more GPUs]" in text
+
+
+def test_doctor_proposes_moving_vllm_to_its_own_gpu():
+    """vLLM colocate with a large share on a small card: moving vLLM to its own GPU frees the pool."""
+    from grpo_sweep.memory.doctor import diagnose
+
+    cfg = compose([*GEMMA, "backend=trl_vllm", "gpu.memory_gib=8", "gpu_memory_utilization=0.6", "trial.full_finetune=true"])
+    r = diagnose(cfg, {})
+    levers = {row["lever"]: row for row in r["levers"]}
+    server = next(v for k, v in levers.items() if k.startswith("move vLLM to its own GPU"))
+    assert server["needs_hardware"] and "backend.vllm_mode=server" in server["overrides"]
+    assert server["saving_bytes"] == int(0.6 * cfg.gpu.memory_gib * GiB) or server["saving_bytes"] > 4 * GiB
+
+
+def test_doctor_keeps_one_card_fixes_first():
+    """When a lever on one card fits, the doctor never asks for more hardware."""
+    from grpo_sweep.memory.doctor import diagnose
+
+    r = diagnose(compose([*GEMMA, "preset=seed_baseline", "gpu.memory_gib=6"]), {})
+    assert r["fits_after"] and not any("num_processes" in o or "vllm_mode" in o for o in r["overrides"]), r["overrides"]
+
+
+def test_hardware_moves_by_hand():
+    from grpo_sweep.memory.doctor import candidate_moves
+
+    moves = [m for m in candidate_moves(compose([*GEMMA, "backend=trl_vllm"]), "trl_vllm", "cuda") if m.needs_hardware]
+    assert [m.overrides for m in moves] == [
+        {"trial.num_processes": 2, "trial.strategy": "fsdp"},
+        {"trial.num_processes": 4, "trial.strategy": "fsdp"},
+        {"trial.num_processes": 8, "trial.strategy": "fsdp"},
+        {"backend.vllm_mode": "server", "trial.vllm_devices": [1]},
+    ]
+    assert not [m for m in candidate_moves(compose(GEMMA), "trl", "cpu") if m.needs_hardware]  # no GPUs to add on CPU
+    two = compose([*GEMMA, "backend=trl_vllm", "trial.num_processes=2"])
+    assert [m.overrides for m in candidate_moves(two, "trl_vllm", "cuda") if m.needs_hardware] == [
+        {"backend.vllm_mode": "server", "trial.vllm_devices": [2]}  # the GPU after the ranks' 0 and 1
+    ]
+
+
+# ----------------------------------------------------------------------------- a sweep over the processes
+
+
+@pytest.mark.slow
+def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
+    """trial.num_processes and trial.strategy in the search space (grid, 2 points): both trials run,
+    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks."""
+    import csv
+
+    from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+
+    conf = tmp_path / "conf"
+    (conf / "sweeps").mkdir(parents=True)
+    (conf / "sweeps" / "procs_cpu.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /gpu: cpu_sim\n  - override /hydra/sweeper: grpo_optuna\n"
+        "gpu:\n  memory_gib: 0.25\nnum_generations: 2\ntrial:\n  steps: 2\n"
+        "hydra:\n  sweeper:\n    study_name: procs_cpu\n    sampler: grid\n    n_trials: 2\n"
+        "    params:\n      trial.num_processes: choice(1, 2)\n      trial.strategy: choice(ddp)\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    result = run(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *SMALL, sweep="procs_cpu"))
+    tmp_path = sweep_dir
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))
+    assert sorted(t.params["trial.num_processes"] for t in trials) == [1, 2]
+    assert all(t.user_attrs["status"] == "ok" for t in trials), [t.user_attrs.get("error") for t in trials]
+    two = next(t for t in trials if t.params["trial.num_processes"] == 2)
+    assert two.user_attrs["world_size"] == 2 and two.user_attrs["strategy"] == "ddp"
+    assert len(two.user_attrs["rank_peak_memory_bytes"]) == 2
+    rows = {int(r["world_size"]): r for r in csv.DictReader(open(tmp_path / "trials.csv"))}
+    assert set(rows) == {1, 2} and rows[2]["strategy"] == "ddp" and len(rows[2]["rank_peak_memory_bytes"].split()) == 2
+    assert "2 x ddp" in result.stdout  # the summary table's ranks column
+    html = (tmp_path / "report.html").read_text()
+    assert "per-rank peak GiB" in html and "strategy" in html
+
+
+@pytest.mark.slow
+def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path):
+    """trial.timeout_s bounds the whole group: the parent's SIGTERM reaches torchrun and the ranks,
+    the trial is `timeout`, and no rank outlives it."""
+    import psutil
+
+    from grpo_sweep.trial.parent import run_trial
+
+    cfg = compose([*TINY_DDP, "trial.debug_fault=hang", "trial.timeout_s=150"])
+    m = run_trial(cfg, tmp_path)
+    assert m["status"] == "timeout" and "trial.timeout_s=150" in m["error"]
+    assert m["world_size"] == 2 and len(m["rank_status"]) == 2
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not ranks, ranks
