@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration_replay  # noqa: E402
 import overhead  # noqa: E402
 import record_grid  # noqa: E402
 import search_efficiency  # noqa: E402
@@ -26,6 +27,7 @@ def main(record: bool) -> dict:
     trial_start.main()
     overhead.main(rounds=4, tracker_overrides=overhead.TRACKER_OVERRIDES)
     search_efficiency.main()
+    calibration_replay.main()
     vllm_vs_hf.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
@@ -101,12 +103,31 @@ def summarize() -> dict:
         "vllm_vs_hf_generation_ratio": (
             load("vllm_vs_hf")["vllm_vs_hf_generation_ratio"] if (RESULTS / "vllm_vs_hf.json").exists() else None
         ),
+        # Issue 26: the pre-screen's calibration vs the fixed margin on a landscape whose raw estimator is
+        # off by -12 %, +15 % and +25 % (bench/calibration_replay.py; sums over the three cases).
+        **{
+            k: load("calibration_replay").get(k) if (RESULTS / "calibration_replay.json").exists() else None
+            for mode in ("fixed", "calibrated")
+            for k in (
+                f"calibration_oom_trials_{mode}",
+                f"calibration_false_prunes_{mode}",
+                f"calibration_seconds_to_5pct_{mode}",
+            )
+        },
         "measured_at": measured_at(),
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rows = [{"figure": k, "value": v} for k, v in summary.items()]
     parts = [f"## Performance (`make bench`, {summary['measured_at']})", "", markdown_table(rows), ""]
-    for name in ("overhead", "trial_start", "search_efficiency", "search_seconds", "vllm_vs_hf", "estimator_accuracy"):
+    for name in (
+        "overhead",
+        "trial_start",
+        "search_efficiency",
+        "search_seconds",
+        "calibration_replay",
+        "vllm_vs_hf",
+        "estimator_accuracy",
+    ):
         path = RESULTS / f"{name}.md"
         if path.exists():
             parts += [path.read_text(), ""]

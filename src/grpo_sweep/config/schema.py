@@ -151,6 +151,9 @@ class TrialConfig:
     stop_below: float | None = None
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
+    # set by the sweeper: its pre-screen's raw and calibrated prediction and correction for this trial
+    # (hydra_plugins.grpo_optuna_sweeper.calibration); metrics.json keeps them beside the measured peak.
+    prescreen: dict = field(default_factory=dict)
 
 
 @dataclass
