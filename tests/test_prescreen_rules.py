@@ -200,3 +200,27 @@ def test_hub_lora_targets_from_the_hub_cache_and_not_fetched(tmp_path, monkeypat
         check_hub_lora_targets(compose(["model=hub", "model.hub_id=org/cached", "lora_target_modules=[c_attn]"]))
     check_hub_lora_targets(compose(["model=hub", "model.hub_id=org/absent", "lora_target_modules=[c_attn]"]))
     assert seen == [("org/cached", "config.json"), ("org/absent", "config.json")]
+
+
+def test_doctor_says_holding_the_batch_is_speed_not_memory():
+    """At a 0.13 share Gemma 3 1B's cache holds 2 of 4 sequences: the doctor does not raise the share
+    to fit (vLLM starts, generation runs in waves); it offers 0.18 (one 0.05 step) as a speed suggestion, said so."""
+    from grpo_sweep.memory.doctor import diagnose, format_report
+    from grpo_sweep.memory.oom_message import parse_oom_message
+
+    cfg = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.13"])
+    msg = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
+        "capacity of 22.00 GiB of which 100.00 MiB is free."
+    )
+    result = diagnose(cfg, parse_oom_message(msg))
+    speed = result["speed"]
+    assert speed["overrides"] == ["gpu_memory_utilization=0.18"] and speed["waves"] == 2 and speed["speedup_pct"] > 0
+    assert speed["what"].startswith("speed, not memory") and "not needed to fit" in speed["what"]
+    assert "speed: speed, not memory" in format_report(result, cfg)
+    # No memory move raises the share: training ran out, so the share may only shrink.
+    raised = [o for o in result["overrides"] if o.startswith("gpu_memory_utilization=") and float(o.split("=")[1]) > 0.13]
+    assert not raised
+    # A share that already holds the batch gets no speed suggestion.
+    roomy = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.15"])
+    assert diagnose(roomy, parse_oom_message(msg))["speed"] is None
