@@ -131,3 +131,40 @@ def test_the_sweepers_prescreen_learns_from_the_study(tmp_path):
     fixed = _sweeper(tmp_path / "fixed", prescreen_margin=0.10, prescreen_calibrate=0)
     fixed._learn(study)
     assert fixed._prescreen(study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
+
+
+def test_the_report_figure_and_table_show_raw_and_calibrated(tmp_path):
+    """report.html's predicted-vs-measured figure draws the calibrated prediction beside the raw one
+    (a hollow marker joined to it), and the trials table gains the calibrated and correction columns."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from grpo_sweep.report import figures, html
+    from grpo_sweep.report.trials import Trial
+
+    rec = {"status": "ok", "tokens_per_s": 10.0, "peak_memory_bytes": 90 * MIB, "predicted_peak_bytes": 100 * MIB}
+    calibrated = [
+        Trial(f"trial {i}", {**rec, "predicted_calibrated_bytes": 91 * MIB, "prescreen_correction": 0.91}, number=i)
+        for i in range(2)
+    ]
+    raw_only = [Trial("trial 9", dict(rec), number=9)]
+    drawn = []
+    original = figures.plt.Axes.scatter
+
+    def spy(self, *args, **kwargs):
+        drawn.append(kwargs.get("facecolors"))
+        return original(self, *args, **kwargs)
+
+    figures.plt.Axes.scatter = spy
+    try:
+        assert figures.predicted_vs_measured(calibrated, tmp_path / "both.png").stat().st_size > 5000
+        hollow_with = drawn.count("none")
+        drawn.clear()
+        assert figures.predicted_vs_measured(raw_only, tmp_path / "raw.png") is not None
+        hollow_without = drawn.count("none")
+    finally:
+        figures.plt.Axes.scatter = original
+    assert hollow_with == 3 and hollow_without == 0  # two calibrated points + the legend's marker
+    headers = [header for _, header, _ in html._columns(calibrated)]
+    assert "calibrated GiB" in headers and "correction" in headers
+    assert "calibrated GiB" not in [header for _, header, _ in html._columns(raw_only)]

@@ -21,6 +21,7 @@ from conftest import compose, load_metrics, run_train
 from test_sweeper_helpers import load_study, read_csv, run, sweep_cmd
 
 from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.metrics import KEYS
 from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
 
 SMALL = [(64, 2), (128, 2), (64, 4)]
@@ -107,3 +108,4 @@ def test_calibration_runs_a_point_the_fixed_margin_would_prune(tmp_path):
         "backend",
     )
     assert m["logits_mode"] == "chunked" and m["logits_mode_trl_version"]
+    assert set(m) <= KEYS, set(m) - KEYS  # every key declared in metrics.TrialMetrics

@@ -11,6 +11,7 @@ from test_prescreen_rules import CPU_CARD, _share_for_blocks
 
 from grpo_sweep.config.local import installed
 from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.metrics import KEYS
 
 needs_vllm = pytest.mark.skipif(not installed("vllm"), reason="vLLM is not installed (make install installs it)")
 RUN = ["trial.steps=4", "task.num_prompts=64"]
@@ -33,6 +34,7 @@ def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
     for m in (small, large):
         assert m["status"] == "ok", m.get("error")
         assert m["backend"] == "trl_vllm" and m["logits_mode"] == "chunked"
+        assert set(m) <= KEYS, set(m) - KEYS  # every key declared in metrics.TrialMetrics
     # vLLM's scheduler: never more than the 2 sequences the cache holds running, the rest queued.
     assert small["vllm_max_running_requests"] == 2 and small["vllm_max_waiting_requests"] >= 6
     assert small["predicted_generation_waves"] == 4
