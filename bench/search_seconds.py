@@ -143,7 +143,7 @@ def sweep(
 
     from hydra_plugins.grpo_optuna_sweeper import calibration
 
-    oom_trials, false_prunes = [0], [0]
+    oom_trials, false_prunes, observed = [0], [0], [0]
 
     def prescreen_of(point: dict):
         """The sweeper's _prescreen on the landscape: the raw prediction and the fixed margin, or
@@ -198,6 +198,11 @@ def sweep(
             pick_no_confirm = _picked(best_trial(study), land)
         if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
             allowed = (lambda params: _move_runs(land, params, prescreen_of)) if (calibrate and prescreen) else None
+            if allowed is not None:  # the sweeper's _learn: a new calibration re-judges the moves
+                learned = len(calibration.observations(t.user_attrs for t in study.get_trials(deepcopy=False)))
+                if learned != observed[0]:
+                    verdicts.clear()
+                    observed[0] = learned
             checked = enqueue_neighbour(study, land, seed, prescreen, conf.prescreen_margin, verdicts, allowed)
             clock += checked * land.get("move_check_s", compose_s)  # each candidate composed and estimated once
         trial = study.ask(space)

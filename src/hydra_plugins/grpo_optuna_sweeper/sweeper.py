@@ -70,7 +70,8 @@ class GrpoOptunaSweeper(Sweeper):
         self.launcher = None
         self.job_idx = 0
         self._neighbour_configs: frontier.ComposeCache | None = None  # made on the first neighbour move
-        self._move_verdicts: dict[tuple, bool] = {}  # a move's point -> whether it may run (a refused move stays refused)
+        # a move's point -> whether it may run (kept until the pre-screen's calibration changes: _learn)
+        self._move_verdicts: dict[tuple, bool] = {}
         self._observations: list[calibration.Observation] = []  # the measured trials the pre-screen learns from
 
     # ---------------------------------------------------------------- Hydra's Sweeper interface
@@ -265,7 +266,9 @@ class GrpoOptunaSweeper(Sweeper):
             if limit is None:
                 log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
                 return
-            fullness.append((params, est.total_bytes / limit))
+            # The calibrated prediction (raw until the study has measured trials: a resumed study's count).
+            predicted = self._calibrated(est).calibrated_bytes if self.conf.prescreen else est.total_bytes
+            fullness.append((params, predicted / limit))
         picks = frontier.pick(fullness, count, self.conf.seed)
         for params in picks:
             study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
@@ -492,7 +495,10 @@ class GrpoOptunaSweeper(Sweeper):
             return
         finished = ("COMPLETE", "PRUNED")
         trials = study.get_trials(deepcopy=False)
-        self._observations = calibration.observations(t.user_attrs for t in trials if t.state.name in finished)
+        learned = calibration.observations(t.user_attrs for t in trials if t.state.name in finished)
+        if len(learned) != len(self._observations):
+            self._move_verdicts.clear()  # a neighbour move refused before may pass the new calibration
+        self._observations = learned
 
     def _calibrated(self, est: Any) -> calibration.Calibrated:
         """The estimate corrected by what this study measured (the prior: raw, with the fixed margin)."""
