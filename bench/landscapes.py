@@ -11,8 +11,9 @@ A landscape is every point of a search space with what a trial of it would show 
 tiny_cpu: the 180-point grid measured for real (bench/data/grid_tiny_cpu.json, record_grid.py):
     every point's runs (5 where it fits; the best points topped up: record_grid.py --top-up), each
     with its throughput and what it cost in seconds.
-gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B on an L4
-    (sweeps/gemma3_1b_l4.yaml), the memory wall from grpo_sweep.memory.estimator (with a per-point
+gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B on an L4 as
+    sweeps/gemma3_1b_l4.yaml had it before issue 24 (the cached JSON's "grid"; bench/recipe_held.py
+    selects the recipe-held spaces from it), the memory wall from grpo_sweep.memory.estimator (with a per-point
     error drawn like the estimator's measured GPU error), throughput and step seconds from
     grpo_sweep.memory.throughput.relative_step_time, start seconds from the H200 check's measured
     trial (bench/results/gpu_check_h200.json), noise drawn like the tiny grid's measured runs.
@@ -33,7 +34,6 @@ from common import ROOT, measured_at
 
 GRID = ROOT / "bench" / "data" / "grid_tiny_cpu.json"
 GEMMA = ROOT / "bench" / "data" / "landscape_gemma3_1b_l4.json"
-GEMMA_SWEEP = ROOT / "sweeps" / "gemma3_1b_l4.yaml"
 GPU_CHECK = ROOT / "bench" / "results" / "gpu_check_h200.json"
 RANGE_IN_SIGMAS = 1.693  # the expected range (max - min) of 3 draws of a normal, in standard deviations
 GEMMA_ESTIMATOR_SIGMA = 0.08  # true peak = predicted x exp(N(0, 0.08)): the H200 check measured 0.86x on one config
@@ -148,23 +148,18 @@ def truth_uncertainty(points: list[dict], optimum: float, within: float = 0.10) 
 
 # -------------------------------------------------------------------------------------- gemma3_1b_l4
 def gemma_space() -> dict:
-    from omegaconf import OmegaConf
-
-    params = OmegaConf.load(GEMMA_SWEEP).hydra.sweeper.params
-    space = {}
-    for name, text in params.items():
-        inner = str(text).strip()
-        assert inner.startswith("choice(") and inner.endswith(")"), f"{name}: {text} (only choice() is modelled)"
-        values = []
-        for v in inner[len("choice(") : -1].split(","):
-            v = v.strip()
-            values.append({"true": True, "false": False}.get(v, int(v) if v.isdigit() else (float(v) if "." in v else v)))
-        space[name] = values
-    return space
+    """The OLD Gemma space (the seed's search before issue 24: batch and accumulation independent,
+    length, rank, 4-bit and targets searched alongside), as the cached landscape holds it. Not
+    sweeps/gemma3_1b_l4.yaml: that sweep now holds the seed baseline's recipe (bench/recipe_held.py
+    selects its recipe-held spaces from this one), and the old numbers in summary.json rest on this."""
+    if not GEMMA.exists():
+        raise FileNotFoundError(f"{GEMMA}: the cached old Gemma landscape (its 'grid' is the old space) is missing")
+    return json.loads(GEMMA.read_text())["grid"]
 
 
 def build_gemma() -> dict:
-    """Estimate and time every point of the seed's Gemma space (minutes: ~6k estimates); cached in GEMMA."""
+    """Estimate and time every point of the old Gemma space again (minutes: ~6k estimates); cached in GEMMA.
+    The model, GPU and lengths come from +sweeps=gemma3_1b_l4; every lever of the old space is set per point."""
     from grpo_sweep.config.compose import compose_train_config
     from grpo_sweep.memory.estimator import estimate
     from grpo_sweep.memory.throughput import relative_step_time
@@ -184,7 +179,7 @@ def build_gemma() -> dict:
         speed = relative_step_time(cfg)
         rows.append([*values, int(est.total_bytes), round(speed["step_s"], 5), round(speed["tokens_per_s"], 3)])
     out = {
-        "how": "python bench/landscapes.py: every point of sweeps/gemma3_1b_l4.yaml (a model: estimator + throughput model)",
+        "how": "python bench/landscapes.py: every point of the seed's old gemma3_1b_l4 space (a model: estimator + throughput model)",
         "measured_at": measured_at(),
         "budget_bytes": int(base[next(iter(base))].gpu.memory_gib * 2**30),
         "steps": int(base[next(iter(base))].trial.steps),

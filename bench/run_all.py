@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration_replay  # noqa: E402
 import overhead  # noqa: E402
+import recipe_held  # noqa: E402
 import record_grid  # noqa: E402
 import search_efficiency  # noqa: E402
 import trial_start  # noqa: E402
@@ -28,6 +29,7 @@ def main(record: bool) -> dict:
     overhead.main(rounds=4, tracker_overrides=overhead.TRACKER_OVERRIDES)
     search_efficiency.main()
     calibration_replay.main()
+    recipe_held.main(recipe_held.SEEDS)  # reads search_efficiency.json: after it
     vllm_vs_hf.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
@@ -36,9 +38,12 @@ def main(record: bool) -> dict:
     return summarize()
 
 
-def summarize() -> dict:
-    """summary.json and summary.md from the latest result of each benchmark."""
+def summarize(keep_measured_at: bool = False) -> dict:
+    """summary.json and summary.md from the latest result of each benchmark. keep_measured_at: keep the
+    previous summary's `measured_at` (the `make bench` it came from) when only a result was added."""
     load = lambda name: json.loads((RESULTS / f"{name}.json").read_text())  # noqa: E731
+    previous = load("summary") if (RESULTS / "summary.json").exists() else {}
+    recipe = load("recipe_held") if (RESULTS / "recipe_held.json").exists() else {}
     start, over, search = load("trial_start"), load("overhead"), load("search_efficiency")
     accuracy = load("estimator_accuracy")["summary"]
     summary = {
@@ -114,7 +119,11 @@ def summarize() -> dict:
                 f"calibration_seconds_to_5pct_{mode}",
             )
         },
-        "measured_at": measured_at(),
+        # Issue 24: the same search on recipe-held spaces selected from the old ones (bench/recipe_held.py:
+        # `_recipe_held_<space>`), and the old spaces replayed again beside them (`_old_space_rerun`).
+        **{k: v for k, v in recipe.items() if "_recipe_held_" in k or k.endswith("_old_space_rerun")},
+        "recipe_held_measured_at": recipe.get("measured_at"),
+        "measured_at": previous.get("measured_at") if keep_measured_at and previous.get("measured_at") else measured_at(),
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rows = [{"figure": k, "value": v} for k, v in summary.items()]
@@ -125,6 +134,7 @@ def summarize() -> dict:
         "search_efficiency",
         "search_seconds",
         "calibration_replay",
+        "recipe_held",
         "vllm_vs_hf",
         "estimator_accuracy",
     ):
@@ -143,5 +153,10 @@ if __name__ == "__main__":
         help="measure the grid again (about 30 min on a quiet core: 5 runs per point that fits)",
     )
     parser.add_argument("--summarize", action="store_true", help="only rebuild summary.json/.md from results")
+    parser.add_argument(
+        "--keep-measured-at",
+        action="store_true",
+        help="with --summarize: keep the summary's measured_at (the `make bench` it came from), e.g. after adding one result",
+    )
     cli = parser.parse_args()
-    print(json.dumps(summarize() if cli.summarize else main(cli.record_grid), indent=2))
+    print(json.dumps(summarize(cli.keep_measured_at) if cli.summarize else main(cli.record_grid), indent=2))

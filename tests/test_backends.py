@@ -143,7 +143,7 @@ def test_unsloth_translation():
     assert unsloth.fast_inference(cfg) is True  # conf/backend/unsloth.yaml's default
     assert unsloth.fast_inference(compose(["backend=unsloth", "backend.fast_inference=false"])) is False
     peft = unsloth.peft_kwargs(cfg)
-    assert (peft["r"], peft["target_modules"], peft["lora_alpha"]) == (32, ["q_proj", "v_proj"], 32)
+    assert (peft["r"], peft["target_modules"], peft["lora_alpha"]) == (32, ["q_proj", "v_proj"], 64)  # alpha null: 2 x rank
     assert peft["use_gradient_checkpointing"] == "unsloth"
     assert unsloth.peft_kwargs(compose(["gradient_checkpointing=false"]))["use_gradient_checkpointing"] is False
 

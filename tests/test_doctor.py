@@ -600,8 +600,8 @@ def _moves(overrides: list[str], backend: str = "trl", device: str = "cuda") -> 
 def test_candidate_moves_by_hand():
     """The doctor's moves for configs worked out by hand: halve the micro-batch while it divides
     (grad-accum multiplied back: the same generation batch), 4-bit only on CUDA and only once, half
-    the LoRA rank from rank 8, half the completion budget from 32 tokens (the one move that
-    changes the experiment), checkpointing unless it is on (or Unsloth's own)."""
+    the LoRA rank from rank 8, half the completion budget from 32 tokens, checkpointing unless it is
+    on (or Unsloth's own). 4-bit, rank and length change the recipe (levers.KINDS): tried last."""
     # The tiny model on an L4: micro-batch 4, grad-accum 1, rank 16, max_seq_length 96, prompt 32.
     tiny = ["gpu=l4_24g", "gradient_checkpointing=false"]
     assert _moves(tiny) == [
@@ -618,8 +618,8 @@ def test_candidate_moves_by_hand():
             "micro-batch 4 -> 1 (grad-accum x4: same generation batch)",
             False,
         ),
-        ("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights", False),
-        ("rank", {"lora_rank": 8}, "LoRA rank 16 -> 8", False),
+        ("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights", True),
+        ("rank", {"lora_rank": 8}, "LoRA rank 16 -> 8", True),
         ("sequence", {"max_seq_length": 64}, "max_seq_length 96 -> 64 (halves the completion budget)", True),
     ]
     # Micro-batch 6 x grad-accum 2: 6 -> 3 (x2 = 4), and 3 does not halve; rank 8 -> 4 (the lowest

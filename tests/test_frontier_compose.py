@@ -36,7 +36,7 @@ def _same(cached_compose, fresh_compose, overrides: list[str]):
 def test_cached_config_equals_a_fresh_compose_over_the_tiny_space():
     from grpo_sweep.memory.estimator import estimate
 
-    with tiny_sweeper() as sweeper:
+    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as sweeper:  # a space with a group (lora) in it
         grid = space.grid_choices(sweeper.distributions)
         assert set(grid["lora"]) == {"qv", "all_linear"}  # the group lever, both choices below
         every = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
@@ -92,14 +92,14 @@ def test_frontier_start_composes_once_per_group_choice_and_skips_a_missing_key(c
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with tiny_sweeper() as sweeper:
+    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as sweeper:
         composed = []
         real = sweeper._compose
         sweeper._compose = lambda overrides: composed.append(overrides) or real(overrides)
         study = optuna.create_study(direction="maximize")
         with caplog.at_level(logging.INFO):
             sweeper._enqueue_frontier(study, 3)
-        assert len(composed) == 2  # 192 candidates, 2 lora choices
+        assert len(composed) == 2  # 72 candidates, 2 lora choices
         picks = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
         assert len(picks) == 3 and "Frontier start: enqueued 3 of " in caplog.text
 

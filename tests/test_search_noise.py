@@ -261,6 +261,8 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
             "hydra.sweeper.prescreen=false",
             "max_seq_length=64,128",
             "per_device_train_batch_size=2,4",
+            "completions_per_step=4",
+            "hydra.sweeper.concessions=[max_seq_length]",
             "lora_rank=8",
             "lora=qv",
         )

@@ -288,26 +288,29 @@ def test_tiny_cpu_sweep(tmp_path):
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     trials = counted(study)
     assert len(trials) == len(study.trials) == 6  # the default frontier start filled only the room left
-    # tiny_cpu.yaml's enqueued probes ran first: the smallest and the largest point; then the frontier start.
-    probes = [(t.params["max_seq_length"], t.params["per_device_train_batch_size"]) for t in study.trials[:2]]
-    assert probes == [(64, 2), (256, 8)]
+    # tiny_cpu.yaml's enqueued probes ran first: the smallest and the largest micro-batch; then the frontier start.
+    assert [t.params["per_device_train_batch_size"] for t in study.trials[:2]] == [1, 8]
     assert any(t.user_attrs.get("frontier_start") for t in study.trials[2:6])
     for t in trials:
         assert t.user_attrs["status"] in ("ok", "oom", "pruned")
-        assert t.user_attrs["levers"]["max_seq_length"] == t.params["max_seq_length"]
+        assert t.user_attrs["levers"]["per_device_train_batch_size"] == t.params["per_device_train_batch_size"]
+        levers = t.user_attrs["levers"]  # one recipe: 8 completions per optimiser step, however split
+        assert levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"] == 8
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     best_trial = study.trials[best["best_trial"]]
     assert best_trial.user_attrs["status"] == "ok"
     assert all(v <= 0 for v in best_trial.constraints.values())
     assert best["best_value"] == max(t.value for t in trials if t.user_attrs["status"] == "ok")
     assert best["command"].startswith("python train.py +sweeps=tiny_cpu ")
-    assert f"max_seq_length={best_trial.params['max_seq_length']}" in best["command"]
+    assert f"per_device_train_batch_size={best_trial.params['per_device_train_batch_size']}" in best["command"]
     # The winner's reward beside its throughput (the warm tiny model earns some): "still learns"
     assert best["reward_mean"] == best_trial.user_attrs["reward_mean"] and best["reward_mean"] > 0
     assert "reward_change" in best and "reward" in result.stdout.split("=== Study")[-1]
     rows = read_csv(tmp_path / "trials.csv")
     assert [int(r["number"]) for r in rows] == list(range(6))
-    assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "lora"} <= set(rows[0])
+    assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "gradient_checkpointing"} <= set(
+        rows[0]
+    )
     for t in trials:  # the W&B grouping keys reached each trial's config
         assert t.user_attrs["status"] != "pruned"
         run_dir = t.user_attrs["run_dir"]
@@ -315,7 +318,7 @@ def test_tiny_cpu_sweep(tmp_path):
         assert (config["trial"]["study"], config["trial"]["number"]) == ("tiny_cpu", t.number)
     assert "Best: trial" in result.stdout and "optuna-dashboard" in result.stdout
     infeasible = [t for t in trials if t.user_attrs["status"] == "oom"]
-    assert study.trials[1] in infeasible, "256 tokens x 8 completions cannot fit tiny_cpu's 96 MiB card"
+    assert study.trials[1] in infeasible, "a micro-batch of 8 x 128 tokens cannot fit tiny_cpu's 96 MiB card"
     for t in infeasible:
         assert memory_constraint(t) > 0
     assert study.trials[1].user_attrs["deficit_bytes"] > 0
@@ -520,13 +523,14 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
             "load_in_4bit=false",
             "max_seq_length=64",
             "max_prompt_length=32",
+            "completions_per_step=4",  # the recipe: seed_optimized's own 2 x 2
         )
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     first = study.trials[0]
     assert first.user_attrs["preset"] == "seed_optimized" and "preset=seed_optimized" in first.user_attrs["overrides"]
-    assert first.params == {"per_device_train_batch_size": 2, "lora_rank": 16}  # seed_optimized's values
+    assert first.params == {"per_device_train_batch_size": 2, "gradient_checkpointing": False}  # seed_optimized's values
     levers = first.user_attrs["levers"]
     assert (levers["gradient_accumulation_steps"], levers["num_generations"]) == (2, 2)  # from the preset
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())

@@ -18,9 +18,9 @@ SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "l
 
 
 @contextlib.contextmanager
-def tiny_sweeper(*params: str):
-    """The sweeper of `python train.py -m +sweeps=tiny_cpu [params]` as Hydra sets it up (the
-    master config, Hydra's config loader), without launching anything."""
+def tiny_sweeper(*params: str, sweep: str = SWEEP):
+    """The sweeper of `python train.py -m +sweeps=tiny_cpu [params]` (or another `sweep`) as Hydra sets it
+    up (the master config, Hydra's config loader), without launching anything."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext
@@ -33,13 +33,13 @@ def tiny_sweeper(*params: str):
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        master = compose("train", overrides=[SWEEP], return_hydra_config=True)
+        master = compose("train", overrides=[sweep], return_hydra_config=True)
         conf = OmegaConf.to_container(master.hydra.sweeper, resolve=True)
         conf.pop("_target_")
         sweeper = GrpoOptunaSweeper(**conf)
         sweeper.hydra_context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=None)
         sweeper.config = master
-        space_conf = [f"{k}={v}" for k, v in sweeper.params.items()] + [SWEEP, *params]
+        space_conf = [f"{k}={v}" for k, v in sweeper.params.items()] + [sweep, *params]
         sweeper.distributions, fixed = space.parse_space(space_conf)
         sweeper.fixed = list(fixed.values())
         yield sweeper

@@ -29,6 +29,10 @@ class TrialMetrics(TypedDict, total=False):
     run_dir: str  # the Hydra job directory holding metrics.json, config.yaml and trial.log
     # --- what was asked and what ran
     levers: dict[str, Any]  # the seven levers + lora_target_modules as requested (levers.py)
+    # the recipe trained (levers.recipe_of: every recipe setting, the model and task by name) and its
+    # completions per optimiser step (per_device_train_batch_size x gradient_accumulation_steps)
+    recipe: dict[str, Any] | None
+    completions_per_step: int | None
     effective: dict[str, Any]  # the same read back from the built trainer, plus what TRL derived
     lever_mismatch: dict[str, list]  # {lever: [requested, effective]} where a backend changed one
     backend: str | None  # the resolved backend (backend.name may say auto)
@@ -156,10 +160,13 @@ REQUIRED_KEYS = (
 )
 
 
-def empty_metrics(status: str, error: str | None, levers: dict) -> TrialMetrics:
-    """A record with every required key, for trials that ended before measuring anything."""
+def empty_metrics(status: str, error: str | None, levers: dict, recipe: dict | None = None) -> TrialMetrics:
+    """A record with every required key, for trials that ended before measuring anything.
+    recipe: levers.recipe_of(cfg), the recipe the trial trains (and its completions_per_step)."""
     record: TrialMetrics = {key: None for key in REQUIRED_KEYS}  # type: ignore[misc]
     record.update(status=status, error=error, levers=levers, effective={}, steps=0, lever_mismatch={})
+    if recipe is not None:
+        record.update(recipe=recipe, completions_per_step=recipe.get("completions_per_step"))
     return record
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
 
 from ..metrics import TrialMetrics
 from . import backends
@@ -162,8 +162,13 @@ class TrainConfig:
     max_seq_length: int = 96
     gpu_memory_utilization: float = 0.6
     per_device_train_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
+    # None: completions_per_step / per_device_train_batch_size, or 1 when completions_per_step is None
+    # (validate derives it: split_of)
+    gradient_accumulation_steps: int | None = None
     num_generations: int = 4
+    # The recipe's completions per optimiser step (batch x accumulation). None: whatever the split
+    # gives. Set, it holds the effective batch: gradient_accumulation_steps is derived from it.
+    completions_per_step: int | None = None
     lora_rank: int = 16
     load_in_4bit: bool = False
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "v_proj"])
@@ -206,13 +211,54 @@ def _one_of(cfg: Any, key: str, allowed: tuple) -> None:
         raise ConfigError(f"{key}={value}: must be one of {shown}")
 
 
+def split_of(cfg: Any) -> tuple[int, int]:
+    """(per_device_train_batch_size, gradient_accumulation_steps), the accumulation derived from
+    completions_per_step when it is null: the one place the split is resolved. A completions_per_step
+    the batch does not divide, or an accumulation that contradicts it, is a ConfigError."""
+    batch, accum, total = cfg.per_device_train_batch_size, cfg.get("gradient_accumulation_steps"), cfg.get("completions_per_step")
+    if total is None:
+        return batch, 1 if accum is None else accum
+    if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+        raise ConfigError(f"completions_per_step={total}: must be a positive integer, or null (batch x accumulation)")
+    if not isinstance(batch, int) or batch <= 0:
+        return batch, accum  # the batch's own check names it
+    if accum is None:
+        if total % batch:
+            splits = [b for b in range(1, total + 1) if total % b == 0]
+            raise ConfigError(
+                f"per_device_train_batch_size={batch} does not divide completions_per_step={total} "
+                f"(gradient_accumulation_steps = completions_per_step / per_device_train_batch_size); "
+                f"allowed per_device_train_batch_size here: {splits}"
+            )
+        return batch, total // batch
+    if batch * accum != total:
+        raise ConfigError(
+            f"completions_per_step={total} contradicts per_device_train_batch_size={batch} x "
+            f"gradient_accumulation_steps={accum} = {batch * accum}: set completions_per_step and the batch "
+            "(the accumulation is derived), or gradient_accumulation_steps=null"
+        )
+    return batch, accum
+
+
+def resolve_split(cfg: Any) -> Any:
+    """Write the derived gradient_accumulation_steps (split_of) into cfg, so every reader after it (the
+    trainer's GRPOConfig, config.yaml, W&B) sees the split as an integer. validate and run_trial call it."""
+    _, accum = split_of(cfg)
+    if cfg.get("gradient_accumulation_steps") != accum:
+        with read_write(cfg), open_dict(cfg):
+            cfg.gradient_accumulation_steps = accum
+    return cfg
+
+
 def generation_batch_size(cfg: Any) -> int:
     """Completions generated per optimiser step, as TRL derives it (steps_per_generation = grad-accum)."""
-    return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    batch, accum = split_of(cfg)
+    return batch * accum
 
 
 def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[str], bool] | None = None) -> DictConfig:
-    """Check ranges and cross-field rules; raise ConfigError naming the key. Returns cfg unchanged.
+    """Check ranges and cross-field rules; raise ConfigError naming the key. Returns cfg, whose
+    gradient_accumulation_steps is then resolved (split_of: derived from completions_per_step when null).
 
     Pure: it knows nothing about this machine. The facts about where the trial will run are passed
     in: `cuda` (None: skip the CUDA-only rules) and `installed(package)` (None: skip the package
@@ -220,9 +266,10 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     pass the target card's (CUDA for a real card) and no package check.
     """
     check_known_keys(cfg)
+    _positive(cfg, "per_device_train_batch_size")
+    resolve_split(cfg)
     for key in (
         "max_seq_length",
-        "per_device_train_batch_size",
         "gradient_accumulation_steps",
         "lora_rank",
         "max_prompt_length",

@@ -30,6 +30,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..config.schema import split_of
+from ..levers import RECIPE, kind_of
 from ..units import GIB as GiB
 from . import estimator as est_mod
 from . import throughput
@@ -42,7 +44,11 @@ class Move:
     group: str
     overrides: dict
     label: str
-    changes_experiment: bool = False
+
+    @property
+    def changes_experiment(self) -> bool:
+        """Whether the move changes the recipe (what is learned: levers.KINDS), not only a knob."""
+        return any(kind_of(key) == RECIPE for key in self.overrides)
 
 
 def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
@@ -105,7 +111,7 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
     moves: list[Move] = []
     if not cfg.gradient_checkpointing and backend != "unsloth":
         moves.append(Move("checkpointing", {"gradient_checkpointing": True}, "gradient checkpointing on"))
-    B, GA = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    B, GA = split_of(cfg)
     factor = 2
     while B // factor >= 1 and B % factor == 0:
         moves.append(
@@ -173,7 +179,6 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
                 "sequence",
                 {"max_seq_length": shorter},
                 f"max_seq_length {cfg.max_seq_length} -> {shorter} (halves the completion budget)",
-                changes_experiment=True,
             )
         )
     return moves

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..config import backends
 from ..config.model_arch import arch_of
+from ..config.schema import split_of
 from ..units import GIB as GiB
 from ..units import MIB as MiB
 from ..units import budget_bytes
@@ -139,6 +140,7 @@ def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
     family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"
     S = int(cfg.max_seq_length)
     P = int(cfg.max_prompt_length)
+    batch, accum = split_of(cfg)
     return Shapes(
         family=family,
         H=arch.hidden_size,
@@ -151,9 +153,9 @@ def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
         tied=bool(arch.tie_word_embeddings),
         qkv_bias=arch.model_type == "qwen2",
         sliding_window=512 if family == "gemma3" else None,  # models._EXTRA_CONFIG
-        B=cfg.per_device_train_batch_size,
-        GA=cfg.gradient_accumulation_steps,
-        G=cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps,
+        B=batch,
+        GA=accum,
+        G=batch * accum,
         S=S,
         P=P,
         C=S - P,

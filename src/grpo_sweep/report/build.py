@@ -18,7 +18,8 @@ def build(trials: list[Trial], out: Path, *, title: str, study: Any = None) -> P
     importances, note = param_importances(study) if study is not None else ({}, None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return write_report(trials, out, title=title, importances=importances, importance_note=note)
+    tags = study.user_attrs.get("price_tags") if study is not None else None  # the sweeper's concessions.price_tags
+    return write_report(trials, out, title=title, importances=importances, importance_note=note, concessions=tags)
 
 
 def build_for_study(study: Any, out: Path) -> tuple[Path, list[Trial]]:

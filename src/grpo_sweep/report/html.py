@@ -223,8 +223,65 @@ def finalists_html(ranked: list, objective: str) -> str:
     )
 
 
+def _value(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v))
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:.0f}" if isinstance(n, (int, float)) else "-"
+
+
+def concessions_html(tags: dict, objective: str) -> str:
+    """The Concessions section: the recipe the sweep held, whether it fits as it is, and for each recipe
+    setting the winner gave up, what that bought (the sweeper's concessions.price_tags, stored on the study)."""
+    if tags.get("error"):
+        return f'<p class="note">Concessions not priced: {_e(tags["error"])}</p>'
+    recipe = tags.get("recipe") or {}
+    html = "<p>Recipe held: <code>" + _e(" ".join(f"{k}={_value(v)}" for k, v in recipe.items() if v is not None)) + "</code></p>"
+    full = tags.get("full_recipe") or {}
+    if full.get("fits"):
+        html += (
+            f"<p id=full-recipe>The full recipe fits: fastest trial {_e(full['trial'])}, {_e(objective)} "
+            f"{full['objective']:.4g}, peak {_mib(full.get('peak_memory_bytes'))} MiB.</p>"
+        )
+    else:
+        html += f"<p id=full-recipe>The full recipe does not fit: {_e(full.get('reason'))}</p>"
+        cheap = tags.get("cheapest")
+        if cheap:
+            what = ", ".join(f"{k} {_value(v['recipe'])} &rarr; {_value(v['used'])}" for k, v in cheap["concessions"].items())
+            html += (
+                f"<p>Cheapest concession that fits: {what} "
+                f"(trial {cheap['trial']}, {_e(objective)} {cheap['objective']:.4g}).</p>"
+            )
+    winner = tags.get("winner")
+    rows = tags.get("taken") or []
+    if winner and not rows:
+        html += f"<p>The winner (trial {_e(winner['trial'])}) trains the full recipe: it gave nothing up.</p>"
+    if rows:
+        body = ""
+        for r in rows:
+            basis = r["basis"] + (f" (trial {winner['trial']} vs {r['vs_trial']})" if r.get("vs_trial") is not None else "")
+            peak = f"{_mib(r.get('peak_at_recipe_bytes'))} &rarr; {_mib(r.get('peak_used_bytes'))}"
+            cells = [_e(r["setting"]), _e(_value(r["recipe"])), _e(_value(r["used"])), _e(r["bought"]), peak, _e(basis)]
+            body += "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+        html += (
+            f"<p>What the winner (trial {_e(winner['trial'])}) gave up, and what each concession bought:</p>"
+            "<table id=concessions><thead><tr><th>setting</th><th>recipe</th><th>used</th><th>bought</th>"
+            f"<th>peak MiB (recipe &rarr; used)</th><th>basis</th></tr></thead><tbody>{body}</tbody></table>"
+        )
+    return html
+
+
 def write_report(
-    trials: list[Trial], out: Path, *, title: str, importances: dict | None = None, importance_note: str | None = None
+    trials: list[Trial],
+    out: Path,
+    *,
+    title: str,
+    importances: dict | None = None,
+    importance_note: str | None = None,
+    concessions: dict | None = None,
 ) -> Path:
     out = Path(out)
     ranked = finalists(trials)  # the median-of-runs rule: ranked[0].item is best_trial(trials)
@@ -256,6 +313,7 @@ def write_report(
         + (f" Budget {budget:.2f} GiB." if budget is not None else " No memory budget (gpu.memory_gib unset).")
         + "</p>",
         "<h2>Best config</h2>" + best_html,
+        *(["<h2>Concessions</h2>" + concessions_html(concessions, objective)] if concessions else []),
         "<h2>Throughput vs peak memory</h2>"
         + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
         + '<p class="note">OOM trials sit at budget + deficit (what they needed) when both are known, '

@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import backends
 from ..config.local import cuda_available, installed
 from ..config.model_arch import fill_arch
-from ..config.schema import ConfigError
-from ..levers import requested_levers
+from ..config.schema import ConfigError, resolve_split
+from ..levers import recipe_of, requested_levers
 from ..metrics import empty_metrics, read_metrics, write_metrics
 from . import worker
 
@@ -133,6 +133,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         fill_arch(cfg)
     except ConfigError as exc:
         print(f"[trial] architecture not known here ({exc}); the trial loads the model by name", flush=True)
+    resolve_split(cfg)  # gradient_accumulation_steps from completions_per_step (validate did it already for train.py)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     for stale in (run_dir / "metrics.json", run_dir / worker.STOP_FILE, run_dir / worker.WANDB_NOTE_FILE):
         stale.unlink(missing_ok=True)
@@ -162,7 +163,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         keep_alive.close()
     record = read_metrics(run_dir)
     if timed_out:
-        record = record or empty_metrics("timeout", None, requested_levers(cfg))
+        record = record or empty_metrics("timeout", None, requested_levers(cfg), recipe_of(cfg))
         record["status"] = "timeout"
         record["error"] = reason
     elif record is None:
@@ -172,7 +173,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
             if code is not None and code < 0
             else f"trial process exited with code {code} without writing metrics"
         )
-        record = empty_metrics("failed", reason, requested_levers(cfg))
+        record = empty_metrics("failed", reason, requested_levers(cfg), recipe_of(cfg))
     record["exitcode"] = proc.exitcode
     record["wall_time_s"] = time.monotonic() - started
     first_step = record.get("first_step_begin_unix")

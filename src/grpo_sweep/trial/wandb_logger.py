@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..config.schema import split_of
 from ..credentials import redact, wandb_mode
 
 FINISH_TIMEOUT_S = 60.0  # after this W&B stops uploading; the data stays on disk for `wandb sync`
@@ -56,10 +57,11 @@ def run_group(cfg: Any, run_dir: Path) -> str | None:
 
 def run_name(cfg: Any) -> str:
     """A name a person can read in the runs table: the levers, and the Optuna trial number."""
+    batch, accum = split_of(cfg)
     parts = [
         f"seq{cfg.max_seq_length}",
         f"util{cfg.gpu_memory_utilization:g}",
-        f"b{cfg.per_device_train_batch_size}x{cfg.gradient_accumulation_steps}",
+        f"b{batch}x{accum}",
         f"g{cfg.num_generations}",
         f"r{cfg.lora_rank}",
     ]

@@ -180,11 +180,11 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from omegaconf import OmegaConf
 
-    from ..levers import requested_levers
+    from ..levers import recipe_of, requested_levers
     from ..metrics import empty_metrics, versions, write_metrics
 
     cfg = OmegaConf.create(container)
-    record = empty_metrics("failed", None, requested_levers(cfg))
+    record = empty_metrics("failed", None, requested_levers(cfg), recipe_of(cfg))
     record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None

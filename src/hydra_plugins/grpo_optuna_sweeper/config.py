@@ -21,6 +21,11 @@ class GrpoOptunaSweeperConf:
     _target_: str = "hydra_plugins.grpo_optuna_sweeper.sweeper.GrpoOptunaSweeper"
     # Search space in Hydra's override grammar: {lever_or_group: "choice(...)" | "range(...)" | ...}.
     params: dict[str, Any] | None = None
+    # Equal learning: the sweep holds the recipe the config states (completions per step, generations,
+    # lengths, LoRA rank and targets, 4-bit, ...: grpo_sweep.levers.KINDS) and searches knobs. A recipe
+    # setting listed here may be changed by the search; best.yaml and the report then say what each
+    # change the winner took bought (concessions.py). Empty: knobs only.
+    concessions: list[str] = field(default_factory=list)
     study_name: str = "grpo-sweep"
     # None: a JournalStorage file `study.journal` in hydra.sweep.dir (no server needed).
     # Else: `journal:<path>` / `<path>.journal`, `sqlite:///<path>`, `postgresql://user:pw@host/db`.

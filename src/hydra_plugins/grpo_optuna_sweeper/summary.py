@@ -20,6 +20,7 @@ from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
 from grpo_sweep.units import GIB
 
+from .concessions import describe, fmt
 from .failures import why_no_best
 
 FIRST_COLUMNS = [
@@ -226,8 +227,12 @@ def write_summary(
     headroom: float | None,
     quiet: bool = False,
     stopped: Any | None = None,
+    recipe: dict | None = None,
+    price_tags: dict | None = None,
 ) -> dict:
-    """`stopped`: a failures.Stop when a systematic failure ended the sweep (said, and in the dict)."""
+    """`stopped`: a failures.Stop when a systematic failure ended the sweep (said, and in the dict).
+    recipe: the recipe every trial held (best.yaml `recipe:`); price_tags: concessions.price_tags, what
+    the winner gave up and what it bought (best.yaml `concessions:`, printed), when concessions were searched."""
     import yaml
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +257,10 @@ def write_summary(
         "trials": states,
         "dashboard": dashboard_command(storage_url),
     }
+    if recipe:
+        summary["recipe"] = recipe
+    if price_tags:
+        summary["concessions"] = {k: v for k, v in price_tags.items() if k != "recipe"}
     if stopped is not None:
         summary["stopped"] = stopped.as_dict()
     if best is not None:
@@ -287,6 +296,12 @@ def write_summary(
     else:
         print(table(study, objective, top_k))
         print(finalist_table(summary, objective))
+        if recipe:
+            print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
+        if price_tags:
+            print(
+                describe(price_tags, objective) if "error" not in price_tags else f"Concessions not priced: {price_tags['error']}"
+            )
         reward = best.user_attrs.get("reward_mean")
         print(
             f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"

@@ -25,16 +25,17 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_sweep.config.local import validate_here
+from grpo_sweep.config.schema import SCHEMA_KEYS
 from grpo_sweep.credentials import mask_url as mask
-from grpo_sweep.levers import requested_levers
+from grpo_sweep.levers import recipe_of, requested_levers
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.metrics import read_metrics
 from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
 from grpo_sweep.units import budget_bytes
 
-from . import calibration, confirm, frontier, neighbours, space
+from . import calibration, concessions, confirm, frontier, neighbours, space
+from .config import SweeperSettingError, check_setting
 from .config import check as check_settings
-from .config import check_setting
 from .failures import systematic_failure
 from .outcome import (
     Outcome,
@@ -65,6 +66,10 @@ class GrpoOptunaSweeper(Sweeper):
     def __init__(self, **conf: Any) -> None:
         self.conf = OmegaConf.create(conf)
         self.params = conf.get("params") or {}
+        self.concessions = [str(c) for c in (conf.get("concessions") or [])]
+        self.recipe: dict = {}  # the recipe every trial trains (_hold_recipe)
+        self.concession_params: dict[str, set] = {}  # search parameter -> the recipe settings it changes
+        self.may_change: set[str] = set()
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
@@ -94,6 +99,7 @@ class GrpoOptunaSweeper(Sweeper):
         self.distributions, fixed = space.parse_space(params_conf)
         self.fixed = list(fixed.values())
         self.objective = conf.objective or self.config.get("objective") or "tokens_per_s"
+        self._hold_recipe()  # before the storage opens: a recipe change not declared stops here
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         study = self._open_study()
@@ -146,6 +152,44 @@ class GrpoOptunaSweeper(Sweeper):
                 signal.signal(signum, handler)
         return self._write_report(study)
 
+    def _hold_recipe(self) -> None:
+        """Equal learning (concessions.py): the recipe is the sweep's base config (every trial trains it),
+        completions_per_step is held (the split batch x accumulation is the knob), and a search parameter
+        that changes a recipe setting must be listed in hydra.sweeper.concessions."""
+        concessions.check_list(self.concessions, {k for k in self.distributions if k not in SCHEMA_KEYS})
+        self.recipe = recipe_of(self._compose(self.fixed))
+
+        def changes(key: str) -> dict:
+            if key in SCHEMA_KEYS:
+                changed = concessions.setting_changes(key)
+                if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+                    changed.add(concessions.CPS)
+                return dict.fromkeys(changed)
+            out: dict = {}  # a config group: what each of its choices changes
+            for value in space.grid_choices({key: self.distributions[key]})[key]:
+                cfg = self._compose([*self.fixed, space.to_override(key, value)])
+                out.update(concessions.diff(self.recipe, recipe_of(cfg)))
+            return out
+
+        self.concession_params = concessions.check_space(self.distributions, self.concessions, changes)
+        self.may_change = set(self.concessions).union(*self.concession_params.values())
+        cps = self.recipe[concessions.CPS]
+        if concessions.CPS not in self.concessions:
+            held = {concessions.CPS: cps, "gradient_accumulation_steps": None}  # the accumulation is derived
+            self.fixed = [o for o in self.fixed if o.split("=", 1)[0].lstrip("+~") not in held]
+            self.fixed += [space.to_override(k, v) for k, v in held.items()]
+            totals = [cps]
+        else:
+            dist = self.distributions.get(concessions.CPS)
+            totals = list(space.grid_choices({concessions.CPS: dist})[concessions.CPS]) if dist is not None else []
+        if totals:
+            self.distributions = concessions.divisors_only(self.distributions, totals, log)
+        log.info(
+            "Recipe held: %s%s",
+            " ".join(f"{k}={concessions.fmt(v)}" for k, v in self.recipe.items() if v is not None),
+            f"; concessions allowed: {', '.join(self.concessions)}" if self.concessions else " (knobs only)",
+        )
+
     def _on_signal(self, signum, _frame):
         """Stop now while a job runs (the trial is killed with it); else at the next safe point, so a
         storage write (a journal append under its lock file) is never cut in half."""
@@ -180,6 +224,19 @@ class GrpoOptunaSweeper(Sweeper):
             load_if_exists=True,
         )
         study.set_user_attr("objective", self.objective)  # the report names the value by it
+        held = study.user_attrs.get("recipe")
+        if held is not None and held != self.recipe:
+            changed = "; ".join(
+                f"{k}: {concessions.fmt(held.get(k))} (study) vs {concessions.fmt(self.recipe.get(k))} (now)"
+                for k in sorted(set(held) | set(self.recipe))
+                if held.get(k) != self.recipe.get(k)
+            )
+            raise SweeperSettingError(
+                f"hydra.sweeper.study_name={conf.study_name}: this study holds another recipe ({changed}); its trials "
+                "would not be the same training. Run with the study's recipe, or choose a new hydra.sweeper.study_name"
+            )
+        study.set_user_attr("recipe", self.recipe)
+        study.set_user_attr("concessions", list(self.concessions))
         return study
 
     def _sampler(self) -> Any:
@@ -233,6 +290,14 @@ class GrpoOptunaSweeper(Sweeper):
                 )
                 continue
             cfg = self._compose([*self.fixed, f"preset={preset}"])
+            undeclared = sorted(set(concessions.diff(self.recipe, recipe_of(cfg))) - self.may_change)
+            if undeclared:
+                log.warning(
+                    "Warm start: preset=%s not queued: it changes the recipe's %s, not in hydra.sweeper.concessions",
+                    preset,
+                    ", ".join(undeclared),
+                )
+                continue
             params = {}
             for key, dist in self.distributions.items():
                 value = OmegaConf.select(cfg, key, default=None)
@@ -458,12 +523,23 @@ class GrpoOptunaSweeper(Sweeper):
         trial.set_user_attr("overrides", point)
         if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is None:
             confirm.mark_repeat(trial.study, trial, point)  # the same point again: its runs pool with the first's
+        cfg = None
         try:
             cfg = self._compose(overrides)
-            trial.set_user_attr("levers", requested_levers(cfg))
-            validate_here(cfg)
+            validate_here(cfg)  # resolves the split (gradient_accumulation_steps from completions_per_step)
         except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
+            if cfg is not None:
+                trial.set_user_attr("levers", requested_levers(cfg))
             return overrides, Outcome("FAIL", attrs={"status": "invalid", "error": str(err)[:1000]})
+        trial.set_user_attr("levers", requested_levers(cfg))
+        recipe = recipe_of(cfg)
+        taken = concessions.diff(self.recipe, recipe)
+        trial.set_user_attr(concessions.TAKEN_ATTR, taken)
+        trial.set_user_attr(concessions.CPS, recipe[concessions.CPS])
+        undeclared = sorted(set(taken) - self.may_change)
+        if undeclared:
+            error = f"changes the recipe's {', '.join(undeclared)}, not in hydra.sweeper.concessions: not run"
+            return overrides, Outcome("FAIL", attrs={"status": "invalid", "error": error})
         budget = budget_bytes(cfg)
         if budget is not None:
             trial.set_user_attr("budget_bytes", budget)
@@ -594,9 +670,12 @@ class GrpoOptunaSweeper(Sweeper):
     def _write_report(self, study: Any, quiet: bool = False) -> Any:
         from .summary import write_summary
 
+        tags = self._price_tags(study) if self.concessions or self._any_taken(study) else None
         return write_summary(
             study,
             self.sweep_dir,
+            recipe=self.recipe,
+            price_tags=tags,
             storage_url=self.storage_url,
             objective=self.objective,
             fixed=self.fixed,
@@ -605,6 +684,65 @@ class GrpoOptunaSweeper(Sweeper):
             quiet=quiet,
             stopped=getattr(self, "stopped", None),
         )
+
+    def _any_taken(self, study: Any) -> bool:
+        return any(t.user_attrs.get(concessions.TAKEN_ATTR) for t in study.get_trials(deepcopy=False))
+
+    def _price_tags(self, study: Any) -> dict | None:
+        """concessions.price_tags for this study: what the winner gave up and what it bought. Never fails
+        the sweep (the trials and best.yaml matter more): on an error it says why instead."""
+        from grpo_sweep.memory.throughput import relative_step_time
+
+        from .summary import _is_ok, finalists
+
+        def predict(overrides: list[str]) -> tuple[Any, Any]:
+            cfg = self._compose(overrides)
+            validate_here(cfg)
+            return cfg, estimate(cfg)
+
+        def estimate_recipe() -> dict | None:
+            try:
+                cfg, est = predict(self.fixed)
+            except Exception:  # noqa: BLE001 - no estimate: the reason says so
+                return None
+            return {"peak_bytes": est.total_bytes, "budget_bytes": est.budget_bytes or budget_bytes(cfg)}
+
+        def estimate_without(trial: Any, setting: str) -> dict | None:
+            point = list(trial.user_attrs.get("overrides") or [])
+            try:
+                cfg_used, used = predict(point)
+                cfg_back, back = predict([*point, space.to_override(setting, self.recipe[setting])])
+            except Exception:  # noqa: BLE001 - unpriced: said in the row
+                return None
+            out = {"peak_bytes": back.total_bytes, "fits": bool(back.fits)}
+            try:
+                out["tokens_per_s_ratio"] = (
+                    relative_step_time(cfg_used)["tokens_per_s"] / relative_step_time(cfg_back)["tokens_per_s"]
+                )
+            except Exception:  # noqa: BLE001 - a card without speeds: memory only
+                pass
+            return out
+
+        try:
+            ranked = finalists(study)
+            winner = ranked[0] if ranked else None
+            median = {m.number: float(f.median) for f in ranked for m in f.members}  # a trial counts by its config
+            tags = concessions.price_tags(
+                study.get_trials(deepcopy=False),
+                self.recipe,
+                set(self.concession_params),
+                is_ok=_is_ok,
+                maximize=self.conf.direction == "maximize",
+                best=winner.item if winner else None,
+                best_value=float(winner.median) if winner else None,
+                estimate_without=estimate_without,
+                estimate_recipe=estimate_recipe,
+                value_of=lambda t: median.get(t.number, t.value),
+            )
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            return {"error": f"{type(err).__name__}: {err}"}
+        study.set_user_attr("price_tags", tags)  # the report's Concessions section
+        return tags
 
 
 def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> Any:

@@ -1,0 +1,312 @@
+"""Equal learning: the recipe a sweep holds, the concessions it may take, and what each one bought.
+
+A user comes with a recipe (completions per optimiser step, generations per prompt, lengths, LoRA
+rank and targets, precision: grpo_sweep.levers.KINDS). The sweep searches the knobs (the split of the
+completions into micro-batch x accumulation, checkpointing, vLLM's share, ...) at that recipe, and
+changes a recipe setting only when `hydra.sweeper.concessions` lists it. Every trial records the
+concessions it took (user attr `concessions_taken`); at the end `price_tags` says what the winner
+gave up and what each concession bought, from trials that differ only there where the study has them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_of
+
+from .config import SweeperSettingError
+
+TAKEN_ATTR = "concessions_taken"  # trial user attr: {recipe setting: the value this trial used}
+CPS = "completions_per_step"
+
+
+def diff(recipe: dict, other: dict) -> dict:
+    """{setting: other's value} for each recipe setting where `other` differs from `recipe`."""
+    return {k: other.get(k) for k in recipe if other.get(k) != recipe.get(k)}
+
+
+def allowed_names(groups: set[str]) -> list[str]:
+    return [*RECIPE_SETTINGS, "model", "task", *sorted(groups)]
+
+
+def check_list(concessions: list[str], groups: set[str]) -> None:
+    """Each entry of hydra.sweeper.concessions names a recipe setting (or a searched config group)."""
+    for name in concessions:
+        if name in groups or (name in KINDS and KINDS[name].kind == RECIPE):
+            continue
+        why = (
+            f"{name} is a knob ({KINDS[name].why}): searching it never needs a concession"
+            if name in KINDS
+            else f"{name} is not a recipe setting"
+        )
+        raise SweeperSettingError(f"hydra.sweeper.concessions: {why}; allowed: {', '.join(allowed_names(groups))}")
+
+
+def covered(setting: str, via: str, concessions: list[str]) -> bool:
+    """Whether a change of `setting` made by the search parameter `via` is a declared concession."""
+    return setting in concessions or via in concessions
+
+
+def check_space(distributions: dict, concessions: list[str], changes: Callable[[str], dict[str, set]]) -> dict[str, set]:
+    """Stop (SweeperSettingError) when a search parameter changes a recipe setting `concessions` does not
+    list. changes(key) -> {recipe setting: ...} the parameter can change (a group: found by composing
+    each choice). Returns {param: the recipe settings it changes}: the concession parameters."""
+    held_split = CPS not in concessions
+    out = {}
+    for key in distributions:
+        if key == "gradient_accumulation_steps" and held_split:
+            raise SweeperSettingError(
+                "hydra.sweeper.params.gradient_accumulation_steps: derived while the recipe's completions_per_step is "
+                "held (completions_per_step / per_device_train_batch_size): search per_device_train_batch_size, the "
+                "split, instead; or list completions_per_step in hydra.sweeper.concessions to change the effective batch"
+            )
+        changed = changes(key)
+        if key in ("per_device_train_batch_size",) and held_split:
+            changed.pop(CPS, None)  # the split of a held total: a knob
+        missing = [s for s in changed if not covered(s, key, concessions)]
+        if missing:
+            reasons = "; ".join(f"{s}: {KINDS[s].why}" if s in KINDS else s for s in missing)
+            raise SweeperSettingError(
+                f"hydra.sweeper.params.{key}: changes the recipe ({reasons}). A sweep holds the recipe and searches "
+                f"knobs; to let it trade {', '.join(missing)} for speed, list {'it' if len(missing) == 1 else 'them'} in "
+                f"hydra.sweeper.concessions (e.g. hydra.sweeper.concessions=[{','.join(missing)}]), or fix the value"
+            )
+        if changed:
+            out[key] = set(changed)
+    return out
+
+
+def setting_changes(key: str) -> set[str]:
+    """The recipe settings a searched top-level setting changes (itself when it is one)."""
+    return {key} if kind_of(key) == RECIPE and key in KINDS else set()
+
+
+def divisors_only(distributions: dict, totals: list[int], log: Any) -> dict:
+    """With completions_per_step held (or searched over `totals`), keep only the micro-batches and
+    generation counts that divide every total: a split that does not divide is never proposed."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    out = dict(distributions)
+    g = 0
+    for t in totals:
+        g = math.gcd(g, int(t))
+    for key in ("per_device_train_batch_size", "num_generations"):
+        dist = out.get(key)
+        if dist is None:
+            continue
+        if isinstance(dist, CategoricalDistribution):
+            values = list(dist.choices)
+        elif isinstance(dist, IntDistribution) and not dist.log:
+            values = list(range(dist.low, dist.high + 1, dist.step))
+        else:
+            raise SweeperSettingError(
+                f"hydra.sweeper.params.{key}: must be a choice or range while completions_per_step is held "
+                f"(only the values that divide completions_per_step={g} can run)"
+            )
+        keep = [v for v in values if isinstance(v, int) and v > 0 and g % v == 0]
+        if not keep:
+            raise SweeperSettingError(
+                f"hydra.sweeper.params.{key}={values}: none divides completions_per_step={g}; "
+                f"allowed: {[d for d in range(1, g + 1) if g % d == 0]}"
+            )
+        if keep != values:
+            log.info(
+                "Recipe held: %s %s dropped (they do not divide completions_per_step=%d; never proposed)",
+                key,
+                [v for v in values if v not in keep],
+                g,
+            )
+            out[key] = CategoricalDistribution(keep)
+    return out
+
+
+# --- the price tags --------------------------------------------------------------------------------
+
+
+def _taken(t: Any) -> dict:
+    return dict(t.user_attrs.get(TAKEN_ATTR) or {})
+
+
+def _knobs(t: Any, concession_params: set[str]) -> dict:
+    return {k: v for k, v in t.params.items() if k not in concession_params}
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def price_tags(
+    trials: list,
+    recipe: dict,
+    concession_params: set[str],
+    *,
+    is_ok: Callable[[Any], bool],
+    maximize: bool,
+    best: Any | None,
+    best_value: float | None,
+    estimate_without: Callable[[Any, str], dict | None],
+    estimate_recipe: Callable[[], dict | None],
+    value_of: Callable[[Any], float] | None = None,
+) -> dict:
+    """The note's table as data: the fastest configuration at the full recipe (or why none fits), the
+    cheapest concession(s) that fit, and for each concession the winner took: the recipe value, the
+    value used, and the objective and peak it bought. Measured from a trial that differs only there
+    (same knobs, the other concessions the same), else estimated (estimate_without(winner, setting):
+    {peak_bytes, fits, tokens_per_s_ratio} of the winner at the recipe value) and labelled so.
+    value_of(trial): the value a trial counts by (the median of its config's runs; default its own)."""
+    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    ok = [t for t in done if is_ok(t)]
+    sign = 1 if maximize else -1
+    value = value_of or (lambda t: t.value)
+    out: dict[str, Any] = {"recipe": recipe}
+    full = sorted((t for t in ok if not _taken(t)), key=lambda t: sign * value(t), reverse=True)
+    if full:
+        t = full[0]
+        out["full_recipe"] = {
+            "fits": True,
+            "trial": t.number,
+            "objective": value(t),
+            "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
+            "knobs": dict(t.params),
+        }
+    else:
+        out["full_recipe"] = {"fits": False, "reason": _why_full_does_not_fit(done, estimate_recipe)}
+        fits = [t for t in ok if _taken(t)]
+        if fits:
+            t = min(fits, key=lambda t: (len(_taken(t)), -sign * value(t)))
+            out["cheapest"] = {
+                "trial": t.number,
+                "concessions": {k: {"recipe": recipe.get(k), "used": v} for k, v in _taken(t).items()},
+                "objective": value(t),
+                "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
+            }
+        else:
+            out["cheapest"] = None
+    if best is None:
+        out["winner"] = None
+        return out
+    taken = _taken(best)
+    out["winner"] = {"trial": best.number, "objective": best_value, "concessions": len(taken)}
+    if full and best_value and out["full_recipe"]["objective"]:
+        out["winner"]["vs_full_recipe"] = best_value / out["full_recipe"]["objective"]
+    rows = []
+    for setting, used in taken.items():
+        row = {"setting": setting, "recipe": recipe.get(setting), "used": used}
+        rest = {k: v for k, v in taken.items() if k != setting}
+        twins = [
+            t
+            for t in done
+            if t.number != best.number and _taken(t) == rest and _knobs(t, concession_params) == _knobs(best, concession_params)
+        ]
+        twin_ok = [t for t in twins if is_ok(t)]
+        if twin_ok:
+            twin = max(twin_ok, key=lambda t: sign * value(t))
+            peak_w, peak_t = best.user_attrs.get("peak_memory_bytes"), twin.user_attrs.get("peak_memory_bytes")
+            at_recipe, used_value = value(twin), value(best)
+            row.update(
+                basis="measured",
+                vs_trial=twin.number,
+                objective_at_recipe=at_recipe,
+                objective_used=used_value,
+                objective_ratio=used_value / at_recipe if at_recipe else None,
+                peak_at_recipe_bytes=peak_t,
+                peak_used_bytes=peak_w,
+                peak_saved_bytes=peak_t - peak_w if peak_t is not None and peak_w is not None else None,
+                bought=f"{used_value / at_recipe:.2f}x objective" if at_recipe else "-",
+            )
+        elif twins:
+            twin = twins[0]
+            status = twin.user_attrs.get("status") or twin.state.name.lower()
+            row.update(
+                basis="measured",
+                vs_trial=twin.number,
+                status_at_recipe=status,
+                peak_at_recipe_bytes=twin.user_attrs.get("peak_memory_bytes") or twin.user_attrs.get("predicted_peak_bytes"),
+                peak_used_bytes=best.user_attrs.get("peak_memory_bytes"),
+                bought=f"it fits: at the recipe value trial {twin.number} was {status}",
+            )
+        else:
+            est = estimate_without(best, setting)
+            row.update(basis="estimated", peak_used_bytes=best.user_attrs.get("peak_memory_bytes"))
+            if est is None:
+                row["bought"] = "not measured, and the estimator could not price it"
+            else:
+                row.update(peak_at_recipe_bytes=est.get("peak_bytes"), fits_at_recipe=est.get("fits"))
+                if est.get("tokens_per_s_ratio"):
+                    row["objective_ratio"] = est["tokens_per_s_ratio"]
+                parts = []
+                if est.get("fits") is False:
+                    parts.append("it fits (at the recipe value the estimator predicts it would not)")
+                if est.get("tokens_per_s_ratio"):
+                    parts.append(f"~{est['tokens_per_s_ratio']:.2f}x tokens/s (the throughput model)")
+                row["bought"] = "; ".join(parts) or "no measured twin; the estimator sees no memory difference that matters"
+        rows.append(row)
+    out["taken"] = rows
+    return out
+
+
+def _why_full_does_not_fit(done: list, estimate_recipe: Callable[[], dict | None]) -> str:
+    at_recipe = [t for t in done if not _taken(t)]
+    if at_recipe:
+        parts = []
+        for t in sorted(at_recipe, key=lambda t: t.user_attrs.get("predicted_peak_bytes") or math.inf)[:3]:
+            status = t.user_attrs.get("status") or t.state.name.lower()
+            pred, budget = t.user_attrs.get("predicted_peak_bytes"), t.user_attrs.get("budget_bytes")
+            knobs = " ".join(f"{k}={fmt(v)}" for k, v in t.params.items())
+            need = f", predicted {pred / 2**20:.0f} MiB of {budget / 2**20:.0f} MiB" if pred and budget else ""
+            parts.append(f"trial {t.number} ({knobs}): {status}{need}")
+        return "no knob setting tried made the full recipe fit: " + "; ".join(parts)
+    est = estimate_recipe()
+    if est and est.get("peak_bytes") and est.get("budget_bytes"):
+        return (
+            f"no trial ran the full recipe; the estimator predicts {est['peak_bytes'] / 2**20:.0f} MiB "
+            f"for a budget of {est['budget_bytes'] / 2**20:.0f} MiB at the recipe's own knobs"
+        )
+    return "no trial ran the full recipe"
+
+
+def describe(tags: dict, objective: str) -> str:
+    """The printed Concessions table (best.yaml `concessions` in words)."""
+    if not tags:
+        return ""
+    lines = ["\nConcessions (what the winner gave up from the recipe, and what it bought):"]
+    full = tags.get("full_recipe") or {}
+    if full.get("fits"):
+        peak = full.get("peak_memory_bytes")
+        lines.append(
+            f"  full recipe: fits; fastest trial {full['trial']}, {objective} {full['objective']:.4g}"
+            + (f", peak {peak / 2**20:.0f} MiB" if peak else "")
+        )
+    else:
+        lines.append(f"  full recipe: does not fit: {full.get('reason')}")
+        cheap = tags.get("cheapest")
+        if cheap:
+            what = ", ".join(f"{k} {fmt(v['recipe'])} -> {fmt(v['used'])}" for k, v in cheap["concessions"].items())
+            lines.append(
+                f"  cheapest concession that fits: {what} (trial {cheap['trial']}, {objective} {cheap['objective']:.4g})"
+            )
+        elif "cheapest" in tags:
+            lines.append("  no concession tried made it fit")
+    winner = tags.get("winner")
+    if winner is None:
+        return "\n".join(lines)
+    if not tags.get("taken"):
+        lines.append(f"  the winner (trial {winner['trial']}) runs the full recipe: it gave nothing up")
+    elif winner.get("vs_full_recipe"):
+        lines.append(
+            f"  the winner (trial {winner['trial']}) gave up {winner['concessions']} setting(s) for "
+            f"{winner['vs_full_recipe']:.2f}x the full recipe's {objective}:"
+        )
+    for row in tags.get("taken", []):
+        peak = ""
+        if row.get("peak_at_recipe_bytes") and row.get("peak_used_bytes"):
+            peak = f", peak {row['peak_at_recipe_bytes'] / 2**20:.0f} -> {row['peak_used_bytes'] / 2**20:.0f} MiB"
+        where = (
+            f" (measured: trial {winner['trial']} vs trial {row['vs_trial']})" if row["basis"] == "measured" else " (estimated)"
+        )
+        lines.append(f"  {row['setting']} {fmt(row['recipe'])} -> {fmt(row['used'])}: {row['bought']}{peak}{where}")
+    return "\n".join(lines)

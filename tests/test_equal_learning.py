@@ -1,0 +1,271 @@
+"""Equal learning: every setting has a kind, the recipe is held, concessions are opt-in and priced.
+
+Real sweeps (`python train.py -m +sweeps=...`: Hydra, our sweeper, real tiny GRPO trials, the journal
+storage) where a behaviour needs them; the price-tag rule also on real Optuna trials built by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import compose, run_train
+from test_sweeper_helpers import load_study, read_csv, run, sweep_cmd, tiny_sweeper
+
+from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError, validate
+from grpo_sweep.levers import EXTRA_LEVER_NAMES, KINDS, KNOB, LEVER_NAMES, RECIPE, kind_of, recipe_of
+
+
+def test_every_lever_and_companion_has_a_kind():
+    companions = ("lora_alpha", "max_prompt_length", "gradient_checkpointing", "expandable_segments", "learning_rate", "beta")
+    for name in (*LEVER_NAMES, *EXTRA_LEVER_NAMES, *companions, "completions_per_step"):
+        assert name in KINDS and KINDS[name].why, name
+        assert name in SCHEMA_KEYS, f"{name}: a kind for a key the schema does not have"
+    # the split of a held total, and the knobs the issue names, are knobs; what is learned is recipe
+    knobs = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "gpu_memory_utilization")
+    assert all(kind_of(k) == KNOB for k in (*knobs, "expandable_segments", "backend.vllm_enable_sleep_mode"))
+    recipe = ("completions_per_step", "num_generations", "max_seq_length", "max_prompt_length", "lora_rank")
+    assert all(kind_of(k) == RECIPE for k in (*recipe, "lora_target_modules", "load_in_4bit", "learning_rate"))
+    assert kind_of("trial.steps") == KNOB and kind_of("trial.full_finetune") == RECIPE
+    assert kind_of("some_new_setting") == RECIPE  # unknown: it must be declared to be changed
+
+
+def test_completions_per_step_derives_the_accumulation():
+    cfg = validate(compose(["completions_per_step=8", "per_device_train_batch_size=2", "num_generations=2"]))
+    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (2, 4)
+    assert recipe_of(cfg)["completions_per_step"] == 8
+    plain = validate(compose(["per_device_train_batch_size=2", "gradient_accumulation_steps=3", "num_generations=2"]))
+    assert recipe_of(plain)["completions_per_step"] == 6  # null: batch x accumulation, as before
+    assert validate(compose([])).gradient_accumulation_steps == 1
+    with pytest.raises(
+        ConfigError, match=r"per_device_train_batch_size=3 does not divide completions_per_step=8 .*\[1, 2, 4, 8\]"
+    ):
+        validate(compose(["completions_per_step=8", "per_device_train_batch_size=3"]))
+
+
+def test_a_contradictory_split_is_one_line_before_any_model_loads(tmp_path):
+    result = run_train(
+        [
+            "completions_per_step=8",
+            "per_device_train_batch_size=4",
+            "gradient_accumulation_steps=3",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        timeout=120,
+    )
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert lines == [
+        "Invalid configuration: completions_per_step=8 contradicts per_device_train_batch_size=4 x gradient_accumulation_steps=3 "
+        "= 12: set completions_per_step and the batch (the accumulation is derived), or gradient_accumulation_steps=null"
+    ], lines
+    assert not (tmp_path / "run" / "metrics.json").exists()  # no trial started
+
+
+def test_every_shipped_sweep_holds_its_recipe():
+    """Each sweep file passes the recipe check, and its knobs only ever split the held total."""
+    from grpo_sweep.config.compose import CONF_DIR
+
+    for path in sorted((CONF_DIR / "sweeps").glob("*.yaml")):
+        with tiny_sweeper(sweep=f"+sweeps={path.stem}") as sweeper:
+            sweeper._hold_recipe()
+            cps = sweeper.recipe["completions_per_step"]
+            dist = sweeper.distributions.get("per_device_train_batch_size")
+            assert dist is not None and all(cps % b == 0 for b in dist.choices), path.stem
+            if not sweeper.concessions:
+                assert not sweeper.concession_params, path.stem
+            assert "gradient_accumulation_steps" not in sweeper.distributions
+
+
+@pytest.mark.parametrize(
+    ("param", "names"),
+    [
+        ("max_seq_length=choice(64,128)", "max_seq_length"),
+        ("lora=choice(qv,all_linear)", "lora_target_modules"),  # a group: found by composing its choices
+        ("gradient_accumulation_steps=choice(1,2)", "search per_device_train_batch_size"),
+    ],
+)
+def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, names):
+    result = run(sweep_cmd(tmp_path / "sweep", param, "hydra.sweeper.n_trials=1"), timeout=180)
+    assert result.returncode != 0
+    first = result.stderr.strip().splitlines()[0]
+    assert first.startswith(f"hydra.sweeper.params.{param.split('=')[0]}:") and names in first, result.stderr[-2000:]
+    assert "concessions" in first
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "sweep" / "study.journal").exists()  # no study, no trial
+
+
+def test_a_bad_concession_name_is_refused(tmp_path):
+    result = run(sweep_cmd(tmp_path / "sweep", "hydra.sweeper.concessions=[gradient_checkpointing]"), timeout=180)
+    assert result.returncode != 0
+    assert result.stderr.startswith("hydra.sweeper.concessions: gradient_checkpointing is a knob"), result.stderr[-2000:]
+
+
+def test_a_knob_sweep_trains_one_recipe_and_records_it(tmp_path):
+    """tiny_cpu: every trial's metrics.json has completions_per_step=8 and a split that makes 8; the
+    study, best.yaml and a resumed sweep with another recipe agree."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["hydra.sweeper.n_trials=3", "hydra.sweeper.confirm_top=0", "hydra.sweeper.stop_below=0"]
+    points = (
+        "hydra.sweeper.enqueue=[{per_device_train_batch_size:1},{per_device_train_batch_size:2},{per_device_train_batch_size:4}]"
+    )
+    result = run([*sweep_cmd(sweep_dir, *args), points], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = load_study(f"journal:{sweep_dir / 'study.journal'}")
+    assert study.user_attrs["recipe"]["completions_per_step"] == 8 and study.user_attrs["concessions"] == []
+    splits = set()
+    for t in study.trials:
+        metrics = json.loads((Path(t.user_attrs["run_dir"]) / "metrics.json").read_text())
+        assert metrics["completions_per_step"] == 8 and metrics["recipe"] == study.user_attrs["recipe"]
+        eff = metrics["effective"]
+        assert eff["per_device_train_batch_size"] * eff["gradient_accumulation_steps"] == 8, eff
+        assert t.user_attrs["concessions_taken"] == {}
+        splits.add(eff["per_device_train_batch_size"])
+    assert splits == {1, 2, 4}  # three splits of the same 8 completions
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
+    assert best["recipe"] == study.user_attrs["recipe"] and "concessions" not in best
+    assert "Recipe held: completions_per_step=8" in result.stdout
+
+    other = run([*sweep_cmd(sweep_dir, *args), "max_seq_length=96"], timeout=300)  # the same study, another recipe
+    assert other.returncode != 0
+    first = other.stderr.strip().splitlines()[0]
+    assert "holds another recipe (max_seq_length: 128 (study) vs 96 (now))" in first, other.stderr[-2000:]
+    assert len(load_study(f"journal:{sweep_dir / 'study.journal'}").trials) == 3  # nothing added
+
+
+def test_a_concessions_sweep_prices_what_the_winner_gave_up(tmp_path):
+    """tiny_cpu_concessions with chosen points: the full recipe (256 tokens, micro-batch 2) and one
+    concession beside it (128 tokens, the same knobs). best.yaml, the printout and report.html carry
+    price tags that match the trials' own metrics.json."""
+    sweep_dir = tmp_path / "sweep"
+    points = (
+        "hydra.sweeper.enqueue=[{per_device_train_batch_size:2,max_seq_length:256,lora_rank:32,lora:all_linear},"
+        "{per_device_train_batch_size:2,max_seq_length:128,lora_rank:32,lora:all_linear}]"
+    )
+    args = ["hydra.sweeper.n_trials=2", "hydra.sweeper.confirm_top=0", "hydra.sweeper.stop_below=0"]
+    result = run([*sweep_cmd(sweep_dir, *args, sweep="tiny_cpu_concessions"), points], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {int(r["number"]): r for r in read_csv(sweep_dir / "trials.csv")}
+    metrics = {n: json.loads((Path(r["run_dir"]) / "metrics.json").read_text()) for n, r in rows.items()}
+    assert all(m["status"] == "ok" for m in metrics.values())
+    tags = yaml.safe_load((sweep_dir / "best.yaml").read_text())["concessions"]
+    full = tags["full_recipe"]
+    assert full["fits"] is True and full["trial"] == 0
+    assert full["objective"] == pytest.approx(metrics[0]["tokens_per_s"])
+    assert full["peak_memory_bytes"] == metrics[0]["peak_memory_bytes"]
+    winner = tags["winner"]["trial"]
+    html = (sweep_dir / "report.html").read_text()
+    assert "<h2>Concessions</h2>" in html
+    if winner == 0:  # the full recipe was the fastest: nothing given up
+        assert tags["taken"] == []
+        assert "gave nothing up" in result.stdout
+        return
+    (row,) = tags["taken"]
+    assert (row["setting"], row["recipe"], row["used"], row["basis"], row["vs_trial"]) == (
+        "max_seq_length",
+        256,
+        128,
+        "measured",
+        0,
+    )
+    assert row["objective_ratio"] == pytest.approx(metrics[1]["tokens_per_s"] / metrics[0]["tokens_per_s"])
+    assert (row["peak_at_recipe_bytes"], row["peak_used_bytes"]) == (
+        metrics[0]["peak_memory_bytes"],
+        metrics[1]["peak_memory_bytes"],
+    )
+    assert f"max_seq_length 256 -> 128: {row['bought']}" in result.stdout
+    assert "(measured: trial 1 vs trial 0)" in result.stdout
+    assert "<table id=concessions>" in html and row["bought"] in html
+
+
+# --- the price-tag rule on real Optuna trials built by hand -------------------------------------------
+
+
+def _trial(number, params, taken, *, status="ok", value=None, peak=None, predicted=None, state=None):
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    dists = {k: CategoricalDistribution([v]) for k, v in params.items()}
+    attrs = {"status": status, "concessions_taken": taken, "peak_memory_bytes": peak, "predicted_peak_bytes": predicted}
+    attrs["budget_bytes"] = 100 * 2**20
+    state = state or (optuna.trial.TrialState.COMPLETE if status in ("ok", "oom") else optuna.trial.TrialState.PRUNED)
+    t = optuna.trial.create_trial(
+        params=params,
+        distributions=dists,
+        value=value if state == optuna.trial.TrialState.COMPLETE else None,
+        user_attrs=attrs,
+        state=state,
+    )
+    t.number = number
+    return t
+
+
+def _price(trials, best):
+    from hydra_plugins.grpo_optuna_sweeper.concessions import describe, price_tags
+
+    recipe = {"completions_per_step": 8, "max_seq_length": 256, "lora_rank": 32}
+    estimated = []
+
+    def estimate_without(trial, setting):
+        estimated.append((trial.number, setting))
+        return {"peak_bytes": 150 * 2**20, "fits": False}
+
+    tags = price_tags(
+        trials,
+        recipe,
+        {"max_seq_length", "lora_rank"},
+        is_ok=lambda t: t.state.name == "COMPLETE" and t.user_attrs["status"] == "ok",
+        maximize=True,
+        best=best,
+        best_value=best.value if best else None,
+        estimate_without=estimate_without,
+        estimate_recipe=lambda: {"peak_bytes": 200 * 2**20, "budget_bytes": 100 * 2**20},
+    )
+    return tags, describe(tags, "tokens_per_s"), estimated
+
+
+def test_price_tags_measured_from_twins_else_estimated():
+    mib = 2**20
+    full = _trial(0, {"b": 2, "max_seq_length": 256, "lora_rank": 32}, {}, value=100.0, peak=80 * mib)
+    seq = _trial(1, {"b": 2, "max_seq_length": 128, "lora_rank": 32}, {"max_seq_length": 128}, value=150.0, peak=50 * mib)
+    both = _trial(
+        2, {"b": 2, "max_seq_length": 128, "lora_rank": 8}, {"max_seq_length": 128, "lora_rank": 8}, value=160.0, peak=45 * mib
+    )
+    tags, text, estimated = _price([full, seq, both], both)
+    assert tags["full_recipe"]["trial"] == 0 and tags["full_recipe"]["fits"]
+    rows = {r["setting"]: r for r in tags["taken"]}
+    # lora_rank: its twin (the same knobs, max_seq_length still conceded) is trial 1 -> measured
+    assert rows["lora_rank"]["basis"] == "measured" and rows["lora_rank"]["vs_trial"] == 1
+    assert rows["lora_rank"]["objective_ratio"] == pytest.approx(160 / 150)
+    assert rows["lora_rank"]["peak_saved_bytes"] == 5 * mib
+    # max_seq_length: its twin would be (b=2, 256 tokens, rank 8): never run -> estimated and labelled so
+    assert rows["max_seq_length"]["basis"] == "estimated" and estimated == [(2, "max_seq_length")]
+    assert "lora_rank 32 -> 8: 1.07x objective, peak 50 -> 45 MiB (measured: trial 2 vs trial 1)" in text
+    assert "max_seq_length 256 -> 128: it fits (at the recipe value the estimator predicts it would not)" in text
+    assert "(estimated)" in text
+
+
+def test_price_tags_when_the_full_recipe_does_not_fit():
+    mib = 2**20
+    oom = _trial(
+        0, {"b": 2, "max_seq_length": 256, "lora_rank": 32}, {}, status="oom", value=0.0, peak=99 * mib, predicted=90 * mib
+    )
+    pruned = _trial(1, {"b": 4, "max_seq_length": 256, "lora_rank": 32}, {}, status="pruned", predicted=180 * mib)
+    one = _trial(2, {"b": 2, "max_seq_length": 128, "lora_rank": 32}, {"max_seq_length": 128}, value=120.0, peak=60 * mib)
+    two = _trial(
+        3, {"b": 4, "max_seq_length": 128, "lora_rank": 8}, {"max_seq_length": 128, "lora_rank": 8}, value=200.0, peak=70 * mib
+    )
+    tags, text, _ = _price([oom, pruned, one, two], two)
+    assert tags["full_recipe"]["fits"] is False
+    assert "trial 0 (b=2 max_seq_length=256 lora_rank=32): oom, predicted 90 MiB of 100 MiB" in tags["full_recipe"]["reason"]
+    assert tags["cheapest"]["trial"] == 2  # one concession beats two, even though trial 3 is faster
+    assert tags["cheapest"]["concessions"] == {"max_seq_length": {"recipe": 256, "used": 128}}
+    assert "cheapest concession that fits: max_seq_length 256 -> 128 (trial 2" in text
+    rows = {r["setting"]: r for r in tags["taken"]}
+    assert rows["max_seq_length"]["basis"] == "estimated"  # no trial at b=4, 128 tokens... with rank 8 at 256 tokens
+    assert rows["lora_rank"]["basis"] == "estimated"
+    # no trial ran the full recipe at all: the estimator's reason
+    tags, _, _ = _price([one], one)
+    assert tags["full_recipe"]["reason"].startswith("no trial ran the full recipe; the estimator predicts 200 MiB")
