@@ -5,10 +5,10 @@ Each sweep runs three small measured points first (calibration needs 3: hydra.sw
 then a point X whose card is set from X's own raw prediction so that the fixed 10 % margin and the
 calibrated prediction disagree:
 
-- worst-case lengths (the estimator's own assumption: measured / predicted within a fraction of a
-  percent): the card is 1/1.05 of X's raw prediction. The fixed margin would run X (5 % over is within
-  10 %) and X runs out of memory (checked with a real trial); calibrated (factor ~1.00, allowance
-  ~0.5 %) the sweep prunes it.
+- worst-case lengths (the estimator's own assumption: measured / predicted within a few percent):
+  the card is 1/1.05 of X's raw prediction. The fixed margin would run X (5 % over is within
+  10 %) and X runs out of memory (checked with a real trial); calibrated (factor ~0.99, allowance
+  ~3 %) the sweep prunes it.
 - natural lengths (trial.worst_case_lengths=false: completions end at EOS, so the raw worst-case
   prediction over-predicts by tens of percent): the card is 1/1.3 of X's raw prediction. The fixed
   margin would prune X; calibrated, the sweep runs it and it fits.
@@ -24,13 +24,17 @@ from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.metrics import KEYS
 from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
 
-SMALL = [(64, 2), (128, 2), (64, 4)]
-X = (128, 4)
-FIXED = {"lora_rank": 8, "lora": "qv"}
+# tiny_cpu holds its recipe (8 completions per step, 128 tokens) and searches the split and checkpointing.
+SMALL = [(1, "false"), (2, "false"), (1, "true")]  # (per_device_train_batch_size, gradient_checkpointing)
+X = (4, "false")
 
 
-def _point(seq: int, batch: int) -> str:
-    return f"{{max_seq_length:{seq},per_device_train_batch_size:{batch},lora_rank:8,lora:qv}}"
+def _point(batch: int, ckpt: str) -> str:
+    return f"{{per_device_train_batch_size:{batch},gradient_checkpointing:{ckpt}}}"
+
+
+def _overrides(point: tuple) -> list[str]:
+    return ["+sweeps=tiny_cpu", f"per_device_train_batch_size={point[0]}", f"gradient_checkpointing={point[1]}"]
 
 
 def _sweep(tmp_path, card_gib: float, *extra: str):
@@ -44,19 +48,7 @@ def _sweep(tmp_path, card_gib: float, *extra: str):
 
 
 def _raw(*extra: str) -> int:
-    seq, batch = X
-    return estimate(
-        compose(
-            [
-                "+sweeps=tiny_cpu",
-                f"max_seq_length={seq}",
-                f"per_device_train_batch_size={batch}",
-                "lora_rank=8",
-                "lora=qv",
-                *extra,
-            ]
-        )
-    ).total_bytes
+    return estimate(compose([*_overrides(X), *extra])).total_bytes
 
 
 @pytest.mark.slow
@@ -72,15 +64,12 @@ def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_p
     assert a["predicted_peak_bytes"] == raw and a["prescreen_calibration_trials"] == 3
     assert prescreen_verdict(raw, budget, 0.10) is None  # the fixed margin would have run it
     assert a["predicted_calibrated_bytes"] > budget * (1 + a["prescreen_allowance"])
-    assert abs(a["prescreen_correction"] - 1) < 0.02 and a["prescreen_allowance"] < 0.02  # the estimator is right here
+    # The estimator is close here (measured / predicted within a few %), so the allowance is far below 10 %.
+    assert abs(a["prescreen_correction"] - 1) < 0.03 and a["prescreen_allowance"] < 0.05
     assert "calibrated prediction" in a["error"] and "from 3 measured trials" in a["error"]
     # What the fixed margin would have launched: the same point on the same card, run for real, OOMs.
-    seq, batch = X
     out = tmp_path / "x"
-    one = run_train(
-        ["+sweeps=tiny_cpu", f"max_seq_length={seq}", f"per_device_train_batch_size={batch}", "lora_rank=8", "lora=qv"]
-        + [f"gpu.memory_gib={card!r}", f"hydra.run.dir={out}"]
-    )
+    one = run_train([*_overrides(X), f"gpu.memory_gib={card!r}", f"hydra.run.dir={out}"])
     assert load_metrics(out)["status"] == "oom", one.stdout[-2000:] + one.stderr[-2000:]
     rows = read_csv(tmp_path / "sweep" / "trials.csv")
     assert rows[3]["predicted_calibrated_bytes"] and float(rows[3]["prescreen_correction"]) == pytest.approx(
