@@ -39,7 +39,7 @@ CPU_CARD += ["num_generations=4", "gradient_accumulation_steps=1"]
 def _share_for_blocks(cfg, blocks: float) -> float:
     """gpu_memory_utilization whose share leaves `blocks` KV blocks after vLLM-CPU's fp32 weights."""
     plan = vllm_cpu_plan(shapes(cfg, "trl_vllm", "cpu"), None)
-    return (plan["weights_bytes"] + blocks * plan["block_bytes"]) / (0.125 * 1024 * MIB)
+    return (plan["weights_bytes"] + blocks * plan["block_bytes"]) / (cfg.gpu.memory_gib * 1024 * MIB)
 
 
 @pytest.mark.parametrize(
