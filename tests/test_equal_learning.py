@@ -131,7 +131,7 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tmp_path):
     other = run([*sweep_cmd(sweep_dir, *args), "max_seq_length=96"], timeout=300)  # the same study, another recipe
     assert other.returncode != 0
     first = other.stderr.strip().splitlines()[0]
-    assert "holds another recipe (max_seq_length: 128 (study) vs 96 (now))" in first, other.stderr[-2000:]
+    assert "is another search: recipe max_seq_length: the study has 128, this sweep 96." in first, other.stderr[-2000:]
     assert len(load_study(f"journal:{sweep_dir / 'study.journal'}").trials) == 3  # nothing added
 
 

@@ -540,19 +540,29 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
     assert "vs seed_optimized:" in result.stdout
 
 
-def test_open_storage_creates_parent_folders_and_passes_the_heartbeat(tmp_path):
-    """A journal or SQLite file in a folder that does not exist yet: the folders are made. An RDB
-    storage gets the heartbeat, the grace period and the stale-trial callback it was given."""
-    from grpo_sweep.study.storage import open_storage
+def test_open_storage_creates_only_the_sweep_folder_and_passes_the_heartbeat(tmp_path):
+    """A journal or SQLite file in a folder that does not exist: an error naming the folder (a typo in
+    a resume path must not start a new, empty study), unless the folder is the one the caller may
+    create (the sweep directory). An RDB storage gets the heartbeat, the grace period and the
+    stale-trial callback it was given."""
+    from grpo_sweep.study.storage import StorageError, open_storage
 
-    open_storage(f"journal:{tmp_path / 'a' / 'b' / 'study.journal'}")
+    for source in (f"journal:{tmp_path / 'a' / 'b' / 'study.journal'}", f"sqlite:///{tmp_path / 'a' / 'b' / 'x.db'}"):
+        with pytest.raises(StorageError, match=f"folder {tmp_path / 'a' / 'b'} does not exist"):
+            open_storage(source)
+        assert not (tmp_path / "a").exists()
+    open_storage(f"journal:{tmp_path / 'a' / 'b' / 'study.journal'}", may_create_dir=tmp_path / "a" / "b")
     assert (tmp_path / "a" / "b").is_dir()
 
     def callback(study, trial):  # the sweeper's retry of a dead worker's trial
         pass
 
     rdb = open_storage(
-        f"sqlite:///{tmp_path / 'c' / 'd' / 'x.db'}", heartbeat_interval=7, grace_period=30, stale_trial_callback=callback
+        f"sqlite:///{tmp_path / 'c' / 'd' / 'x.db'}",
+        heartbeat_interval=7,
+        grace_period=30,
+        stale_trial_callback=callback,
+        may_create_dir=tmp_path / "c" / "d",
     )
     assert (tmp_path / "c" / "d" / "x.db").is_file()
     assert (rdb.heartbeat_interval, rdb.grace_period, rdb.failed_trial_callback) == (7, 30, callback)

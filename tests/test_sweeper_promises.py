@@ -57,6 +57,7 @@ def _study(sweeper):
 
     from grpo_sweep.study.storage import open_storage
 
+    sweeper.sweep_dir.mkdir(parents=True, exist_ok=True)  # as sweep() does before the storage opens
     return optuna.create_study(study_name="promises", storage=open_storage(sweeper.storage_url), direction=sweeper.conf.direction)
 
 
@@ -741,6 +742,7 @@ def test_judge_and_oom_deficit_by_hand():
         failed = judge({"status": "ok", "tokens_per_s": bad}, **card)
         assert failed.state == "FAIL" and failed.value is None
         assert failed.attrs["error"] == f"objective 'tokens_per_s' is not a number in metrics.json: {bad!r}"
+        assert failed.attrs["status"] == "failed"  # never counted ok by the summary or the report
 
     # slow: PRUNED with its partial value, when it is a number, and its peak's constraint.
     slow = judge(

@@ -30,6 +30,7 @@ BAD = {
     "heartbeat_interval": (0, "an integer >= 1 (seconds)"),
     "grace_period": (0, "an integer >= 1 (seconds), or null"),
     "max_retry": (-1, "an integer >= 0"),
+    "storage_retry_s": (-5, "a number of seconds >= 0"),
     "max_failures_in_a_row": (-2, "an integer >= 0 (0: never stop)"),
     "top_k": (0, "an integer >= 1"),
     "stop_below": (50, "a number in [0, 1]"),  # 50 % typed as a percentage

@@ -59,6 +59,11 @@ class TrialMetrics(TypedDict, total=False):
     reward_first: float | None  # the first step's mean reward
     reward_last: float | None  # the last step's mean reward
     reward_change: float | None  # mean reward of the last quarter of steps - the first quarter's ("still learns")
+    reward_seconds_per_step: float | None  # median s per step spent in the reward functions (all of them), first step excluded
+    prompt_lengths: dict[str, Any] | None  # the task's prompts in tokens before cut/padding: count, min, median, p95, max,
+    #   cut (how many are longer than max_prompt_length and were cut to it), max_prompt_length
+    trainer_settings: dict[str, Any] | None  # what the export writes (report/export.py), read back from the built trainer:
+    #   model_name_or_path, dtype, grpo_config (GRPOConfig fields), lora, quantization, dataset, reward_funcs, unsloth
     warmup: dict[str, Any] | None  # model.init=warm: the warm-up's steps, loss, seconds (trial/warmup.py)
     # --- memory (trial/measure/memory_meter.py)
     peak_memory_bytes: int | None  # the peak: allocator (cuda) or live tensors (cpu-tracker)
@@ -189,11 +194,71 @@ def write_metrics(run_dir: Path, record: TrialMetrics) -> Path:
     return path
 
 
+class MetricsError(ValueError):
+    """A metrics.json that cannot be read or is not a trial record; the message names the file and
+    what is wrong with it, in one line."""
+
+
+# Keys readers compute with: a value of another type is an ill-formed record, not a number to trust.
+NUMERIC_KEYS = (
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "peak_memory_bytes",
+    "budget_bytes",
+    "deficit_bytes",
+    "requested_bytes",
+    "wall_time_s",
+    "reward_mean",
+)
+
+
 def read_metrics(run_dir: Path) -> TrialMetrics | None:
+    """A trial's metrics.json; None when there is none. MetricsError (one line naming the file) when it
+    is there but unreadable or ill-formed however it is broken: not a file, not UTF-8, torn or
+    garbage JSON, not an object, an unknown status, a non-numeric number, a history that is not a
+    list of rows with an integer step (check_record)."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    return json.loads(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise MetricsError(f"{path}: unreadable ({type(err).__name__}: {getattr(err, 'strerror', None) or err})") from None
+    if not text.strip():
+        raise MetricsError(f"{path}: empty file (the trial ended before writing its record?)")
+    try:
+        record = json.loads(text)
+    except ValueError as err:
+        raise MetricsError(f"{path}: not valid JSON ({err}); torn or overwritten?") from None
+    problem = check_record(record)
+    if problem:
+        raise MetricsError(f"{path}: {problem}")
+    return record
+
+
+def check_record(record: Any) -> str | None:
+    """What makes `record` not a trial record (one phrase), or None when readers can use it."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object with the trial's keys"
+    if record.get("status") not in STATUSES:
+        return f"status {record.get('status')!r} is not one of {', '.join(STATUSES)}"
+    for key in NUMERIC_KEYS:
+        value = record.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            return f"{key}={value!r} is not a number"
+    history = record.get("history")
+    if history is None:
+        return None
+    if not isinstance(history, list):
+        return f"history is a {type(history).__name__}, not a list of step rows"
+    for i, row in enumerate(history):
+        if not isinstance(row, dict):
+            return f"history[{i}] is a {type(row).__name__}, not a step row"
+        step = row.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return f"history[{i}].step={step!r} is not an integer step number"
+    return None
 
 
 def versions() -> dict:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from .model_arch import check_hub_lora_targets
 from .schema import ConfigError, validate
+from .user_task import check_user_task
 
 
 def installed(module: str) -> bool:
@@ -65,4 +66,5 @@ def validate_here(cfg: DictConfig, *, cuda: bool | None = None) -> DictConfig:
     validate(cfg, cuda=cuda_available() if cuda is None else cuda, installed=installed)
     check_hub_lora_targets(cfg)
     check_task(cfg)
+    check_user_task(cfg)  # task=dataset's file and columns, task.reward_funcs' modules
     return cfg

@@ -24,7 +24,7 @@ from . import backends
 MODEL_SOURCES = ("random", "hub")
 MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
-FAULTS = (None, "raise", "signal", "hang", "oom")
+FAULTS = (None, "raise", "signal", "hang", "oom", "bad_metrics")
 START_METHODS = ("auto", "forkserver", "spawn")
 
 
@@ -116,6 +116,14 @@ class TaskConfig:
     max_operand: int = 99
     dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
+    # task=dataset (your data, config/user_task.py): a local .jsonl/.json/.parquet/.csv file or folder, or a
+    # hub id, read with datasets.load_dataset; the prompts' column; the other columns go to the rewards.
+    path: str | None = None
+    prompt_column: str = "prompt"
+    # Your reward functions: import paths as `trl grpo --reward_funcs` takes them (my_rewards.accuracy,
+    # trl.rewards.think_format_reward); empty: the task's own. Weights: GRPOConfig.reward_weights.
+    reward_funcs: list = field(default_factory=list)
+    reward_weights: list | None = None
 
 
 @dataclass
@@ -139,7 +147,7 @@ class TrialConfig:
     # threads, and on a shared or loaded machine OpenMP threads contend (measured on 2 cores under
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
-    debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom
+    debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom | bad_metrics
     # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
     # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.
     full_finetune: bool = False

@@ -17,7 +17,7 @@ from itertools import combinations
 from pathlib import Path
 
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES, LEVERS
-from ..metrics import METRICS_FILE, read_metrics
+from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
@@ -118,7 +118,10 @@ def load_dir(root: Path) -> list[Trial]:
     trials = []
     for path in sorted(Path(root).rglob(METRICS_FILE), key=_natural_key):
         run_dir = path.parent
-        record = read_metrics(run_dir) or {}
+        try:
+            record = read_metrics(run_dir) or {}
+        except MetricsError as err:  # one trial's broken file is that trial failed, not a dead report
+            record = {"status": "failed", "error": str(err)}
         config = _load_config(run_dir)
         number = (config.get("trial") or {}).get("number")
         name = str(run_dir.relative_to(root)) if run_dir != Path(root) else run_dir.name
@@ -140,9 +143,14 @@ def trials_from_study(study) -> list[Trial]:
         record = {k: v for k, v in attrs.items() if k not in ("metrics", "run_dir")}
         record.update(attrs.get("metrics") if isinstance(attrs.get("metrics"), dict) else {})
         if run_dir and Path(run_dir).exists():
-            record.update(read_metrics(Path(run_dir)) or {})
+            try:
+                record.update(read_metrics(Path(run_dir)) or {})
+            except MetricsError as err:
+                record.setdefault("error", str(err))
         record.setdefault("levers", {k: v for k, v in ft.params.items()})
         record.setdefault("status", OPTUNA_STATUS.get(ft.state.name, ft.state.name.lower()))
+        if ft.state.name == "FAIL" and record["status"] in ("ok", "slow"):
+            record["status"] = "failed"  # the study's state decides: a FAIL is never counted feasible
         config = _load_config(Path(run_dir)) if run_dir and Path(run_dir).exists() else {}
         trials.append(
             Trial(

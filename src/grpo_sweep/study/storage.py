@@ -8,12 +8,29 @@ Accepted sources (the sweeper's `hydra.sweeper.storage`, the report's argument):
   installed: SQLAlchemy 2 assumes psycopg 3, we ship psycopg2), `mysql://...`.
 RDB storages get Optuna's heartbeat when the caller asks for one (the sweeper does; a reader does not).
 Passwords never appear in what this module raises or returns for display (`credentials.mask_url`).
+
+Crash safety (docs/crash-safety.md):
+- a journal whose last record was cut short (a crash or a full disk mid-append) is repaired when it
+  is opened: a timestamped backup is kept, only the torn tail is dropped, one line says so
+  (`repair_journal`). Appends themselves never leave a torn tail behind a failed write: a write that
+  fails (ENOSPC, EIO) is cut back to the last whole record before the error is raised
+  (`SafeJournalFileBackend`);
+- the sweeper's storage retries every call that fails for a reason that passes (the database
+  restarting or away, a full disk, a locked SQLite file) with a bounded backoff
+  (`retry_s`, hydra.sweeper.storage_retry_s), then raises `StorageUnavailable`: one line saying what
+  failed, where, and what to do.
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
 import importlib.util
+import json
+import logging
+import os
 import random
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -28,8 +45,15 @@ SWEEP_JOURNAL = "study.journal"
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 
+log = logging.getLogger(__name__)
+
+
 class StorageError(ValueError):
     """A storage source that cannot be opened; the message names it (masked) and what is accepted."""
+
+
+class StorageUnavailable(StorageError):
+    """The storage stayed away longer than the retry budget; the message is the one line to show."""
 
 
 def is_journal(source: str) -> bool:
@@ -66,31 +90,40 @@ def open_storage(
     heartbeat_interval: int | None = None,
     grace_period: int | None = None,
     stale_trial_callback: Callable[[Any, Any], None] | None = None,
+    retry_s: float | None = None,
+    may_create_dir: Path | None = None,
 ) -> Any:
     """An Optuna storage for `source`. `create=False` (readers): a file that does not exist is an
-    error instead of a new empty study. The heartbeat arguments apply to RDB storages."""
+    error instead of a new empty study. The heartbeat arguments apply to RDB storages.
+
+    retry_s: retry a call that fails for a passing reason for up to this many seconds (None: never).
+    may_create_dir: the one folder this call may create for a file storage (the sweep directory);
+    any other missing parent folder is an error (a typo in a resume path must not start a new study)."""
     import optuna
 
     if is_journal(source):
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+        from optuna.storages.journal import JournalFileOpenLock
 
         path = journal_path(source)
         if not create and not path.exists():
             raise StorageError(f"storage {source!r}: no such journal file")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+        _check_parent(source, path, may_create_dir)
+        if path.exists():
+            repair_journal(path)
+        backend = SafeJournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
+        return _retrying(JournalStorage_cls(), retry_s, source)(backend)
     url = to_url(source)
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///") :])
         if not create and not path.exists():
             raise StorageError(f"storage {source!r}: no such SQLite file")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _check_parent(source, path, may_create_dir)
     for attempt in range(CREATE_ATTEMPTS):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 warnings.simplefilter("ignore", FutureWarning)
-                return optuna.storages.RDBStorage(
+                return _retrying(optuna.storages.RDBStorage, retry_s, source)(
                     url,
                     engine_kwargs=None if url.startswith("sqlite") else {"pool_pre_ping": True},
                     heartbeat_interval=heartbeat_interval,
@@ -104,6 +137,8 @@ def open_storage(
             ) from None
         except Exception as err:  # noqa: BLE001 - only a lost schema-creation race is retried
             if attempt + 1 == CREATE_ATTEMPTS or not _lost_create_race(err):
+                if transient(err) or "password authentication failed" in str(err):
+                    raise StorageError(f"storage {mask_url(source)}: cannot connect: {_first_line(err, source)}") from None
                 raise
             # Several workers started together on a fresh database all run Optuna's CREATE TABLE /
             # CREATE TYPE; all but one fail with a unique violation. The schema exists now: retry.
@@ -138,3 +173,234 @@ def load_study(source: str, study_name: str | None = None) -> Any:
     if study_name not in names:
         raise StorageError(f"--study={study_name!r} not found; studies in {mask_url(source)}: {names}")
     return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def _first_line(err: BaseException, source: str) -> str:
+    """The root cause's first line, with the storage's password masked."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    password = source.split("://", 1)[-1].split("@", 1)[0].partition(":")[2] if "@" in source else ""
+    if password:
+        text = text.replace(password, "***")
+    return f"{type(err).__name__}: {text}"[:400]
+
+
+def _check_parent(source: str, path: Path, may_create_dir: Path | None) -> None:
+    parent = path.absolute().parent
+    if parent.is_dir():
+        return
+    if may_create_dir is not None and parent == Path(may_create_dir).absolute():
+        parent.mkdir(parents=True, exist_ok=True)
+        return
+    raise StorageError(
+        f"storage {mask_url(source)}: folder {parent} does not exist; create it first, or correct the path "
+        "(a typo in a resume path would otherwise start a new, empty study)"
+    )
+
+
+def JournalStorage_cls() -> type:  # noqa: N802 - a class, imported late (optuna is optional for readers)
+    from optuna.storages.journal import JournalStorage
+
+    return JournalStorage
+
+
+# ------------------------------------------------------------------------------------ journal repair
+def repair_journal(path: Path) -> str | None:
+    """Repair a journal whose records were cut short; return the line printed, or None when intact.
+
+    A record cut short is a last line without its newline (a crash or a full disk mid-append), or,
+    once someone appended after it, a line that is not JSON. Torn bytes are dropped; where a whole
+    record was appended right after a torn one (Optuna appends without repairing), that record is
+    kept. The original is kept beside it as `<name>.torn-<UTC time>.bak`. Done under the journal's
+    own lock file, so no worker appends meanwhile; dropping only the tail leaves what other workers
+    already read where it was."""
+    from optuna.storages.journal import JournalFileOpenLock
+    from optuna.storages.journal._file import get_lock_file
+
+    with get_lock_file(JournalFileOpenLock(str(path))):
+        data = path.read_bytes()
+        kept, dropped, salvaged = [], 0, 0
+        lines = data.splitlines(keepends=True)
+        for line in lines:
+            if line.endswith(b"\n") and _record(line):
+                kept.append(line)
+                continue
+            rescued = _salvage(line)
+            if rescued is not None:
+                kept.append(rescued)
+                salvaged += 1
+                dropped += len(line) - len(rescued)
+            else:
+                dropped += len(line)
+        if not dropped:
+            return None
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        backup = path.with_name(f"{path.name}.torn-{stamp}.bak")
+        n = 1
+        while backup.exists():
+            n += 1
+            backup = path.with_name(f"{path.name}.torn-{stamp}-{n}.bak")
+        shutil.copy2(path, backup)
+        tmp = path.with_name(path.name + ".repair.tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    message = (
+        f"Journal {path} repaired: dropped {dropped} torn bytes (a write cut short by a crash or a full disk), "
+        f"kept {len(kept)} records{f' ({salvaged} recovered from behind the tear)' if salvaged else ''}; "
+        f"the original is in {backup}"
+    )
+    log.warning("%s", message)
+    return message
+
+
+def _record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict) and "op_code" in json.loads(line)
+    except ValueError:
+        return False
+
+
+def _salvage(line: bytes) -> bytes | None:
+    """The whole record appended right after a torn one on the same line, or None."""
+    if not line.endswith(b"\n"):
+        return None
+    start = line.find(b'{"op_code"', 1)
+    while start != -1:
+        if _record(line[start:]):
+            return line[start:]
+        start = line.find(b'{"op_code"', start + 1)
+    return None
+
+
+def _safe_backend_cls() -> type:
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal._file import get_lock_file
+
+    class SafeJournalFileBackend(JournalFileBackend):
+        """Optuna's file backend whose append never leaves half a record behind: a write that fails
+        (a full disk, an I/O error) is cut back to where it started before the error is raised, so a
+        retry (or the next run) appends onto whole records."""
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            with get_lock_file(self._lock):
+                data = ("\n".join(json.dumps(entry, separators=(",", ":")) for entry in logs) + "\n").encode("utf-8")
+                # Unbuffered: a buffered file would flush its leftover bytes again when closed.
+                fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                try:
+                    start = os.lseek(fd, 0, os.SEEK_END)
+                    try:
+                        done = 0
+                        while done < len(data):
+                            done += os.write(fd, data[done:])
+                        os.fsync(fd)
+                    except OSError:
+                        try:
+                            os.ftruncate(fd, start)  # freeing bytes works on a full disk too
+                        except OSError:
+                            pass  # repaired when the journal is next opened (repair_journal)
+                        raise
+                finally:
+                    os.close(fd)
+
+    return SafeJournalFileBackend
+
+
+def SafeJournalFileBackend(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the class, built late
+    return _safe_backend_cls()(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ retries
+# A call fails for a passing reason: the database restarts or is away, the disk is full (someone can
+# free it), a SQLite file is locked by another writer. Anything else is a bug or bad data: raised at once.
+TRANSIENT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EAGAIN, errno.ESTALE, errno.EBUSY)
+TRANSIENT_SQL = ("OperationalError", "InterfaceError", "DisconnectionError")
+PERMANENT_SQL = ("no such table", "syntax error", "password authentication failed", "does not exist")
+NOT_RETRIED = ("record_heartbeat",)  # a missed beat is harmless; the heartbeat thread never blocks
+
+
+def transient(err: BaseException) -> bool:
+    """Whether `err` (or what caused it) is a failure that passes: see TRANSIENT_ERRNOS / TRANSIENT_SQL."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, StorageUnavailable):
+            return False  # an inner call's retries already ran out
+        if isinstance(seen, OSError) and seen.errno in TRANSIENT_ERRNOS:
+            return True
+        names = {c.__name__ for c in type(seen).__mro__}
+        if getattr(seen, "connection_invalidated", False) or (
+            names & set(TRANSIENT_SQL) and not any(s in str(seen) for s in PERMANENT_SQL)
+        ):
+            return True
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+    return False
+
+
+def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: str, *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs), retried with exponential backoff (0.5 s doubling, at most 8 s apart)
+    while it fails for a passing reason, for up to `retry_s` seconds; then StorageUnavailable."""
+    import optuna
+
+    deadline, delay, failed = time.monotonic() + retry_s, 0.5, None
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            if failed is not None and name == "set_trial_state_values":
+                return True  # the failed attempt's commit landed before its connection dropped
+            raise
+        except Exception as err:  # noqa: BLE001 - only passing failures are retried (transient)
+            if not transient(err):
+                raise
+            if failed is None:
+                log.warning(
+                    "Storage %s unavailable (%s: %s); retrying for up to %.0f s",
+                    mask_url(source),
+                    name,
+                    _first_line(err, source),
+                    retry_s,
+                )
+            failed = err
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StorageUnavailable(
+                    f"storage {mask_url(source)} unavailable for {retry_s:.0f} s (hydra.sweeper.storage_retry_s) "
+                    f"while calling {name}: {_first_line(err, source)}. Every trial told before this is kept; "
+                    "when the storage is back (server up, disk freed), re-run the same command to resume"
+                ) from None
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 8.0)
+
+
+def _retrying(cls: type, retry_s: float | None, source: str) -> type:
+    """`cls` (an Optuna storage class) with every public call retried (call_with_retry)."""
+    if not retry_s:
+        return cls
+    from optuna.storages import BaseStorage
+
+    names = {n for n in dir(BaseStorage) if not n.startswith("_")} | {"_get_stale_trial_ids"}
+    attrs: dict[str, Any] = {"retry_s": retry_s}
+    for name in sorted(names - set(NOT_RETRIED)):
+        base = getattr(cls, name, None)
+        if not callable(base):
+            continue
+
+        def method(self: Any, *args: Any, _base: Any = base, _name: str = name, **kwargs: Any) -> Any:
+            return call_with_retry(_base, _name, self.retry_s, source, self, *args, **kwargs)
+
+        method.__name__ = name
+        attrs[name] = method
+    return type(f"Retrying{cls.__name__}", (cls,), attrs)
+
+
+def without_retry(storage: Any, name: str) -> Callable[..., Any]:
+    """`storage.<name>` called once, never retried (the heartbeat: a missed beat is harmless)."""
+    from optuna.storages._cached_storage import _CachedStorage
+
+    inner = storage._backend if isinstance(storage, _CachedStorage) else storage  # Optuna wraps an RDBStorage
+    cls = type(inner)
+    base = cls.__mro__[1] if "retry_s" in cls.__dict__ else cls
+    return getattr(base, name).__get__(inner)

@@ -28,7 +28,7 @@ from ..config.local import cuda_available, installed
 from ..config.model_arch import fill_arch
 from ..config.schema import ConfigError, resolve_split
 from ..levers import recipe_of, requested_levers
-from ..metrics import empty_metrics, read_metrics, write_metrics
+from ..metrics import MetricsError, empty_metrics, read_metrics, write_metrics
 from . import worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
@@ -161,7 +161,10 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         _kill_group(proc.pid)  # reap anything the trial left running (vLLM workers, dataloaders, the guardian)
     finally:
         keep_alive.close()
-    record = read_metrics(run_dir)
+    try:
+        record = read_metrics(run_dir)
+    except MetricsError as err:  # the child's record is broken: the trial failed, and says which file
+        record = empty_metrics("failed", str(err), requested_levers(cfg), recipe_of(cfg))
     if timed_out:
         record = record or empty_metrics("timeout", None, requested_levers(cfg), recipe_of(cfg))
         record["status"] = "timeout"
@@ -182,5 +185,6 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     record["run_dir"] = str(run_dir)
     wandb_note(record, run_dir)
     write_metrics(run_dir, record)
+    worker.tear_metrics(cfg.trial.debug_fault, run_dir)
     print(format_summary(record, run_dir), flush=True)
     return record

@@ -8,6 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+# A plain chat template for conversational prompts (task=dataset); tasks/dataset.py `render` writes the same.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def train_local_tokenizer(corpus: Iterable[str], vocab_size: int):
@@ -25,4 +30,6 @@ def train_local_tokenizer(corpus: Iterable[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    out.chat_template = CHAT_TEMPLATE
+    return out

@@ -148,6 +148,19 @@ def inject_fault(kind: str | None) -> None:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+def tear_metrics(kind: str | None, run_dir: Path) -> None:
+    """trial.debug_fault=bad_metrics: leave metrics.json torn (its first half), as a crash or a full
+    disk mid-write would, after the trial's record was written (the parent calls it last)."""
+    if kind != "bad_metrics":
+        return
+    from ..metrics import METRICS_FILE
+
+    path = Path(run_dir) / METRICS_FILE
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    print(f"[trial] debug_fault=bad_metrics: {path} torn", flush=True)
+
+
 def set_alloc_conf(expandable: bool) -> str:
     """PYTORCH_CUDA_ALLOC_CONF with expandable_segments as the lever says, the user's other settings
     kept. Before CUDA starts (the allocator reads it on first use): spawn children have not imported
@@ -188,6 +201,7 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
     record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
     wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
     meter = None
+    reward_clock = None  # tasks/rewards.RewardClock: seconds in reward functions per step
     memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
     oom, error_text = False, ""
     try:
@@ -240,6 +254,11 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
 
         wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
+        record["prompt_lengths"] = task.prompt_lengths
+        from .tasks.rewards import RewardClock
+
+        reward_clock = RewardClock()
+        reward_funcs = task.rewards(reward_clock)  # the user's are imported here: a bad one fails before the model loads
         meter = StepMeter(
             cfg.trial.steps,
             generation_batch_size(cfg),
@@ -251,18 +270,27 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
         ctx = SimpleNamespace(
             tokenizer=tokenizer,
             dataset=dataset,
-            reward_funcs=task.reward_funcs,
-            callbacks=[meter, memory.callback()],
+            reward_funcs=reward_funcs,
+            callbacks=[meter, memory.callback(), reward_clock],
             run_dir=run_path,
             on_cuda=on_cuda,
         )
         trainer = backend.build_trainer(cfg, ctx)
         meter.on_step = wb.log_step  # each step's row to W&B too
-        prompt_tokens = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in dataset["prompt"])
+        from .tasks.base import prompt_tokens as count_tokens
+
+        prompt_tokens = max(count_tokens(tokenizer, p) for p in dataset["prompt"])
         effective = backend.effective(trainer)
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
+        from .backends import trl as trl_backend
+
+        # What the export (report/export.py) writes for TRL / Unsloth: read back from the built trainer.
+        try:  # never fails the trial: without it the trial only cannot be exported (report/export.py says so)
+            record["trainer_settings"] = getattr(backend, "settings", trl_backend.settings)(trainer, cfg, effective)
+        except Exception as exc:  # noqa: BLE001
+            print(f"[trial] trainer settings for the export not read: {type(exc).__name__}: {exc}", flush=True)
         record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
         memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
         from .backends.readback import format_mismatch, lever_mismatch
@@ -301,6 +329,8 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0) ->
             record.update(meter.summary())
             record["history"] = meter.rows
             record["first_step_begin_unix"] = meter.first_step_begin_unix
+        if reward_clock is not None:
+            record["reward_seconds_per_step"] = reward_clock.seconds_per_step()
         if memory is not None:
             record.update(memory.result(error_text if oom else None))
         write_metrics(run_path, record)

@@ -67,6 +67,10 @@ class GrpoOptunaSweeperConf:
     heartbeat_interval: int = 30
     grace_period: int | None = None  # None: 4 x heartbeat_interval
     max_retry: int = 2
+    # Storage blips: a call to the study's storage that fails for a passing reason (the database
+    # restarting or away, a full disk, a locked SQLite file) is retried with backoff for up to this
+    # many seconds, then the sweep ends with one line saying what to do (docs/crash-safety.md). 0: never retry.
+    storage_retry_s: float = 60.0
     # A systematic failure stops the sweep: after this many trials in a row fail for the same reason
     # that is not memory (a model that cannot be loaded, a missing package, a bad reward), with that
     # reason and what to do (failures.py). 0: never stop.
@@ -123,6 +127,7 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "heartbeat_interval": (_integer(1), "an integer >= 1 (seconds)"),
     "grace_period": (_optional(_integer(1)), "an integer >= 1 (seconds), or null: 4 x heartbeat_interval"),
     "max_retry": (_integer(0), "an integer >= 0"),
+    "storage_retry_s": (lambda v: _number(v) and v >= 0, "a number of seconds >= 0 (0: never retry)"),
     "max_failures_in_a_row": (_integer(0), "an integer >= 0 (0: never stop)"),
     "top_k": (_integer(1), "an integer >= 1"),
     "stop_below": (
@@ -139,6 +144,11 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 class SweeperSettingError(CompactHydraException, ValueError):
     """A hydra.sweeper setting out of its range: Hydra prints the message alone, without a traceback."""
+
+
+class SweepError(CompactHydraException, RuntimeError):
+    """The sweep cannot go on (its storage cannot be opened or stayed away, the study is another
+    search's): Hydra prints the one-line message alone, without a traceback."""
 
 
 def check_setting(key: str, value: Any) -> Any:

@@ -11,6 +11,7 @@ they are the search's own answers ("this does not fit").
 # No `from __future__ import annotations` here: Hydra's plugin scan loads this module without
 # registering it in sys.modules, where @dataclass would look string annotations up (config.py).
 import datetime
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ DEFAULT_ADVICE = "every trial fails the same way: run one point alone (the comma
 
 @dataclass
 class Stop:
-    reason: str  # the failures' shared first error line
+    reason: str  # the last failure's first error line (the failures share its cause: cause_of)
     trials: list[int]  # the trials that failed in a row
     advice: str
     command: str  # one failed point, to run alone
@@ -65,6 +66,24 @@ def reason_of(trial: Any) -> str | None:
     return f"{attrs.get('status')}: {first[:300] or 'no error message'}"
 
 
+# The cause, not the sampled value: `+foo=choice(1,2,3)` fails each trial with its own number in the
+# message, and a path names each trial's own directory. Quoted text, paths, hex and numbers are
+# replaced by placeholders before failures are compared.
+_VARYING = (
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "<value>"),
+    (re.compile(r"(?:[A-Za-z]:)?(?:/[\w.@+-]+)+/?"), "<path>"),
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
+    (re.compile(r"[-+]?\b\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\b"), "<n>"),
+)
+
+
+def cause_of(reason: str) -> str:
+    """A failure reason with what varies between trials of one cause (values, paths, numbers) normalised out."""
+    for pattern, placeholder in _VARYING:
+        reason = pattern.sub(placeholder, reason)
+    return reason
+
+
 def systematic_failure(study: Any, since: datetime.datetime, limit: int, command_of: Callable[[Any], str]) -> Stop | None:
     """A Stop when the last `limit` trials finished since `since` (this worker's start: earlier
     failures belong to a run the user may have fixed since) all failed for one reason.
@@ -82,10 +101,10 @@ def systematic_failure(study: Any, since: datetime.datetime, limit: int, command
     last = finished[-limit:]
     if len(last) < limit:
         return None
-    reasons = {reason_of(t) for t in last}
-    if len(reasons) != 1 or None in reasons:
+    reasons = [reason_of(t) for t in last]
+    if None in reasons or len({cause_of(r) for r in reasons}) != 1:
         return None
-    reason = reasons.pop()
+    reason = reasons[-1]  # shown as it was: the last trial's own words
     return Stop(reason=reason, trials=[t.number for t in last], advice=advice_for(reason), command=command_of(last[-1]))
 
 

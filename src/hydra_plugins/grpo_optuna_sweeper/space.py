@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def parse_space(arguments: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Split overrides into Optuna distributions (sweeps) and fixed overrides ({key: "key=value"})."""
+def parse_space(arguments: list[str], is_integer: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Split overrides into Optuna distributions (sweeps) and fixed overrides ({key: "key=value"}).
+
+    is_integer(key): whether the lever at `key` is an integer; Hydra parses `interval(64, 256)` as
+    floats, so an interval over an integer lever with whole ends becomes an integer distribution.
+    A range Optuna refuses (low > high, a log range from 0) is a ValueError naming the parameter."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Transformer
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     distributions: dict[str, Any] = {}
     fixed: dict[str, str] = {}
@@ -24,34 +26,43 @@ def parse_space(arguments: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
         if not override.is_sweep_override():
             fixed[key] = override.input_line  # the whole `key=value` (keeps `+`, `~`)
             continue
-        value = override.value()
-        if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
-            choices = list(override.sweep_iterator(transformer=Transformer.encode))
-            distributions[key] = CategoricalDistribution(choices)
-        elif override.is_range_sweep():
-            if any(isinstance(x, float) for x in (value.start, value.stop, value.step)):
-                # Hydra's range excludes `stop`; Optuna's step grid includes `high`.
-                high = value.stop - value.step
-                distributions[key] = FloatDistribution(value.start, high, step=value.step)
-            else:
-                high = int(value.stop) - int(value.step)
-                distributions[key] = IntDistribution(int(value.start), high, step=int(value.step))
-        elif override.is_interval_sweep():
-            log = "log" in value.tags
-            if isinstance(value.start, int) and isinstance(value.end, int):
-                distributions[key] = IntDistribution(value.start, value.end, log=log)
-            else:
-                distributions[key] = FloatDistribution(float(value.start), float(value.end), log=log)
-        else:
-            raise ValueError(f"hydra.sweeper.params.{key}={override.input_line}: unsupported sweep type")
+        try:
+            distributions[key] = _distribution(override, key, is_integer)
+        except ValueError as err:
+            raise ValueError(f"hydra.sweeper.params {override.input_line}: {err}") from None
     overlap = set(distributions) & set(fixed)
     for key in overlap:  # a fixed value on the command line wins over the sweep file's range
         del distributions[key]
     return distributions, fixed
 
 
-def grid_choices(distributions: dict[str, Any]) -> dict[str, list]:
-    """Every value of each (discrete) distribution, for Optuna's GridSampler."""
+def _distribution(override: Any, key: str, is_integer: Any) -> Any:
+    from hydra.core.override_parser.types import Transformer
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    value = override.value()
+    if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
+        choices = list(override.sweep_iterator(transformer=Transformer.encode))
+        return CategoricalDistribution(choices)
+    if override.is_range_sweep():
+        if any(isinstance(x, float) for x in (value.start, value.stop, value.step)):
+            # Hydra's range excludes `stop`; Optuna's step grid includes `high`.
+            high = value.stop - value.step
+            return FloatDistribution(value.start, high, step=value.step)
+        high = int(value.stop) - int(value.step)
+        return IntDistribution(int(value.start), high, step=int(value.step))
+    if override.is_interval_sweep():
+        log = "log" in value.tags
+        whole = all(float(x).is_integer() for x in (value.start, value.end))
+        if (isinstance(value.start, int) and isinstance(value.end, int)) or (whole and is_integer and is_integer(key)):
+            return IntDistribution(int(value.start), int(value.end), log=log)
+        return FloatDistribution(float(value.start), float(value.end), log=log)
+    raise ValueError("unsupported sweep type")
+
+
+def grid_choices(distributions: dict[str, Any], purpose: str = "sampler=grid") -> dict[str, list]:
+    """Every value of each (discrete) distribution, for Optuna's GridSampler (or `purpose`, named in
+    the error: the frontier start and neighbour moves need the lists too)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     grid = {}
@@ -65,7 +76,7 @@ def grid_choices(distributions: dict[str, Any]) -> dict[str, list]:
             grid[key] = [dist.low + i * dist.step for i in range(n)]
         else:
             raise ValueError(
-                f"hydra.sweeper.params.{key}: sampler=grid needs discrete values (choice or range), not a continuous interval"
+                f"hydra.sweeper.params.{key}: {purpose} needs discrete values (choice or range), not a continuous interval"
             )
     return grid
 

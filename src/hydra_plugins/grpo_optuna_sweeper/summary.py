@@ -277,6 +277,7 @@ def write_summary(
                 # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
                 "reward_mean": attrs.get("reward_mean"),
                 "reward_change": attrs.get("reward_change"),
+                "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
                 "headroom": headroom,
                 "run_dir": attrs.get("run_dir"),
                 "overrides": attrs.get("overrides"),
@@ -285,6 +286,7 @@ def write_summary(
                 **noise_summary(ranked_finalists, chosen=best_rule.competing(study.user_attrs) is not None),
             }
         )
+        summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name)
         _atomic_write(sweep_dir / "best.yaml", yaml.safe_dump(summary, sort_keys=False))
     if quiet:
         return summary
@@ -307,12 +309,22 @@ def write_summary(
             f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
             + (f", reward {reward:.3f}" if reward is not None else "")
         )
+        reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
+        if reward_s is not None and step_s:
+            print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
         for preset, info in summary["vs_presets"].items():
             if info.get("ratio"):
                 print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
             else:
                 print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
         print(f"Run it:\n  {summary['command']}")
+        exported = summary.get("export") or {}
+        if exported.get("files"):
+            print(
+                f"Run it in TRL:\n  trl grpo --config {sweep_dir / 'best.trl.yaml'}   (also: {', '.join(exported['files'][1:])})"
+            )
+        elif exported.get("error"):
+            print(f"Not exported for TRL: {exported['error']}")
         print(f"Wrote {sweep_dir / 'best.yaml'} and {sweep_dir / 'trials.csv'}")
     report = write_html_report(study, sweep_dir)
     if report is not None:
@@ -320,6 +332,19 @@ def write_summary(
         summary["report"] = str(report)
     print(f"Dashboard: {summary['dashboard']}")
     return summary
+
+
+def export_best(run_dir: str | None, sweep_dir: Path, study_name: str) -> dict:
+    """best.trl.yaml, best_grpo_config.py (and best_unsloth.py) beside best.yaml (grpo_sweep.report.export);
+    a trial that cannot be exported never costs the summary: best.yaml says why."""
+    if not run_dir:
+        return {"error": "the best trial has no run directory"}
+    try:
+        from grpo_sweep.report.export import export_trial
+
+        return {"files": [p.name for p in export_trial(Path(run_dir), sweep_dir, prefix="best", sweep=study_name)]}
+    except Exception as err:  # noqa: BLE001 - the study and trials.csv are already written
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 def write_html_report(study: Any, sweep_dir: Path) -> Path | None:

@@ -29,12 +29,12 @@ from grpo_sweep.config.schema import SCHEMA_KEYS
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.levers import recipe_of, requested_levers
 from grpo_sweep.memory.estimator import estimate
-from grpo_sweep.metrics import read_metrics
-from grpo_sweep.study.storage import SWEEP_JOURNAL, open_storage
+from grpo_sweep.metrics import MetricsError, read_metrics
+from grpo_sweep.study.storage import SWEEP_JOURNAL, StorageError, StorageUnavailable, open_storage, study_names
 from grpo_sweep.units import budget_bytes
 
-from . import calibration, concessions, confirm, frontier, neighbours, space
-from .config import SweeperSettingError, check_setting
+from . import calibration, concessions, confirm, frontier, identity, neighbours, space
+from .config import SweepError, SweeperSettingError, check_setting
 from .config import check as check_settings
 from .failures import systematic_failure
 from .outcome import (
@@ -48,7 +48,7 @@ from .outcome import (
     timed_steps,
 )
 from .progress import Progress
-from .workers import Heartbeat, duplicate_of, fail_stale_trials, retry
+from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_trials, retry, waiting_line
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +90,39 @@ class GrpoOptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        try:
+            return self._sweep(arguments)
+        except StorageUnavailable as err:  # retried for storage_retry_s already: one line, no traceback
+            raise SweepError(f"Sweep stopped: {err}") from None
+
+    def _sweep(self, arguments: list[str]) -> Any:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Optuna's study.ask warns on every trial of an RDB storage with a heartbeat that the heartbeat is
+        # meant for Study.optimize. We ask/tell ourselves and beat ourselves (workers.Heartbeat): silenced
+        # here, once, for that one message.
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
         conf = self.conf
         check_settings(conf)  # before the storage opens: a bad value is one line, no traceback
         params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-        self.distributions, fixed = space.parse_space(params_conf)
+        try:
+            self.distributions, fixed = space.parse_space(params_conf, is_integer=self._integer_lever)
+            if conf.sampler == "grid":
+                space.grid_choices(self.distributions)  # a continuous interval cannot be a grid
+        except ValueError as err:  # a bad range: one line naming the parameter, before the storage opens
+            raise SweeperSettingError(str(err)) from None
         self.fixed = list(fixed.values())
         self.objective = conf.objective or self.config.get("objective") or "tokens_per_s"
         self._hold_recipe()  # before the storage opens: a recipe change not declared stops here
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
-        study = self._open_study()
+        try:
+            study = self._open_study()
+        except StorageUnavailable:
+            raise
+        except (StorageError, identity.StudyMismatch) as err:  # cannot connect, a missing folder, another search: one line
+            raise SweepError(str(err)) from None
         n_trials = conf.n_trials
         if conf.sampler == "grid":
             size = 1
@@ -215,7 +235,10 @@ class GrpoOptunaSweeper(Sweeper):
             heartbeat_interval=conf.heartbeat_interval,
             grace_period=grace,
             stale_trial_callback=functools.partial(retry, max_retry=conf.max_retry),
+            retry_s=conf.storage_retry_s,
+            may_create_dir=self.sweep_dir,
         )
+        existed = conf.study_name in study_names(storage)
         study = optuna.create_study(
             study_name=conf.study_name,
             storage=storage,
@@ -223,21 +246,27 @@ class GrpoOptunaSweeper(Sweeper):
             direction=conf.direction,
             load_if_exists=True,
         )
-        study.set_user_attr("objective", self.objective)  # the report names the value by it
-        held = study.user_attrs.get("recipe")
-        if held is not None and held != self.recipe:
-            changed = "; ".join(
-                f"{k}: {concessions.fmt(held.get(k))} (study) vs {concessions.fmt(self.recipe.get(k))} (now)"
-                for k in sorted(set(held) | set(self.recipe))
-                if held.get(k) != self.recipe.get(k)
-            )
-            raise SweeperSettingError(
-                f"hydra.sweeper.study_name={conf.study_name}: this study holds another recipe ({changed}); its trials "
-                "would not be the same training. Run with the study's recipe, or choose a new hydra.sweeper.study_name"
-            )
-        study.set_user_attr("recipe", self.recipe)
+        # What this search is (identity.py): recorded on creation, compared on join/resume, before any trial.
+        fields = {
+            "search_space": identity.space_of(self.distributions),
+            "direction": conf.direction,
+            "objective": self.objective,
+            "recipe": self.recipe,  # equal learning: every trial of a study trains one recipe
+            "concessions": sorted(self.concessions),
+        }
+        identity.enforce(study, fields, storage=mask(self.storage_url))
+        study.set_user_attr("recipe", self.recipe)  # plain names for the report and readers of the study
         study.set_user_attr("concessions", list(self.concessions))
+        if existed:
+            log.info("Resuming study %r with %d trials", study.study_name, len(study.get_trials(deepcopy=False)))
+        else:
+            log.info("New study %r", study.study_name)
         return study
+
+    def _integer_lever(self, key: str) -> bool:
+        """Whether the config's value at `key` is an integer (an `interval` over it samples integers)."""
+        value = OmegaConf.select(self.config, key, default=None, throw_on_missing=False)
+        return isinstance(value, int) and not isinstance(value, bool)
 
     def _sampler(self) -> Any:
         # Workers sharing a study must not draw the same "random" start-up points: mix in the pid.
@@ -313,7 +342,7 @@ class GrpoOptunaSweeper(Sweeper):
         if self.conf.sampler == "grid" or not self.distributions:
             return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
         try:
-            choices = space.grid_choices(self.distributions)
+            choices = space.grid_choices(self.distributions, purpose="the frontier start")
         except ValueError as why:  # on by default: a continuous space is not an error
             log.info("Frontier start skipped: %s", why)
             return
@@ -334,7 +363,20 @@ class GrpoOptunaSweeper(Sweeper):
             # The calibrated prediction (raw until the study has measured trials: a resumed study's count).
             predicted = self._calibrated(est).calibrated_bytes if self.conf.prescreen else est.total_bytes
             fullness.append((params, predicted / limit))
+        if not fullness:
+            log.info(
+                "Frontier start skipped: none of the space's points could be composed, checked and estimated "
+                "(each is refused as it would be when run: see the first trials' errors)"
+            )
+            return
         picks = frontier.pick(fullness, count, self.conf.seed)
+        if not picks:
+            log.info(
+                "Frontier start: none of the %d candidates is predicted to fit the allowed memory; "
+                "the search starts from sampled points",
+                len(fullness),
+            )
+            return
         for params in picks:
             study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
         log.info(
@@ -419,9 +461,12 @@ class GrpoOptunaSweeper(Sweeper):
         waited = False
         while True:
             self._check_stop()
+            dead = fail_dead_workers(study, self.conf.max_retry)  # at once: no grace period to wait out
             stale = fail_stale_trials(study, self.grace_period, self.conf.max_retry)
             if stale:
                 log.warning("Trials %s stopped beating (worker gone): FAIL, re-enqueued", stale)
+            if dead:
+                log.warning("Trials %s belonged to a worker of this host that is gone (its pid): FAIL, re-enqueued", dead)
             counted, running = self._progress(study)
             self._learn(study)  # every trial told so far (other workers' too) calibrates the next verdicts
             room = target - counted - len(running)
@@ -429,7 +474,7 @@ class GrpoOptunaSweeper(Sweeper):
                 if not running:
                     return
                 if not waited:
-                    log.info("%d/%d trials done; waiting for %d running in other workers", counted, target, len(running))
+                    log.info("%d/%d trials done; %s", counted, target, waiting_line(study, running))
                     waited = True
                 time.sleep(min(5.0, self.conf.heartbeat_interval))
                 continue
@@ -456,7 +501,10 @@ class GrpoOptunaSweeper(Sweeper):
             allowed = (self.n_trials if target is None else target) - counted
             launch = []
             for trial in batch:
-                if running.index(trial.number) >= allowed:  # another worker asked at the same moment
+                # Another worker asked at the same moment. (A trial missing from `running`: the storage's
+                # view lags behind our own ask; it ranks after every running trial.)
+                rank = running.index(trial.number) if trial.number in running else len(running)
+                if rank >= allowed:
                     trial.set_user_attr("status", "surplus")
                     study.tell(trial, state=_state("FAIL"))
                     pending.remove(trial)
@@ -490,11 +538,23 @@ class GrpoOptunaSweeper(Sweeper):
         except _Interrupted:
             self._abandon(study, pending, "interrupted")
             raise
+        except StorageUnavailable:
+            # The storage is away: nothing can be told. The next run (or another worker) releases these
+            # trials at once: same host, this pid gone (workers.fail_dead_workers).
+            log.error("Trials %s left RUNNING: the storage is unavailable", [t.number for t in pending])
+            raise
+        except BaseException as err:  # any other death: the trials are released before the sweeper exits
+            self._abandon(study, pending, "worker_error", f"the sweeper failed: {type(err).__name__}: {err}"[:1000])
+            raise
 
-    def _abandon(self, study: Any, trials: list, why: str) -> None:
+    def _abandon(self, study: Any, trials: list, why: str, error: str | None = None) -> None:
+        """FAIL and re-enqueue the trials this worker asked and did not tell (best effort, where the
+        storage still allows it): a re-run or another worker runs them again."""
         for trial in trials:
             try:
                 trial.set_user_attr("status", why)
+                if error:
+                    trial.set_user_attr("error", error)
                 study.tell(trial, state=_state("FAIL"))
                 retry(study, study._storage.get_trial(trial._trial_id), self.conf.max_retry)
             except Exception as err:  # noqa: BLE001 - best effort while shutting down
@@ -610,7 +670,12 @@ class GrpoOptunaSweeper(Sweeper):
         out_dir = None
         if getattr(ret, "hydra_cfg", None) is not None:
             out_dir = ret.hydra_cfg.hydra.runtime.output_dir
-        record = read_metrics(Path(out_dir)) if out_dir else None
+        try:
+            record = read_metrics(Path(out_dir)) if out_dir else None
+        except MetricsError as err:  # however it is broken: this trial FAILs with the reason, the sweep goes on
+            outcome = Outcome("FAIL", attrs={"status": "failed", "error": str(err)[:1000], "run_dir": str(out_dir)})
+            log.warning("Trial %d: %s", trial.number, err)
+            return outcome
         outcome = judge(
             record,
             objective=self.objective,
@@ -677,7 +742,7 @@ class GrpoOptunaSweeper(Sweeper):
             recipe=self.recipe,
             price_tags=tags,
             storage_url=self.storage_url,
-            objective=self.objective,
+            objective=identity.objective_of(study, self.objective),  # the one the study was created with
             fixed=self.fixed,
             top_k=self.conf.top_k,
             headroom=self.conf.headroom,

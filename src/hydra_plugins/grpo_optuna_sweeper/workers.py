@@ -5,10 +5,15 @@ by grpo_sweep.study.storage, the one opener the report uses too).
   have Optuna's heartbeat (`heartbeat_interval`, `grace_period`, a retry callback); JournalStorage
   has none in Optuna 5, so `JournalHeartbeat` does the same with a timestamp in the trial's system
   attributes, and `fail_stale_trials()` fails and re-enqueues silent trials for both kinds.
+- a worker known to be dead is not waited for: a RUNNING trial whose worker (user attribute
+  `worker` = host:pid) ran on this host and whose pid is gone (or now belongs to a newer process)
+  is failed and re-enqueued at once (`fail_dead_workers`), without waiting out grace_period.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -99,6 +104,51 @@ def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int
     return failed
 
 
+def worker_dead(worker: str | None, started: Any) -> bool:
+    """Whether `worker` (host:pid, as the sweeper records it) is known to be gone: this host, and its
+    pid is not running or belongs to a process started after the trial (a reused pid). Another
+    host's worker is never known dead here (its heartbeat decides)."""
+    import psutil
+
+    host, _, pid = str(worker or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        created = psutil.Process(int(pid)).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+    return started is not None and created > started.timestamp() + 1.0
+
+
+def fail_dead_workers(study: Any, max_retry: int) -> list[int]:
+    """Fail (and re-enqueue) RUNNING trials whose worker is known dead (worker_dead). Returns their numbers."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not worker_dead(trial.user_attrs.get("worker"), trial.datetime_start):
+            continue
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "status", "worker_died")
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial.number)
+                retry(study, storage.get_trial(trial._trial_id), max_retry)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker got there first
+    return failed
+
+
+def waiting_line(study: Any, running: list[int]) -> str:
+    """What this worker waits for: the RUNNING trials, each with the worker running it."""
+    workers = {t.number: t.user_attrs.get("worker") for t in study.get_trials(deepcopy=False) if t.number in running}
+    named = ", ".join(f"trial {n} ({workers.get(n) or 'worker not recorded yet'})" for n in running)
+    return f"waiting for {len(running)} running in other workers: {named}"
+
+
 class Heartbeat:
     """While trials run, stamp them every `interval` s so other workers know this one is alive.
 
@@ -107,9 +157,12 @@ class Heartbeat:
     """
 
     def __init__(self, study: Any, trial_ids: list[int], interval: int):
+        from grpo_sweep.study.storage import without_retry
+
         storage = study._storage
-        if _is_journal_storage(storage):
-            self._beat_one = lambda tid: storage.set_trial_system_attr(tid, HEARTBEAT_ATTR, time.time())
+        if _is_journal_storage(storage):  # a beat is tried once: a missed one is harmless, a blocked thread is not
+            beat = without_retry(storage, "set_trial_system_attr")
+            self._beat_one = lambda tid: beat(tid, HEARTBEAT_ATTR, time.time())
         else:
             self._beat_one = storage.record_heartbeat
         self.trial_ids, self.interval = list(trial_ids), interval

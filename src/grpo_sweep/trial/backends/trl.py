@@ -60,6 +60,8 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     )
     from omegaconf import OmegaConf
 
+    if cfg.task.get("reward_weights") is not None:  # task.reward_weights (config/user_task.py checks them)
+        args["reward_weights"] = [float(w) for w in cfg.task.reward_weights]
     extra = cfg.trial.get("grpo_config") or {}
     extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
     unknown = sorted(set(extra) - grpo_fields())
@@ -204,3 +206,88 @@ def _get(obj, key):
 def _has_4bit_layers(model) -> bool:
     """bitsandbytes' 4-bit linear layers present (whatever the config says)."""
     return any(type(m).__name__ == "Linear4bit" for m in model.modules())
+
+
+# GRPOConfig fields the export writes (report/export.py), read back from the trainer that ran. Not the
+# measuring-only ones (output_dir, max_steps, use_cpu, logging, save_strategy, report_to, the worst-case
+# generation floor) nor what TRL derives (generation_batch_size = batch x accumulation).
+EXPORTED_ARGS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "max_completion_length",
+    "gradient_checkpointing",
+    "bf16",
+    "learning_rate",
+    "beta",
+    "seed",
+    "reward_weights",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "vllm_enable_sleep_mode",
+)
+
+
+def settings(trainer, cfg: Any, effective: dict) -> dict:
+    """metrics.json `trainer_settings`: what a TRL user needs to run this trial's configuration
+    (GRPOConfig fields, the LoRA adapter, 4-bit loading, the model and the data), read back from the
+    built trainer; `effective` gives the levers in target-card terms (vLLM's share of the card)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from ...config.user_task import load_args, reward_path
+
+    args = trainer.args
+    grpo = {k: getattr(args, k) for k in EXPORTED_ARGS if hasattr(args, k)}
+    grpo["gradient_checkpointing"] = bool(effective.get("gradient_checkpointing", grpo.get("gradient_checkpointing")))
+    if grpo.get("use_vllm"):
+        grpo["vllm_gpu_memory_utilization"] = effective.get("gpu_memory_utilization") or cfg.gpu_memory_utilization
+    else:
+        grpo = {k: v for k, v in grpo.items() if not k.startswith("vllm_")}
+    if grpo.get("reward_weights") is None:
+        grpo.pop("reward_weights", None)
+    extra = cfg.trial.get("grpo_config") or {}
+    extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
+    grpo.update({k: getattr(args, k, v) for k, v in extra.items()})
+    model = trainer.model
+    peft_cfg = getattr(model, "peft_config", {}).get("default")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = getattr(base, "name_or_path", "") or getattr(getattr(base, "config", None), "_name_or_path", "")
+    dtype = str(getattr(base, "dtype", "")).replace("torch.", "") or None
+    task = cfg.task
+    return {
+        "model_name_or_path": name or None,  # empty: random weights built in memory (no checkpoint to point at)
+        "model": {"name": cfg.model.name, "source": cfg.model.source, "init": cfg.model.get("init")},
+        "dtype": dtype,
+        "grpo_config": grpo,
+        "lora": None
+        if peft_cfg is None
+        else {
+            "r": peft_cfg.r,
+            "lora_alpha": peft_cfg.lora_alpha,
+            "lora_dropout": peft_cfg.lora_dropout,
+            "target_modules": sorted(peft_cfg.target_modules),
+            "bias": peft_cfg.bias,
+            "task_type": str(getattr(peft_cfg.task_type, "value", peft_cfg.task_type)),
+        },
+        "quantization": _quantization(base) if effective.get("load_in_4bit") else None,
+        "dataset": {**load_args(task), "prompt_column": str(task.prompt_column)} if task.get("path") else None,
+        "task": str(task.name),
+        "reward_funcs": [reward_path(str(n)) for n in task.get("reward_funcs") or []] or None,
+        "max_prompt_length": cfg.max_prompt_length,
+        "worst_case_lengths": bool(cfg.trial.worst_case_lengths),
+        "cwd": os.getcwd(),
+    }
+
+
+def _quantization(model) -> dict:
+    """The 4-bit loading the model really got (its config's quantization_config)."""
+    quant = getattr(getattr(model, "config", None), "quantization_config", None) or {}
+    out = {"load_in_4bit": True}
+    for key in ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"):
+        value = _get(quant, key)
+        out[key] = str(value).replace("torch.", "") if key == "bnb_4bit_compute_dtype" and value is not None else value
+    return out

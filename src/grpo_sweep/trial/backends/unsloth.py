@@ -107,9 +107,8 @@ def build_trainer(cfg: Any, ctx: Any):
             f"gpu_memory_utilization={cfg.gpu_memory_utilization} reserves nothing",
             flush=True,
         )
-    model, _unsloth_tokenizer = FastLanguageModel.from_pretrained(
-        **from_pretrained_kwargs(cfg, name, device_util=util, dtype=torch_dtype(cfg, ctx.on_cuda), fast_inference=fast)
-    )
+    load_kwargs = from_pretrained_kwargs(cfg, name, device_util=util, dtype=torch_dtype(cfg, ctx.on_cuda), fast_inference=fast)
+    model, _unsloth_tokenizer = FastLanguageModel.from_pretrained(**load_kwargs)
     model = FastLanguageModel.get_peft_model(model, **peft_kwargs(cfg))
     from trl import GRPOConfig  # Unsloth's patched config (imported after unsloth)
 
@@ -120,8 +119,27 @@ def build_trainer(cfg: Any, ctx: Any):
         remember_budget(trainer, cfg, util)
         trainer.grpo_sweep_vllm["sleep_mode"] = bool(cfg.backend.unsloth_standby)
     trainer.grpo_sweep_fast_inference = fast
+    trainer.grpo_sweep_unsloth = unsloth_settings(cfg, load_kwargs)
     trainer.grpo_sweep_gradient_checkpointing = bool(cfg.gradient_checkpointing)
     return trainer
+
+
+def unsloth_settings(cfg: Any, load_kwargs: dict) -> dict:
+    """The Unsloth calls as this trial made them, for the export's best_unsloth.py (report/export.py):
+    from_pretrained with gpu_memory_utilization as the lever (the target card's share; the trial may
+    have rescaled it for an emulated card) and dtype by name."""
+    loaded = dict(load_kwargs)
+    loaded["dtype"] = str(loaded["dtype"]).replace("torch.", "") if loaded.get("dtype") is not None else None
+    if loaded.get("fast_inference"):
+        loaded["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
+    return {"from_pretrained": loaded, "get_peft_model": peft_kwargs(cfg)}
+
+
+def settings(trainer, cfg: Any, effective: dict) -> dict:
+    """`trl.settings` plus Unsloth's own calls (metrics.json trainer_settings)."""
+    out = trl_backend.settings(trainer, cfg, effective)
+    out["unsloth"] = getattr(trainer, "grpo_sweep_unsloth", None)
+    return out
 
 
 def find_engine(model) -> Any:

@@ -37,6 +37,14 @@ class Task:
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+        self.prompt_lengths: dict | None = None  # set by dataset(): metrics.json prompt_lengths
+
+    def rewards(self, clock) -> list:
+        """The reward functions a trial trains with: task.reward_funcs (import paths) when given,
+        else this task's own; each timed by `clock` (rewards.RewardClock)."""
+        from .rewards import reward_functions
+
+        return reward_functions([str(n) for n in self.cfg.task.get("reward_funcs") or []], self.reward_funcs, clock)
 
     def examples(self) -> list[tuple[str, str]]:
         raise NotImplementedError
@@ -55,10 +63,40 @@ class Task:
         max_len = self.cfg.max_prompt_length
         pad = self.cfg.trial.worst_case_lengths
         rows = {"prompt": [], "answer": []}
+        lengths = []
         for question, answer in self.examples():
+            lengths.append(prompt_tokens(tokenizer, INSTRUCTION + question))
             rows["prompt"].append(fit_prompt(INSTRUCTION + question, tokenizer, max_len, pad))
             rows["answer"].append(answer)
+        self.prompt_lengths = length_stats(lengths, max_len)
         return Dataset.from_dict(rows)
+
+
+def prompt_tokens(tokenizer, prompt) -> int:
+    """A prompt's length in tokens as TRL's GRPOTrainer tokenizes it: text as it is, a conversation
+    (a list of {role, content}) through the chat template with the generation prompt."""
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def length_stats(lengths: list[int], max_len: int) -> dict:
+    """metrics.json prompt_lengths: the prompts' token counts before any cut or padding."""
+    import statistics
+
+    ordered = sorted(lengths)
+    if not ordered:
+        return {"count": 0}
+    return {
+        "count": len(ordered),
+        "min": ordered[0],
+        "median": statistics.median(ordered),
+        "p95": ordered[min(len(ordered) - 1, max(0, -(-95 * len(ordered) // 100) - 1))],  # nearest rank
+        "max": ordered[-1],
+        "cut": sum(n > max_len for n in ordered),  # prompts cut to max_prompt_length
+        "max_prompt_length": max_len,
+    }
 
 
 def fit_prompt(text: str, tokenizer, max_len: int, pad: bool) -> str:

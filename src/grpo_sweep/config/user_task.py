@@ -1,0 +1,237 @@
+"""The user's own data and reward functions (`task=dataset`, `task.reward_funcs`), checked before
+anything loads, and the one mapping of `task.path` to `datasets.load_dataset` arguments.
+
+Pure of torch: the sweep's parent runs these checks for every point. A local file is read with the
+standard library (pyarrow for parquet) for its columns and row count; a reward function's module is
+found without being imported (a module that imports TRL would import torch in the parent) and its
+source is read for the name. A hub dataset, and a reward whose module is not plain Python source,
+are checked again in the trial, still before the model loads (trial/tasks/dataset.py, rewards.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import functools
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .schema import ConfigError
+
+# task.path's file extension -> the `datasets` builder that reads it (as `trl grpo`'s `datasets:` takes).
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+# `trl grpo --reward_funcs` names that are not import paths (trl/scripts/grpo.py reward_funcs_registry).
+TRL_REWARDS = {
+    "accuracy_reward": "trl.rewards.accuracy_reward",
+    "reasoning_accuracy_reward": "trl.rewards.reasoning_accuracy_reward",
+    "think_format_reward": "trl.rewards.think_format_reward",
+}
+DATASET_TARGET = "grpo_sweep.trial.tasks.dataset.DatasetTask"
+
+
+def is_dataset_task(cfg: Any) -> bool:
+    return str(cfg.task.get("_target_") or "") == DATASET_TARGET
+
+
+def local_path(path: str) -> Path | None:
+    """task.path as a local file or folder, or None for a hub id. A path that looks local (an
+    extension we read, or starting with / . ~) but does not exist is an error, not a hub id."""
+    candidate = Path(os.path.expanduser(path))
+    if candidate.exists():
+        return candidate.resolve()
+    if candidate.suffix.lower() in BUILDERS or path.startswith(("/", ".", "~")):
+        raise ConfigError(
+            f"task.path={path}: no such file or folder (looked in {Path.cwd()}); "
+            f"give a local {', '.join(BUILDERS)} file or folder, or a Hugging Face Hub dataset id"
+        )
+    return None
+
+
+def load_args(task: Any) -> dict:
+    """`datasets.load_dataset` keyword arguments for `task` (path, data_files, split): the one
+    mapping, used by the trial and by the export's `datasets:` entry for `trl grpo`."""
+    path = str(task.path)
+    local = local_path(path)
+    if local is not None and local.is_file():
+        builder = BUILDERS.get(local.suffix.lower())
+        if builder is None:
+            raise ConfigError(f"task.path={path}: {local.suffix or 'no extension'}; allowed files: {', '.join(BUILDERS)}")
+        return {"path": builder, "data_files": str(local), "split": str(task.split)}
+    return {"path": str(local) if local is not None else path, "split": str(task.split)}
+
+
+def _columns_and_rows(path: Path) -> tuple[list[str], int]:
+    """A local file's column names and number of rows, without `datasets` (no torch)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(path)
+        return list(meta.schema_arrow.names), meta.metadata.num_rows
+    if suffix == ".csv":
+        with open(path, newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            return header, sum(1 for row in reader if row)
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            data = None  # one record per line, which datasets' json builder reads too
+        if isinstance(data, list):  # a list of records
+            return (list(data[0]) if data and isinstance(data[0], dict) else []), len(data)
+        if isinstance(data, dict):  # datasets reads a single object as one row (its keys the columns)
+            return list(data), 1
+    columns: list[str] = []
+    rows = 0
+    with open(path) as fh:  # JSON lines
+        for line in fh:
+            if line.strip():
+                if not rows:
+                    columns = list(json.loads(line))
+                rows += 1
+    return columns, rows
+
+
+@functools.lru_cache(maxsize=16)
+def _file_facts(path: str, mtime: float, size: int) -> tuple[tuple[str, ...], int]:
+    try:
+        columns, rows = _columns_and_rows(Path(path))
+    except (ValueError, OSError, StopIteration) as err:
+        raise ConfigError(f"task.path={path}: cannot be read ({type(err).__name__}: {err})") from None
+    return tuple(columns), rows
+
+
+def check_columns(where: str, columns: list[str] | tuple[str, ...], rows: int, task: Any) -> None:
+    """The two dataset errors, one wording for the parent's check and the trial's."""
+    column = str(task.prompt_column)
+    if column not in columns:
+        raise ConfigError(
+            f"task.prompt_column={column}: no column {column!r} in {where} (its columns: {', '.join(columns) or 'none'})"
+        )
+    if rows == 0:
+        raise ConfigError(f"task.path={task.path}: {where} is empty (0 rows, split {task.split})")
+
+
+def check_dataset(cfg: Any) -> None:
+    """task=dataset: a path is given; a local file exists, has the prompt column and rows."""
+    task = cfg.task
+    if not task.get("path"):
+        raise ConfigError(
+            "task.path=null: task=dataset needs your data: a local .jsonl/.json/.parquet/.csv file or folder, "
+            "or a Hub dataset id (task.path=data/prompts.jsonl)"
+        )
+    if not task.get("reward_funcs"):
+        raise ConfigError(
+            "task.reward_funcs=[]: task=dataset needs your reward functions as import paths, the strings "
+            "`trl grpo --reward_funcs` takes (task.reward_funcs=[my_rewards.accuracy])"
+        )
+    args = load_args(task)
+    data_file = args.get("data_files")
+    if data_file is not None:
+        stat = os.stat(data_file)
+        columns, rows = _file_facts(data_file, stat.st_mtime, stat.st_size)
+        check_columns(data_file, columns, rows, task)
+
+
+def reward_path(name: str) -> str:
+    """A `trl grpo --reward_funcs` string as an import path (TRL's built-in names mapped)."""
+    return TRL_REWARDS.get(name, name)
+
+
+def _find_module(module: str):
+    """The module's spec without executing it or its parent packages; None when it does not exist.
+    Searches the current directory first, as `trl grpo` does (it puts os.getcwd() on sys.path)."""
+    parts = module.split(".")
+    search = [os.getcwd(), *sys.path]
+    spec = None
+    for i, part in enumerate(parts):
+        spec = importlib.machinery.PathFinder.find_spec(part if i == 0 else ".".join(parts[: i + 1]), search)
+        if spec is None:
+            already = sys.modules.get(".".join(parts[: i + 1]))
+            return getattr(already, "__spec__", None)
+        search = list(spec.submodule_search_locations or [])
+        if i < len(parts) - 1 and not search:
+            return None
+    return spec
+
+
+def _top_level_names(source: str) -> tuple[set[str], bool]:
+    """Names a module defines at top level (inside top-level if/try blocks too), and whether they
+    cannot be known from the source: a star import, a module `__getattr__`, or a module that
+    replaces itself in sys.modules (lazy modules such as trl.rewards)."""
+    names, unknown = set(), False
+    body = list(ast.parse(source).body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            body += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            body += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            unknown |= node.name == "__getattr__"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            unknown |= any(isinstance(t, ast.Subscript) for t in targets)  # sys.modules[__name__] = ...
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                unknown |= alias.name == "*"
+                names.add((alias.asname or alias.name).split(".")[0])
+    return names, unknown
+
+
+def check_reward_funcs(cfg: Any) -> None:
+    """Each task.reward_funcs entry names a module that exists and a function it defines; the
+    weights, when given, one number per function."""
+    funcs = [str(f) for f in (cfg.task.get("reward_funcs") or [])]
+    for name in funcs:
+        path = reward_path(name)
+        module, _, attr = path.rpartition(".")
+        if not module or not attr:
+            raise ConfigError(
+                f"task.reward_funcs: {name!r} is not an import path (module.function) nor one of TRL's "
+                f"built-in rewards ({', '.join(TRL_REWARDS)})"
+            )
+        try:
+            spec = _find_module(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            raise ConfigError(
+                f"task.reward_funcs: {name!r}: no module named {module!r} (searched the current directory "
+                f"{os.getcwd()} and sys.path, as `trl grpo` does)"
+            )
+        origin = getattr(spec, "origin", None)
+        if origin and origin.endswith(".py") and os.path.exists(origin):
+            try:
+                names, star = _top_level_names(Path(origin).read_text())
+            except SyntaxError as err:
+                raise ConfigError(f"task.reward_funcs: {name!r}: {origin} does not parse: {err}") from None
+            if attr not in names and not star:
+                defined = sorted(n for n in names if not n.startswith("_"))
+                raise ConfigError(
+                    f"task.reward_funcs: {name!r}: {origin} defines no {attr!r} (it defines: {', '.join(defined) or 'nothing'})"
+                )
+    weights = cfg.task.get("reward_weights")
+    if weights is not None:
+        count = len(funcs) if funcs else None
+        if any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in weights):
+            raise ConfigError(f"task.reward_weights={list(weights)}: must be numbers, one per reward function")
+        if count is not None and len(weights) != count:
+            raise ConfigError(
+                f"task.reward_weights={list(weights)}: {len(weights)} weights for {count} reward functions "
+                f"({', '.join(funcs)}); give one per function, or null for equal weights"
+            )
+
+
+def check_user_task(cfg: Any) -> None:
+    """Everything about the user's data and rewards that can be checked here, before any model loads."""
+    if is_dataset_task(cfg) or cfg.task.get("path"):
+        check_dataset(cfg)
+    check_reward_funcs(cfg)

@@ -1,0 +1,295 @@
+"""The winner handed back in the user's own stack: `best.trl.yaml` for `trl grpo --config`,
+`best_grpo_config.py` (GRPOConfig, LoraConfig, BitsAndBytesConfig) and, for backend=unsloth,
+`best_unsloth.py` (FastLanguageModel.from_pretrained / get_peft_model and the GRPOConfig).
+
+Written from one trial's run directory: metrics.json `trainer_settings` (the GRPOConfig fields,
+adapter, 4-bit loading, model and data, read back from the trainer that ran: trial/backends/trl.py
+`settings`) and the numbers it measured. Pure text: no torch, TRL or PEFT is imported here (the
+sweep's parent writes these files). Measuring-only settings are not exported (output_dir,
+max_steps, use_cpu, logging, the worst-case generation floor); the files say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..metrics import read_metrics
+from ..units import GIB
+
+FILES = {"trl": "{prefix}.trl.yaml", "python": "{prefix}_grpo_config.py", "unsloth": "{prefix}_unsloth.py"}
+
+
+class ExportError(ValueError):
+    """The trial cannot be exported (no metrics.json, or it ran before trainer_settings existed)."""
+
+
+def _load(run_dir: Path) -> tuple[dict, dict]:
+    import yaml
+
+    metrics = read_metrics(run_dir)
+    if metrics is None:
+        raise ExportError(f"{run_dir}: no metrics.json (the trial did not finish)")
+    settings = metrics.get("trainer_settings")
+    if not settings:
+        raise ExportError(
+            f"{run_dir}: metrics.json has no trainer_settings (status {metrics.get('status')}: the trainer was never built, "
+            "or grpo-sweep was older than the export); run the point again"
+        )
+    config_path = Path(run_dir) / "config.yaml"
+    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    return metrics, config or {}
+
+
+def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None) -> list[str]:
+    """Which sweep and trial, and what it measured: the numbers this file reproduces."""
+    trial_cfg = config.get("trial") or {}
+    sweep = sweep or trial_cfg.get("study") or "(a single run)"
+    trial = trial if trial is not None else trial_cfg.get("number")
+    peak, budget = metrics.get("peak_memory_bytes"), metrics.get("budget_bytes")
+    gpu = (config.get("gpu") or {}).get("name", "?")
+    tps, step = metrics.get("tokens_per_s"), metrics.get("step_time_s")
+    reward_s = metrics.get("reward_seconds_per_step")
+    lines = [
+        f"grpo-sweep export: sweep {sweep}, trial {trial if trial is not None else '-'} "
+        f"(backend {metrics.get('backend')} on {metrics.get('device')}, gpu={gpu}; run dir {metrics.get('run_dir') or '-'})",
+        "measured: "
+        + (f"{tps:.1f} tokens/s" if tps is not None else "no throughput")
+        + (f", {step:.3g} s per step" if step is not None else "")
+        + (f", peak memory {peak / GIB:.3f} GiB ({peak} B)" if peak is not None else ", no peak")
+        + (f" of a {budget / GIB:.3g} GiB budget" if budget else "")
+        + (f"; reward functions {reward_s:.3g} s per step" if reward_s is not None else "")
+        + (f" ({100 * reward_s / step:.1f}% of the step)" if reward_s is not None and step else ""),
+    ]
+    return lines
+
+
+def _notes(metrics: dict, settings: dict) -> list[str]:
+    notes = []
+    levers_steps = metrics.get("steps")
+    notes.append(f"max_steps / num_train_epochs: yours to set (the sweep measured {levers_steps} steps)")
+    if settings.get("worst_case_lengths"):
+        notes.append(
+            f"the sweep measured the worst case: prompts padded to {settings.get('max_prompt_length')} tokens, every completion "
+            "forced to max_completion_length; real steps are at most as long (TRL does not truncate prompts)"
+        )
+    if metrics.get("device") == "cpu":
+        notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")
+        if settings.get("grpo_config", {}).get("use_vllm"):
+            notes.append("vLLM ran from its CPU build with grpo-sweep's patches (trl_vllm.py); stock trl grpo runs vLLM on CUDA")
+    return notes
+
+
+def _model_name(settings: dict) -> tuple[str | None, str | None]:
+    """(model_name_or_path, a note when there is none to point at)."""
+    name = settings.get("model_name_or_path")
+    if name:
+        return name, None
+    model = settings.get("model") or {}
+    return None, (
+        f"model_name_or_path: REQUIRED: model={model.get('name')} ran as random weights built in memory "
+        "(nothing saved to point at); give your model's hub id or local folder"
+    )
+
+
+def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None) -> str:
+    """`trl grpo --config` YAML: ModelConfig, script (dataset, rewards) and GRPOConfig fields."""
+    import yaml
+
+    settings = metrics["trainer_settings"]
+    name, model_note = _model_name(settings)
+    out: dict[str, Any] = {"model_name_or_path": name}
+    if settings.get("dtype"):
+        out["dtype"] = settings["dtype"]
+    lora = settings.get("lora")
+    if lora:
+        out.update(
+            use_peft=True,
+            lora_r=lora["r"],
+            lora_alpha=lora["lora_alpha"],
+            lora_dropout=lora["lora_dropout"],
+            lora_target_modules=list(lora["target_modules"]),
+            lora_task_type=lora.get("task_type") or "CAUSAL_LM",
+        )
+    else:
+        out["use_peft"] = False
+    quant = settings.get("quantization")
+    out["load_in_4bit"] = bool(quant)
+    if quant:
+        out.update(
+            bnb_4bit_quant_type=quant.get("bnb_4bit_quant_type"),
+            use_bnb_nested_quant=bool(quant.get("bnb_4bit_use_double_quant")),
+        )
+    comments = [*header(metrics, config, sweep=sweep, trial=trial), "", "Run: trl grpo --config <this file>"]
+    dataset = settings.get("dataset")
+    if dataset:
+        entry = {k: v for k, v in dataset.items() if k in ("path", "data_files", "split") and v is not None}
+        out["datasets"] = [entry]
+        if dataset.get("prompt_column") not in (None, "prompt"):
+            comments.append(f"your prompt column is {dataset['prompt_column']!r}: TRL reads 'prompt'; rename it in your data")
+    else:
+        comments.append(
+            f"task={settings.get('task')} is grpo-sweep's built-in task: add your data (datasets: [{{path: ..., split: train}}] "
+            "or dataset_name:) and reward_funcs: [your_module.your_reward] before running"
+        )
+    if settings.get("reward_funcs"):
+        out["reward_funcs"] = list(settings["reward_funcs"])
+        comments.append(
+            f"run it from {settings.get('cwd')}: trl grpo imports reward_funcs with the current directory on sys.path"
+        )
+    grpo = dict(settings["grpo_config"])
+    out["output_dir"] = _output_dir(config, sweep, trial)
+    out.update(grpo)
+    if model_note:
+        comments.append(model_note)
+    comments += _notes(metrics, settings)
+    text = "".join(f"# {line}\n" if line else "#\n" for line in comments)
+    return text + yaml.safe_dump(out, sort_keys=False, default_flow_style=None)
+
+
+def _output_dir(config: dict, sweep: str | None, trial: int | None) -> str:
+    trial_cfg = config.get("trial") or {}
+    label = trial if trial is not None else trial_cfg.get("number")
+    return f"grpo-{sweep or trial_cfg.get('study') or 'run'}" + (f"-trial{label}" if label is not None else "")
+
+
+def _call(name: str, kwargs: dict, indent: str = "    ") -> str:
+    body = "".join(f"{indent}{k}={v if isinstance(v, _Code) else repr(v)},\n" for k, v in kwargs.items())
+    return f"{name}(\n{body})"
+
+
+class _Code(str):
+    """A value written as code (torch.bfloat16), not as its repr."""
+
+
+def grpo_config_py(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None) -> str:
+    """A short script building the same GRPOConfig, LoraConfig and BitsAndBytesConfig."""
+    settings = metrics["trainer_settings"]
+    name, model_note = _model_name(settings)
+    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial) + [""] + _notes(metrics, settings))
+    quant = settings.get("quantization")
+    lora = settings.get("lora")
+    grpo = {"output_dir": _output_dir(config, sweep, trial), **settings["grpo_config"]}
+    if settings.get("dtype"):
+        grpo["model_init_kwargs"] = {"dtype": settings["dtype"]}
+    imports = ["import torch"] if quant else []
+    imports += ["from peft import LoraConfig"] if lora else []
+    imports += ["from transformers import BitsAndBytesConfig"] if quant else []
+    lines = [f'"""{doc}\n"""', "", *imports, "from trl import GRPOConfig", ""]
+    lines.append(f"MODEL = {name!r}" + (f"  # {model_note}" if model_note else ""))
+    dataset = settings.get("dataset")
+    if dataset:
+        fields = {k: v for k, v in dataset.items() if k in ("path", "data_files", "split")}
+        lines.append(f"DATASET = {fields!r}  # datasets.load_dataset(**DATASET)")
+    if settings.get("reward_funcs"):
+        lines.append(f"REWARD_FUNCS = {list(settings['reward_funcs'])!r}  # import paths")
+    lines += ["", "training_args = " + _call("GRPOConfig", grpo)]
+    if lora:
+        lora_kwargs = {
+            "r": lora["r"],
+            "lora_alpha": lora["lora_alpha"],
+            "lora_dropout": lora["lora_dropout"],
+            "target_modules": list(lora["target_modules"]),
+            "bias": lora.get("bias", "none"),
+            "task_type": lora.get("task_type") or "CAUSAL_LM",
+        }
+        lines.append("peft_config = " + _call("LoraConfig", lora_kwargs))
+    else:
+        lines.append("peft_config = None  # every weight trained (trial.full_finetune)")
+    if quant:
+        qkw = dict(quant)
+        if qkw.get("bnb_4bit_compute_dtype"):
+            qkw["bnb_4bit_compute_dtype"] = _Code(f"torch.{qkw['bnb_4bit_compute_dtype']}")
+        lines.append("quantization_config = " + _call("BitsAndBytesConfig", qkw))
+    else:
+        lines.append("quantization_config = None  # full-precision weights (load_in_4bit=false)")
+    lines += [
+        "",
+        "# trainer = trl.GRPOTrainer(model=MODEL, reward_funcs=[...your functions...], args=training_args,",
+        "#                           train_dataset=..., peft_config=peft_config, quantization_config=quantization_config)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def unsloth_py(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None) -> str | None:
+    """backend=unsloth: FastLanguageModel.from_pretrained / get_peft_model as the trial called them, and the GRPOConfig."""
+    settings = metrics["trainer_settings"]
+    calls = settings.get("unsloth")
+    if not calls:
+        return None
+    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial) + [""] + _notes(metrics, settings))
+    loaded = dict(calls["from_pretrained"])
+    name, model_note = _model_name(settings)
+    loaded["model_name"] = name if name else loaded.get("model_name")
+    if loaded.get("dtype"):
+        loaded["dtype"] = _Code(f"torch.{loaded['dtype']}")
+    grpo = {"output_dir": _output_dir(config, sweep, trial), **settings["grpo_config"]}
+    grpo["gradient_checkpointing"] = False  # Unsloth checkpoints through get_peft_model(use_gradient_checkpointing=...)
+    lines = [
+        f'"""{doc}\n"""',
+        "",
+        "from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL on import",
+        "",
+        "import torch",
+        "from trl import GRPOConfig",
+        "",
+        "model, tokenizer = FastLanguageModel." + _call("from_pretrained", loaded),
+        "model = FastLanguageModel." + _call("get_peft_model", {"model": _Code("model"), **calls["get_peft_model"]}),
+        "training_args = " + _call("GRPOConfig", grpo),
+        "",
+        "# trainer = trl.GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[...],",
+        "#                           args=training_args, train_dataset=...)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def export_trial(run_dir: str | Path, out_dir: str | Path, *, prefix: str = "best", sweep: str | None = None) -> list[Path]:
+    """Write the files for the trial in `run_dir` into `out_dir`; returns their paths."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    metrics, config = _load(run_dir)
+    trial = (config.get("trial") or {}).get("number")
+    texts = {
+        "trl": trl_yaml(metrics, config, sweep=sweep, trial=trial),
+        "python": grpo_config_py(metrics, config, sweep=sweep, trial=trial),
+        "unsloth": unsloth_py(metrics, config, sweep=sweep, trial=trial),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind, text in texts.items():
+        path = out_dir / FILES[kind].format(prefix=prefix)
+        if text is None:
+            continue
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+def trial_run_dir(sweep_dir: str | Path, number: int) -> Path:
+    """Trial `number`'s run directory: from trials.csv, else the run directory whose config says so."""
+    import csv
+
+    import yaml
+
+    sweep_dir = Path(sweep_dir)
+    table = sweep_dir / "trials.csv"
+    if table.exists():
+        with open(table, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row.get("number") == str(number) and row.get("run_dir"):
+                    return Path(row["run_dir"])
+    for path in sorted(sweep_dir.glob("*/config.yaml")):
+        if ((yaml.safe_load(path.read_text()) or {}).get("trial") or {}).get("number") == number:
+            return path.parent
+    raise ExportError(f"trial {number}: not found in {sweep_dir} (trials.csv, */config.yaml)")
+
+
+def best_trial_number(sweep_dir: str | Path) -> int:
+    import yaml
+
+    path = Path(sweep_dir) / "best.yaml"
+    best = yaml.safe_load(path.read_text()) if path.exists() else None
+    if not best or best.get("best_trial") is None:
+        raise ExportError(f"{path}: no best trial yet; name one with --trial N")
+    return int(best["best_trial"])
