@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration_replay  # noqa: E402
 import overhead  # noqa: E402
 import recipe_held  # noqa: E402
 import record_grid  # noqa: E402
@@ -27,6 +28,7 @@ def main(record: bool) -> dict:
     trial_start.main()
     overhead.main(rounds=4, tracker_overrides=overhead.TRACKER_OVERRIDES)
     search_efficiency.main()
+    calibration_replay.main()
     recipe_held.main(recipe_held.SEEDS)  # reads search_efficiency.json: after it
     vllm_vs_hf.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
@@ -106,6 +108,17 @@ def summarize(keep_measured_at: bool = False) -> dict:
         "vllm_vs_hf_generation_ratio": (
             load("vllm_vs_hf")["vllm_vs_hf_generation_ratio"] if (RESULTS / "vllm_vs_hf.json").exists() else None
         ),
+        # Issue 26: the pre-screen's calibration vs the fixed margin on a landscape whose raw estimator is
+        # off by -12 %, +15 % and +25 % (bench/calibration_replay.py; sums over the three cases).
+        **{
+            k: load("calibration_replay").get(k) if (RESULTS / "calibration_replay.json").exists() else None
+            for mode in ("fixed", "calibrated")
+            for k in (
+                f"calibration_oom_trials_{mode}",
+                f"calibration_false_prunes_{mode}",
+                f"calibration_seconds_to_5pct_{mode}",
+            )
+        },
         # Issue 24: the same search on recipe-held spaces selected from the old ones (bench/recipe_held.py:
         # `_recipe_held_<space>`), and the old spaces replayed again beside them (`_old_space_rerun`).
         **{k: v for k, v in recipe.items() if "_recipe_held_" in k or k.endswith("_old_space_rerun")},
@@ -120,6 +133,7 @@ def summarize(keep_measured_at: bool = False) -> dict:
         "trial_start",
         "search_efficiency",
         "search_seconds",
+        "calibration_replay",
         "recipe_held",
         "vllm_vs_hf",
         "estimator_accuracy",

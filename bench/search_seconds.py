@@ -86,6 +86,7 @@ def sweep(
     frontier: int | None = None,
     n_startup_trials: int | None = None,
     neighbour_every: int | None = None,
+    calibrate: bool = False,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials.
@@ -140,10 +141,35 @@ def sweep(
     verdicts: dict = {}  # the sweeper's _move_verdicts: a neighbour move's candidate -> may it run
     stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
 
+    from hydra_plugins.grpo_optuna_sweeper import calibration
+
+    oom_trials, false_prunes, observed = [0], [0], [0]
+
+    def prescreen_of(point: dict):
+        """The sweeper's _prescreen on the landscape: the raw prediction and the fixed margin, or
+        (calibrate) the correction the study's measured trials give (calibration.py)."""
+        phases = {"training": point["predicted_peak_bytes"]}
+        if not calibrate:
+            return prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin)
+        finished = [t.user_attrs for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+        c = calibration.calibrate(
+            phases, "trl", calibration.observations(finished), conf.prescreen_margin, conf.prescreen_calibrate
+        )
+        return prescreen_verdict(c.calibrated_bytes, budget, c.allowance, raw_bytes=c.raw_bytes, trials=c.trials)
+
     def run(trial, point, threshold):
         nonlocal clock, found_s
         record, seconds = run_point(land, point, rng, threshold)
         clock += seconds
+        oom_trials[0] += record["status"] == "oom"
+        if calibrate:  # what the sweeper's trial attrs hold for calibration.observation
+            trial.set_user_attr("predicted_phases", {"training": point["predicted_peak_bytes"]})
+            trial.set_user_attr("backend", "trl")
+            trial.set_user_attr("peak_phase", "backward")
+            trial.set_user_attr("budget_bytes", budget)
+            for name in ("peak_memory_bytes", "memory_source", "deficit_bytes"):
+                if record.get(name) is not None:
+                    trial.set_user_attr(name, record[name])
         if not constrained:  # hydra-optuna-sweeper: an OOM is a failed trial, nothing else is known
             if record["status"] == "oom":
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -171,7 +197,13 @@ def sweep(
         if counted == n_search and pick_no_confirm is None:
             pick_no_confirm = _picked(best_trial(study), land)
         if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
-            checked = enqueue_neighbour(study, land, seed, prescreen, conf.prescreen_margin, verdicts)
+            allowed = (lambda params: _move_runs(land, params, prescreen_of)) if (calibrate and prescreen) else None
+            if allowed is not None:  # the sweeper's _learn: a new calibration re-judges the moves
+                learned = len(calibration.observations(t.user_attrs for t in study.get_trials(deepcopy=False)))
+                if learned != observed[0]:
+                    verdicts.clear()
+                    observed[0] = learned
+            checked = enqueue_neighbour(study, land, seed, prescreen, conf.prescreen_margin, verdicts, allowed)
             clock += checked * land.get("move_check_s", compose_s)  # each candidate composed and estimated once
         trial = study.ask(space)
         counted += 1  # every told trial counts toward n_trials, as the sweeper's _progress counts them
@@ -184,10 +216,9 @@ def sweep(
             continue
         if prescreen:  # the sweeper composes and estimates the point before it launches (or prunes) it
             clock += compose_s
-            pruned = for_sampler(
-                prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin), sampler, "maximize"
-            )
+            pruned = for_sampler(prescreen_of(point), sampler, "maximize")
             if pruned is not None:
+                false_prunes[0] += point["status"] == "ok"  # it would have fit: pruned wrongly
                 trial.set_constraint(CONSTRAINT, pruned.constraint)
                 study.tell(trial, pruned.value, state=optuna.trial.TrialState[pruned.state])
                 continue
@@ -212,11 +243,20 @@ def sweep(
         "pick_no_confirm": pick_no_confirm,
         "trials": counted,
         "stopped_good": len(stopped_good),
+        "oom_trials": oom_trials[0],
+        "false_prunes": false_prunes[0],
         "study": study,
     }
 
 
-def enqueue_neighbour(study, land: dict, seed: int, prescreen: bool, margin: float, verdicts: dict | None = None) -> int:
+def _move_runs(land: dict, params: dict, prescreen_of) -> bool:
+    point = land["by_key"].get(key(params))
+    return point is not None and (point.get("predicted_peak_bytes") is None or prescreen_of(point) is None)
+
+
+def enqueue_neighbour(
+    study, land: dict, seed: int, prescreen: bool, margin: float, verdicts: dict | None = None, allowed=None
+) -> int:
     """The sweeper's _enqueue_neighbour on a landscape (neighbours.enqueue); returns how many candidate
     points it checked that `verdicts` (the sweeper's _move_verdicts: point -> may run) did not hold
     yet, each a composition and an estimate the sweeper pays for once."""
@@ -224,7 +264,7 @@ def enqueue_neighbour(study, land: dict, seed: int, prescreen: bool, margin: flo
 
     verdicts = {} if verdicts is None else verdicts
     known = len(verdicts)
-    allowed = move_allowed(land, prescreen, margin)
+    allowed = allowed or move_allowed(land, prescreen, margin)
 
     def runs(params: dict) -> bool:
         point = neighbours.point_key(params)

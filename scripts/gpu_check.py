@@ -12,8 +12,8 @@ left than it needs is recorded as skipped, never half-run.
                     deficit; then `grpo-sweep doctor --message <its metrics.json> --json --verify`
                     must print overrides that fit when run                           (part a)
   oom_2x            only if `oom` did not end oom (the estimate too high): the same at ~2x (part a)
-  unsloth           backend=unsloth on Qwen2.5-0.5B's architecture; fast_inference off when vLLM
-                    is absent (HF generation); its peak against the estimate         (part b)
+  unsloth           backend=unsloth on Qwen2.5-0.5B's architecture with backend.fast_inference=false
+                    (HF generation, no pool); its peak against the estimate          (part b)
   alloc_default     one near-the-wall config (~0.95x the cap by the estimator) with the default
   alloc_expandable  allocator, then PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (part b)
   sweep             5 trials through hydra/sweeper=grpo_optuna on Gemma 3 1B, gpu=l4_24g (part b)
@@ -157,6 +157,7 @@ def plan(cpu: bool) -> dict:
         "unsloth": [
             *QWEN,
             "backend=unsloth",
+            "backend.fast_inference=false",  # HF generation, no vLLM pool: the trial and the estimate alike
             *l4,
             "max_seq_length=384",
             "max_prompt_length=128",
@@ -500,7 +501,8 @@ def notes(results: dict) -> dict:
         out["unsloth"] = (
             f"fast_inference={fast}: without vLLM Unsloth keeps no engine and generates with HF generate on the "
             "training model; nothing is reserved up front (gpu_memory_utilization ignored). `estimate` is the tool's "
-            "prediction for backend=unsloth (it assumes a vLLM pool and no separate weights); `estimate_hf` is the "
+            "prediction for backend=unsloth with backend.fast_inference=false (no pool, the weights once, HF "
+            "generation; before issue 26 it assumed a vLLM pool and shared weights); `estimate_hf` is the "
             "same levers with backend=trl and chunked log-probs (HF generation, the model's own weights); "
             "`estimate_without_vllm_bytes` is `estimate` less its vLLM pool, plus the weights."
         )

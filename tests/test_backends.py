@@ -140,7 +140,8 @@ def test_unsloth_translation():
     assert hf["generation_kwargs"] == {"min_new_tokens": cfg.max_seq_length - cfg.max_prompt_length}
     fast = unsloth.grpo_unsloth_args(cfg, on_cuda=True, output_dir="/o")
     assert (fast["use_vllm"], fast["vllm_mode"]) == (True, "colocate") and "min_tokens" in fast["generation_kwargs"]
-    assert unsloth.vllm_available() == installed("vllm")
+    assert unsloth.fast_inference(cfg) is True  # conf/backend/unsloth.yaml's default
+    assert unsloth.fast_inference(compose(["backend=unsloth", "backend.fast_inference=false"])) is False
     peft = unsloth.peft_kwargs(cfg)
     assert (peft["r"], peft["target_modules"], peft["lora_alpha"]) == (32, ["q_proj", "v_proj"], 64)  # alpha null: 2 x rank
     assert peft["use_gradient_checkpointing"] == "unsloth"

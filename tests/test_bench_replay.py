@@ -142,3 +142,21 @@ def test_oracle_bound_knows_the_contenders_and_misses_only_by_noise():
     assert bound["rate"] == 1.0
     measured = ss.oracle_pick_rate(landscapes.tiny_cpu(), n_trials=40, draws=400)
     assert 0.0 < measured["rate"] <= 1.0
+
+
+def test_calibration_replay_learns_a_biased_estimator():
+    """bench/calibration_replay.py on the Gemma model with the raw estimator 12 % low: the replay's
+    sweep, calibrated, runs fewer OOM trials than with the fixed margin (same seed, same sampler);
+    the biased landscape's predictions are the true peaks x 0.88 (x 2 % scatter)."""
+    import calibration_replay as cr
+    import landscapes
+
+    base = landscapes.gemma3_1b_l4(sigma=0.03)
+    land = cr.biased(base, -0.12)
+    budget = base["budget_bytes"]
+    for p, q in zip(base["points"], land["points"]):
+        true_peak = p["peak_memory_bytes"] if p["status"] == "ok" else budget + p["deficit_bytes"]
+        assert 0.88 * 0.9 < q["predicted_peak_bytes"] / true_peak < 0.88 * 1.1
+    fixed = cr.replay(land, calibrate=False, seeds=1)
+    calibrated = cr.replay(land, calibrate=True, seeds=1)
+    assert calibrated["oom_trials"][0] < fixed["oom_trials"][0]

@@ -666,7 +666,12 @@ def test_candidate_vllm_share_moves():
     gemma = ["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm", "gpu_memory_utilization=0.1"]
     assert estimate(compose(gemma)).kv_cache_ok is False
     (raised,) = [m for m in _moves(gemma, "trl_vllm") if m[0] == "vllm_share"]
-    assert raised == ("vllm_share", {"gpu_memory_utilization": 0.15}, "vLLM share 0.1 -> 0.15 (room for the KV cache)", False)
+    assert raised == (
+        "vllm_share",
+        {"gpu_memory_utilization": 0.15},
+        "vLLM share 0.1 -> 0.15 (room for one max_seq_length sequence)",
+        False,
+    )
     assert estimate(compose([*gemma[:-1], "gpu_memory_utilization=0.15"])).kv_cache_ok
 
 

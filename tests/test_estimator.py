@@ -178,7 +178,7 @@ def test_verdict_sentences_by_hand():
     assert verdict(_est(4, 5)) == f"fits with 1.00 GiB headroom; {dom}"
     assert verdict(_est(4, 4)) == f"fits with 0.00 GiB headroom; {dom}"  # exactly full still fits
     assert verdict(_est(4, 2.5)) == f"short by 1.50 GiB; {dom}"
-    kv = "; vLLM's KV cache cannot hold max_seq_length for the generation batch"
+    kv = "; vLLM would refuse to start: its KV cache cannot hold one max_seq_length sequence"
     assert verdict(_est(4, 5, fits=False, kv_ok=False)) == f"memory fits but with 1.00 GiB headroom{kv}; {dom}"
     assert verdict(_est(4, 3, kv_ok=False)) == f"short by 1.00 GiB{kv}; {dom}"
     no_kv = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
@@ -191,3 +191,10 @@ def test_verdict_sentences_by_hand():
     both = _est(4, 3, kv_ok=False, vllm_startup_ok=False)
     assert verdict(both) == f"short by 1.00 GiB{kv}{startup}; {dom}"
     assert verdict(_est(4, 5, vllm_startup_ok=True)) == f"fits with 1.00 GiB headroom; {dom}"
+    # A cache holding fewer sequences than the batch fits; the verdict says generation runs in waves.
+    waves = _est(4, 5, kv_ok=True, generation_waves=3, kv_cache_sequences=3, generation_batch=8)
+    assert verdict(waves) == (
+        "fits with 1.00 GiB headroom; generation runs in about 3 waves (vLLM's KV cache holds 3 of the 8 "
+        f"max_seq_length sequences at once; its scheduler queues the rest); {dom}"
+    )
+    assert verdict(_est(4, 5, kv_ok=True, generation_waves=1, kv_cache_sequences=9, generation_batch=8)).startswith("fits with")

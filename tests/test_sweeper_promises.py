@@ -863,7 +863,15 @@ def test_trials_csv_rows_by_hand(tmp_path):
     sweeper._tell(study, trial, judge(record, **common))
     columns, (row,) = rows(study)
     assert columns[:5] == ["number", "state", "status", "feasible", "objective"]
-    assert columns[5:9] == ["peak_memory_bytes", "predicted_peak_bytes", "budget_bytes", "deficit_bytes"]
+    assert columns[5:12] == [
+        "peak_memory_bytes",
+        "predicted_peak_bytes",
+        "predicted_calibrated_bytes",
+        "prescreen_correction",
+        "prescreen_allowance",
+        "budget_bytes",
+        "deficit_bytes",
+    ]
     assert columns[-5:] == ["preset", "worker", "run_dir", "wandb_run_id", "error"]
     assert (row["per_device_train_batch_size"], row["lora_rank"], row["lora_target_modules"]) == (swept, 8, "q_proj v_proj")
     assert (row["error"], row["run_dir"], row["preset"]) == ("first line", "runs/0", "")

@@ -23,6 +23,7 @@ BAD = {
     "n_startup_trials": (-1, "an integer >= 0"),
     "seed": (-3, "an integer >= 0, or null"),
     "prescreen_margin": (-0.1, "a number >= 0"),
+    "prescreen_calibrate": (-1, "an integer >= 0 (measured trials before calibration replaces the margin; 0: off)"),
     "headroom": (1.2, "a number in (0, 1]"),
     "frontier_start": (-5, "an integer >= 0 (0: off)"),
     "neighbour_every": (True, "an integer >= 0 (0: off)"),

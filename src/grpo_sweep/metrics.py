@@ -77,6 +77,22 @@ class TrialMetrics(TypedDict, total=False):
     simulated_device: bool | None  # true when the CPU tracker enforced the budget
     predicted_peak_bytes: int | None  # the estimator's prediction for this config (memory/estimator.py)
     predicted_peak_breakdown: dict[str, int] | None  # the prediction by component
+    logits_mode: str | None  # the logits term the prediction used: chunked | full (memory/estimator.py)
+    logits_mode_trl_version: str | None  # the TRL version that term was chosen for (chunked from 1.16)
+    predicted_generation_waves: int | None  # vLLM: ceil(generation batch / sequences its KV cache holds)
+    # The sweeper's pre-screen for this trial (hydra_plugins.grpo_optuna_sweeper.calibration, PRESCREEN_KEYS):
+    # the raw prediction is predicted_peak_bytes; the calibrated one = raw x the correction the study's
+    # measured trials gave (1.0 and the fixed margin as allowance until enough trials: scope "prior").
+    predicted_calibrated_bytes: int | None
+    prescreen_correction: float | None  # calibrated / raw
+    prescreen_allowance: float | None  # pruned only above budget x (1 + allowance)
+    prescreen_calibration_trials: int | None  # measured trials the correction rests on (0: the prior)
+    prescreen_calibration_scope: str | None  # backend/phase | backend | prior
+    # vLLM's scheduler, as it reported itself during generation (trial/backends/trl_vllm.py SchedulerWatch):
+    vllm_max_running_requests: int | None  # the most requests it ran at once
+    vllm_max_waiting_requests: int | None  # the most it queued (KV cache full)
+    vllm_preemptions: int | None  # requests it preempted to free KV blocks
+    vllm_kv_cache_max_usage: float | None  # the largest KV-cache usage it reported (0-1)
     vllm_pool_bytes: int | None  # vLLM's up-front pool, read back from its engine (CPU: weights + KV tensors)
     # trl_vllm's weight-sync check (trial/backends/trl_vllm.py after_train): max |log p_vLLM - log p_trainer|
     # of a few sampled tokens after the last sync; TRL's own per-step sampling_logp_difference/max (max
@@ -123,6 +139,14 @@ class TrialMetrics(TypedDict, total=False):
 
 
 KEYS: frozenset[str] = frozenset(TrialMetrics.__annotations__)
+# What the sweeper's pre-screen hands a trial (trial.prescreen) and the trial keeps in metrics.json.
+PRESCREEN_KEYS = (
+    "predicted_calibrated_bytes",
+    "prescreen_correction",
+    "prescreen_allowance",
+    "prescreen_calibration_trials",
+    "prescreen_calibration_scope",
+)
 # Present in every metrics.json, even for a trial that ended before measuring anything.
 REQUIRED_KEYS = (
     "status",

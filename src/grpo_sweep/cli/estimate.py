@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 
 from ..config.compose import compose_train_config
+from ..config.model_arch import check_hub_lora_targets
 from ..config.schema import ConfigError, validate
-from ..memory.estimator import LOGITS_MODES, estimate, fmt_gib, format_rank_table, format_table, target_device, verdict
+from ..memory.estimator import LOGITS_MODES, estimate, fmt_gib, format_rank_table, format_table, target_device, verdict, waves_note
 
 USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [logits_mode=chunked|full] [--json]
 
@@ -43,6 +44,7 @@ def cli(argv: list[str]) -> int:
         cfg = compose_train_config(overrides)
         # The estimate is for the target machine: CUDA rules as on a card, no local install check.
         validate(cfg, cuda=target_device(cfg) == "cuda")
+        check_hub_lora_targets(cfg)  # model=hub: from its config.json where it is here (no download)
         est = estimate(cfg, logits_mode=mode)
     except (ConfigError, ValueError) as exc:
         print(f"grpo-sweep estimate: {exc}", file=sys.stderr)
@@ -66,12 +68,15 @@ def cli(argv: list[str]) -> int:
         print(
             f"vLLM-CPU: KV cache {a['kv_cache_available_bytes']:,} B in the share after its fp32 weights "
             f"({a['vllm_weights_bytes']:,} B); vLLM starts with >= {a['kv_cache_needed_bytes']:,} B "
-            f"(one {cfg.max_seq_length}-token sequence + its null block)"
+            f"(one {cfg.max_seq_length}-token sequence + its null block); holds {a['kv_cache_sequences']} "
+            f"of the {a['generation_batch']} sequences at once"
         )
     elif a.get("kv_cache_needed_bytes") is not None:
         print(
-            f"vLLM KV cache: needs {fmt_gib(a['kv_cache_needed_bytes'])} for {a['generation_batch']} x "
-            f"{cfg.max_seq_length} tokens, {fmt_gib(a['kv_cache_available_bytes'])} available"
+            f"vLLM KV cache: {fmt_gib(a['kv_cache_available_bytes'])} available; vLLM starts with >= "
+            f"{fmt_gib(a['kv_cache_needed_bytes'])} (one {cfg.max_seq_length}-token sequence + the null block); "
+            f"the whole generation batch ({a['generation_batch']} sequences) needs {fmt_gib(a['kv_cache_batch_bytes'])}, "
+            f"{a['kv_cache_sequences']} fit at once"
         )
     if a.get("vllm_server_bytes") is not None:
         print(
@@ -79,6 +84,9 @@ def cli(argv: list[str]) -> int:
             f"{fmt_gib(a['vllm_server_bytes'])} per server device, on its own devices (trial.vllm_devices), "
             "outside the training budget above"
         )
+    note = waves_note(est)
+    if note:
+        print(f"note: {note}: feasible, slower (the throughput model charges the waves)")
     for key in ("backend_note", "weights"):
         if key in a:
             print(f"note: {a[key]}")

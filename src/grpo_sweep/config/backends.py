@@ -10,8 +10,9 @@ the module that implements it and its start method, the install hint comes from 
 | `trl_vllm` | vLLM colocate, same process         | CPU, CUDA   | trl, vllm        |
 | `unsloth`  | vLLM through Unsloth fast_inference | CUDA        | unsloth (+ vllm) |
 
-Unsloth without vLLM runs with `fast_inference=False` and HF generation (trial/backends/unsloth.py),
-so only `unsloth` is required; the estimator still assumes its vLLM pool (`runs_vllm`).
+`runs_vllm` says a backend *can* hold a vLLM pool; whether a config does is
+memory/estimator.py `generates_with_vllm`: Unsloth with `backend.fast_inference=false` runs HF
+generation and no pool (trial/backends/unsloth.py), and then needs only `unsloth` installed.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "unsloth",
             "grpo_sweep.trial.backends.unsloth",
-            ("unsloth",),  # vLLM optional: fast_inference when importable, else HF generate
+            ("unsloth",),  # + vllm when backend.fast_inference=true (schema.validate); false: HF generate
             "unsloth",
             cuda_only=True,
             runs_vllm=True,

@@ -14,6 +14,7 @@ import shutil
 
 from omegaconf import DictConfig
 
+from .model_arch import check_hub_lora_targets
 from .schema import ConfigError, validate
 from .user_task import check_user_task
 
@@ -63,6 +64,7 @@ def check_task(cfg: DictConfig) -> None:
 def validate_here(cfg: DictConfig, *, cuda: bool | None = None) -> DictConfig:
     """`schema.validate` with this machine's facts: CUDA (detected unless given) and installed packages."""
     validate(cfg, cuda=cuda_available() if cuda is None else cuda, installed=installed)
+    check_hub_lora_targets(cfg)
     check_task(cfg)
     check_user_task(cfg)  # task=dataset's file and columns, task.reward_funcs' modules
     return cfg

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import ArchConfig, ConfigError
+from .schema import ArchConfig, ConfigError, check_lora_modules
 
 ARCH_KEYS: tuple[str, ...] = tuple(ArchConfig.__dataclass_fields__)
 REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -97,3 +97,39 @@ def fill_arch(cfg: Any) -> None:
     full = arch_of(cfg)
     for key in ARCH_KEYS:
         cfg.model.arch[key] = full[key]
+
+
+def cached_config_json(hub_id: str) -> Path | None:
+    """The model's config.json when it is here without a download: in the directory `hub_id`, or
+    in huggingface_hub's cache (`try_to_load_from_cache`); None otherwise (nothing is fetched)."""
+    local = Path(hub_id).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        return path if path.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id=hub_id, filename="config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: the trial's download says why
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def check_hub_lora_targets(cfg: Any) -> None:
+    """`model=hub`: check lora_target_modules against the model_type its config.json names (the one
+    table, schema.LORA_MODULES), before anything downloads, where that config.json is local or
+    cached. A model whose config is not here yet is checked by PEFT when it loads."""
+    arch = cfg.model.get("arch")
+    if isinstance(arch, DictConfig) and "model_type" in arch and not OmegaConf.is_missing(arch, "model_type"):
+        return  # given in the config: schema.validate checked it
+    hub_id = cfg.model.get("hub_id")
+    path = cached_config_json(str(hub_id)) if hub_id else None
+    if path is None:
+        return
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # unreadable: arch_of says so with its own message
+    model_type = (data.get("text_config") or data).get("model_type")
+    if model_type:
+        check_lora_modules(cfg, model_type=str(model_type))

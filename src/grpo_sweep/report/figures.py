@@ -151,20 +151,33 @@ def reward_curves(trials: list[Trial], path: Path) -> Path | None:
 
 
 def predicted_vs_measured(trials: list[Trial], path: Path) -> Path | None:
-    pts = [(t, t.gib("predicted_peak_bytes"), t.gib("peak_memory_bytes")) for t in trials]
+    """Each measured trial at (prediction, measured peak): the estimator's raw prediction (filled
+    marker) and, where the sweeper's pre-screen calibrated it (predicted_calibrated_bytes), the
+    calibrated one (hollow marker) joined to it by a line: how far the correction moved it."""
+    pts = [(t, t.gib("predicted_peak_bytes"), t.gib("peak_memory_bytes"), t.gib("predicted_calibrated_bytes")) for t in trials]
     pts = [p for p in pts if p[1] is not None and p[2] is not None]
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    for t, pred, meas in pts:
+    calibrated = False
+    for t, pred, meas, cal in pts:
         ax.scatter(pred, meas, c=COLORS[t.category], marker=MARKERS[t.category], edgecolors="black", s=50)
-    hi = max(max(p[1], p[2]) for p in pts) * 1.1
+        if cal is not None and abs(cal - pred) > 1e-12:
+            calibrated = True
+            ax.plot([pred, cal], [meas, meas], color="grey", linewidth=0.7)
+            ax.scatter(cal, meas, facecolors="none", edgecolors=COLORS[t.category], marker=MARKERS[t.category], s=50)
+    hi = max(max(p[1], p[2], p[3] or 0) for p in pts) * 1.1
     ax.plot([0, hi], [0, hi], color="black", linewidth=0.8, linestyle=":", label="exact")
+    if calibrated:
+        ax.scatter([], [], c="grey", edgecolors="black", s=40, label="raw prediction")
+        ax.scatter([], [], facecolors="none", edgecolors="grey", s=40, label="calibrated (pre-screen)")
     ax.set_xlim(0, hi)
     ax.set_ylim(0, hi)
     ax.set_xlabel("predicted peak (GiB)")
     ax.set_ylabel("measured peak (GiB)")
-    ax.set_title("Estimator: predicted vs measured peak")
+    ax.set_title(
+        "Estimator: predicted (raw, calibrated) vs measured peak" if calibrated else "Estimator: predicted vs measured peak"
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)

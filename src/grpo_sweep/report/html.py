@@ -109,6 +109,8 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     ]
     optional = [
         ("predicted_gib", "predicted GiB", lambda t: t.gib("predicted_peak_bytes")),
+        ("calibrated_gib", "calibrated GiB", lambda t: t.gib("predicted_calibrated_bytes")),
+        ("prescreen_correction", "correction", lambda t: t.record.get("prescreen_correction")),
         ("budget_gib", "budget GiB", lambda t: t.gib("budget_bytes")),
         ("peak_phase", "peak phase", lambda t: t.record.get("peak_phase")),
         ("oom_phase", "OOM phase", lambda t: t.record.get("oom_phase")),

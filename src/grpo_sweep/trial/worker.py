@@ -235,12 +235,25 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *,
             predicted = estimate(cfg, device=record["device"], backend=backend_name)
             record["predicted_peak_bytes"] = predicted.total_bytes
             record["predicted_peak_breakdown"] = predicted.components
+            record["logits_mode"] = predicted.assumptions["logits_mode"]
+            record["logits_mode_trl_version"] = predicted.assumptions["logits_mode_trl_version"]
+            record["predicted_generation_waves"] = predicted.assumptions.get("generation_waves")
         except Exception as exc:  # noqa: BLE001
             record["predicted_peak_bytes"] = None
             print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
+        from ..metrics import PRESCREEN_KEYS
+
+        prescreen = cfg.trial.get("prescreen")  # the sweeper's pre-screen (raw, calibrated, correction)
+        if prescreen:
+            for key in PRESCREEN_KEYS:
+                if key in prescreen:
+                    record[key] = prescreen[key]
         backend = get_backend(backend_name)
-        # vLLM's pool shares the training card in colocate mode only (server mode: its own devices)
-        colocated = backends.runs_vllm(backend_name) and cfg.backend.get("vllm_mode", "colocate") != "server"
+        from ..memory.estimator import generates_with_vllm
+
+        # vLLM's pool shares the training card in colocate mode only (server mode: its own devices); Unsloth
+        # with backend.fast_inference=false generates with HF, no pool
+        colocated = generates_with_vllm(cfg, backend_name) and cfg.backend.get("vllm_mode", "colocate") != "server"
         memory = MemoryMeter(cfg, on_cuda, vllm=colocated)  # caps CUDA before the model loads
         task = get_task(cfg)
         from .models import load_tokenizer

@@ -43,6 +43,9 @@ class GrpoOptunaSweeperConf:
     # Pre-screen with grpo_sweep.memory.estimator: PRUNE points predicted over budget by more than margin.
     prescreen: bool = True
     prescreen_margin: float = 0.10  # fraction of the budget
+    # Calibration (calibration.py): after this many measured trials of a backend, its correction
+    # (measured / predicted peaks) and their spread replace the fixed margin; 0: never (margin only).
+    prescreen_calibrate: int = 3
     # Require headroom: feasible only if peak <= headroom x budget (e.g. 0.9); None: the full budget.
     headroom: float | None = None
     # Warm start: enqueue these presets (conf/preset/) as the first trials, to compare against.
@@ -114,6 +117,7 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n_startup_trials": (_integer(0), "an integer >= 0"),
     "seed": (_optional(_integer(0)), "an integer >= 0, or null"),
     "prescreen_margin": (lambda v: _number(v) and v >= 0, "a number >= 0 (a fraction of the budget: 0.1 = 10 %)"),
+    "prescreen_calibrate": (_integer(0), "an integer >= 0 (measured trials before calibration replaces the margin; 0: off)"),
     "headroom": (
         _optional(lambda v: _number(v) and 0 < v <= 1),
         "a number in (0, 1] (a fraction of the budget), or null: all of it",

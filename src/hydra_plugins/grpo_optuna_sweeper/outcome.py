@@ -50,6 +50,7 @@ RECORD_ATTRS = (
     "run_dir",
     "wandb_run_id",
     "deficit_bytes",
+    "peak_phase",  # calibration.py: the phase whose prediction the measured peak corrects
 )
 
 
@@ -156,21 +157,28 @@ def stop_threshold(best_value: float | None, stop_below: float | None, objective
     return float(stop_below) * float(best_value)
 
 
-def prescreen_verdict(predicted_bytes: float, limit_bytes: float | None, margin: float) -> Outcome | None:
-    """PRUNED (never run) when the estimate exceeds the budget by more than `margin`; else None: run it."""
+def prescreen_verdict(
+    predicted_bytes: float, limit_bytes: float | None, margin: float, *, raw_bytes: float | None = None, trials: int = 0
+) -> Outcome | None:
+    """PRUNED (never run) when the estimate exceeds the budget by more than `margin`; else None: run it.
+
+    `predicted_bytes` is the calibrated prediction and `margin` its allowance (calibration.py) once
+    `trials` measured trials back it; before that the raw prediction and the fixed prescreen_margin."""
     if limit_bytes is None or predicted_bytes <= limit_bytes * (1 + margin):
         return None
     deficit = float(predicted_bytes - limit_bytes)
+    if trials and raw_bytes is not None:
+        why = (
+            f"calibrated prediction {predicted_bytes / 2**30:.3f} GiB (raw {raw_bytes / 2**30:.3f} GiB x "
+            f"{predicted_bytes / raw_bytes:.3f}, from {trials} measured trials) > budget {limit_bytes / 2**30:.3f} GiB "
+            f"+ {margin:.1%} allowance: not run"
+        )
+    else:
+        why = f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB + {margin:.0%} margin: not run"
     return Outcome(
         "PRUNED",
         constraint=deficit,
-        attrs={
-            "status": "pruned",
-            "deficit_bytes": deficit,
-            "deficit_source": "estimator",
-            "error": f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB "
-            f"+ {margin:.0%} margin: not run",
-        },
+        attrs={"status": "pruned", "deficit_bytes": deficit, "deficit_source": "estimator", "error": why},
     )
 
 

@@ -31,6 +31,9 @@ FIRST_COLUMNS = [
     "objective",
     "peak_memory_bytes",
     "predicted_peak_bytes",
+    "predicted_calibrated_bytes",  # the pre-screen's calibrated prediction (calibration.py)
+    "prescreen_correction",
+    "prescreen_allowance",
     "budget_bytes",
     "deficit_bytes",
     "world_size",  # trial.num_processes; peak_memory_bytes is then the largest rank's

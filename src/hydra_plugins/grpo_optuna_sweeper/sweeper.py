@@ -33,7 +33,7 @@ from grpo_sweep.metrics import MetricsError, read_metrics
 from grpo_sweep.study.storage import SWEEP_JOURNAL, StorageError, StorageUnavailable, open_storage, study_names
 from grpo_sweep.units import budget_bytes
 
-from . import concessions, confirm, frontier, identity, neighbours, space
+from . import calibration, concessions, confirm, frontier, identity, neighbours, space
 from .config import SweepError, SweeperSettingError, check_setting
 from .config import check as check_settings
 from .failures import systematic_failure
@@ -75,7 +75,9 @@ class GrpoOptunaSweeper(Sweeper):
         self.launcher = None
         self.job_idx = 0
         self._neighbour_configs: frontier.ComposeCache | None = None  # made on the first neighbour move
-        self._move_verdicts: dict[tuple, bool] = {}  # a move's point -> whether it may run (a refused move stays refused)
+        # a move's point -> whether it may run (kept until the pre-screen's calibration changes: _learn)
+        self._move_verdicts: dict[tuple, bool] = {}
+        self._observations: list[calibration.Observation] = []  # the measured trials the pre-screen learns from
 
     # ---------------------------------------------------------------- Hydra's Sweeper interface
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -145,6 +147,7 @@ class GrpoOptunaSweeper(Sweeper):
             conf.sampler,
             ", ".join(self.distributions) or "(empty)",
         )
+        self._learn(study)  # a resumed study's measured trials calibrate the pre-screen from the start
         self._enqueue_start(study)
         self._stop_signal, self._in_job = None, False
         previous = {
@@ -357,7 +360,9 @@ class GrpoOptunaSweeper(Sweeper):
             if limit is None:
                 log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
                 return
-            fullness.append((params, est.total_bytes / limit))
+            # The calibrated prediction (raw until the study has measured trials: a resumed study's count).
+            predicted = self._calibrated(est).calibrated_bytes if self.conf.prescreen else est.total_bytes
+            fullness.append((params, predicted / limit))
         if not fullness:
             log.info(
                 "Frontier start skipped: none of the space's points could be composed, checked and estimated "
@@ -463,6 +468,7 @@ class GrpoOptunaSweeper(Sweeper):
             if dead:
                 log.warning("Trials %s belonged to a worker of this host that is gone (its pid): FAIL, re-enqueued", dead)
             counted, running = self._progress(study)
+            self._learn(study)  # every trial told so far (other workers' too) calibrates the next verdicts
             room = target - counted - len(running)
             if room <= 0:
                 if not running:
@@ -597,7 +603,12 @@ class GrpoOptunaSweeper(Sweeper):
         budget = budget_bytes(cfg)
         if budget is not None:
             trial.set_user_attr("budget_bytes", budget)
-        return overrides, self._prescreen(trial, cfg, budget)
+        outcome = self._prescreen(trial, cfg, budget)
+        attrs = trial.user_attrs
+        if outcome is None and "predicted_calibrated_bytes" in attrs:  # metrics.json records what the pre-screen used
+            keys = calibration.Calibrated.attr_keys()
+            overrides.append("++" + space.to_override("trial.prescreen", {k: attrs[k] for k in keys if k in attrs}))
+        return overrides, outcome
 
     def _stop_override(self, trial: Any) -> list[str]:
         """`trial.stop_below=<tokens/s>` (stop_below x the best feasible so far) for a search trial;
@@ -613,8 +624,30 @@ class GrpoOptunaSweeper(Sweeper):
         trial.set_user_attr("stop_below", threshold)
         return [f"trial.stop_below={threshold:.6g}"]
 
+    def _learn(self, study: Any) -> None:
+        """Refresh the pre-screen's observations from the study's finished trials (calibration.py)."""
+        if not self.conf.prescreen or not self.conf.get("prescreen_calibrate", 0):
+            self._observations = []
+            return
+        finished = ("COMPLETE", "PRUNED")
+        trials = study.get_trials(deepcopy=False)
+        learned = calibration.observations(t.user_attrs for t in trials if t.state.name in finished)
+        if len(learned) != len(self._observations):
+            self._move_verdicts.clear()  # a neighbour move refused before may pass the new calibration
+        self._observations = learned
+
+    def _calibrated(self, est: Any) -> calibration.Calibrated:
+        """The estimate corrected by what this study measured (the prior: raw, with the fixed margin)."""
+        margin = self.conf.prescreen_margin
+        min_trials = self.conf.get("prescreen_calibrate", 0)
+        if not min_trials:
+            return calibration.calibrate(est.phases, est.assumptions["backend"], [], margin)
+        return calibration.calibrate(est.phases, est.assumptions["backend"], self._observations, margin, min_trials)
+
     def _prescreen(self, trial: Any | None, cfg: DictConfig, budget: float | None) -> Outcome | None:
-        """PRUNE a point the estimator predicts over budget by more than the margin (never run it).
+        """PRUNE a point the estimator predicts over budget by more than the allowance (never run it):
+        the raw prediction and the fixed margin until the study has measured enough trials, then the
+        calibrated prediction and its own allowance (calibration.py).
         trial: where the prediction is recorded; None to ask only (a neighbour move's candidate)."""
         if not self.conf.prescreen:
             return None
@@ -624,10 +657,13 @@ class GrpoOptunaSweeper(Sweeper):
             if trial is not None:
                 trial.set_user_attr("predicted_error", str(err)[:300])
             return None
+        cal = self._calibrated(est)
         if trial is not None:
-            trial.set_user_attr("predicted_peak_bytes", int(est.total_bytes))
+            for key, value in cal.attrs().items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("predicted_phases", {p: int(v) for p, v in est.phases.items()})
         limit = est.budget_bytes if est.budget_bytes is not None else budget
-        verdict = prescreen_verdict(est.total_bytes, limit, self.conf.prescreen_margin)
+        verdict = prescreen_verdict(cal.calibrated_bytes, limit, cal.allowance, raw_bytes=cal.raw_bytes, trials=cal.trials)
         return for_sampler(verdict, self.conf.sampler, self.conf.direction)
 
     def _judge(self, trial: Any, ret: Any) -> Outcome:

@@ -166,6 +166,44 @@ def explain_startup_error(exc: BaseException, plan: dict, cfg: Any) -> BaseExcep
     )
 
 
+# ----------------------------------------------------------------------------- the scheduler's queueing
+
+
+def watch_scheduler(llm) -> dict | None:
+    """What vLLM's own scheduler does with the generation batch, counted as it schedules.
+
+    vLLM admits the requests its KV cache can hold and queues or preempts the rest
+    (vllm/v1/core/sched/scheduler.py). After each `Scheduler.schedule()` this reads the numbers its
+    SchedulerStats report (`make_stats`: num_running_reqs = len(running), num_waiting_reqs =
+    len(waiting), kv_cache_usage = kv_cache_manager.usage) and keeps their maxima; each
+    `_preempt_request` (what RequestStateStats.num_preemptions counts) adds one preemption. The
+    engine core runs in this process (TRL colocate: external_launcher, InprocClient); elsewhere None.
+    """
+    core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "running"):
+        return None
+    seen = {"vllm_max_running_requests": 0, "vllm_max_waiting_requests": 0, "vllm_preemptions": 0, "vllm_kv_cache_max_usage": 0.0}
+    stock_schedule, stock_preempt = scheduler.schedule, scheduler._preempt_request
+
+    def schedule(*args, **kwargs):
+        out = stock_schedule(*args, **kwargs)
+        seen["vllm_max_running_requests"] = max(seen["vllm_max_running_requests"], len(scheduler.running))
+        seen["vllm_max_waiting_requests"] = max(seen["vllm_max_waiting_requests"], len(scheduler.waiting))
+        usage = getattr(getattr(scheduler, "kv_cache_manager", None), "usage", None)
+        if isinstance(usage, (int, float)):
+            seen["vllm_kv_cache_max_usage"] = max(seen["vllm_kv_cache_max_usage"], float(usage))
+        return out
+
+    def preempt(*args, **kwargs):
+        seen["vllm_preemptions"] += 1
+        return stock_preempt(*args, **kwargs)
+
+    scheduler.schedule = schedule
+    scheduler._preempt_request = preempt
+    return seen
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -282,6 +320,8 @@ def build_trainer(cfg: Any, ctx: Any):
         generation = trainer.vllm_generation
         generation.generate = untracked(generation.generate)
         generation.sync_weights = untracked(generation.sync_weights)
+    generation = getattr(trainer, "vllm_generation", None)
+    trainer.grpo_sweep_scheduler = watch_scheduler(getattr(generation, "llm", None))
     remember_budget(trainer, cfg, util, plan)
     return trainer
 
@@ -394,6 +434,8 @@ def after_train(trainer, record: dict) -> None:
     corrupt GRPO (the samples no longer come from the policy being trained).
     """
     trl_backend.after_train(trainer, record)
+    # The training steps' queueing, before the sync check below generates its own few requests.
+    record.update(dict(getattr(trainer, "grpo_sweep_scheduler", None) or {}))
     generation = getattr(trainer, "vllm_generation", None)
     info = getattr(trainer, "grpo_sweep_vllm", {})
     if info.get("server"):

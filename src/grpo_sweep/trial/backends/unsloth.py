@@ -1,5 +1,5 @@
-"""Unsloth: FastLanguageModel with vLLM fast inference (colocated) when vLLM is installed, else HF
-generation; 4-bit weights and its GRPO patches.
+"""Unsloth: FastLanguageModel with vLLM fast inference (colocated) when `backend.fast_inference` is
+true (the default), else HF generation; 4-bit weights and its GRPO patches.
 
 Unsloth patches transformers, peft and TRL when it is imported, so it must be imported first:
 trials of this backend start in a fresh interpreter (`config.backends.start_method` -> spawn) and import
@@ -12,15 +12,15 @@ Unsloth builds its own vLLM engine inside `from_pretrained(fast_inference=True)`
 `max_lora_rank=lora_rank`; its GRPO trainer then samples with it (use_vllm, colocate).
 Unsloth may rewrite `per_device_train_batch_size` (unsloth#3572): `effective` reads it back.
 
-Without vLLM (not importable), `fast_inference=False`: Unsloth keeps no engine, generation is
-transformers `generate` on the training model (Unsloth's patched fast path), the trainer runs with
-`use_vllm=False`, and `gpu_memory_utilization` reserves nothing (effective: None, as for `trl`).
-Unsloth itself refuses `fast_inference=True` without vLLM, so this is the only way it runs there.
+`backend.fast_inference=false`: Unsloth keeps no engine, generation is transformers `generate` on
+the training model (Unsloth's patched fast path), the trainer runs with `use_vllm=False`, and
+`gpu_memory_utilization` reserves nothing (effective: None, as for `trl`). The estimator reads the
+same key (memory/estimator.py `generates_with_vllm`): no pool, HF generation's KV cache. Unsloth
+itself refuses `fast_inference=True` without vLLM; schema.validate says so before the trial starts.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from . import trl as trl_backend
@@ -28,9 +28,9 @@ from .trl_vllm import remember_budget, vllm_readback
 from .vllm_util import device_utilization
 
 
-def vllm_available() -> bool:
-    """Unsloth's fast inference needs vLLM in this process; without it generation is HF's."""
-    return importlib.util.find_spec("vllm") is not None
+def fast_inference(cfg: Any) -> bool:
+    """`backend.fast_inference` (default true): vLLM generation inside Unsloth, else HF generation."""
+    return bool(cfg.backend.get("fast_inference", True))
 
 
 def from_pretrained_kwargs(cfg: Any, model_name: str, *, device_util: float, dtype=None, fast_inference: bool = True) -> dict:
@@ -92,7 +92,7 @@ def build_trainer(cfg: Any, ctx: Any):
 
     from ..models import model_path, torch_dtype
 
-    fast = vllm_available()
+    fast = fast_inference(cfg)
     util = device_utilization(cfg) if fast else 0.0
     name = model_path(cfg, ctx.tokenizer, on_cuda=ctx.on_cuda)
     if fast:
@@ -103,7 +103,7 @@ def build_trainer(cfg: Any, ctx: Any):
         )
     else:
         print(
-            "[trial] Unsloth without vLLM (not installed): fast_inference=False, HF generation; "
+            "[trial] Unsloth with backend.fast_inference=false: HF generation, no vLLM engine; "
             f"gpu_memory_utilization={cfg.gpu_memory_utilization} reserves nothing",
             flush=True,
         )

