@@ -1,6 +1,6 @@
 """The documentation's own rules: the README stays a landing page whose links resolve, the Performance
-page's numbers come from bench/results/summary.json, and a page other branches add is dropped from the
-nav only while it is listed as pending. (`make docs`, run by `make test`, builds the site with --strict.)"""
+page's numbers come from bench/results/summary.json. (`make docs`, run by `make test`, builds the site with
+--strict: a nav entry or link to a missing page fails it.)"""
 
 from __future__ import annotations
 
@@ -52,14 +52,3 @@ def test_performance_numbers_are_rendered_from_summary_json(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(worse))
     assert tables.load(path)["warm_start_s"] == 3.25
-
-
-def test_pending_nav_pages_are_dropped_only_while_missing(tmp_path):
-    hooks = _load(ROOT / "scripts" / "docs_hooks.py")
-    (tmp_path / "here.md").write_text("# here\n")
-    nav = [{"Home": "index.md"}, {"Sweeping": [{"A": "sweeping.md"}, {"B": "here.md"}, {"C": "gone.md"}]}, {"D": "gone.md"}]
-    config = {"docs_dir": str(tmp_path), "nav": nav, "extra": {"pending_pages": ["here.md", "gone.md"]}}
-    assert hooks.on_config(config)["nav"] == [{"Home": "index.md"}, {"Sweeping": [{"A": "sweeping.md"}, {"B": "here.md"}]}]
-    # Not listed as pending: a missing page stays in the nav, so mkdocs --strict fails on it.
-    config = {"docs_dir": str(tmp_path), "nav": list(nav), "extra": {}}
-    assert hooks.on_config(config)["nav"] == nav
