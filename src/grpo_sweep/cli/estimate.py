@@ -11,7 +11,16 @@ import sys
 from ..config.compose import compose_train_config
 from ..config.model_arch import check_hub_lora_targets
 from ..config.schema import ConfigError, validate
-from ..memory.estimator import LOGITS_MODES, estimate, fmt_gib, format_rank_table, format_table, target_device, verdict, waves_note
+from ..memory.estimator import (
+    LOGITS_MODES,
+    estimate,
+    fmt_gib,
+    format_rank_table,
+    format_table,
+    target_device,
+    verdict,
+    waves_note,
+)
 
 USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [logits_mode=chunked|full] [--json]
 

@@ -110,6 +110,9 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     optional = [
         ("predicted_gib", "predicted GiB", lambda t: t.gib("predicted_peak_bytes")),
         ("calibrated_gib", "calibrated GiB", lambda t: t.gib("predicted_calibrated_bytes")),
+        # the throughput model's tokens/s (memory/throughput.py; vLLM's generation waves charged): ranks, not promises
+        ("predicted_tps", "model tok/s", lambda t: t.record.get("predicted_tokens_per_s")),
+        ("waves", "gen. waves", lambda t: t.record.get("generation_waves")),
         ("prescreen_correction", "correction", lambda t: t.record.get("prescreen_correction")),
         ("budget_gib", "budget GiB", lambda t: t.gib("budget_bytes")),
         ("peak_phase", "peak phase", lambda t: t.record.get("peak_phase")),

@@ -362,7 +362,11 @@ class GrpoOptunaSweeper(Sweeper):
                 return
             # The calibrated prediction (raw until the study has measured trials: a resumed study's count).
             predicted = self._calibrated(est).calibrated_bytes if self.conf.prescreen else est.total_bytes
-            fullness.append((params, predicted / limit))
+            full = predicted / limit
+            # A fit whose generation runs in N waves (vLLM's KV cache holds fewer sequences than the batch) is
+            # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
+            waves = est.assumptions.get("generation_waves") or 1
+            fullness.append((params, full / waves if full <= 1 else full))
         if not fullness:
             log.info(
                 "Frontier start skipped: none of the space's points could be composed, checked and estimated "
@@ -662,6 +666,10 @@ class GrpoOptunaSweeper(Sweeper):
             for key, value in cal.attrs().items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr("predicted_phases", {p: int(v) for p, v in est.phases.items()})
+            trial.set_user_attr("generation_waves", est.assumptions.get("generation_waves"))
+            speed = _predicted_tokens_per_s(cfg)
+            if speed is not None:  # the throughput model (waves charged): the report shows it beside the measured
+                trial.set_user_attr("predicted_tokens_per_s", speed)
         limit = est.budget_bytes if est.budget_bytes is not None else budget
         verdict = prescreen_verdict(cal.calibrated_bytes, limit, cal.allowance, raw_bytes=cal.raw_bytes, trials=cal.trials)
         return for_sampler(verdict, self.conf.sampler, self.conf.direction)
@@ -808,6 +816,17 @@ class GrpoOptunaSweeper(Sweeper):
             return {"error": f"{type(err).__name__}: {err}"}
         study.set_user_attr("price_tags", tags)  # the report's Concessions section
         return tags
+
+
+def _predicted_tokens_per_s(cfg: DictConfig) -> float | None:
+    """grpo_sweep.memory.throughput's tokens/s for cfg (generation waves charged); None for a card without
+    datasheet speeds. A coarse model: it ranks configs, it does not promise a number."""
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    try:
+        return float(relative_step_time(cfg)["tokens_per_s"])
+    except Exception:  # noqa: BLE001 - no speeds for this card (or a config the model cannot price)
+        return None
 
 
 def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> Any:
