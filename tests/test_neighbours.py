@@ -155,6 +155,7 @@ def test_a_real_sweep_moves_one_lever_of_the_best_config(tmp_path):
             "hydra.sweeper.stop_below=null",
             "per_device_train_batch_size=2",
             "completions_per_step=2",
+            "gradient_checkpointing=false",
             "lora=qv",
             "max_seq_length=choice(64,128)",
             "lora_rank=choice(8,16)",
@@ -187,7 +188,7 @@ def test_a_real_sweep_repairs_a_step_that_would_not_fit(tmp_path):
     from grpo_sweep.memory.estimator import estimate
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
 
-    fixed = ["lora=qv", "lora_rank=8", "completions_per_step=4"]
+    fixed = ["lora=qv", "lora_rank=8", "completions_per_step=4", "gradient_checkpointing=false"]
 
     def predicted(seq, batch):
         cfg = compose_train_config(["+sweeps=tiny_cpu", *fixed, f"max_seq_length={seq}", f"per_device_train_batch_size={batch}"])

@@ -13,8 +13,16 @@ from pathlib import Path
 from conftest import ROOT
 
 SWEEP = "+sweeps=tiny_cpu"
-# Each trial: two optimiser steps on 64 prompts; the smallest point of tiny_cpu unless a test sweeps more.
-SMALL = ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "lora=qv"]
+# Each trial: two optimiser steps of 2 completions of 64 tokens; every tiny_cpu knob fixed (an empty space)
+# unless a test sweeps more.
+SMALL = [
+    "max_seq_length=64",
+    "per_device_train_batch_size=2",
+    "completions_per_step=2",
+    "gradient_checkpointing=false",
+    "lora_rank=8",
+    "lora=qv",
+]
 
 
 @contextlib.contextmanager

@@ -222,7 +222,10 @@ def test_exported_config_is_what_was_measured(tmp_path):
         "task.reward_weights=[1.0,0.25]",
         "model=hub",
         f"model.hub_id={model_dir}",
-        "gradient_accumulation_steps=2",  # accumulation > 1: TRL's generation batch = batch x accumulation
+        # the recipe: 4 completions per step in micro-batches of 2, so accumulation 2 > 1 (TRL's generation
+        # batch = batch x accumulation)
+        "completions_per_step=4",
+        "per_device_train_batch_size=2",
         "hydra.sweeper.n_trials=3",
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config.schema import generation_batch_size
+from ...config.schema import generation_batch_size, split_of
 
 
 def lora_alpha(cfg: Any) -> int:
@@ -41,7 +41,7 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         output_dir=output_dir,
         max_steps=cfg.trial.steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        gradient_accumulation_steps=split_of(cfg)[1],  # derived from completions_per_step when null
         num_generations=cfg.num_generations,
         # TRL's generation batch is global: every rank's per-device batch x grad-accum (steps_per_generation).
         generation_batch_size=generation_batch_size(cfg) * num_processes(cfg),
