@@ -95,13 +95,27 @@ def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int
         beat = max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, trial.datetime_start.timestamp())
         if now - beat <= grace_period:
             continue
-        try:
-            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                failed.append(trial.number)
-                retry(study, storage.get_trial(trial._trial_id), max_retry)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # another worker got there first
+        if _fail_and_retry(study, trial, max_retry):
+            failed.append(trial.number)
     return failed
+
+
+def _fail_and_retry(study: Any, trial: Any, max_retry: int, status: str | None = None) -> bool:
+    """Tell a RUNNING trial FAIL (with `status` when given) and re-enqueue it (retry); False when another
+    worker finished it first."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    try:
+        if status is not None:
+            storage.set_trial_user_attr(trial._trial_id, "status", status)
+        if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            return False
+        retry(study, storage.get_trial(trial._trial_id), max_retry)
+        return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False  # another worker got there first
 
 
 def worker_dead(worker: str | None, started: Any) -> bool:
@@ -124,21 +138,14 @@ def worker_dead(worker: str | None, started: Any) -> bool:
 
 def fail_dead_workers(study: Any, max_retry: int) -> list[int]:
     """Fail (and re-enqueue) RUNNING trials whose worker is known dead (worker_dead). Returns their numbers."""
-    import optuna
     from optuna.trial import TrialState
 
-    storage = study._storage
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not worker_dead(trial.user_attrs.get("worker"), trial.datetime_start):
             continue
-        try:
-            storage.set_trial_user_attr(trial._trial_id, "status", "worker_died")
-            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                failed.append(trial.number)
-                retry(study, storage.get_trial(trial._trial_id), max_retry)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # another worker got there first
+        if _fail_and_retry(study, trial, max_retry, status="worker_died"):
+            failed.append(trial.number)
     return failed
 
 
