@@ -269,3 +269,13 @@ def test_price_tags_when_the_full_recipe_does_not_fit():
     # no trial ran the full recipe at all: the estimator's reason
     tags, _, _ = _price([one], one)
     assert tags["full_recipe"]["reason"].startswith("no trial ran the full recipe; the estimator predicts 200 MiB")
+
+
+def test_best_yaml_writes_a_repeated_value_twice_not_as_an_alias():
+    import yaml
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import _plain_dumper
+
+    targets = ["q_proj", "v_proj"]
+    text = yaml.dump({"recipe": {"lora_target_modules": targets}, "taken": [{"recipe": targets}]}, Dumper=_plain_dumper())
+    assert "&id" not in text and "*id" not in text and text.count("q_proj") == 2

@@ -141,6 +141,19 @@ def rows(study: Any) -> tuple[list[str], list[dict]]:
     return FIRST_COLUMNS + levers + LAST_COLUMNS, out
 
 
+def _plain_dumper():
+    import yaml
+
+    class PlainDumper(yaml.SafeDumper):
+        """best.yaml for people: a value that appears twice (the recipe's targets) is written twice,
+        never as a YAML anchor and alias (&id001 / *id001)."""
+
+        def ignore_aliases(self, data):  # noqa: ARG002 - PyYAML's hook
+            return True
+
+    return PlainDumper
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
@@ -314,7 +327,7 @@ def write_summary(
             }
         )
         summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name)
-        _atomic_write(sweep_dir / "best.yaml", yaml.safe_dump(summary, sort_keys=False))
+        _atomic_write(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
     if quiet:
         return summary
     print(f"\n=== Study {study.study_name}: {states} ===")
