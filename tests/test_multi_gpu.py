@@ -370,6 +370,41 @@ def test_grpo_slurm_launcher_asks_slurm_for_a_gpu_per_rank():
     assert launcher["gpus_per_node"] == 4 and launcher["tasks_per_node"] == 1
 
 
+@pytest.mark.parametrize(
+    ("overrides", "gpus"),
+    [
+        (["trial.num_processes=2"], 2),
+        (["trial.num_processes=choice(1,4,2)"], 4),  # a knob: the largest, submitit asks once per sweep
+        (["trial.num_processes=2", "backend=trl_vllm", "backend.vllm_mode=server", "trial.vllm_devices=[2]"], 3),
+        (["trial.num_processes=4", "hydra.launcher.gpus_per_node=8"], None),  # the user's own value stands
+    ],
+)
+def test_submitit_slurm_gets_a_gpu_per_rank_from_the_sweeper(overrides, gpus):
+    """Plain hydra/launcher=submitit_slurm under our sweeper: one task per trial and GPUs for the
+    largest trial.num_processes (+ the vLLM server's devices), set before Hydra builds the launcher."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from grpo_sweep.config.compose import CONF_DIR
+    from grpo_sweep.config.schema import register
+    from hydra_plugins.grpo_optuna_sweeper.sweeper import slurm_resources
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        base = ["+sweeps=tiny_cpu", "hydra/launcher=submitit_slurm"]
+        values = [o for o in overrides if "choice(" not in o]
+        cfg = hydra_compose("train", overrides=[*base, *values], return_hydra_config=True)
+        swept = [o for o in overrides if "choice(" in o]
+        if swept:  # a command-line sweep override, as Hydra hands it to the sweeper
+            cfg.hydra.overrides.task = list(cfg.hydra.overrides.task) + swept
+    assert slurm_resources(cfg) == gpus
+    expected = 8 if gpus is None else gpus
+    assert cfg.hydra.launcher.gpus_per_node == expected
+    if gpus is not None:
+        assert cfg.hydra.launcher.tasks_per_node == 1
+
+
 # ----------------------------------------------------------------------------- the doctor
 
 
