@@ -49,6 +49,9 @@ SEEDS = 100  # per space: the old replay used 30 (a pick rate to about +-0.09); 
 SPLIT = "per_device_train_batch_size"
 ACCUM = "gradient_accumulation_steps"
 
+TINY_RECIPE = {"max_seq_length": 128, "num_generations": 2, "lora_rank": 32, "lora": "all_linear"}
+GEMMA_RECIPE = {"max_seq_length": 1024, "num_generations": 2, "lora_rank": 32, "load_in_4bit": False, "lora": "qv"}
+GEMMA_KNOBS = {"gpu_memory_utilization": [0.3, 0.4, 0.5, 0.6], "gradient_checkpointing": [False, True]}
 # name: (old landscape, completions_per_step, the recipe's other settings, the concessions: setting ->
 # the values the search may use). A setting of the old space in neither is held at the recipe's value.
 SPACES: dict[str, dict] = {
@@ -58,14 +61,14 @@ SPACES: dict[str, dict] = {
     "tiny_knobs": {
         "old": "tiny_cpu",
         "completions_per_step": 8,
-        "recipe": {"max_seq_length": 128, "num_generations": 2, "lora_rank": 32, "lora": "all_linear"},
+        "recipe": TINY_RECIPE,
         "concessions": {},
         "knobs": {},
     },
     "tiny": {
         "old": "tiny_cpu",
         "completions_per_step": 8,
-        "recipe": {"max_seq_length": 128, "num_generations": 2, "lora_rank": 32, "lora": "all_linear"},
+        "recipe": TINY_RECIPE,
         "concessions": {
             "max_seq_length": [64, 96, 128],
             "num_generations": [2, 4],
@@ -80,35 +83,23 @@ SPACES: dict[str, dict] = {
     "gemma_knobs": {
         "old": "gemma3_1b_l4",
         "completions_per_step": 8,
-        "recipe": {
-            "max_seq_length": 1024,
-            "num_generations": 2,
-            "lora_rank": 32,
-            "load_in_4bit": False,
-            "lora": "qv",
-        },
+        "recipe": GEMMA_RECIPE,
         "concessions": {},
-        "knobs": {"gpu_memory_utilization": [0.3, 0.4, 0.5, 0.6], "gradient_checkpointing": [False, True]},
+        "knobs": GEMMA_KNOBS,
     },
     # The same recipe with the new sweeps/gemma3_1b_l4.yaml's concessions and their values (less
     # num_generations: the old model has only 2).
     "gemma_concessions": {
         "old": "gemma3_1b_l4",
         "completions_per_step": 8,
-        "recipe": {
-            "max_seq_length": 1024,
-            "num_generations": 2,
-            "lora_rank": 32,
-            "load_in_4bit": False,
-            "lora": "qv",
-        },
+        "recipe": GEMMA_RECIPE,
         "concessions": {
             "max_seq_length": [512, 768, 1024],
             "lora_rank": [8, 16, 32],
             "load_in_4bit": [False, True],
             "lora": ["qv", "all_linear"],
         },
-        "knobs": {"gpu_memory_utilization": [0.3, 0.4, 0.5, 0.6], "gradient_checkpointing": [False, True]},
+        "knobs": GEMMA_KNOBS,
     },
 }
 OLD_SUFFIX = {"tiny_cpu": "", "gemma3_1b_l4": "_gemma_l4"}

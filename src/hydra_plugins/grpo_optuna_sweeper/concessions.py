@@ -63,7 +63,7 @@ def check_space(distributions: dict, concessions: list[str], changes: Callable[[
                 "split, instead; or list completions_per_step in hydra.sweeper.concessions to change the effective batch"
             )
         changed = changes(key)
-        if key in ("per_device_train_batch_size",) and held_split:
+        if key == "per_device_train_batch_size" and held_split:
             changed.pop(CPS, None)  # the split of a held total: a knob
         missing = [s for s in changed if not covered(s, key, concessions)]
         if missing:
