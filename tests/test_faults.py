@@ -43,6 +43,16 @@ QUICK = [
 ]
 
 
+def _stopped_in_one_line(log: Path, code: int, cause: str) -> None:
+    """The sweep whose output is `log` exited 1 with no traceback and one 'Sweep stopped: storage' line
+    that names `cause` and says to re-run the same command."""
+    out = log.read_text()
+    assert code == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    last = [line for line in out.splitlines() if "Sweep stopped: storage" in line]
+    assert len(last) == 1 and cause in last[0] and "re-run the same command" in last[0], out[-3000:]
+
+
 def _journal_records(path: Path) -> list[dict]:
     lines = path.read_bytes().splitlines(keepends=True)
     assert all(line.endswith(b"\n") for line in lines), "a torn (unterminated) record is left"
@@ -174,11 +184,7 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
         finally:
             if proc.poll() is None:
                 proc.kill()
-        out = (tmp_path / "first.log").read_text()
-        assert code == 1, out[-3000:]
-        assert "Traceback" not in out, out[-3000:]
-        last = [line for line in out.splitlines() if "Sweep stopped: storage" in line]
-        assert len(last) == 1 and "No space left on device" in last[0] and "re-run the same command" in last[0], out[-3000:]
+        _stopped_in_one_line(tmp_path / "first.log", code, "No space left on device")
         _journal_records(mnt / "study.journal")  # no half record behind the failed write
         before = _done(storage)
         assert len(before) == 1
@@ -502,11 +508,7 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
             holder.close()
         if proc.poll() is None:
             proc.kill()
-    out = (tmp_path / "first.log").read_text()
-    assert code == 1, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    last = [line for line in out.splitlines() if "Sweep stopped: storage" in line]
-    assert len(last) == 1 and "database is locked" in last[0] and "re-run the same command" in last[0], out[-3000:]
+    _stopped_in_one_line(tmp_path / "first.log", code, "database is locked")
     result = run(cmd, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     study = load_study(storage)

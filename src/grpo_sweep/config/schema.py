@@ -437,7 +437,7 @@ def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], b
         if cuda is False:
             raise ConfigError(
                 f"trial.strategy={strategy}: DeepSpeed ZeRO needs CUDA and none is available here; "
-                "on CPU use trial.strategy=ddp or fsdp"
+                "on CPU use trial.strategy=ddp (fsdp needs CUDA too)"
             )
         if installed is not None and not installed("deepspeed"):
             raise ConfigError(

@@ -49,9 +49,9 @@ def covered(setting: str, via: str, concessions: list[str]) -> bool:
     return setting in concessions or via in concessions
 
 
-def check_space(distributions: dict, concessions: list[str], changes: Callable[[str], dict[str, set]]) -> dict[str, set]:
+def check_space(distributions: dict, concessions: list[str], changes: Callable[[str], set[str]]) -> dict[str, set]:
     """Stop (SweeperSettingError) when a search parameter changes a recipe setting `concessions` does not
-    list. changes(key) -> {recipe setting: ...} the parameter can change (a group: found by composing
+    list. changes(key) -> the recipe settings the parameter can change (a group: found by composing
     each choice). Returns {param: the recipe settings it changes}: the concession parameters."""
     held_split = CPS not in concessions
     out = {}
@@ -62,10 +62,10 @@ def check_space(distributions: dict, concessions: list[str], changes: Callable[[
                 "held (completions_per_step / per_device_train_batch_size): search per_device_train_batch_size, the "
                 "split, instead; or list completions_per_step in hydra.sweeper.concessions to change the effective batch"
             )
-        changed = changes(key)
+        changed = set(changes(key))
         if key == "per_device_train_batch_size" and held_split:
-            changed.pop(CPS, None)  # the split of a held total: a knob
-        missing = [s for s in changed if not covered(s, key, concessions)]
+            changed.discard(CPS)  # the split of a held total: a knob
+        missing = sorted(s for s in changed if not covered(s, key, concessions))
         if missing:
             reasons = "; ".join(f"{s}: {KINDS[s].why}" if s in KINDS else s for s in missing)
             raise SweeperSettingError(
@@ -74,7 +74,7 @@ def check_space(distributions: dict, concessions: list[str], changes: Callable[[
                 f"hydra.sweeper.concessions (e.g. hydra.sweeper.concessions=[{','.join(missing)}]), or fix the value"
             )
         if changed:
-            out[key] = set(changed)
+            out[key] = changed
     return out
 
 

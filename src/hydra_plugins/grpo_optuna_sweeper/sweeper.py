@@ -180,13 +180,13 @@ class GrpoOptunaSweeper(Sweeper):
         concessions.check_list(self.concessions, {k for k in self.distributions if k not in SCHEMA_KEYS})
         self.recipe = recipe_of(self._compose(self.fixed))
 
-        def changes(key: str) -> dict:
+        def changes(key: str) -> set[str]:
             if key in SCHEMA_KEYS:
                 changed = concessions.setting_changes(key)
                 if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
                     changed.add(concessions.CPS)
-                return dict.fromkeys(changed)
-            out: dict = {}  # a config group: what each of its choices changes
+                return changed
+            out: set[str] = set()  # a config group: what each of its choices changes
             for value in space.grid_choices({key: self.distributions[key]})[key]:
                 cfg = self._compose([*self.fixed, space.to_override(key, value)])
                 out.update(concessions.diff(self.recipe, recipe_of(cfg)))
