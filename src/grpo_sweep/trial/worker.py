@@ -142,6 +142,24 @@ def inject_fault(kind: str | None) -> None:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+SLOW_STEP_S = 1.0  # trial.debug_fault=slow: added to every optimiser step
+
+
+def fault_callbacks(kind: str | None) -> list:
+    """trial.debug_fault=slow: every optimiser step takes SLOW_STEP_S longer, inside its timed window
+    (after the StepMeter's start): a trial that is certainly slower than its neighbours, for tests of
+    the sweep's early stop (hydra.sweeper.stop_below) that must not depend on this machine's noise."""
+    if kind != "slow":
+        return []
+    from transformers import TrainerCallback
+
+    class SlowSteps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            time.sleep(SLOW_STEP_S)
+
+    return [SlowSteps()]
+
+
 def tear_metrics(kind: str | None, run_dir: Path) -> None:
     """trial.debug_fault=bad_metrics: leave metrics.json torn (its first half), as a crash or a full
     disk mid-write would, after the trial's record was written (the parent calls it last)."""
@@ -280,7 +298,7 @@ def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *,
             tokenizer=tokenizer,
             dataset=dataset,
             reward_funcs=reward_funcs,
-            callbacks=[meter, memory.callback(), reward_clock],
+            callbacks=[meter, memory.callback(), reward_clock, *fault_callbacks(cfg.trial.debug_fault)],
             run_dir=run_path,
             on_cuda=on_cuda,
         )
