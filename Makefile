@@ -28,12 +28,20 @@ install: .venv/.installed
 	else echo "WARNING: vLLM's CPU build did not install here: backend=trl_vllm is unavailable, the rest works"; fi
 	touch $@
 
+# Two pytest-xdist workers (WORKERS=1 runs them in one process); a test that shares a once-per-run
+# fixture (tests/conftest.py: the PostgreSQL database, the offline-W&B sweep) runs in that fixture's
+# group on one worker. --durations=10: the ten slowest, so a slow new test shows up in every run.
+WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -rs -n $(WORKERS) --dist loadgroup
+
 test: install
-	$(PY) -m pytest -q -rs tests
+	$(PYTEST) --durations=10 tests
 	$(MAKE) docs
 
+# What to run while you work (docs/contributing.md): every module, no multi-trial or multi-process
+# test (those are marked slow), in about a minute on a 2-core machine.
 test-fast: install
-	$(PY) -m pytest -q -rs -m "not slow" tests
+	$(PYTEST) --durations=5 -m "not slow" tests
 
 train: install
 	$(PY) train.py $(ARGS)

@@ -1,4 +1,19 @@
-"""Shared helpers: compose the real Hydra config, run train.py as users do."""
+"""Shared helpers: compose the real Hydra config, run train.py as users do; what a test run builds once.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). What is built once
+per test run lives here as a session fixture, and every test that uses one is put in that fixture's
+xdist group (pytest_collection_modifyitems), so one worker builds it and runs its tests:
+
+- `postgres`: a database of its own for this run on `.ci/run`'s PostgreSQL server (dropped at the
+  end). Its group also keeps the one test that stops the server away from the others using it.
+- `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
+- `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
+  (its cache and lock: trial/warmup.py), the fixture hands its directory to the tests that read it.
+
+Waiting is set short through settings in the tests (trial.timeout_s, heartbeat_interval,
+grace_period, storage_retry_s); the production defaults stay. docs/contributing.md says which suite
+to run when.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +21,16 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["trial.steps=2"]  # the default task: its warm model (model.init=warm) is built once and shared
+DEAD_URL = "http://127.0.0.1:9"  # the discard port: connection refused, nothing leaves the host
+# W&B with no network anywhere: offline, no API key, no netrc, and a base URL nothing listens on.
+OFFLINE_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": os.devnull, "WANDB_BASE_URL": DEAD_URL}
 
 
 def compose(overrides: list[str] | None = None):
@@ -41,3 +60,75 @@ def load_metrics(run_dir: Path) -> dict:
 @pytest.fixture
 def fast_overrides():
     return list(FAST)
+
+
+# ------------------------------------------------------------------ built once per test run
+ONCE_PER_RUN = ("postgres", "wandb_sweep")  # session fixtures whose tests share one xdist worker
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test using a once-per-run fixture runs in that fixture's xdist group (one worker builds it).
+    A parametrized storage test (`[postgres]`) joins the postgres group too."""
+    for item in items:
+        for name in ONCE_PER_RUN:
+            if name in getattr(item, "fixturenames", ()) or f"[{name}]" in item.nodeid:
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """The URL of a PostgreSQL database created for this test run, dropped when it ends.
+
+    The server is `.ci/run`'s (it exports GRPO_SWEEP_TEST_POSTGRES and grants CREATEDB); without the
+    variable the test is skipped with the reason. A role that may not create databases gets the
+    given database itself (tests use study names of their own)."""
+    base = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
+    if not base:
+        pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
+    import sqlalchemy
+
+    from grpo_sweep.study.storage import to_url
+
+    name = f"grpo_sweep_run_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(to_url(base), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    except sqlalchemy.exc.ProgrammingError:  # no CREATEDB: the given database
+        admin.dispose()
+        yield base
+        return
+    try:
+        yield base.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def wandb_sweep(tmp_path_factory) -> tuple[Path, str]:
+    """(sweep dir, stdout) of a real 4-trial multirun logged to offline W&B: two LoRA ranks, each
+    finishing or hitting an OOM. The trials are the slow part of test_wandb.py and test_report.py,
+    which only read it (test_report adds its report.html)."""
+    root = tmp_path_factory.mktemp("wandb_sweep")
+    result = run_train(
+        ["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb", f"hydra.sweep.dir={root}"],
+        env=OFFLINE_ENV,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root, result.stdout
+
+
+@pytest.fixture(scope="session")
+def warm_model() -> Path:
+    """The default trial's warm tiny model (model.init=warm): its cached checkpoint directory.
+
+    Built (once per machine: its cache and lock) before the trials that use it start their clocks, so
+    a test with a short trial.timeout_s never spends it on a cold cache's warm-up."""
+    from grpo_sweep.trial.models import load_tokenizer, model_path
+    from grpo_sweep.trial.tasks import get_task
+
+    cfg = compose(FAST)
+    return Path(model_path(cfg, load_tokenizer(cfg, get_task(cfg).corpus()), on_cuda=False))

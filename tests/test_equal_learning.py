@@ -103,6 +103,7 @@ def test_a_bad_concession_name_is_refused(tmp_path):
     assert result.stderr.startswith("hydra.sweeper.concessions: gradient_checkpointing is a knob"), result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_knob_sweep_trains_one_recipe_and_records_it(tmp_path):
     """tiny_cpu: every trial's metrics.json has completions_per_step=8 and a split that makes 8; the
     study, best.yaml and a resumed sweep with another recipe agree."""
@@ -135,6 +136,7 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tmp_path):
     assert len(load_study(f"journal:{sweep_dir / 'study.journal'}").trials) == 3  # nothing added
 
 
+@pytest.mark.slow
 def test_a_concessions_sweep_prices_what_the_winner_gave_up(tmp_path):
     """tiny_cpu_concessions with chosen points: the full recipe (256 tokens, micro-batch 2) and one
     concession beside it (128 tokens, the same knobs). best.yaml, the printout and report.html carry

@@ -32,7 +32,6 @@ from test_sweeper_helpers import SMALL, counted, load_study, run, start, sweep_c
 from grpo_sweep.metrics import MetricsError, read_metrics
 from grpo_sweep.study.storage import StorageError
 
-POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
 # Short heartbeats so nothing waits long; the grace period a re-run must NOT wait out is long.
 QUICK = [
     *SMALL,
@@ -84,9 +83,7 @@ def storage_of(request, tmp_path):
         return f"journal:{tmp_path / 'sweep' / 'study.journal'}", name
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'sweep' / 'study.db'}", name
-    if not POSTGRES:
-        pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
-    return POSTGRES, name
+    return request.getfixturevalue("postgres"), name  # conftest: this run's database
 
 
 # ------------------------------------------------------------------ 1. torn journal
@@ -260,25 +257,25 @@ def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, sto
 
 
 # ------------------------------------------------------------------ 4. storage blips
-def _pg_cluster() -> list[str] | None:
+def _pg_cluster(url: str) -> list[str] | None:
     """`pg_ctlcluster <version> main` for the local server, or None (not this machine's to restart)."""
-    if not POSTGRES or "@localhost" not in POSTGRES or shutil.which("pg_lsclusters") is None or os.geteuid() != 0:
+    if "@localhost" not in url or shutil.which("pg_lsclusters") is None or os.geteuid() != 0:
         return None
     rows = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout.split()
     return ["pg_ctlcluster", rows[0], rows[1]] if len(rows) >= 2 else None
 
 
 @pytest.mark.slow
-def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_path):
+def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_path, postgres):
     """The real PostgreSQL server is stopped as the first trial takes its last step and started again
     3 s later (short: other tests may share the server). The sweep's writes in between wait
     (storage_retry_s) instead of crashing: exit 0, n_trials=2 COMPLETE, trial 0's measurement kept."""
-    cluster = _pg_cluster()
+    cluster = _pg_cluster(postgres)
     if cluster is None:
         pytest.skip("needs the local PostgreSQL server (.ci/run) and root to restart it (pg_ctlcluster)")
     name, sweep_dir = f"faults-pg-{uuid.uuid4().hex[:8]}", tmp_path / "sweep"
     cmd = sweep_cmd(
-        sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={POSTGRES}", f"hydra.sweeper.study_name={name}", *QUICK
+        sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={postgres}", f"hydra.sweeper.study_name={name}", *QUICK
     )
     proc = start(cmd, tmp_path / "sweep.log")
     trial_log = sweep_dir / "trial_0000" / "trial.log"
@@ -298,7 +295,7 @@ def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_
     assert "unavailable" in out and "retrying for up to 20 s" in out, out[-3000:]  # the outage was met
     assert "Traceback" not in out
     assert "Heartbeat of storage" not in out  # Optuna's per-trial warning, silenced once
-    study = load_study(POSTGRES, name)
+    study = load_study(postgres, name)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert len(counted(study)) == 2
     record = json.loads((sweep_dir / "trial_0000" / "metrics.json").read_text())

@@ -494,17 +494,26 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     assert "per-rank peak GiB" in html and "strategy" in html
 
 
+def _rank_log(run_dir, rank: int) -> str:
+    log = run_dir / "ranks" / str(rank) / "trial.log"
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
 @pytest.mark.slow
-def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path):
+def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path, warm_model):
     """trial.timeout_s bounds the whole group: the parent's SIGTERM reaches torchrun and the ranks,
-    the trial is `timeout`, and no rank outlives it."""
+    the trial is `timeout`, and no rank outlives it. Over 20 s: the timeout is waited out, and it is
+    long enough (45 s) for two ranks to start torch and TRL from scratch and reach the hang on a
+    loaded 2-core machine."""
     import psutil
 
     from grpo_sweep.trial.parent import run_trial
 
-    cfg = compose([*TINY_DDP, "trial.debug_fault=hang", "trial.timeout_s=150"])
+    cfg = compose([*TINY_DDP, "trial.debug_fault=hang", "trial.timeout_s=45"])
     m = run_trial(cfg, tmp_path)
-    assert m["status"] == "timeout" and "trial.timeout_s=150" in m["error"]
+    assert m["status"] == "timeout" and "trial.timeout_s=45" in m["error"]
     assert m["world_size"] == 2 and len(m["rank_status"]) == 2
+    hung = [k for k in range(2) if "hanging until stopped" in _rank_log(tmp_path, k)]
+    assert hung == [0, 1], "both ranks were stopped while hanging, not before they got there"
     ranks = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert not ranks, ranks

@@ -12,7 +12,6 @@ from html.parser import HTMLParser
 
 import pytest
 from conftest import load_metrics
-from test_wandb import offline_sweep
 
 from grpo_sweep import cli as grpo_cli
 from grpo_sweep.cli.report import cli
@@ -63,9 +62,9 @@ def table_rows(html_text: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """The 4-trial offline-W&B multirun of test_wandb.py (run once, shared)."""
-    return offline_sweep(tmp_path_factory)
+def sweep(wandb_sweep):
+    """The 4-trial offline-W&B multirun (conftest.wandb_sweep: built once per test run)."""
+    return wandb_sweep[0]
 
 
 @pytest.fixture(scope="module")
@@ -379,18 +378,13 @@ def test_report_and_sweep_summary_name_the_same_winner(tmp_path, direction, best
     assert best == [f"trial {[8, 16, 32, 64].index(best_rank)}"], rows
 
 
-@pytest.mark.skipif(
-    not __import__("os").environ.get("GRPO_SWEEP_TEST_POSTGRES"),
-    reason="GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run starts PostgreSQL and sets it)",
-)
-def test_report_reads_a_postgresql_study(tmp_path, capsys):
+def test_report_reads_a_postgresql_study(tmp_path, capsys, postgres):
     """`grpo-sweep report postgresql://...` opens the storage the way the sweeper does (one opener)."""
-    import os
     import uuid
 
     from grpo_sweep.study.storage import open_storage
 
-    url = os.environ["GRPO_SWEEP_TEST_POSTGRES"]
+    url = postgres
     name = f"report-{uuid.uuid4().hex[:8]}"
     _study_with_trials(open_storage(url), name, "maximize")
     assert grpo_cli.main(["report", url, "--study", name, "--out", str(tmp_path / "out")]) == 0

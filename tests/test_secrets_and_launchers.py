@@ -17,7 +17,6 @@ import pytest
 from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
 from test_wandb import OFFLINE_ENV
 
-POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
 FAKE_WANDB_KEY = "0123456789abcdef" * 2 + "fedcba98"  # 40 hex characters, the shape of a real key
 
 
@@ -31,15 +30,14 @@ def _files_holding(root: Path, secrets: list[bytes]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not POSTGRES, reason="GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run starts PostgreSQL and sets it)")
-def test_no_secret_reaches_any_output(tmp_path):
-    password = urlparse(POSTGRES).password
+def test_no_secret_reaches_any_output(tmp_path, postgres):
+    password = urlparse(postgres).password
     assert password, "the test needs a storage URL with a password"
     name = f"secrets-{uuid.uuid4().hex[:8]}"
     sweep_dir = tmp_path / "sweep"
     cmd = sweep_cmd(
         sweep_dir,
-        f"hydra.sweeper.storage={POSTGRES}",
+        f"hydra.sweeper.storage={postgres}",
         f"hydra.sweeper.study_name={name}",
         "hydra.sweeper.n_trials=2",
         "logger=wandb",
@@ -54,7 +52,7 @@ def test_no_secret_reaches_any_output(tmp_path):
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = load_study(POSTGRES, name)
+    study = load_study(postgres, name)
     assert len(counted(study)) == 2
     wandb_runs = list(sweep_dir.rglob("run-*.wandb"))
     assert len(wandb_runs) == 2, "each trial wrote its offline W&B run file"

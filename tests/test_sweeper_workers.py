@@ -25,7 +25,6 @@ from test_sweeper_helpers import (
     wait_for,
 )
 
-POSTGRES = os.environ.get("GRPO_SWEEP_TEST_POSTGRES")
 WORKERS = 3
 
 
@@ -37,18 +36,17 @@ def fresh_storage(request, tmp_path):
         (tmp_path / "shared").mkdir()  # a storage outside the sweep dir: its folder must exist
         yield f"journal:{tmp_path / 'shared' / 'study.journal'}"
         return
-    if not POSTGRES:
-        pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
+    postgres = request.getfixturevalue("postgres")  # conftest: this run's database, on .ci/run's server
     import sqlalchemy
 
     from grpo_sweep.study.storage import to_url
 
     name = f"grpo_sweep_fresh_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(to_url(POSTGRES), isolation_level="AUTOCOMMIT")
+    admin = sqlalchemy.create_engine(to_url(postgres), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
     try:
-        yield POSTGRES.rsplit("/", 1)[0] + "/" + name
+        yield postgres.rsplit("/", 1)[0] + "/" + name
     finally:
         with admin.connect() as conn:
             conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -102,7 +100,7 @@ def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_stora
     for i in range(WORKERS):
         rows = read_csv(tmp_path / f"w{i}" / "trials.csv")
         assert sorted(int(r["number"]) for r in rows if r["state"] == "COMPLETE") == sorted(t.number for t in trials)
-    if POSTGRES and not storage.startswith("journal:"):
+    if not storage.startswith("journal:"):
         secret = storage.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
         written = [
             p

@@ -47,12 +47,15 @@ def test_worst_case_off_uses_natural_lengths(tmp_path):
         ("oom", "oom", "allocate"),
     ],
 )
-def test_failures_are_contained(tmp_path, fault, status, needle):
+def test_failures_are_contained(tmp_path, fault, status, needle, warm_model):
     overrides = [*FAST, f"trial.debug_fault={fault}"]
     if fault == "hang":
-        overrides.append("trial.timeout_s=20")
+        # Short: the forkserver is warm, so the worker hangs within a few seconds of starting.
+        overrides.append("trial.timeout_s=8")
     record = run_trial(compose(overrides), tmp_path)  # returning at all means the parent survived
     assert record["status"] == status
     assert needle in record["error"]
+    if fault == "hang":  # stopped while hanging, not before it got there
+        assert "hanging until stopped" in (tmp_path / "trial.log").read_text()
     assert load_metrics(tmp_path)["status"] == status
     assert set(load_metrics(tmp_path)) <= KEYS

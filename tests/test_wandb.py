@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, compose, load_metrics, run_train
+from conftest import DEAD_URL, OFFLINE_ENV, compose, load_metrics
 from omegaconf import OmegaConf
 
 from grpo_sweep.credentials import wandb_mode as resolve_mode
@@ -21,8 +21,6 @@ from grpo_sweep.levers import LEVER_NAMES
 from grpo_sweep.trial.wandb_logger import open_logger, run_group, run_name
 
 WANDB_CLI = str(Path(sys.executable).with_name("wandb"))
-DEAD_URL = "http://127.0.0.1:9"  # the discard port: connection refused, nothing leaves the host
-OFFLINE_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": os.devnull, "WANDB_BASE_URL": DEAD_URL}
 STEP_KEYS = (
     "reward",
     "reward_std",
@@ -63,41 +61,21 @@ def history_by_step(records: list[dict]) -> dict[int, dict]:
     return {int(r["history"]["step"]["num"]): r["history"]["item"] for r in records if r["type"] == "history"}
 
 
-_SWEEP: dict = {}
-
-
-def offline_sweep(tmp_path_factory) -> Path:
-    """A real 4-trial multirun logged to offline W&B (two ranks, each finishing or hitting an OOM).
-
-    Run once per pytest process and shared with test_report.py (a module-level cache, since the
-    shared conftest is not the place for it): trials are the slow part of these tests.
-    """
-    if "root" not in _SWEEP:
-        root = tmp_path_factory.mktemp("wandb_sweep")
-        result = run_train(
-            ["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb", f"hydra.sweep.dir={root}"],
-            env=OFFLINE_ENV,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        _SWEEP.update(root=root, stdout=result.stdout)
-    return _SWEEP["root"]
-
-
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    return offline_sweep(tmp_path_factory)
+def sweep(wandb_sweep):
+    return wandb_sweep[0]
 
 
 @pytest.mark.slow
-def test_offline_run_holds_config_history_and_summary(sweep):
+def test_offline_run_holds_config_history_and_summary(sweep, wandb_sweep):
     m = load_metrics(sweep / "0")
     assert m["status"] == "ok" and m["levers"]["lora_rank"] == 8, m["error"]
     # The run directory and the W&B run point to each other; the group is the multirun directory.
     assert m["wandb_mode"] == "offline" and m["wandb_group"] == str(sweep.resolve())
     run_path = Path(m["wandb_dir"])
     assert run_path.is_dir() and (sweep / "0").resolve() in run_path.resolve().parents
-    assert f"wandb sync {m['wandb_dir']}" in _SWEEP["stdout"]  # the upload command, printed at the end
-    assert "online logging failed" not in _SWEEP["stdout"]
+    assert f"wandb sync {m['wandb_dir']}" in wandb_sweep[1]  # the upload command, printed at the end
+    assert "online logging failed" not in wandb_sweep[1]
 
     summary, records = read_run(run_path)
     assert summary["run_id"] == m["wandb_run_id"] and summary["state"] == "finished"

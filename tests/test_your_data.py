@@ -117,6 +117,7 @@ def test_missing_column_stops_train_py_before_any_trial(tmp_path):
     assert time.monotonic() - start < 120
 
 
+@pytest.mark.slow
 def test_unreachable_hub_dataset_fails_before_the_model_loads(tmp_path):
     write_data(tmp_path, chat=False)
     run_dir = tmp_path / "run"
@@ -131,6 +132,7 @@ def test_unreachable_hub_dataset_fails_before_the_model_loads(tmp_path):
 # --- one trial on your data ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_conversational_data_reaches_trl_and_the_rewards(tmp_path):
     data = write_data(tmp_path, chat=True)
     run_dir = tmp_path / "run"
@@ -160,6 +162,7 @@ def test_conversational_data_reaches_trl_and_the_rewards(tmp_path):
     assert settings["reward_funcs"] == ["my_rewards.contains_solution", "my_rewards.brevity"]
 
 
+@pytest.mark.slow
 def test_a_raising_reward_fails_the_trial_by_name_not_as_oom(tmp_path):
     data = write_data(tmp_path, chat=False)
     run_dir = tmp_path / "run"
@@ -173,6 +176,7 @@ def test_a_raising_reward_fails_the_trial_by_name_not_as_oom(tmp_path):
     assert record["oom_phase"] is None and record["deficit_bytes"] is None
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
     data = write_data(tmp_path, chat=False)
     cmd = sweep_cmd(
@@ -211,6 +215,7 @@ def save_tiny_model(folder: Path, corpus: list[str]) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_exported_config_is_what_was_measured(tmp_path):
     data = write_data(tmp_path, chat=True)
     corpus = [line for line in data.read_text().splitlines()] + [" ." * 8]
