@@ -66,6 +66,7 @@ def fast_overrides():
 ONCE_PER_RUN = ("postgres", "wandb_sweep")  # session fixtures whose tests share one xdist worker
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """A test using a once-per-run fixture runs in that fixture's xdist group (one worker builds it).
     A parametrized storage test (`[postgres]`) joins the postgres group too."""
@@ -87,11 +88,13 @@ def postgres():
     if not base:
         pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
     import sqlalchemy
+    from sqlalchemy.pool import NullPool
 
     from grpo_sweep.study.storage import to_url
 
     name = f"grpo_sweep_run_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(to_url(base), isolation_level="AUTOCOMMIT")
+    # NullPool: a connection per use, so the drop at the end survives the test that restarts the server.
+    admin = sqlalchemy.create_engine(to_url(base), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
         with admin.connect() as conn:
             conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
