@@ -135,3 +135,33 @@ def warm_model() -> Path:
 
     cfg = compose(FAST)
     return Path(model_path(cfg, load_tokenizer(cfg, get_task(cfg).corpus()), on_cuda=False))
+
+
+# ------------------------------------------------------------------ tests over 20 s say why
+OVER_S = 20.0  # a test slower than this says why in its docstring ("Over 20 s: ...")
+_UNEXPLAINED: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Mark a test whose body ran over OVER_S without an "Over 20 s" reason in its docstring (the setup
+    of a once-per-run fixture is that fixture's, whichever test happens to run first)."""
+    outcome = yield
+    report = outcome.get_result()
+    doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
+    if call.when == "call" and call.duration > OVER_S and "Over 20 s" not in doc:
+        report.user_properties.append(("over_20s_without_reason", f"{call.duration:.1f} s {call.when}"))
+
+
+def pytest_runtest_logreport(report):
+    """Collected where the summary is printed (xdist's controller, or the one process)."""
+    for key, value in report.user_properties:
+        if key == "over_20s_without_reason":
+            _UNEXPLAINED.append(f"{report.nodeid} ({value})")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _UNEXPLAINED:
+        terminalreporter.section("tests over 20 s without a reason in their docstring")
+        for line in _UNEXPLAINED:
+            terminalreporter.write_line(line)

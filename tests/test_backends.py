@@ -304,7 +304,8 @@ def test_cli_refuses_unsloth_before_any_model_loads(tmp_path):
 @pytest.mark.slow
 def test_auto_runs_trl_on_cpu_and_logs_what_ran(tmp_path):
     """A real trial: auto -> trl on CPU, recorded; effective equals requested; no mismatch.
-    Under spawn (the start method Unsloth trials use) so that path runs somewhere without a GPU."""
+    Under spawn (the start method Unsloth trials use) so that path runs somewhere without a GPU. Over 20 s: train.py in a
+    subprocess, its trial forkserver importing torch and TRL first, then a real trial."""
     result = run_train(["backend=auto", "trial.start_method=spawn", *FAST, f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(tmp_path)
@@ -414,7 +415,8 @@ def test_gpu_check_sweep_space_composes(gpu_check, name):
 def test_gpu_check_cpu_dry_run(tmp_path):
     """The device check's whole flow on CPU (~1 min idle, ~4 min on a loaded 2-core box): the seed
     preset, the estimator-sized OOM, the doctor's overrides verified by a real trial, the sweep
-    through grpo_optuna; what needs a card is recorded as skipped, not silently dropped."""
+    through grpo_optuna; what needs a card is recorded as skipped, not silently dropped. Over 20 s: the device check's whole
+    flow: several real trials and a real sweep, each in its own process."""
     import datetime
     import json
     import os

@@ -53,6 +53,8 @@ def _raw(*extra: str) -> int:
 
 @pytest.mark.slow
 def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_path):
+    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
+    2 cores), 4 trials."""
     raw = _raw()
     card = raw / 1.05 / 2**30
     study = _sweep(tmp_path / "sweep", card)
@@ -79,6 +81,8 @@ def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_p
 
 @pytest.mark.slow
 def test_calibration_runs_a_point_the_fixed_margin_would_prune(tmp_path):
+    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
+    2 cores), 4 trials."""
     natural = "trial.worst_case_lengths=false"
     raw = _raw(natural)
     card = raw / 1.3 / 2**30

@@ -320,7 +320,8 @@ def test_doctor_bad_input_is_one_clear_line(tmp_path):
 def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path):
     """The doctor's advice judged by a real run, not by its own estimate: a tiny trial really runs out
     of memory on a 30.72 MiB simulated card; the doctor reads that trial's metrics.json (and the
-    config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish."""
+    config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish. Over 20 s: two real
+    trials in train.py subprocesses: the OOM, then the doctor's fix."""
     import os
 
     from conftest import FAST, run_train

@@ -93,7 +93,8 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
     (what a kill mid-append leaves). The same command again: one line says the journal was repaired
     and where the backup is; it does not wait out grace_period=600 s for the dead worker's trial; it
     ends with exactly n_trials=3 counted, the two finished trials kept with their values, and
-    `grpo-sweep report` reads the study."""
+    `grpo-sweep report` reads the study. Over 20 s: two sweeps (the one killed mid-trial, the repairing resume), each its
+    own process and forkserver."""
     sweep_dir = tmp_path / "sweep"
     journal = sweep_dir / "study.journal"
     storage = f"journal:{journal}"
@@ -165,7 +166,8 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
     """The journal lives on a tiny tmpfs the test mounts (root only; else skipped with the reason).
     The disk fills while the second trial runs: the sweep retries its writes for storage_retry_s,
     then ends with one line (no traceback) and leaves no half record; once space is freed the same
-    command finishes with the first trial kept and exactly n_trials=3 counted."""
+    command finishes with the first trial kept and exactly n_trials=3 counted. Over 20 s: two sweeps (the one the full disk
+    stops, the resume), each its own process and forkserver."""
     mnt = tmp_path / "small"
     if not _mount_tmpfs(mnt, "256k"):
         pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case needs a real full filesystem")
@@ -231,7 +233,8 @@ def test_a_whole_record_and_no_record_still_read(tmp_path):
 @pytest.mark.parametrize("storage_of", ["journal", "sqlite", "postgres"], indirect=True)
 def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, storage_of):
     """trial.debug_fault=bad_metrics on every trial: each is FAIL with the reason naming its
-    metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0."""
+    metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0. Over 20 s: a real sweep in its
+    own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 2 trials."""
     sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
     result = run(
         sweep_cmd(
@@ -269,7 +272,9 @@ def _pg_cluster(url: str) -> list[str] | None:
 def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_path, postgres):
     """The real PostgreSQL server is stopped as the first trial takes its last step and started again
     3 s later (short: other tests may share the server). The sweep's writes in between wait
-    (storage_retry_s) instead of crashing: exit 0, n_trials=2 COMPLETE, trial 0's measurement kept."""
+    (storage_retry_s) instead of crashing: exit 0, n_trials=2 COMPLETE, trial 0's measurement kept. Over 20 s: a real sweep
+    in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), and the server's
+    stop and restart."""
     cluster = _pg_cluster(postgres)
     if cluster is None:
         pytest.skip("needs the local PostgreSQL server (.ci/run) and root to restart it (pg_ctlcluster)")
@@ -310,7 +315,8 @@ def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_w
     OSError in the sweeper. Trial 1 is released before the sweeper exits (FAIL, status worker_error,
     the error named, its point re-enqueued: nothing stays RUNNING) and trial 0 is kept. With the
     file gone, the same command ends with exactly n_trials=2 counted, without waiting out
-    grace_period=600 and without a "waiting for other workers" line (no other worker exists)."""
+    grace_period=600 and without a "waiting for other workers" line (no other worker exists). Over 20 s: two sweeps (the
+    failing one, the resume), each its own process and forkserver."""
     sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
     sweep_dir.mkdir()
     (sweep_dir / "trial_0001").write_text("in the way\n")
@@ -369,7 +375,8 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
     """A one-trial study over lora_rank=choice(8,16,32), maximize tokens_per_s. Re-run with a
     different choice list, an added parameter, the other direction, another objective: each stops
     with exit 1 and one line naming each difference and a new study_name, and the study still holds
-    its one trial. The same search again resumes it ("Resuming study ... with 1 trials")."""
+    its one trial. The same search again resumes it ("Resuming study ... with 1 trials"). Over 20 s: two sweeps, each its
+    own process; the second stops before any trial."""
     sweep_dir = tmp_path / "sweep"
     rank = "lora_rank=choice(8,16,32)"
     base = [a for a in QUICK if a != "lora_rank=8"] + [rank, "hydra.sweeper.concessions=[lora_rank]", "hydra.sweeper.n_trials=1"]
@@ -483,7 +490,8 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
     """Another process holds the SQLite file's exclusive lock while trial 1 runs, longer than
     storage_retry_s=3: the sweep's writes fail as "database is locked", are retried, and the sweep
     ends with exit 1 and one line saying what failed and what to do (no traceback). With the lock
-    released, the same command keeps trial 0 and ends with exactly n_trials=2 counted."""
+    released, the same command keeps trial 0 and ends with exactly n_trials=2 counted. Over 20 s: two sweeps (the one the
+    lock stops after its retries, the resume), each its own process and forkserver."""
     import sqlite3
 
     sweep_dir = tmp_path / "sweep"

@@ -93,7 +93,8 @@ def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
 @pytest.mark.slow
 def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
     """trial.num_processes=2: the worker leads torchrun, torchrun starts the ranks in their own
-    sessions; SIGKILL of train.py must still leave no process behind, and the record says why."""
+    sessions; SIGKILL of train.py must still leave no process behind, and the record says why. Over 20 s: a two-process
+    trial: torchrun starts two ranks that each import torch and TRL from scratch."""
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -117,7 +118,8 @@ def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
-    """backend.vllm_mode=server: the trial's `trl vllm-serve` (and vLLM's engine process) die too."""
+    """backend.vllm_mode=server: the trial's `trl vllm-serve` (and vLLM's engine process) die too. Over 20 s: a vLLM server
+    (CPU build) started in its own process, which imports vLLM and compiles its kernels."""
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable, str(ROOT / "train.py"), *FAST, "backend=trl_vllm", "backend.vllm_mode=server",
@@ -156,7 +158,8 @@ def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path, warm_mod
 
 @pytest.mark.slow
 def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothing(tmp_path):
-    """A finished trial; a second run whose trial hangs is SIGKILLed; the same command finishes the study."""
+    """A finished trial; a second run whose trial hangs is SIGKILLed; the same command finishes the study. Over 20 s: three
+    sweeps (the first trial, the killed one, the resume), and the grace period waited out."""
     journal = f"journal:{tmp_path / 'study.journal'}"
     beat = ["hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL]
     result = run(sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=1"))

@@ -199,6 +199,7 @@ def _check_rank_records(m: dict, n: int, strategy: str) -> list[float]:
 
 @pytest.mark.slow
 def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
+    """Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from scratch."""
     from conftest import load_metrics, run_train
 
     out = run_train([*TINY_DDP, f"hydra.run.dir={tmp_path}"], timeout=600)
@@ -219,6 +220,7 @@ def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
 
 @pytest.mark.slow
 def test_an_oom_on_one_rank_makes_the_trial_oom_with_that_ranks_message(tmp_path):
+    """Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from scratch."""
     from conftest import load_metrics, run_train
 
     args = [*TINY_DDP, "trial.debug_fault=oom", "trial.debug_fault_rank=1", f"hydra.run.dir={tmp_path}"]
@@ -324,6 +326,7 @@ def test_the_server_command_is_trls_own_through_the_shim():
 
 @pytest.mark.slow
 def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
+    """Over 20 s: a vLLM server (CPU build) started in its own process, then a real trial through it."""
     import psutil
     from conftest import load_metrics, run_train
 
@@ -463,7 +466,9 @@ def test_hardware_moves_by_hand():
 @pytest.mark.slow
 def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     """trial.num_processes and trial.strategy in the search space (grid, 2 points): both trials run,
-    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks."""
+    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks. Over 20 s: a real sweep in its
+    own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), with one- and two-
+    process trials (torchrun ranks import torch from scratch)."""
     import csv
 
     from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd

@@ -78,6 +78,7 @@ def report(sweep):
 
 @pytest.mark.slow
 def test_report_lists_every_trial_and_writes_its_figures(report):
+    """Over 20 s: its setup is the once-per-run offline-W&B multirun (conftest.wandb_sweep); the test itself reads it."""
     sweep, stdout = report
     html_text = (sweep / "report.html").read_text()
     images = re.findall(r'<img src="([^"]+)"', html_text)

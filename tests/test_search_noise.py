@@ -218,7 +218,8 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
     """stop_below=1 against the study's best: a first sweep's one trial (batch 8) is feasible; the same
     command again with trial.debug_fault=slow (every step 1 s longer: several times slower, whatever
     this machine's noise; a knob, so the study is the same) runs the next two (batch 2 and 4) below
-    it, and both stop after their first timed step."""
+    it, and both stop after their first timed step. Over 20 s: two sweeps in their own processes, and two trials made 1 s a
+    step slower on purpose."""
     args = [
         "hydra.sweeper.stop_below=1",
         "hydra.sweeper.enqueue=[{per_device_train_batch_size:8},{per_device_train_batch_size:2},{per_device_train_batch_size:4}]",
@@ -250,7 +251,9 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
 
 @pytest.mark.slow
 def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
-    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist topped up to 2 runs, all in the study."""
+    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist topped up to 2 runs, all in the study. Over 20 s: a
+    real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 6
+    trials (confirmation runs included)."""
     result = run(
         sweep_cmd(
             tmp_path,

@@ -31,6 +31,8 @@ def _files_holding(root: Path, secrets: list[bytes]) -> list[str]:
 
 @pytest.mark.slow
 def test_no_secret_reaches_any_output(tmp_path, postgres):
+    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
+    2 cores), on PostgreSQL with offline W&B."""
     password = urlparse(postgres).password
     assert password, "the test needs a storage URL with a password"
     name = f"secrets-{uuid.uuid4().hex[:8]}"
@@ -73,7 +75,8 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
 @pytest.mark.slow
 def test_sweep_through_submitit_local_launcher(tmp_path):
     """`hydra/launcher=submitit_local`: the same code path as submitit_slurm, jobs in submitit's own
-    processes; two real trials finish and the study holds them."""
+    processes; two real trials finish and the study holds them. Over 20 s: submitit's local launcher: each trial in a job
+    process of its own, importing torch and TRL."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     result = run(
         sweep_cmd(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=2", *SMALL)
@@ -90,7 +93,8 @@ def test_sweep_through_submitit_local_launcher(tmp_path):
 @pytest.mark.slow
 def test_submitit_local_runs_a_two_process_trial(tmp_path):
     """A trial of 2 ranks (trial.num_processes=2, DDP over gloo) as a submitit job: torchrun inside
-    the job, the study told the merged record (the largest rank's peak)."""
+    the job, the study told the merged record (the largest rank's peak). Over 20 s: submitit's local launcher starts a job
+    process, whose trial starts two torchrun ranks."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     import json
 

@@ -277,7 +277,9 @@ def test_storage_create_race_and_load_study_by_hand(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_cpu_sweep(tmp_path):
-    """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists."""
+    """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists. Over 20 s: a real
+    sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 6
+    trials."""
     # Pre-screen off: the infeasible points must hit the wall for real (a simulated-budget OOM), not be pruned.
     result = run(
         sweep_cmd(
@@ -373,7 +375,8 @@ def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
 
 @pytest.mark.slow
 def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
-    """SIGTERM mid-trial, then the same command: finished trials kept, the count reached, nothing run twice."""
+    """SIGTERM mid-trial, then the same command: finished trials kept, the count reached, nothing run twice. Over 20 s: two
+    sweeps (the interrupted one, the resume), each its own process and forkserver."""
     cmd = sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", "max_seq_length=64", "lora=qv")
     journal = f"journal:{tmp_path / 'study.journal'}"
     proc = start(cmd, tmp_path / "first.log")
@@ -462,7 +465,9 @@ def test_frontier_pick_is_fullest_fit_first_and_spread_out():
 
 @pytest.mark.slow
 def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
-    """hydra.sweeper.frontier_start=2: the first two trials are the estimator's fullest fits, and they fit."""
+    """hydra.sweeper.frontier_start=2: the first two trials are the estimator's fullest fits, and they fit. Over 20 s: a
+    real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), the
+    two fullest predicted fits."""
     result = run(
         sweep_cmd(
             tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2", "hydra.sweeper.prescreen=true", frontier=True

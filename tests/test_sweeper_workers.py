@@ -59,7 +59,7 @@ def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_stora
     """Three workers started at the same moment on a storage with no schema and no study: all exit 0
     (the schema-creation and study-creation races are lost gracefully), the study holds exactly
     n_trials counted trials, no trial or start point is run twice, and each worker's report
-    describes the whole study."""
+    describes the whole study. Over 20 s: three sweeps at once, each its own process and forkserver, on 2 cores."""
     storage, name = fresh_storage, f"workers-{uuid.uuid4().hex[:8]}"
     args = [
         f"hydra.sweeper.storage={storage}",
@@ -117,7 +117,8 @@ def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_stora
 
 @pytest.mark.slow
 def test_killed_worker_trial_is_retried(tmp_path):
-    """SIGKILL (no chance to clean up) mid-trial: the worker is gone, the trial is failed and re-run."""
+    """SIGKILL (no chance to clean up) mid-trial: the worker is gone, the trial is failed and re-run. Over 20 s: two sweeps
+    (the SIGKILLed one, the resume), each its own process and forkserver."""
     journal = f"journal:{tmp_path / 'study.journal'}"
     cmd = sweep_cmd(
         tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL
@@ -169,7 +170,8 @@ def _kill_orphan_trials(sweep_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_joblib_launcher_runs_trials_in_parallel_processes(tmp_path):
-    """hydra/launcher=joblib: the sweeper asks n_jobs trials at once and joblib runs them side by side."""
+    """hydra/launcher=joblib: the sweeper asks n_jobs trials at once and joblib runs them side by side. Over 20 s: joblib's
+    launcher: two job processes at once, each importing torch and TRL."""
     result = run(
         sweep_cmd(
             tmp_path,

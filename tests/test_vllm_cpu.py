@@ -42,6 +42,7 @@ def test_cpu_plan_matches_vllm_cpu_arithmetic():
 @needs_vllm
 @pytest.mark.slow
 def test_trl_vllm_trials_on_a_simulated_card(tmp_path):
+    """Over 20 s: vLLM (CPU build) trials: each starts in a fresh interpreter (spawn) that imports vLLM."""
     utils = ",".join(str(u) for u in (SMALL, FITS, LARGE))
     result = run_train(["-m", *CARD, f"gpu_memory_utilization={utils}", f"hydra.sweep.dir={tmp_path}"], timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -23,6 +23,7 @@ RUN = ["trial.steps=4", "task.num_prompts=64"]
 @needs_vllm
 @pytest.mark.slow
 def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
+    """Over 20 s: a vLLM (CPU build) trial: a fresh interpreter (spawn) that imports vLLM and starts its engine."""
     base = compose(CARD)
     two, roomy = _share_for_blocks(base, 3.5), _share_for_blocks(base, 12.5)  # null block + 2 / + 11 sequences
     small_est = estimate(compose(CARD + [f"gpu_memory_utilization={two}"]))

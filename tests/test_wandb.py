@@ -68,6 +68,7 @@ def sweep(wandb_sweep):
 
 @pytest.mark.slow
 def test_offline_run_holds_config_history_and_summary(sweep, wandb_sweep):
+    """Over 20 s: the first user of the once-per-run offline-W&B multirun (conftest.wandb_sweep) builds it."""
     m = load_metrics(sweep / "0")
     assert m["status"] == "ok" and m["levers"]["lora_rank"] == 8, m["error"]
     # The run directory and the W&B run point to each other; the group is the multirun directory.

@@ -217,6 +217,8 @@ def save_tiny_model(folder: Path, corpus: list[str]) -> Path:
 
 @pytest.mark.slow
 def test_exported_config_is_what_was_measured(tmp_path):
+    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
+    2 cores), then `trl grpo --config best.trl.yaml` itself."""
     data = write_data(tmp_path, chat=True)
     corpus = [line for line in data.read_text().splitlines()] + [" ." * 8]
     model_dir = save_tiny_model(tmp_path / "tiny-model", corpus)
