@@ -45,6 +45,7 @@ PRELOAD = [
     "peft",
     "datasets",
     "grpo_sweep.trial.worker",
+    "grpo_sweep.trial.frozen",  # last: gc.freeze() on everything above (see the module)
 ]
 
 
