@@ -66,15 +66,25 @@ def fast_overrides():
 ONCE_PER_RUN = ("postgres", "wandb_sweep")  # session fixtures whose tests share one xdist worker
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """A test using a once-per-run fixture runs in that fixture's xdist group (one worker builds it).
-    A parametrized storage test (`[postgres]`) joins the postgres group too."""
-    for item in items:
-        for name in ONCE_PER_RUN:
-            if name in getattr(item, "fixturenames", ()) or f"[{name}]" in item.nodeid:
-                item.add_marker(pytest.mark.xdist_group(name))
-                break
+    A parametrized storage test (`[postgres]`) joins the postgres group too. Marked as each test is
+    collected: xdist reads the groups in its pytest_collection_modifyitems."""
+    for name in ONCE_PER_RUN:
+        if name in getattr(item, "fixturenames", ()) or f"[{name}]" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group(name))
+            break
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` a grouped test's id carries its group ("...@postgres") by now; if not,
+    the groups are silently ignored (pytest 9.2's node ids: pytest-xdist#1386), and the once-per-run
+    fixtures would be built on every worker and the PostgreSQL restart would hit other tests."""
+    if getattr(config.option, "loadgroup", False):
+        lost = [i.nodeid for i in items if any(i.iter_markers("xdist_group")) and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"xdist groups ignored by this pytest/pytest-xdist pair (pyproject pins them): {lost[0]}")
 
 
 @pytest.fixture(scope="session")
