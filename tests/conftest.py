@@ -17,6 +17,7 @@ to run when.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -87,6 +88,30 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"xdist groups ignored by this pytest/pytest-xdist pair (pyproject pins them): {lost[0]}")
 
 
+@contextlib.contextmanager
+def new_database(url: str, prefix: str):
+    """A new PostgreSQL database next to `url`'s (created, dropped on exit): its URL. Over connections
+    made per use (NullPool), so the drop survives the test that restarts the server. Raises
+    sqlalchemy's ProgrammingError when the role may not create databases."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    from grpo_sweep.study.storage import to_url
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(to_url(url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+        try:
+            yield url.rsplit("/", 1)[0] + "/" + name
+        finally:
+            with admin.connect() as conn:
+                conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    finally:
+        admin.dispose()
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """The URL of a PostgreSQL database created for this test run, dropped when it ends.
@@ -98,26 +123,14 @@ def postgres():
     if not base:
         pytest.skip("GRPO_SWEEP_TEST_POSTGRES is not set (.ci/run installs and starts PostgreSQL and sets it)")
     import sqlalchemy
-    from sqlalchemy.pool import NullPool
 
-    from grpo_sweep.study.storage import to_url
-
-    name = f"grpo_sweep_run_{uuid.uuid4().hex[:10]}"
-    # NullPool: a connection per use, so the drop at the end survives the test that restarts the server.
-    admin = sqlalchemy.create_engine(to_url(base), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    except sqlalchemy.exc.ProgrammingError:  # no CREATEDB: the given database
-        admin.dispose()
+        with new_database(base, "grpo_sweep_run") as url:
+            yield url
+    except sqlalchemy.exc.ProgrammingError as err:  # no CREATEDB: the given database
+        if "CREATE DATABASE" not in str(err):
+            raise
         yield base
-        return
-    try:
-        yield base.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")

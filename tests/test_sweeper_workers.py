@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import new_database
 from test_sweeper_helpers import (
     SMALL,
     counted,
@@ -37,20 +38,8 @@ def fresh_storage(request, tmp_path):
         yield f"journal:{tmp_path / 'shared' / 'study.journal'}"
         return
     postgres = request.getfixturevalue("postgres")  # conftest: this run's database, on .ci/run's server
-    import sqlalchemy
-
-    from grpo_sweep.study.storage import to_url
-
-    name = f"grpo_sweep_fresh_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(to_url(postgres), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    try:
-        yield postgres.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+    with new_database(postgres, "grpo_sweep_fresh") as url:
+        yield url
 
 
 @pytest.mark.slow
