@@ -260,7 +260,9 @@ def test_fsdp_and_zero_arguments_for_the_trainer():
 def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tmp_path):
     """The launch path of an FSDP trial, run for real on CPU past the settings check: torch's FSDP2
     runs on CPU over gloo, but accelerate 1.x enables FSDP only on accelerators and would train DDP.
-    Each rank reads back how accelerate distributes the trainer and fails rather than mislabel."""
+    Each rank reads back how accelerate distributes the trainer and fails rather than mislabel.
+    Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from
+    scratch and build the trainer before the refusal."""
     from grpo_sweep.trial.parent import run_trial
 
     cfg = compose(["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=fsdp"])
