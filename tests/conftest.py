@@ -8,7 +8,8 @@ xdist group (pytest_collection_modifyitems), so one worker builds it and runs it
   end). Its group also keeps the one test that stops the server away from the others using it.
 - `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
 - `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
-  (its cache and lock: trial/warmup.py), the fixture hands its directory to the tests that read it.
+  (its cache and lock: trial/warmup.py). The tests with a short trial.timeout_s take it, so a cold
+  cache's warm-up happens before their clocks start, not inside them.
 
 Waiting is set short through settings in the tests (trial.timeout_s, heartbeat_interval,
 grace_period, storage_retry_s); the production defaults stay. docs/contributing.md says which suite
