@@ -2,7 +2,7 @@
 
 `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). What is built once
 per test run lives here as a session fixture, and every test that uses one is put in that fixture's
-xdist group (pytest_collection_modifyitems), so one worker builds it and runs its tests:
+xdist group as it is collected (pytest_itemcollected), so one worker builds it and runs its tests:
 
 - `postgres`: a database of its own for this run on `.ci/run`'s PostgreSQL server (dropped at the
   end). Its group also keeps the one test that stops the server away from the others using it.
@@ -174,7 +174,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
     if call.when == "call" and call.duration > OVER_S and "Over 20 s" not in doc:
-        report.user_properties.append(("over_20s_without_reason", f"{call.duration:.1f} s {call.when}"))
+        report.user_properties.append(("over_20s_without_reason", f"{call.duration:.1f} s"))
 
 
 def pytest_runtest_logreport(report):
