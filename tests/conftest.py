@@ -6,6 +6,8 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
 
 - `postgres`: a database of its own for this run on `.ci/run`'s PostgreSQL server (dropped at the
   end). Its group also keeps the one test that stops the server away from the others using it.
+- `tiny_sweep`: the finished 6-trial `+sweeps=tiny_cpu` sweep (its probes, frontier start and a
+  neighbour move) that test_sweeper.py and test_equal_learning.py read.
 - `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
 - `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
   (its cache and lock: trial/warmup.py). The tests with a short trial.timeout_s take it, so a cold
@@ -65,7 +67,7 @@ def fast_overrides():
 
 
 # ------------------------------------------------------------------ built once per test run
-ONCE_PER_RUN = ("postgres", "wandb_sweep")  # session fixtures whose tests share one xdist worker
+ONCE_PER_RUN = ("postgres", "tiny_sweep", "wandb_sweep")  # session fixtures whose tests share one xdist worker
 
 
 def pytest_itemcollected(item):
@@ -132,6 +134,22 @@ def postgres():
         if "CREATE DATABASE" not in str(err):
             raise
         yield base
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """(sweep dir, finished train.py process) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials, its
+    enqueued probes (batch 1, then 8: an OOM), its frontier start and neighbour moves, the pre-screen
+    off so the infeasible point hits the wall for real. Tests only read it; one that resumes it works on
+    a copy."""
+    from test_sweeper_helpers import run, sweep_cmd
+
+    root = tmp_path_factory.mktemp("tiny_sweep")
+    result = run(
+        sweep_cmd(root, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True, neighbours=True)
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return root, result
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ slow ones run `python train.py -m +sweeps=tiny_cpu` as users do.
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 from pathlib import Path
@@ -276,18 +277,11 @@ def test_storage_create_race_and_load_study_by_hand(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_cpu_sweep(tmp_path):
-    """The CI sweep end to end: trials run, the study is stored, the best is feasible, the report exists. Over 20 s: a real
-    sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 6
-    trials."""
-    # Pre-screen off: the infeasible points must hit the wall for real (a simulated-budget OOM), not be pruned.
-    result = run(
-        sweep_cmd(
-            tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True, neighbours=True
-        )
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = load_study(f"journal:{tmp_path / 'study.journal'}")
+def test_tiny_cpu_sweep(tiny_sweep):
+    """The CI sweep end to end (the run's `tiny_sweep`): trials run, the study is stored, the best is feasible, the report
+    exists."""
+    sweep_dir, result = tiny_sweep
+    study = load_study(f"journal:{sweep_dir / 'study.journal'}")
     trials = counted(study)
     assert len(trials) == len(study.trials) == 6  # the default frontier start filled only the room left
     # tiny_cpu.yaml's enqueued probes ran first: the smallest and the largest micro-batch; then the frontier start.
@@ -298,7 +292,7 @@ def test_tiny_cpu_sweep(tmp_path):
         assert t.user_attrs["levers"]["per_device_train_batch_size"] == t.params["per_device_train_batch_size"]
         levers = t.user_attrs["levers"]  # one recipe: 8 completions per optimiser step, however split
         assert levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"] == 8
-    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     best_trial = study.trials[best["best_trial"]]
     assert best_trial.user_attrs["status"] == "ok"
     assert all(v <= 0 for v in best_trial.constraints.values())
@@ -308,7 +302,7 @@ def test_tiny_cpu_sweep(tmp_path):
     # The winner's reward beside its throughput (the warm tiny model earns some): "still learns"
     assert best["reward_mean"] == best_trial.user_attrs["reward_mean"] and best["reward_mean"] > 0
     assert "reward_change" in best and "reward" in result.stdout.split("=== Study")[-1]
-    rows = read_csv(tmp_path / "trials.csv")
+    rows = read_csv(sweep_dir / "trials.csv")
     assert [int(r["number"]) for r in rows] == list(range(6))
     assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "gradient_checkpointing"} <= set(
         rows[0]
@@ -329,7 +323,7 @@ def test_tiny_cpu_sweep(tmp_path):
     assert "[trial] step 1/2" in out and "[trial] step 2/2" in out
     assert all(f"| trial {k}/6 |" in out for k in range(1, 7))
     assert f"best tokens_per_s={best['best_value']:.4g} (trial {best['best_trial']})" in out
-    _check_report_on_the_real_study(tmp_path, study, best)
+    _check_report_on_the_real_study(sweep_dir, study, best)
 
 
 def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
@@ -464,25 +458,20 @@ def test_frontier_pick_is_fullest_fit_first_and_spread_out():
 
 
 @pytest.mark.slow
-def test_frontier_start_runs_the_fullest_predicted_fit_first(tmp_path):
-    """hydra.sweeper.frontier_start=2: the first two trials are the estimator's fullest fits, and they fit. Over 20 s: a
-    real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), the
-    two fullest predicted fits."""
-    result = run(
-        sweep_cmd(
-            tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.frontier_start=2", "hydra.sweeper.prescreen=true", frontier=True
-        )
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Frontier start: enqueued 2 of" in result.stdout + result.stderr
-    study = load_study(f"journal:{tmp_path / 'study.journal'}")
-    first = study.trials[:2]
-    assert all(t.user_attrs.get("frontier_start") for t in first)
-    budget = first[0].user_attrs["budget_bytes"]
-    predicted = [t.user_attrs["predicted_peak_bytes"] for t in first]
+def test_frontier_start_runs_the_fullest_predicted_fit_first(tiny_sweep):
+    """The frontier start (tiny_cpu's default: the room the enqueued probes leave) runs the estimator's fullest
+    fits first, and they fit."""
+    sweep_dir, result = tiny_sweep
+    assert "Frontier start: enqueued 4 of" in result.stdout + result.stderr
+    study = load_study(f"journal:{sweep_dir / 'study.journal'}")
+    picks = [t for t in study.trials if t.user_attrs.get("frontier_start")]
+    assert [t.number for t in picks] == [2, 3, 4, 5]  # right after the two probes
+    budget = picks[0].user_attrs["budget_bytes"]
+    # the pre-screen is off in this sweep: each trial's own prediction (the same estimator) is in its metrics.json
+    predicted = [json.loads(Path(t.user_attrs["run_dir"], "metrics.json").read_text())["predicted_peak_bytes"] for t in picks]
     assert predicted[0] >= predicted[1] and all(p <= budget for p in predicted)
     assert predicted[0] > 0.5 * budget  # tiny_cpu's smallest point needs ~20 MiB of the 96: not a pick
-    assert [t.user_attrs["status"] for t in first] == ["ok", "ok"]
+    assert [t.user_attrs["status"] for t in picks[:2]] == ["ok", "ok"]
 
 
 def _open_trial_logs(sweep_dir) -> dict[int, set[Path]]:
