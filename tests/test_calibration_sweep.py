@@ -51,6 +51,19 @@ def _raw(*extra: str) -> int:
     return estimate(compose([*_overrides(X), *extra])).total_bytes
 
 
+def test_the_fixed_margin_runs_x_on_the_first_card_and_prunes_it_on_the_second():
+    """The premise of both sweeps below, from the estimator alone: on the card 1/1.05 of X's raw
+    prediction the fixed 10 % margin would run X; on the card 1/1.3 of it (natural lengths), prune it.
+    Calibration must then turn each verdict around."""
+    natural = "trial.worst_case_lengths=false"
+    for extra, ratio, verdict in (((), 1.05, None), ((natural,), 1.3, "PRUNED")):
+        raw = _raw(*extra)
+        est = estimate(compose([*_overrides(X), *extra, f"gpu.memory_gib={raw / ratio / 2**30!r}"]))
+        assert est.total_bytes == raw  # the card sets the budget, not the prediction
+        outcome = prescreen_verdict(raw, est.budget_bytes, 0.10)
+        assert (outcome and outcome.state) == verdict, (ratio, raw, est.budget_bytes)
+
+
 @pytest.mark.slow
 def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_path):
     """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on

@@ -271,7 +271,7 @@ def _pg_cluster(url: str) -> list[str] | None:
 @pytest.mark.slow
 def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_path, postgres):
     """The real PostgreSQL server is stopped as the first trial takes its last step and started again
-    3 s later (short: other tests may share the server). The sweep's writes in between wait
+    as soon as the sweep says it is retrying (short: other tests may share the server). The sweep's writes in between wait
     (storage_retry_s) instead of crashing: exit 0, n_trials=2 COMPLETE, trial 0's measurement kept. Over 20 s: a real sweep
     in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), and the server's
     stop and restart."""
@@ -287,8 +287,8 @@ def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_
     try:
         wait_for(lambda: trial_log.exists() and "step 2/2" in trial_log.read_text(errors="replace"), timeout=600, proc=proc)
         subprocess.run([*cluster, "stop"], check=True, timeout=60)
-        try:
-            time.sleep(3)
+        try:  # down until the sweep has met the outage (its retry line), not for a fixed time
+            wait_for(lambda: "unavailable" in (tmp_path / "sweep.log").read_text(errors="replace"), timeout=120, proc=proc)
         finally:
             subprocess.run([*cluster, "start"], check=True, timeout=60)
         code = proc.wait(timeout=600)

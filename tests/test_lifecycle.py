@@ -74,6 +74,62 @@ def _kill_parent_during_hang(
     return trial
 
 
+def _stubborn_worker(ready) -> None:
+    """A worker as the trial's is (the leader of its own process group, with a child of its own) that
+    ignores SIGTERM, as one stuck in native code does."""
+    os.setpgrp()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen(["sleep", "60"])
+    ready.put(child.pid)
+    time.sleep(60)
+
+
+def test_stopping_a_worker_that_ignores_sigterm_kills_its_whole_group(tmp_path):
+    """parent.stop_trial (a timeout, an interrupted sweep): the reason is on disk for the worker to
+    record, SIGTERM first, and after the grace period the worker's process group is killed, its
+    children included, without waiting out anything longer."""
+    import multiprocessing as mp
+
+    from grpo_sweep.trial import worker
+    from grpo_sweep.trial.parent import stop_trial
+
+    ctx = mp.get_context("fork")
+    ready = ctx.Queue()
+    proc = ctx.Process(target=_stubborn_worker, args=(ready,))
+    proc.start()
+    child = psutil.Process(ready.get(timeout=30))
+    t0 = time.monotonic()
+    stop_trial(proc, tmp_path, "timeout", "trial.timeout_s=1 reached", grace_s=0.5)
+    assert time.monotonic() - t0 < 5
+    assert proc.exitcode == -signal.SIGKILL  # SIGTERM was ignored; the group kill ended it
+    try:
+        child.wait(timeout=5)
+    except psutil.NoSuchProcess:
+        pass
+    assert not _alive([child])
+    assert worker.read_stop_request(tmp_path) == ("timeout", "trial.timeout_s=1 reached")
+
+
+def test_a_killed_trials_open_wandb_run_gets_a_note_and_a_finished_one_none(tmp_path):
+    """parent.wandb_note: a run the worker finished needs no note; one it left open (killed first) is
+    named in metrics.json and in a file beside the run, with the trial's status and error."""
+    from grpo_sweep.trial import worker
+    from grpo_sweep.trial.parent import wandb_note
+
+    finished = {"status": "ok", "wandb_finished": True, "wandb_dir": str(tmp_path / "wandb" / "run-1")}
+    wandb_note(finished, tmp_path)
+    assert "wandb_note" not in finished and not (tmp_path / worker.WANDB_NOTE_FILE).exists()
+    nothing_started = {"status": "failed", "error": "killed"}
+    wandb_note(nothing_started, tmp_path)  # no run named, none on disk: nothing to say
+    assert "wandb_note" not in nothing_started
+    killed = {"status": "failed", "error": "SIGKILL\nmore", "wandb_mode": "online", "wandb_dir": "/runs/run-2"}
+    wandb_note(killed, tmp_path)
+    note = (tmp_path / worker.WANDB_NOTE_FILE).read_text().strip()
+    assert note == killed["wandb_note"]
+    assert note.startswith("W&B run in /runs/run-2 was not finished: the trial process ended (failed: SIGKILL)")
+    assert "`wandb sync` uploads what is there" in note  # online: nothing this process can close
+
+
 @pytest.mark.slow
 def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
     run_dir = tmp_path / "run"

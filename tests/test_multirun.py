@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, load_metrics, run_train
+from conftest import FAST, compose, load_metrics, run_train
+
+
+def test_the_basic_sweeper_makes_one_job_per_value_and_the_rank_doubles_the_adapters():
+    """What the multirun below does, before anything runs: Hydra's basic sweeper turns `lora_rank=16,32`
+    into two jobs, each composes to its rank, and the estimator counts twice the LoRA parameters at 32
+    (the real trials' trainable_params must agree)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from grpo_sweep.memory.estimator import shapes, trainable_param_count
+
+    overrides = OverridesParser.create().parse_overrides(["lora_rank=16,32", *FAST])
+    [jobs] = BasicSweeper.split_arguments(overrides, max_batch_size=None)
+    assert jobs == [["lora_rank=16", *FAST], ["lora_rank=32", *FAST]]
+    cfgs = [compose(job) for job in jobs]
+    assert [c.lora_rank for c in cfgs] == [16, 32]
+    counts = [trainable_param_count(shapes(c, "trl", "cpu")) for c in cfgs]
+    assert counts[0] > 0 and counts[1] == 2 * counts[0]
 
 
 @pytest.mark.slow

@@ -29,6 +29,37 @@ def _files_holding(root: Path, secrets: list[bytes]) -> list[str]:
     return hits
 
 
+def test_a_key_and_a_storage_password_are_masked_in_any_line(monkeypatch):
+    """credentials.redact, which every error line the sweep and the trial print goes through: the W&B
+    key and a storage password (in the URL and as a query parameter) never appear, the rest stays."""
+    from grpo_sweep.credentials import redact
+
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_WANDB_KEY)
+    line = f"HTTPError 401 (key {FAKE_WANDB_KEY}) after postgresql://grpo:s3cret@db:5432/sweeps?password=s3cret"
+    assert redact(line) == "HTTPError 401 (key ***) after postgresql://grpo:***@db:5432/sweeps?password=***"
+    monkeypatch.delenv("WANDB_API_KEY")
+    assert redact("no secret here: journal:/tmp/study.journal") == "no secret here: journal:/tmp/study.journal"
+
+
+def test_the_submitit_launchers_compose_with_the_sweeper():
+    """hydra/launcher=submitit_local (the tests below) and grpo_slurm (SLURM) are found and composed
+    beside the sweeper's own config, before any job is submitted."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from grpo_sweep.config.compose import CONF_DIR
+    from grpo_sweep.config.schema import register
+
+    register()
+    for launcher, target in (("submitit_local", "LocalLauncher"), ("grpo_slurm", "SlurmLauncher")):
+        overrides = ["+sweeps=tiny_cpu", f"hydra/launcher={launcher}", "hydra.launcher.timeout_min=15"]
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
+        assert cfg.hydra.launcher._target_.endswith(target) and cfg.hydra.launcher.timeout_min == 15
+        assert cfg.hydra.sweeper.study_name == "tiny_cpu"
+
+
 @pytest.mark.slow
 def test_no_secret_reaches_any_output(tmp_path, postgres):
     """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on

@@ -42,6 +42,38 @@ def fresh_storage(request, tmp_path):
         yield url
 
 
+def test_a_dead_workers_trial_is_failed_and_requeued_and_a_live_ones_waited_for():
+    """workers.fail_dead_workers on a real Optuna study: a RUNNING trial whose worker (host:pid) ran on
+    this host and is gone is failed (worker_died) and its point enqueued again at once; the trial of a
+    live worker stays RUNNING, and the waiting line names it and its worker."""
+    import socket
+    import subprocess
+    import sys
+
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.workers import fail_dead_workers, waiting_line
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid no longer runs
+    host = socket.gethostname()
+    live_worker = f"{host}:{os.getppid()}"  # the process that started this one: alive, started earlier
+    study = optuna.create_study(direction="maximize")
+    space = {"lora_rank": optuna.distributions.CategoricalDistribution([8, 16])}
+    dead, live = study.ask(space), study.ask(space)
+    dead.set_user_attr("worker", f"{host}:{gone.pid}")
+    live.set_user_attr("worker", live_worker)
+    assert fail_dead_workers(study, max_retry=2) == [dead.number]
+    trials = study.get_trials(deepcopy=False)
+    assert trials[dead.number].state.name == "FAIL" and trials[dead.number].user_attrs["status"] == "worker_died"
+    (again,) = [t for t in trials if t.state.name == "WAITING"]
+    assert again.params == dead.params and again.system_attrs["failed_trial"] == dead.number
+    assert "worker" not in again.user_attrs  # the failed attempt's outcome stays with it
+    assert trials[live.number].state.name == "RUNNING"
+    assert waiting_line(study, [live.number]) == f"waiting for 1 running in other workers: trial {live.number} ({live_worker})"
+    assert fail_dead_workers(study, max_retry=2) == []  # nothing more to fail
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fresh_storage", ["postgres", "journal"], indirect=True)
 def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_storage):

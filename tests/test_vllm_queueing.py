@@ -20,16 +20,26 @@ CARD = [*CPU_CARD, "max_seq_length=128", "gpu.memory_gib=0.25"]
 RUN = ["trial.steps=4", "task.num_prompts=64"]
 
 
-@needs_vllm
-@pytest.mark.slow
-def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
-    """Over 20 s: a vLLM (CPU build) trial: a fresh interpreter (spawn) that imports vLLM and starts its engine."""
+def _shares() -> tuple[float, float]:
+    """gpu_memory_utilization for a KV cache of 2 sequences, and of room for the whole batch of 8."""
     base = compose(CARD)
-    two, roomy = _share_for_blocks(base, 3.5), _share_for_blocks(base, 12.5)  # null block + 2 / + 11 sequences
+    return _share_for_blocks(base, 3.5), _share_for_blocks(base, 12.5)  # null block + 2 / + 11 sequences
+
+
+def test_the_estimator_says_two_of_eight_fit_and_generate_in_four_waves():
+    """The prediction the trial below checks, before anything runs: the small cache is no OOM."""
+    two, roomy = _shares()
     small_est = estimate(compose(CARD + [f"gpu_memory_utilization={two}"]))
     assert small_est.fits and small_est.kv_cache_ok
     assert (small_est.assumptions["kv_cache_sequences"], small_est.assumptions["generation_waves"]) == (2, 4)
     assert estimate(compose(CARD + [f"gpu_memory_utilization={roomy}"])).assumptions["generation_waves"] == 1
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
+    """Over 20 s: a vLLM (CPU build) trial: a fresh interpreter (spawn) that imports vLLM and starts its engine."""
+    two, roomy = _shares()
     result = run_train(
         ["-m", *CARD, *RUN, f"gpu_memory_utilization={two!r},{roomy!r}", f"hydra.sweep.dir={tmp_path}"], timeout=900
     )
