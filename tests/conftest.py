@@ -9,6 +9,8 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
 - `tiny_sweep`: the finished 6-trial `+sweeps=tiny_cpu` sweep (its probes, frontier start and a
   neighbour move) that test_sweeper.py and test_equal_learning.py read.
 - `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
+- in-process trials (`IN_PROCESS_TRIALS`, an xdist group, not a fixture): the short tests that run a
+  trial in the test process share one worker, hence one trial forkserver.
 - `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
   (its cache and lock: trial/warmup.py). The tests with a short trial.timeout_s take it, so a cold
   cache's warm-up happens before their clocks start, not inside them.
@@ -37,11 +39,26 @@ DEAD_URL = "http://127.0.0.1:9"  # the discard port: connection refused, nothing
 OFFLINE_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": os.devnull, "WANDB_BASE_URL": DEAD_URL}
 
 
+_COMPOSED: dict[tuple[str, ...], object] = {}
+
+
 def compose(overrides: list[str] | None = None):
-    """The config train.py would see for these overrides (Hydra's compose API, same conf/)."""
+    """The config train.py would see for these overrides (Hydra's compose API, same conf/).
+
+    Composed once per test process and overrides, then copied: Hydra re-reads and re-parses every
+    YAML file on each compose (~0.1-0.3 s on 2 cores), and the suite asks for the same few configs
+    hundreds of times. A user search path (`hydra.searchpath=...`: files a test may write) is always
+    composed afresh; tests that compare against a fresh compose call compose_train_config itself."""
+    import copy
+
     from grpo_sweep.config.compose import compose_train_config
 
-    return compose_train_config(overrides)
+    key = tuple(overrides or ())
+    if any("searchpath" in o for o in key):
+        return compose_train_config(list(key))
+    if key not in _COMPOSED:
+        _COMPOSED[key] = compose_train_config(list(key))
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):
@@ -57,6 +74,29 @@ def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, en
     )
 
 
+def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """`grpo-sweep ARGS` in this process (grpo_sweep.cli.main, as the console script calls it), its
+    output and exit code captured as subprocess.run's would be. A fresh interpreter per call costs
+    ~0.6 s; test_architecture.py and test_config.py run the command in fresh interpreters."""
+    import io
+
+    from grpo_sweep.cli import main
+
+    out, err, stdin_was = io.StringIO(), io.StringIO(), sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # as the interpreter exits: a message goes to stderr with code 1
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+    finally:
+        sys.stdin = stdin_was
+    return subprocess.CompletedProcess(["grpo-sweep", *args], code, out.getvalue(), err.getvalue())
+
+
 def load_metrics(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
 
@@ -68,6 +108,9 @@ def fast_overrides():
 
 # ------------------------------------------------------------------ built once per test run
 ONCE_PER_RUN = ("postgres", "tiny_sweep", "wandb_sweep")  # session fixtures whose tests share one xdist worker
+# The short tests that run a trial in the test process itself (trial.parent.run_trial): on one worker,
+# so one trial forkserver (its ~6 s import of torch, TRL and W&B) serves them all.
+IN_PROCESS_TRIALS = pytest.mark.xdist_group("trials")
 
 
 def pytest_itemcollected(item):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import FAST, compose, load_metrics
+from conftest import FAST, IN_PROCESS_TRIALS, cli, compose, load_metrics
 
 from grpo_sweep.memory.doctor import fragmentation_advice
 from grpo_sweep.memory.oom_message import parse_oom_message
@@ -35,21 +35,19 @@ def test_doctor_suggests_expandable_segments_for_a_fragmented_oom():
 def test_doctor_report_says_it(tmp_path):
     """`grpo-sweep doctor` shows the allocator advice beside the levers (text and --json)."""
     import json
-    import subprocess
-    import sys
 
     message = tmp_path / "oom.txt"
     message.write_text(FRAGMENTED)
-    args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "model=gemma3_1b", "gpu=l4_24g"]
-    text = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    args = ["doctor", "--message", str(message), "model=gemma3_1b", "gpu=l4_24g"]
+    text = cli(*args)
     assert text.returncode == 0, text.stderr
     assert "allocator: 4.30 GiB (21 % of PyTorch's reserved memory) was reserved but unallocated" in text.stdout
-    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    data = json.loads(cli(*args, "--json").stdout)
     assert data["fragmentation"]["overrides"] == {"expandable_segments": True}
     tight = tmp_path / "tight.txt"
     tight.write_text(TIGHT)
     args[args.index(str(message))] = str(tight)
-    assert "allocator:" not in subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    assert "allocator:" not in cli(*args).stdout
 
 
 def test_alloc_conf_keeps_the_users_other_settings(monkeypatch):
@@ -62,6 +60,7 @@ def test_alloc_conf_keeps_the_users_other_settings(monkeypatch):
     assert set_alloc_conf(False) == "expandable_segments:False"
 
 
+@IN_PROCESS_TRIALS
 def test_the_trial_runs_with_the_lever_and_records_it(tmp_path):
     from grpo_sweep.trial.parent import run_trial
 

@@ -253,24 +253,13 @@ def test_more_ranges(overrides, needle):
 
 
 def test_estimate_and_doctor_reject_unknown_keys_too(tmp_path):
-    import subprocess
-    import sys
+    from conftest import cli
 
-    from conftest import ROOT
-
-    est = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "estimate", "+lora_rnk=8"], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
+    est = cli("estimate", "+lora_rnk=8")
     assert est.returncode == 2 and "did you mean lora_rank?" in est.stderr
     message = tmp_path / "oom.txt"
     message.write_text(
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 22.06 GiB of which 1.00 GiB is free."
     )
-    doc = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "gpu=l4_24g", "+lora_rnk=8"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    doc = cli("doctor", "--message", str(message), "gpu=l4_24g", "+lora_rnk=8")
     assert doc.returncode == 2 and "did you mean lora_rank?" in doc.stderr and doc.stdout == ""

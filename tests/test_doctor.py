@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, compose
+from conftest import ROOT, cli, compose
 
 from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
 from grpo_sweep.memory.estimator import GiB, MiB
@@ -216,8 +216,7 @@ def test_doctor_says_a_config_that_fits_fits(tmp_path):
     assert result["fits_as_is"] and result["fits_after"] and result["overrides"] == []
     message = tmp_path / "oom.txt"
     message.write_text(msg)
-    args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), "gpu=l4_24g"]
-    text = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    text = cli("doctor", "--message", str(message), "gpu=l4_24g")
     assert text.returncode == 0, text.stderr
     assert "this config fits as it is" in text.stdout
     assert "no combination" not in text.stdout and "larger card" not in text.stdout
@@ -231,8 +230,7 @@ def test_doctor_cannot_read_a_message_says_so_and_exits_2(tmp_path):
     (run / "metrics.json").write_text(json.dumps({"status": "failed", "error": "KeyError: 'prompt'"}))
     for source in (crash, run / "metrics.json"):
         for extra in ([], ["--json"]):
-            args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(source), "gpu=l4_24g", *extra]
-            result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+            result = cli("doctor", "--message", str(source), "gpu=l4_24g", *extra)
             assert result.returncode == 2, result.stdout + result.stderr
             assert result.stdout == ""  # no advice
             assert f"could not read an out-of-memory message in {source}" in result.stderr
@@ -264,19 +262,17 @@ def with_util(cfg, util):
 def test_doctor_cli_json_and_text(tmp_path):
     message = tmp_path / "oom.txt"
     message.write_text(SEED_MESSAGE)
-    args = [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(message), *SEED_CONFIG]
-    js = subprocess.run(args + ["--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    args = ["doctor", "--message", str(message), *SEED_CONFIG]
+    js = cli(*args, "--json")
     assert js.returncode == 0, js.stderr
     data = json.loads(js.stdout)
     assert data["parsed"]["requested_bytes"] == int(6.01 * GiB)
     assert data["deficit_bytes"] > 0 and data["overrides"]
-    text = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    text = cli(*args)
     assert "deficit: 3.29 GiB" in text.stdout
     assert "GiB/%" in text.stdout and " ".join(data["overrides"]) in text.stdout
     # stdin works too
-    piped = subprocess.run(
-        [*args[:5], "-", *SEED_CONFIG, "--json"], input=TORCH1, capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
+    piped = cli(*args[:2], "-", *SEED_CONFIG, "--json", stdin=TORCH1)
     assert json.loads(piped.stdout)["parsed"]["allocated_by_pytorch_bytes"] == int(14.20 * GiB)
 
 
@@ -287,13 +283,7 @@ def test_doctor_reads_a_trial_metrics_json(tmp_path):
     run.mkdir()
     OmegaConf.save(compose(SEED_CONFIG), run / "config.yaml", resolve=True)
     (run / "metrics.json").write_text(json.dumps({"status": "oom", "error": "OutOfMemoryError: " + SEED_MESSAGE}))
-    result = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(run / "metrics.json"), "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    result = cli("doctor", "--message", str(run / "metrics.json"), "--json")
     data = json.loads(result.stdout)
     assert data["parsed"]["free_bytes"] == int(2.72 * GiB) and data["overrides"]
     # Overrides on a saved config are typed as YAML (an int stays an int), groups are refused.
@@ -306,13 +296,7 @@ def test_doctor_reads_a_trial_metrics_json(tmp_path):
 
 
 def test_doctor_bad_input_is_one_clear_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "doctor", "--message", str(tmp_path / "missing.txt")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    result = cli("doctor", "--message", str(tmp_path / "missing.txt"))
     assert result.returncode == 2 and "no such file" in result.stderr
 
 

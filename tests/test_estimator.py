@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 from importlib.metadata import version
 
 import pytest
-from conftest import ROOT, compose
+from conftest import cli, compose
 from omegaconf import OmegaConf
 
 from grpo_sweep.memory.estimator import GiB, estimate
@@ -144,16 +142,16 @@ def test_kv_cache_too_small_is_reported():
 
 
 def test_estimate_cli_table_and_json():
-    args = [sys.executable, "-m", "grpo_sweep.cli", "estimate", *SEED, "preset=seed_baseline"]
-    table = subprocess.run(args + ["logits_mode=full"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    args = ["estimate", *SEED, "preset=seed_baseline"]
+    table = cli(*args, "logits_mode=full")
     assert table.returncode == 0, table.stderr
     assert "logits" in table.stdout and "short by" in table.stdout and "dominant: logits" in table.stdout
-    js = subprocess.run(args + ["--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    js = cli(*args, "--json")
     data = json.loads(js.stdout)
     assert data["fits"] is TRL_CHUNKED and data["budget_bytes"] == 22 * GiB
     assert data["components"]["weights"] == 2 * GEMMA3_1B_PARAMS
     assert data["assumptions"]["logits_mode"] == ("chunked" if TRL_CHUNKED else "full")
-    bad = subprocess.run(args + ["logits_mode=tiled"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    bad = cli(*args, "logits_mode=tiled")
     assert bad.returncode == 2 and "logits_mode=tiled" in bad.stderr and "chunked, full" in bad.stderr
 
 

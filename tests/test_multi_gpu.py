@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT, compose
+from conftest import cli, compose
 
 from grpo_sweep.config.schema import ConfigError, validate
 from grpo_sweep.memory.estimator import GiB, estimate, param_counts, shapes
@@ -130,8 +127,8 @@ def test_zero_needs_deepspeed_installed_on_a_cuda_machine():
 
 
 def test_estimate_cli_prints_the_per_rank_table():
-    args = [sys.executable, "-m", "grpo_sweep.cli", "estimate", *GEMMA, "trial.num_processes=4", "trial.strategy=zero3"]
-    out = subprocess.run(args + ["trial.full_finetune=true"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    args = ["estimate", *GEMMA, "trial.num_processes=4", "trial.strategy=zero3"]
+    out = cli(*args, "trial.full_finetune=true")
     assert out.returncode == 0, out.stderr
     assert "per rank (4 x zero3)" in out.stdout and "gathered_params" in out.stdout and "1 process" in out.stdout
     one = est("trial.full_finetune=true")
@@ -281,10 +278,7 @@ def test_server_mode_takes_the_pool_off_the_training_card():
     assert colocate.components["vllm_pool"] == pool and server.components["vllm_pool"] == 0
     assert server.assumptions["vllm_server_bytes"] == pool and server.assumptions["vllm_mode"] == "server"
     assert server.total_bytes == colocate.total_bytes - pool
-    out = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "estimate", *GEMMA, "backend=trl_vllm", "backend.vllm_mode=server"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    out = cli("estimate", *GEMMA, "backend=trl_vllm", "backend.vllm_mode=server")
     assert out.returncode == 0 and "vLLM server (backend.vllm_mode=server" in out.stdout, out.stderr
 
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, compose
+from conftest import cli, compose
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.model_arch import check_hub_lora_targets
@@ -112,11 +110,11 @@ def test_waves_scale_the_generation_time_by_hand():
 
 
 def test_estimate_cli_says_waves_and_records_the_logits_version():
-    args = [sys.executable, "-m", "grpo_sweep.cli", "estimate", *SEED, "preset=seed_baseline", "backend.name=trl_vllm"]
-    text = subprocess.run(args + ["gpu_memory_utilization=0.13"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    args = ["estimate", *SEED, "preset=seed_baseline", "backend.name=trl_vllm"]
+    text = cli(*args, "gpu_memory_utilization=0.13")
     assert text.returncode == 0, text.stderr
     assert "generation runs in about 2 waves" in text.stdout and "fits with" in text.stdout
-    js = subprocess.run(args + ["gpu_memory_utilization=0.13", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    js = cli(*args, "gpu_memory_utilization=0.13", "--json")
     a = json.loads(js.stdout)["assumptions"]
     assert a["generation_waves"] == 2 and a["logits_mode"] == "chunked"
     assert a["logits_mode_trl_version"] == trl_version() and trl_version() is not None
@@ -172,14 +170,8 @@ def test_hub_lora_targets_checked_from_config_json(tmp_path):
     with pytest.raises(ConfigError, match="c_attn"):
         validate_here(bad, cuda=False)
     check_hub_lora_targets(compose(["model=hub", f"model.hub_id={hub}", "lora_target_modules=[q_proj,down_proj]"]))
-    cli = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "estimate", "model=hub", f"model.hub_id={hub}", "lora_target_modules=[c_attn]"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert cli.returncode == 2 and "c_attn not a linear layer of model_type=llama" in cli.stderr
+    refused = cli("estimate", "model=hub", f"model.hub_id={hub}", "lora_target_modules=[c_attn]")
+    assert refused.returncode == 2 and "c_attn not a linear layer of model_type=llama" in refused.stderr
 
 
 def test_hub_lora_targets_from_the_hub_cache_and_not_fetched(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import yaml
-from conftest import compose, load_metrics
+from conftest import IN_PROCESS_TRIALS, compose, load_metrics
 from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
 
 from grpo_sweep.metrics import KEYS, STATUSES
@@ -179,6 +179,7 @@ def test_confirmation_budget_rule():
 
 
 # ----------------------------------------------------------------------------------- real trials
+@IN_PROCESS_TRIALS
 @pytest.mark.parametrize(
     "gpu, first_timed",
     [
@@ -198,6 +199,7 @@ def test_slow_trial_stops_after_its_first_timed_step_with_its_peak(tmp_path, gpu
     assert on_disk["tokens_per_s"] > 0  # the partial throughput is kept
 
 
+@IN_PROCESS_TRIALS
 def test_fast_trial_is_not_stopped(tmp_path):
     record = run_trial(
         compose(["trial.steps=3", "task.num_prompts=64", *SMALL, "num_generations=2", "trial.stop_below=0.001"]), tmp_path

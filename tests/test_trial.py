@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import FAST, compose, load_metrics
+from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics
 
 from grpo_sweep.levers import LEVER_NAMES
 from grpo_sweep.metrics import KEYS, REQUIRED_KEYS
 from grpo_sweep.trial.parent import run_trial
 
 
+@IN_PROCESS_TRIALS
 def test_real_trial_records_every_metric(tmp_path):
     record = run_trial(compose(["trial.steps=3"]), tmp_path)
     assert record["status"] == "ok", record["error"]
@@ -32,18 +33,20 @@ def test_real_trial_records_every_metric(tmp_path):
     assert on_disk["versions"]["trl"] and on_disk["versions"]["torch"]
 
 
+@IN_PROCESS_TRIALS
 def test_worst_case_off_uses_natural_lengths(tmp_path):
     record = run_trial(compose([*FAST, "trial.worst_case_lengths=false"]), tmp_path)
     assert record["status"] == "ok", record["error"]
     assert record["effective"]["max_prompt_tokens"] < 32
 
 
+@IN_PROCESS_TRIALS
 @pytest.mark.parametrize(
     "fault, status, needle",
     [
         ("raise", "failed", "injected failure"),
         ("signal", "failed", "SIGKILL"),
-        ("hang", "timeout", "timeout_s"),
+        pytest.param("hang", "timeout", "timeout_s", marks=pytest.mark.slow),  # waits out trial.timeout_s=8
         ("oom", "oom", "allocate"),
     ],
 )

@@ -137,7 +137,7 @@ def test_network_failure_falls_back_offline_without_leaking_the_key(tmp_path, mo
     monkeypatch.setenv("NETRC", os.devnull)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = OmegaConf.create(
-        OmegaConf.to_container(compose(["logger=wandb", "logger.init_timeout_s=3", "trial.number=2"]), resolve=True)
+        OmegaConf.to_container(compose(["logger=wandb", "logger.init_timeout_s=1", "trial.number=2"]), resolve=True)
     )
     record = {"status": "failed", "levers": {"lora_rank": 16}, "effective": {}, "backend": "trl", "versions": {}}
     logger = open_logger(cfg, tmp_path, record)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, compose, load_metrics, run_train
+from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, run_train
 
 
 def _tokenizer(cfg):
@@ -74,6 +74,7 @@ def test_warm_cache_reused_and_keyed(tmp_path, monkeypatch, capsys):
     )
 
 
+@IN_PROCESS_TRIALS
 def test_bad_grpo_config_key_is_named(tmp_path):
     from grpo_sweep.trial.parent import run_trial
 
@@ -82,6 +83,7 @@ def test_bad_grpo_config_key_is_named(tmp_path):
     assert "trial.grpo_config" in record["error"] and "no_such_arg" in record["error"]
 
 
+@IN_PROCESS_TRIALS
 def test_default_trial_rewards_vary_and_gradient_flows(tmp_path):
     """The default trial (3 steps) on the warm tiny model: rewards between always wrong and always
     right, some group with reward_std > 0 and a non-zero gradient norm, all logged per step."""
