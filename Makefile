@@ -29,8 +29,8 @@ install: .venv/.installed
 	touch $@
 
 # Two pytest-xdist workers (WORKERS=1 runs them in one process); a test that shares a once-per-run
-# fixture (tests/conftest.py: the PostgreSQL database, the offline-W&B sweep) runs in that fixture's
-# group on one worker. --durations=10: the ten slowest, so a slow new test shows up in every run.
+# fixture (tests/conftest.py: the PostgreSQL database, the tiny_cpu sweep, the offline-W&B sweep) runs in
+# that fixture's group on one worker. --durations=10: the ten slowest, so a slow new test shows up in every run.
 WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -rs -n $(WORKERS) --dist loadgroup
 
@@ -39,7 +39,7 @@ test: install
 	$(MAKE) docs
 
 # What to run while you work (docs/contributing.md): the in-process tests, no multi-trial or multi-process
-# test (those are marked slow): 80-110 s on a shared 2-core machine (2026-12-01).
+# test (those are marked slow), at least one of every test module: ~85-90 s on a quiet 2-core machine.
 test-fast: install
 	$(PYTEST) --durations=5 -m "not slow" tests
 
