@@ -6,8 +6,8 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
 
 - `postgres`: a database of its own for this run on `.ci/run`'s PostgreSQL server (dropped at the
   end). Its group also keeps the one test that stops the server away from the others using it.
-- `tiny_sweep`: the finished 6-trial `+sweeps=tiny_cpu` sweep (its probes, frontier start and a
-  neighbour move) that test_sweeper.py and test_equal_learning.py read.
+- `tiny_sweep`: the finished 6-trial `+sweeps=tiny_cpu` sweep (its two enqueued probes, then its
+  frontier start) that test_sweeper.py and test_equal_learning.py read.
 - `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
 - in-process trials (`IN_PROCESS_TRIALS`, an xdist group, not a fixture): the short tests that run a
   trial in the test process share one worker, hence one trial forkserver.
@@ -181,10 +181,10 @@ def postgres():
 
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """(sweep dir, finished train.py process) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials, its
-    enqueued probes (batch 1, then 8: an OOM), its frontier start and neighbour moves, the pre-screen
-    off so the infeasible point hits the wall for real. Tests only read it; one that resumes it works on
-    a copy."""
+    """(sweep dir, finished train.py process) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials: its
+    enqueued probes (batch 1, then 8: an OOM), then its frontier start (4 trials: the room left, so no
+    neighbour move), the pre-screen off so the infeasible point hits the wall for real. Tests only
+    read it; one that resumes it works on a copy."""
     from test_sweeper_helpers import run, sweep_cmd
 
     root = tmp_path_factory.mktemp("tiny_sweep")

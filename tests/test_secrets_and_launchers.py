@@ -41,9 +41,9 @@ def test_a_key_and_a_storage_password_are_masked_in_any_line(monkeypatch):
     assert redact("no secret here: journal:/tmp/study.journal") == "no secret here: journal:/tmp/study.journal"
 
 
-def test_the_submitit_launchers_compose_with_the_sweeper():
-    """hydra/launcher=submitit_local (the tests below) and grpo_slurm (SLURM) are found and composed
-    beside the sweeper's own config, before any job is submitted."""
+def test_the_submitit_local_launcher_composes_with_the_sweeper():
+    """hydra/launcher=submitit_local, as the tests below use it, is found and composed beside the
+    sweeper's own config before any job is submitted (grpo_slurm: test_multi_gpu.py)."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -52,12 +52,11 @@ def test_the_submitit_launchers_compose_with_the_sweeper():
     from grpo_sweep.config.schema import register
 
     register()
-    for launcher, target in (("submitit_local", "LocalLauncher"), ("grpo_slurm", "SlurmLauncher")):
-        overrides = ["+sweeps=tiny_cpu", f"hydra/launcher={launcher}", "hydra.launcher.timeout_min=15"]
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
-        assert cfg.hydra.launcher._target_.endswith(target) and cfg.hydra.launcher.timeout_min == 15
-        assert cfg.hydra.sweeper.study_name == "tiny_cpu"
+    overrides = ["+sweeps=tiny_cpu", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("LocalLauncher") and cfg.hydra.launcher.timeout_min == 15
+    assert cfg.hydra.sweeper.study_name == "tiny_cpu"
 
 
 @pytest.mark.slow
