@@ -138,7 +138,7 @@ def test_estimate_cli_prints_the_per_rank_table():
 # ----------------------------------------------------------------------------- N processes, for real
 
 from grpo_sweep.metrics import KEYS  # noqa: E402
-from grpo_sweep.trial.ranks import command, merge  # noqa: E402
+from grpo_sweep.trial.ranks import command, merge, rank_dir  # noqa: E402
 
 TINY_DDP = ["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=ddp"]
 
@@ -496,7 +496,7 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
 
 
 def _rank_log(run_dir, rank: int) -> str:
-    log = run_dir / "ranks" / str(rank) / "trial.log"
+    log = rank_dir(run_dir, rank) / "trial.log"
     return log.read_text(errors="replace") if log.exists() else ""
 
 
