@@ -62,3 +62,30 @@ def test_failures_are_contained(tmp_path, fault, status, needle, warm_model):
         assert "hanging until stopped" in (tmp_path / "trial.log").read_text()
     assert load_metrics(tmp_path)["status"] == status
     assert set(load_metrics(tmp_path)) <= KEYS
+
+
+@IN_PROCESS_TRIALS
+def test_a_trial_sees_its_parents_environment_and_console_as_they_are_when_it_starts(tmp_path, monkeypatch):
+    """Two trials in one process, as a Hydra multirun runs its jobs (each with its hydra.job.env_set):
+    the second is forked from the forkserver the first started, yet it sees the environment and the
+    stdout of its own start. The trial records PYTORCH_CUDA_ALLOC_CONF's other settings
+    (worker.set_alloc_conf), so the record shows which environment it ran in."""
+    import os
+
+    cfg = compose(FAST)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    first = run_trial(cfg, tmp_path / "first")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    console = tmp_path / "console.txt"
+    saved = os.dup(1)
+    try:
+        with open(console, "w") as out:
+            os.dup2(out.fileno(), 1)
+            second = run_trial(cfg, tmp_path / "second")
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert first["status"] == second["status"] == "ok", (first["error"], second["error"])
+    assert first["cuda_alloc_conf"] == "max_split_size_mb:64,expandable_segments:False"
+    assert second["cuda_alloc_conf"] == "max_split_size_mb:128,expandable_segments:False"
+    assert "[trial] step 2/2" in console.read_text()  # the trial printed where this process's stdout points now

@@ -59,6 +59,35 @@ def _context(start_method: str):
     return ctx
 
 
+class _InheritedFd:
+    """A descriptor the trial gets a duplicate of (forkserver, spawn), not a number that means
+    something else in its process: multiprocessing sends it along with the trial's arguments."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_detach, (reduction.DupFd(self.fd),))
+
+
+def _detach(dup) -> int:
+    return dup.detach()
+
+
+def parents_view(start_method: str) -> dict:
+    """worker.main's `environ` and `stdio` for a forkserver child (worker.take_parents_view says why);
+    spawn and fork children start from this process as it is now anyway."""
+    if start_method != "forkserver":
+        return {}
+    try:
+        stdio = tuple(_InheritedFd(fd) for fd in (1, 2) if os.fstat(fd))
+    except OSError:  # no console here (closed descriptors): the trial keeps the forkserver's
+        stdio = None
+    return {"environ": dict(os.environ), "stdio": stdio}
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -152,10 +181,16 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     container = OmegaConf.to_container(cfg, resolve=True)
     cuda = cuda_available()
     backend = backends.resolve(cfg.backend.name, cuda=cuda, installed=installed)
-    ctx = _context(backends.start_method(backend, cfg.trial.start_method, cuda))
+    start_method = backends.start_method(backend, cfg.trial.start_method, cuda)
+    ctx = _context(start_method)
     # The child's lifeline: we hold the write end and never write; its EOF means we are gone.
     lifeline, keep_alive = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=worker.main, args=(container, str(run_dir), lifeline, STOP_GRACE_S), name="grpo-sweep-trial")
+    proc = ctx.Process(
+        target=worker.main,
+        args=(container, str(run_dir), lifeline, STOP_GRACE_S),
+        kwargs=parents_view(start_method),
+        name="grpo-sweep-trial",
+    )
     started = time.monotonic()
     proc.start()
     lifeline.close()  # the child has its copy; only the child may hold the read end

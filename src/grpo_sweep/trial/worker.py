@@ -187,12 +187,41 @@ def set_alloc_conf(expandable: bool) -> str:
     return value
 
 
-def main(container: dict, run_dir: str, lifeline=None, grace_s: float = 20.0, *, as_rank: bool = False) -> None:
+def take_parents_view(environ: dict | None, stdio: tuple[int, int] | None) -> None:
+    """Run in the parent's environment and print to the parent's stdout/stderr as they are now.
+
+    A forkserver child is forked from the forkserver, not from the process that asked for the trial:
+    without this it would keep the environment and the console of the moment the forkserver started
+    (the first trial of that process). Hydra runs every job of a multirun in one process and sets each
+    job's `hydra.job.env_set` around it, and a caller may redirect its output between trials. What
+    torch, transformers and TRL read at import time stays the forkserver's: they are preloaded there."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    if stdio is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, target in zip(stdio, (1, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def main(
+    container: dict,
+    run_dir: str,
+    lifeline=None,
+    grace_s: float = 20.0,
+    *,
+    as_rank: bool = False,
+    environ: dict | None = None,
+    stdio: tuple[int, int] | None = None,
+) -> None:
     """Entry point in the child. Always leaves metrics.json unless killed from outside.
 
     With trial.num_processes > 1 this process leads the trial: it launches the ranks under torchrun
     (trial/ranks.py) and merges their records; each rank runs this function again with `as_rank`
     (trial/rank.py), in its own directory, as a one-process trial's body."""
+    take_parents_view(environ, stdio)
     if not as_rank:  # a rank is already a session leader (torchrun): it dies with torchrun instead
         os.setpgrp()  # our own process group: the parent can kill us and anything we started
     if lifeline is not None:
