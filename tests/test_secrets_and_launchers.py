@@ -8,12 +8,13 @@ report, the study export) and the study's attributes for either secret.
 
 from __future__ import annotations
 
-import os
+import subprocess
 import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import train_here
 from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
 from test_wandb import OFFLINE_ENV
 
@@ -61,8 +62,8 @@ def test_the_submitit_local_launcher_composes_with_the_sweeper():
 
 @pytest.mark.slow
 def test_no_secret_reaches_any_output(tmp_path, postgres):
-    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
-    2 cores), on PostgreSQL with offline W&B."""
+    """The storage password and the W&B key in this sweep's command and environment reach no file, no stream and no study
+    attribute."""
     password = urlparse(postgres).password
     assert password, "the test needs a storage URL with a password"
     name = f"secrets-{uuid.uuid4().hex[:8]}"
@@ -75,14 +76,7 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
         "logger=wandb",
         *SMALL,
     )
-    env = {**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        result = run(cmd)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    result = train_here(cmd[2:], env={**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(postgres, name)
     assert len(counted(study)) == 2
@@ -102,43 +96,55 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
     assert password not in attrs and FAKE_WANDB_KEY not in attrs
 
 
-@pytest.mark.slow
-def test_sweep_through_submitit_local_launcher(tmp_path):
-    """`hydra/launcher=submitit_local`: the same code path as submitit_slurm, jobs in submitit's own
-    processes; two real trials finish and the study holds them. Over 20 s: submitit's local launcher: each trial in a job
-    process of its own, importing torch and TRL."""
+SUBMITIT = pytest.mark.xdist_group("submitit")  # one worker builds submitit_sweep and runs both of its tests
+
+
+@pytest.fixture(scope="module")
+def submitit_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """(sweep dir, finished train.py process) of one sweep through `hydra/launcher=submitit_local`: a
+    grid over trial.num_processes, so one trial of one process and one of two ranks (torchrun inside
+    the submitit job). Its own train.py process: submitit starts each job as a process of its own."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    result = run(
-        sweep_cmd(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=2", *SMALL)
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = load_study(f"journal:{tmp_path / 'study.journal'}")
-    trials = counted(study)
-    assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
-    assert all(t.user_attrs["status"] == "ok" and t.value > 0 for t in trials)
-    assert list(tmp_path.rglob(".submitit")), "the jobs ran through submitit"
-    assert (tmp_path / "best.yaml").exists()
-
-
-@pytest.mark.slow
-def test_submitit_local_runs_a_two_process_trial(tmp_path):
-    """A trial of 2 ranks (trial.num_processes=2, DDP over gloo) as a submitit job: torchrun inside
-    the job, the study told the merged record (the largest rank's peak). Over 20 s: submitit's local launcher starts a job
-    process, whose trial starts two torchrun ranks."""
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    import json
-
+    root = tmp_path_factory.mktemp("submitit")
     result = run(
         sweep_cmd(
-            tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=1",
-            "trial.num_processes=2", "hydra.sweeper.enqueue=[{max_seq_length: 64, per_device_train_batch_size: 2}]", *SMALL,
+            root, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.sampler=grid", "trial.num_processes=choice(1,2)", *SMALL,
         )
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = load_study(f"journal:{tmp_path / 'study.journal'}")
-    (trial,) = counted(study)
+    return root, result
+
+
+@SUBMITIT
+@pytest.mark.slow
+def test_sweep_through_submitit_local_launcher(submitit_sweep):
+    """`hydra/launcher=submitit_local`: the same code path as submitit_slurm, jobs in submitit's own
+    processes; two real trials finish and the study holds them. Over 20 s: the first of the two tests to run
+    builds submitit_sweep: each trial in a job process of its own, importing torch and TRL, one with two torchrun ranks."""
+    sweep_dir, _ = submitit_sweep
+    study = load_study(f"journal:{sweep_dir / 'study.journal'}")
+    trials = counted(study)
+    assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+    assert all(t.user_attrs["status"] == "ok" and t.value > 0 for t in trials)
+    assert list(sweep_dir.rglob(".submitit")), "the jobs ran through submitit"
+    assert (sweep_dir / "best.yaml").exists()
+
+
+@SUBMITIT
+@pytest.mark.slow
+def test_submitit_local_runs_a_two_process_trial(submitit_sweep):
+    """A trial of 2 ranks (trial.num_processes=2, DDP over gloo) as a submitit job: torchrun inside
+    the job, the study told the merged record (the largest rank's peak). Over 20 s: the first of the two tests to run
+    builds submitit_sweep."""
+    import json
+
+    sweep_dir, _ = submitit_sweep
+    study = load_study(f"journal:{sweep_dir / 'study.journal'}")
+    (trial,) = [t for t in counted(study) if t.params["trial.num_processes"] == 2]
     assert trial.state.name == "COMPLETE" and trial.user_attrs["status"] == "ok"
-    (metrics,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/metrics.json")]
+    metrics = json.loads((Path(trial.user_attrs["run_dir"]) / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and len(metrics["rank_peak_memory_bytes"]) == 2
     assert metrics["peak_memory_bytes"] == max(metrics["rank_peak_memory_bytes"])
-    assert list(tmp_path.rglob(".submitit")), "the job ran through submitit"
+    assert trial.user_attrs["world_size"] == 2
+    assert list(Path(trial.user_attrs["run_dir"]).parent.rglob(".submitit")), "the job ran through submitit"
