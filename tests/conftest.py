@@ -74,6 +74,62 @@ def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, en
     )
 
 
+def train_here(args: list[str], cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` run inside this test process: train.py's own entry point (Hydra's main,
+    the sweeper, run_trial), its console captured at the descriptor level and returned as run_train's
+    would be. Each trial is still its own forked process, but every call in this process shares one
+    trial forkserver, so a call skips the interpreter start and the ~6 s preload of torch,
+    transformers and TRL a `python train.py` pays (docs/contributing.md "Tests").
+
+    What it cannot do, for which a test keeps run_train or its own Popen: be killed or interrupted
+    from outside, time out, run beside another sweep, or start with a fresh interpreter's imports.
+    `env` is this call's environment on top of the test process's; the trials see it
+    (worker.take_parents_view), and the trials' console output is in the returned stdout."""
+    import tempfile
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from grpo_sweep.cli.train import main
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_streams, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
+    code = 0
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        for stream in saved_streams:
+            stream.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")  # noqa: SIM115
+        os.environ.update(env or {})
+        os.chdir(cwd or ROOT)
+        sys.argv = [str(ROOT / "train.py"), *args]
+        GlobalHydra.instance().clear()
+        try:
+            main()
+        except SystemExit as exc:  # as the interpreter would exit: a message goes to stderr with code 1
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        finally:
+            GlobalHydra.instance().clear()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, target in zip(saved_fds, (1, 2)):
+                os.dup2(fd, target)
+                os.close(fd)
+            sys.stdout, sys.stderr = saved_streams
+            os.environ.clear()
+            os.environ.update(saved_env)
+            os.chdir(saved_cwd)
+            sys.argv = saved_argv
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", "replace"))
+    return subprocess.CompletedProcess(["train.py", *args], code, *texts)
+
+
 def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     """`grpo-sweep ARGS` in this process (grpo_sweep.cli.main, as the console script calls it), its
     output and exit code captured as subprocess.run's would be. A fresh interpreter per call costs
@@ -181,14 +237,14 @@ def postgres():
 
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """(sweep dir, finished train.py process) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials: its
+    """(sweep dir, finished train.py run: conftest.train_here) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials: its
     enqueued probes (batch 1, then 8: an OOM), then its frontier start (4 trials: the room left, so no
     neighbour move), the pre-screen off so the infeasible point hits the wall for real. Tests only
     read it; one that resumes it works on a copy."""
-    from test_sweeper_helpers import run, sweep_cmd
+    from test_sweeper_helpers import run_here, sweep_cmd
 
     root = tmp_path_factory.mktemp("tiny_sweep")
-    result = run(
+    result = run_here(
         sweep_cmd(root, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True, neighbours=True)
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -201,7 +257,7 @@ def wandb_sweep(tmp_path_factory) -> tuple[Path, str]:
     finishing or hitting an OOM. The trials are the slow part of test_wandb.py and test_report.py,
     which only read it (test_report adds its report.html)."""
     root = tmp_path_factory.mktemp("wandb_sweep")
-    result = run_train(
+    result = train_here(
         ["-m", "lora_rank=8,16", "trial.debug_fault=null,oom", *FAST, "logger=wandb", f"hydra.sweep.dir={root}"],
         env=OFFLINE_ENV,
     )

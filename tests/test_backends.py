@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, compose, load_metrics, run_train
+from conftest import FAST, compose, load_metrics, train_here
 
 from grpo_sweep.config import backends
 from grpo_sweep.config.local import cuda_available, installed, validate_here
@@ -294,7 +294,7 @@ def test_gpu_backends_refused_without_cuda_or_package(backend):
 
 
 def test_cli_refuses_unsloth_before_any_model_loads(tmp_path):
-    result = run_train(["backend=unsloth", f"hydra.run.dir={tmp_path}/run"])
+    result = train_here(["backend=unsloth", f"hydra.run.dir={tmp_path}/run"])
     text = result.stdout + result.stderr
     assert result.returncode != 0
     assert "backend=unsloth" in text and "no CUDA device" in text
@@ -304,9 +304,9 @@ def test_cli_refuses_unsloth_before_any_model_loads(tmp_path):
 @pytest.mark.slow
 def test_auto_runs_trl_on_cpu_and_logs_what_ran(tmp_path):
     """A real trial: auto -> trl on CPU, recorded; effective equals requested; no mismatch.
-    Under spawn (the start method Unsloth trials use) so that path runs somewhere without a GPU. Over 20 s: train.py in a
-    subprocess, its trial forkserver importing torch and TRL first, then a real trial."""
-    result = run_train(["backend=auto", "trial.start_method=spawn", *FAST, f"hydra.run.dir={tmp_path}"])
+    Under spawn (the start method Unsloth trials use) so that path runs somewhere without a GPU: the
+    spawned trial imports torch and TRL itself."""
+    result = train_here(["backend=auto", "trial.start_method=spawn", *FAST, f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(tmp_path)
     assert m["status"] == "ok" and m["backend"] == "trl"

@@ -17,8 +17,8 @@ calibrated prediction disagree:
 from __future__ import annotations
 
 import pytest
-from conftest import compose, load_metrics, run_train
-from test_sweeper_helpers import load_study, read_csv, run, sweep_cmd
+from conftest import compose, load_metrics, train_here
+from test_sweeper_helpers import load_study, read_csv, run_here, sweep_cmd
 
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.metrics import KEYS
@@ -42,7 +42,7 @@ def _sweep(tmp_path, card_gib: float, *extra: str):
     cmd = sweep_cmd(
         tmp_path, "hydra.sweeper.n_trials=4", f"hydra.sweeper.enqueue=[{points}]", f"gpu.memory_gib={card_gib!r}", *extra
     )
-    result = run(cmd)
+    result = run_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return load_study(f"journal:{tmp_path / 'study.journal'}")
 
@@ -66,8 +66,7 @@ def test_the_fixed_margin_runs_x_on_the_first_card_and_prunes_it_on_the_second()
 
 @pytest.mark.slow
 def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_path):
-    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
-    2 cores), 4 trials."""
+    """Over 20 s: a real 4-trial sweep, and X run alone."""
     raw = _raw()
     card = raw / 1.05 / 2**30
     study = _sweep(tmp_path / "sweep", card)
@@ -84,7 +83,7 @@ def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_p
     assert "calibrated prediction" in a["error"] and "from 3 measured trials" in a["error"]
     # What the fixed margin would have launched: the same point on the same card, run for real, OOMs.
     out = tmp_path / "x"
-    one = run_train([*_overrides(X), f"gpu.memory_gib={card!r}", f"hydra.run.dir={out}"])
+    one = train_here([*_overrides(X), f"gpu.memory_gib={card!r}", f"hydra.run.dir={out}"])
     assert load_metrics(out)["status"] == "oom", one.stdout[-2000:] + one.stderr[-2000:]
     rows = read_csv(tmp_path / "sweep" / "trials.csv")
     assert rows[3]["predicted_calibrated_bytes"] and float(rows[3]["prescreen_correction"]) == pytest.approx(
@@ -94,8 +93,7 @@ def test_calibration_prunes_a_point_the_fixed_margin_would_run_into_an_oom(tmp_p
 
 @pytest.mark.slow
 def test_calibration_runs_a_point_the_fixed_margin_would_prune(tmp_path):
-    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
-    2 cores), 4 trials."""
+    """Over 20 s: a real 4-trial sweep."""
     natural = "trial.worst_case_lengths=false"
     raw = _raw(natural)
     card = raw / 1.3 / 2**30

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import compose, run_train
+from conftest import compose, train_here
 
 from grpo_sweep.config.local import installed, validate_here
 from grpo_sweep.config.schema import ConfigError, validate
@@ -59,7 +59,7 @@ def test_model_groups_carry_real_architecture():
 
 
 def test_cli_rejects_before_any_trial(tmp_path):
-    result = run_train(["num_generations=3", f"hydra.run.dir={tmp_path}/run"])
+    result = train_here(["num_generations=3", f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode != 0
     assert "num_generations=3" in result.stderr + result.stdout
     assert not (tmp_path / "run" / "metrics.json").exists()
@@ -67,14 +67,14 @@ def test_cli_rejects_before_any_trial(tmp_path):
 
 
 def test_cli_unknown_group_choice_lists_options(tmp_path):
-    result = run_train(["model=gpt5", f"hydra.run.dir={tmp_path}/run"])
+    result = train_here(["model=gpt5", f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode != 0
     text = result.stderr + result.stdout
     assert "model/gpt5" in text and "tiny" in text and "gemma3_1b" in text
 
 
 def test_cli_type_error_names_key(tmp_path):
-    result = run_train(["lora_rank=big", f"hydra.run.dir={tmp_path}/run"])
+    result = train_here(["lora_rank=big", f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode != 0
     assert "lora_rank" in result.stderr + result.stdout
 
@@ -101,7 +101,7 @@ def test_user_config_groups_through_hydras_search_path(tmp_path):
     search = f"hydra.searchpath=[file://{tmp_path}]"
     cfg = compose([search, "model=my_tiny"])
     assert cfg.model.name == "my_tiny" and cfg.model.arch.num_hidden_layers == 3
-    result = run_train([search, "model=my_tiny", "--cfg", "job"], cwd=tmp_path)
+    result = train_here([search, "model=my_tiny", "--cfg", "job"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "name: my_tiny" in result.stdout and "num_hidden_layers: 3" in result.stdout
 
@@ -191,9 +191,10 @@ def test_plain_install_ships_the_configs(tmp_path):
     ids=lambda v: v[0] if isinstance(v, list) and v and "=" in v[0] else None,
 )
 def test_train_rejects_before_any_trial(tmp_path, args, needles):
-    """`python train.py ...` as a user types it: the message names the key, the value and what is
-    allowed, and no trial starts (no [trial] line, no metrics.json)."""
-    result = run_train([*args, f"hydra.run.dir={tmp_path}/run"], timeout=180)
+    """`python train.py ...` as a user types it (its entry point, in this process: conftest.train_here):
+    the message names the key, the value and what is allowed, and no trial starts (no [trial] line,
+    no metrics.json)."""
+    result = train_here([*args, f"hydra.run.dir={tmp_path}/run"])
     text = result.stderr + result.stdout
     assert result.returncode != 0, text[-2000:]
     for needle in needles:

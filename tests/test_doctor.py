@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
-from conftest import ROOT, cli, compose
+from conftest import cli, compose
 
 from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
 from grpo_sweep.memory.estimator import GiB, MiB
@@ -301,37 +299,19 @@ def test_doctor_bad_input_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path):
+def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path, monkeypatch):
     """The doctor's advice judged by a real run, not by its own estimate: a tiny trial really runs out
     of memory on a 30.72 MiB simulated card; the doctor reads that trial's metrics.json (and the
-    config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish. Over 20 s: two real
-    trials in train.py subprocesses: the OOM, then the doctor's fix."""
-    import os
-
-    from conftest import FAST, run_train
+    config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish."""
+    from conftest import FAST, train_here
 
     budget = int(0.03 * 2**30)
-    first = run_train([*FAST, "gpu=cpu_sim", "gpu.memory_gib=0.03", f"hydra.run.dir={tmp_path}/oom"], timeout=600)
+    first = train_here([*FAST, "gpu=cpu_sim", "gpu.memory_gib=0.03", f"hydra.run.dir={tmp_path}/oom"])
     record = json.loads((tmp_path / "oom" / "metrics.json").read_text())
     assert record["status"] == "oom", first.stdout[-2000:] + first.stderr[-2000:]
     assert record["requested_bytes"] > record["free_bytes"]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpo_sweep.cli",
-            "doctor",
-            "--message",
-            str(tmp_path / "oom" / "metrics.json"),
-            "--verify",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
+    monkeypatch.chdir(tmp_path)  # the verify trial's run directory is relative to where the doctor runs
+    result = cli("doctor", "--message", str(tmp_path / "oom" / "metrics.json"), "--verify", "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert data["overrides"] and not data["fits_as_is"], data

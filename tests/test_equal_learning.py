@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compose, run_train
-from test_sweeper_helpers import load_study, read_csv, run, sweep_cmd, tiny_sweeper
+from conftest import compose, train_here
+from test_sweeper_helpers import load_study, read_csv, run_here, sweep_cmd, tiny_sweeper
 
 from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError, validate
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, KINDS, KNOB, LEVER_NAMES, RECIPE, kind_of, recipe_of
@@ -47,14 +47,13 @@ def test_completions_per_step_derives_the_accumulation():
 
 
 def test_a_contradictory_split_is_one_line_before_any_model_loads(tmp_path):
-    result = run_train(
+    result = train_here(
         [
             "completions_per_step=8",
             "per_device_train_batch_size=4",
             "gradient_accumulation_steps=3",
             f"hydra.run.dir={tmp_path}/run",
-        ],
-        timeout=120,
+        ]
     )
     assert result.returncode != 0
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -89,7 +88,7 @@ def test_every_shipped_sweep_holds_its_recipe():
     ],
 )
 def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, names):
-    result = run(sweep_cmd(tmp_path / "sweep", param, "hydra.sweeper.n_trials=1"), timeout=180)
+    result = run_here(sweep_cmd(tmp_path / "sweep", param, "hydra.sweeper.n_trials=1"))
     assert result.returncode != 0
     first = result.stderr.strip().splitlines()[0]
     assert first.startswith(f"hydra.sweeper.params.{param.split('=')[0]}:") and names in first, result.stderr[-2000:]
@@ -99,7 +98,7 @@ def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, na
 
 
 def test_a_bad_concession_name_is_refused(tmp_path):
-    result = run(sweep_cmd(tmp_path / "sweep", "hydra.sweeper.concessions=[gradient_checkpointing]"), timeout=180)
+    result = run_here(sweep_cmd(tmp_path / "sweep", "hydra.sweeper.concessions=[gradient_checkpointing]"))
     assert result.returncode != 0
     assert result.stderr.startswith("hydra.sweeper.concessions: gradient_checkpointing is a knob"), result.stderr[-2000:]
 
@@ -127,7 +126,7 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tiny_sweep, tmp_path):
     copy = tmp_path / "sweep"
     copy.mkdir()
     shutil.copy(sweep_dir / "study.journal", copy / "study.journal")
-    other = run(sweep_cmd(copy, "hydra.sweeper.n_trials=6", "max_seq_length=96"), timeout=300)  # another recipe
+    other = run_here(sweep_cmd(copy, "hydra.sweeper.n_trials=6", "max_seq_length=96"))  # another recipe
     assert other.returncode != 0
     first = other.stderr.strip().splitlines()[0]
     assert "is another search: recipe max_seq_length: the study has 128, this sweep 96." in first, other.stderr[-2000:]
@@ -138,15 +137,15 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tiny_sweep, tmp_path):
 def test_a_concessions_sweep_prices_what_the_winner_gave_up(tmp_path):
     """tiny_cpu_concessions with chosen points: the full recipe (256 tokens, micro-batch 2) and one
     concession beside it (128 tokens, the same knobs). best.yaml, the printout and report.html carry
-    price tags that match the trials' own metrics.json. Over 20 s: a real sweep in its own train.py process, whose trial
-    forkserver first imports torch, TRL and W&B (~6 s on 2 cores), with the trials the price tags compare."""
+    price tags that match the trials' own metrics.json. Over 20 s: a real sweep, with the trials the price
+    tags compare."""
     sweep_dir = tmp_path / "sweep"
     points = (
         "hydra.sweeper.enqueue=[{per_device_train_batch_size:2,max_seq_length:256,lora_rank:32,lora:all_linear},"
         "{per_device_train_batch_size:2,max_seq_length:128,lora_rank:32,lora:all_linear}]"
     )
     args = ["hydra.sweeper.n_trials=2", "hydra.sweeper.confirm_top=0", "hydra.sweeper.stop_below=0"]
-    result = run([*sweep_cmd(sweep_dir, *args, sweep="tiny_cpu_concessions"), points], timeout=900)
+    result = run_here([*sweep_cmd(sweep_dir, *args, sweep="tiny_cpu_concessions"), points])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {int(r["number"]): r for r in read_csv(sweep_dir / "trials.csv")}
     metrics = {n: json.loads((Path(r["run_dir"]) / "metrics.json").read_text()) for n, r in rows.items()}

@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_sweeper_helpers import SMALL, counted, load_study, run, start, sweep_cmd, trials_so_far, wait_for
+from conftest import cli
+from test_sweeper_helpers import SMALL, counted, load_study, run_here, start, sweep_cmd, trials_so_far, wait_for
 
 from grpo_sweep.metrics import MetricsError, read_metrics
 from grpo_sweep.study.storage import StorageError
@@ -93,8 +94,8 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
     (what a kill mid-append leaves). The same command again: one line says the journal was repaired
     and where the backup is; it does not wait out grace_period=600 s for the dead worker's trial; it
     ends with exactly n_trials=3 counted, the two finished trials kept with their values, and
-    `grpo-sweep report` reads the study. Over 20 s: two sweeps (the one killed mid-trial, the repairing resume), each its
-    own process and forkserver."""
+    `grpo-sweep report` reads the study. Over 20 s: two sweeps (the one killed mid-trial in its own process, the repairing
+    resume)."""
     sweep_dir = tmp_path / "sweep"
     journal = sweep_dir / "study.journal"
     storage = f"journal:{journal}"
@@ -111,7 +112,7 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
         f.write(lines[-1][: len(lines[-1]) // 2])  # half of a record, no newline: the append cut short
 
     t0 = time.monotonic()
-    result = run(cmd, timeout=600)
+    result = run_here(cmd)
     elapsed = time.monotonic() - t0
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -126,12 +127,7 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
     assert len(counted(study)) == 3
     after = {t.number: t.value for t in study.trials if t.state.name == "COMPLETE"}
     assert {n: after[n] for n in before} == before  # every finished trial kept, with its measurement
-    report = subprocess.run(
-        [str(Path(sys.executable).parent / "grpo-sweep"), "report", str(sweep_dir), "--out", str(tmp_path / "rep")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    report = cli("report", str(sweep_dir), "--out", str(tmp_path / "rep"))
     assert report.returncode == 0, report.stdout + report.stderr
     assert (tmp_path / "rep" / "report.html").exists()
 
@@ -167,7 +163,7 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
     The disk fills while the second trial runs: the sweep retries its writes for storage_retry_s,
     then ends with one line (no traceback) and leaves no half record; once space is freed the same
     command finishes with the first trial kept and exactly n_trials=3 counted. Over 20 s: two sweeps (the one the full disk
-    stops, the resume), each its own process and forkserver."""
+    stops, in its own process; the resume)."""
     mnt = tmp_path / "small"
     if not _mount_tmpfs(mnt, "256k"):
         pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case needs a real full filesystem")
@@ -188,7 +184,7 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
         before = _done(storage)
         assert len(before) == 1
         filler.unlink()  # the user frees the disk
-        result = run(cmd, timeout=600)
+        result = run_here(cmd)
         out = result.stdout + result.stderr
         assert result.returncode == 0, out[-3000:]
         study = load_study(storage)
@@ -233,10 +229,9 @@ def test_a_whole_record_and_no_record_still_read(tmp_path):
 @pytest.mark.parametrize("storage_of", ["journal", "sqlite", "postgres"], indirect=True)
 def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, storage_of):
     """trial.debug_fault=bad_metrics on every trial: each is FAIL with the reason naming its
-    metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0. Over 20 s: a real sweep in its
-    own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 2 trials."""
+    metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0."""
     sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
-    result = run(
+    result = run_here(
         sweep_cmd(
             sweep_dir,
             "hydra.sweeper.n_trials=2",
@@ -316,14 +311,14 @@ def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_w
     the error named, its point re-enqueued: nothing stays RUNNING) and trial 0 is kept. With the
     file gone, the same command ends with exactly n_trials=2 counted, without waiting out
     grace_period=600 and without a "waiting for other workers" line (no other worker exists). Over 20 s: two sweeps (the
-    failing one, the resume), each its own process and forkserver."""
+    failing one, the resume)."""
     sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
     sweep_dir.mkdir()
     (sweep_dir / "trial_0001").write_text("in the way\n")
     cmd = sweep_cmd(
         sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", f"hydra.sweeper.study_name={name}", *QUICK
     )
-    first = run(cmd, timeout=600)
+    first = run_here(cmd)
     out = first.stdout + first.stderr
     assert first.returncode != 0, out[-3000:]
     study = load_study(storage, name)
@@ -335,7 +330,7 @@ def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_w
     kept = study.trials[0].value
     (sweep_dir / "trial_0001").unlink()
     t0 = time.monotonic()
-    result = run(cmd, timeout=600)
+    result = run_here(cmd)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert time.monotonic() - t0 < 300 and "waiting for" not in out
@@ -375,12 +370,11 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
     """A one-trial study over lora_rank=choice(8,16,32), maximize tokens_per_s. Re-run with a
     different choice list, an added parameter, the other direction, another objective: each stops
     with exit 1 and one line naming each difference and a new study_name, and the study still holds
-    its one trial. The same search again resumes it ("Resuming study ... with 1 trials"). Over 20 s: two sweeps, each its
-    own process; the second stops before any trial."""
+    its one trial. The same search again resumes it ("Resuming study ... with 1 trials")."""
     sweep_dir = tmp_path / "sweep"
     rank = "lora_rank=choice(8,16,32)"
     base = [a for a in QUICK if a != "lora_rank=8"] + [rank, "hydra.sweeper.concessions=[lora_rank]", "hydra.sweeper.n_trials=1"]
-    first = run(sweep_cmd(sweep_dir, *base))
+    first = run_here(sweep_cmd(sweep_dir, *base))
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     assert "New study 'tiny_cpu'" in first.stdout + first.stderr
     storage = f"journal:{sweep_dir / 'study.journal'}"
@@ -404,7 +398,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
     for what, (extra, expected) in others.items():
         args = [a for a in base if not (what == "added parameter" and a == "gradient_checkpointing=false")]
         args = [a for a in args if not (what == "choice list" and a == rank)] + extra
-        result = run(sweep_cmd(sweep_dir, *args))
+        result = run_here(sweep_cmd(sweep_dir, *args))
         out = result.stdout + result.stderr
         assert result.returncode == 1, (what, out[-3000:])
         lines = [line for line in out.splitlines() if "is another search" in line]
@@ -414,7 +408,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
         assert "hydra.sweeper.study_name=tiny_cpu-2" in lines[0]
         assert "Traceback" not in out
         assert len(load_study(storage).trials) == 1  # no trial was asked or queued
-    again = run(sweep_cmd(sweep_dir, *base))
+    again = run_here(sweep_cmd(sweep_dir, *base))
     assert again.returncode == 0 and "Resuming study 'tiny_cpu' with 1 trials" in again.stdout + again.stderr
     assert len(load_study(storage).trials) == 1
 
@@ -424,7 +418,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
 def test_failures_that_embed_the_sampled_value_still_stop_the_sweep(tmp_path):
     """`+foo=choice(1,2,3)` is rejected for every point with the point's own value in the message:
     the sweep still stops after max_failures_in_a_row=3 trials with exit 1, not after n_trials=8."""
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=8", "+foo=choice(1,2,3)", *QUICK))
+    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=8", "+foo=choice(1,2,3)", *QUICK))
     out = result.stdout + result.stderr
     assert result.returncode == 1, out[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
@@ -477,7 +471,7 @@ def test_bad_ranges_name_the_parameter_and_integer_levers_sample_integers():
     ],
 )
 def test_bad_sweeper_input_is_one_line_before_any_trial(tmp_path, args, words):
-    result = run(sweep_cmd(tmp_path, *QUICK, *args), timeout=300)
+    result = run_here(sweep_cmd(tmp_path, *QUICK, *args))
     out = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Traceback" not in out and words in out, out[-3000:]
@@ -491,7 +485,7 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
     storage_retry_s=3: the sweep's writes fail as "database is locked", are retried, and the sweep
     ends with exit 1 and one line saying what failed and what to do (no traceback). With the lock
     released, the same command keeps trial 0 and ends with exactly n_trials=2 counted. Over 20 s: two sweeps (the one the
-    lock stops after its retries, the resume), each its own process and forkserver."""
+    lock stops after its retries, in its own process; the resume)."""
     import sqlite3
 
     sweep_dir = tmp_path / "sweep"
@@ -514,7 +508,7 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
         if proc.poll() is None:
             proc.kill()
     _stopped_in_one_line(tmp_path / "first.log", code, "database is locked")
-    result = run(cmd, timeout=600)
+    result = run_here(cmd)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     study = load_study(storage)
     assert len(counted(study)) == 2

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, ROOT, load_metrics, run_train
-from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd, trials_so_far, wait_for
+from conftest import FAST, ROOT, load_metrics, train_here
+from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd, trials_so_far, wait_for
 from test_wandb import OFFLINE_ENV, read_run
 
 GONE_WITHIN_S = 30  # the guardian's SIGTERM, metrics.json and W&B's offline finish, then SIGKILL
@@ -200,31 +200,31 @@ def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
 
 @pytest.mark.slow
 def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path, warm_model):
-    """Over 20 s: the timeout (30 s) is waited out; a fresh train.py needs about 10 s on an idle 2-core
-    machine to start torch, TRL and an offline W&B run and reach the hang, twice that when loaded."""
+    """Over 20 s: the timeout (20 s) is waited out. A trial from a warm forkserver (conftest.train_here) needs
+    about 4 s on an idle 2-core machine to start its offline W&B run and reach the hang, twice that when loaded."""
     from grpo_sweep.trial.worker import WANDB_NOTE_FILE
 
     run_dir = tmp_path / "run"
-    cmd = [*FAST, "trial.debug_fault=hang", "trial.timeout_s=30", "logger=wandb", f"hydra.run.dir={run_dir}"]
-    result = run_train(cmd, env=OFFLINE_ENV)
+    cmd = [*FAST, "trial.debug_fault=hang", "trial.timeout_s=20", "logger=wandb", f"hydra.run.dir={run_dir}"]
+    result = train_here(cmd, env=OFFLINE_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(run_dir)
-    assert m["status"] == "timeout" and "trial.timeout_s=30" in m["error"], m["error"]
+    assert m["status"] == "timeout" and "trial.timeout_s=20" in m["error"], m["error"]
     if not _hanging(run_dir / "trial.log"):
-        pytest.skip("this machine took over 30 s to reach the hang; the W&B run was not open yet")
+        pytest.skip("this machine took over 20 s to reach the hang; the W&B run was not open yet")
     assert m["wandb_finished"] is True and not (run_dir / WANDB_NOTE_FILE).exists()
     summary, _ = read_run(m["wandb_dir"])
     assert summary["state"] == "failed" and "timeout" in summary["tags"]
-    assert "trial.timeout_s=30" in summary["summary"]["error"]
+    assert "trial.timeout_s=20" in summary["summary"]["error"]
 
 
 @pytest.mark.slow
 def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothing(tmp_path):
     """A finished trial; a second run whose trial hangs is SIGKILLed; the same command finishes the study. Over 20 s: three
-    sweeps (the first trial, the killed one, the resume), and the grace period waited out."""
+    sweeps (the first trial, the killed one in its own process, the resume), and the grace period waited out."""
     journal = f"journal:{tmp_path / 'study.journal'}"
     beat = ["hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL]
-    result = run(sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=1"))
+    result = run_here(sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=1"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     kept = load_study(journal).trials[0]
     assert kept.state.name == "COMPLETE"
@@ -239,7 +239,7 @@ def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothin
 
     # Resume once the killed sweep's heartbeat is older than the grace period (what a real resume sees).
     wait_for(lambda: time.time() - _last_beat(journal, 1) > 3.5, timeout=30, every=0.5)
-    result = run(cmd)
+    result = run_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(journal)
     assert study.trials[0].value == kept.value and study.trials[0].user_attrs["run_dir"] == kept.user_attrs["run_dir"]
@@ -262,7 +262,7 @@ def test_a_trial_killed_before_closing_its_wandb_run_leaves_a_note(tmp_path):
     the run, so metrics.json and the run directory say so."""
     from grpo_sweep.trial.worker import WANDB_NOTE_FILE
 
-    result = run_train([*FAST, "trial.debug_fault=signal", "logger=wandb", f"hydra.run.dir={tmp_path}"], env=OFFLINE_ENV)
+    result = train_here([*FAST, "trial.debug_fault=signal", "logger=wandb", f"hydra.run.dir={tmp_path}"], env=OFFLINE_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(tmp_path)
     assert m["status"] == "failed" and "SIGKILL" in m["error"]

@@ -197,9 +197,9 @@ def _check_rank_records(m: dict, n: int, strategy: str) -> list[float]:
 @pytest.mark.slow
 def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
     """Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from scratch."""
-    from conftest import load_metrics, run_train
+    from conftest import load_metrics, train_here
 
-    out = run_train([*TINY_DDP, f"hydra.run.dir={tmp_path}"], timeout=600)
+    out = train_here([*TINY_DDP, f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     m = load_metrics(tmp_path)
     assert m["status"] == "ok", m["error"]
@@ -218,10 +218,10 @@ def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
 @pytest.mark.slow
 def test_an_oom_on_one_rank_makes_the_trial_oom_with_that_ranks_message(tmp_path):
     """Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from scratch."""
-    from conftest import load_metrics, run_train
+    from conftest import load_metrics, train_here
 
     args = [*TINY_DDP, "trial.debug_fault=oom", "trial.debug_fault_rank=1", f"hydra.run.dir={tmp_path}"]
-    out = run_train(args, timeout=600)
+    out = train_here(args)
     assert out.returncode == 0, out.stderr[-3000:]
     m = load_metrics(tmp_path)
     assert m["status"] == "oom" and m["error"].startswith("rank 1: "), m["error"]
@@ -324,9 +324,9 @@ def test_the_server_command_is_trls_own_through_the_shim():
 def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
     """Over 20 s: a vLLM server (CPU build) started in its own process, then a real trial through it."""
     import psutil
-    from conftest import load_metrics, run_train
+    from conftest import load_metrics, train_here
 
-    out = run_train(
+    out = train_here(
         ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=32", f"hydra.run.dir={tmp_path}"]
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -462,12 +462,11 @@ def test_hardware_moves_by_hand():
 @pytest.mark.slow
 def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     """trial.num_processes and trial.strategy in the search space (grid, 2 points): both trials run,
-    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks. Over 20 s: a real sweep in its
-    own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), with one- and two-
-    process trials (torchrun ranks import torch from scratch)."""
+    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks. Over 20 s: a real sweep
+    with one- and two-process trials (torchrun ranks import torch from scratch)."""
     import csv
 
-    from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+    from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd
 
     conf = tmp_path / "conf"
     (conf / "sweeps").mkdir(parents=True)
@@ -479,7 +478,7 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
         "    params:\n      trial.num_processes: choice(1, 2)\n      trial.strategy: choice(ddp)\n"
     )
     sweep_dir = tmp_path / "sweep"
-    result = run(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *SMALL, sweep="procs_cpu"))
+    result = run_here(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *SMALL, sweep="procs_cpu"))
     tmp_path = sweep_dir
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, compose, load_metrics, run_train
+from conftest import FAST, compose, load_metrics, train_here
 
 
 def test_the_basic_sweeper_makes_one_job_per_value_and_the_rank_doubles_the_adapters():
@@ -26,7 +26,7 @@ def test_the_basic_sweeper_makes_one_job_per_value_and_the_rank_doubles_the_adap
 
 @pytest.mark.slow
 def test_multirun_two_ranks(tmp_path):
-    result = run_train(["-m", "lora_rank=16,32", *FAST, f"hydra.sweep.dir={tmp_path}"])
+    result = train_here(["-m", "lora_rank=16,32", *FAST, f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     first, second = load_metrics(tmp_path / "0"), load_metrics(tmp_path / "1")
     assert first["status"] == second["status"] == "ok"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_sweeper_helpers import counted, load_study, run, sweep_cmd
+from test_sweeper_helpers import counted, load_study, run_here, sweep_cmd
 
 from hydra_plugins.grpo_optuna_sweeper import neighbours
 from hydra_plugins.grpo_optuna_sweeper.config import check_setting
@@ -144,9 +144,8 @@ def test_enqueue_moves_from_the_best_median_config_not_a_preset():
 @pytest.mark.slow
 def test_a_real_sweep_moves_one_lever_of_the_best_config(tmp_path):
     """n_startup_trials=2, neighbour_every=1: after two sampled trials, each search trial is the best
-    config so far with one lever moved one step, never a point the study already ran. Over 20 s: a real sweep in its own
-    train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 4 trials."""
-    result = run(
+    config so far with one lever moved one step, never a point the study already ran."""
+    result = run_here(
         sweep_cmd(
             tmp_path,
             "hydra.sweeper.n_trials=4",
@@ -197,7 +196,7 @@ def test_a_real_sweep_repairs_a_step_that_would_not_fit(tmp_path):
 
     budget = 1.25 * max(predicted(64, 4), predicted(128, 2))
     assert predicted(128, 4) > budget * (1 + GrpoOptunaSweeperConf().prescreen_margin)  # the refused step
-    result = run(
+    result = run_here(
         sweep_cmd(
             tmp_path,
             "hydra.sweeper.n_trials=2",

@@ -12,7 +12,7 @@ import math
 import pytest
 import yaml
 from conftest import IN_PROCESS_TRIALS, compose, load_metrics
-from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd
 
 from grpo_sweep.metrics import KEYS, STATUSES
 from grpo_sweep.study import best as best_rule
@@ -220,8 +220,8 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
     """stop_below=1 against the study's best: a first sweep's one trial (batch 8) is feasible; the same
     command again with trial.debug_fault=slow (every step 1 s longer: several times slower, whatever
     this machine's noise; a knob, so the study is the same) runs the next two (batch 2 and 4) below
-    it, and both stop after their first timed step. Over 20 s: two sweeps in their own processes, and two trials made 1 s a
-    step slower on purpose."""
+    it, and both stop after their first timed step. Over 20 s: two sweeps, and two trials made 1 s a step slower on
+    purpose."""
     args = [
         "hydra.sweeper.stop_below=1",
         "hydra.sweeper.enqueue=[{per_device_train_batch_size:8},{per_device_train_batch_size:2},{per_device_train_batch_size:4}]",
@@ -229,9 +229,9 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
         "max_seq_length=64",
         "per_device_train_batch_size=choice(2,4,8)",
     ]
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
+    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", *args, "trial.debug_fault=slow", enqueue=True))
+    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", *args, "trial.debug_fault=slow", enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     first, *rest = study.trials
@@ -253,10 +253,8 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
 
 @pytest.mark.slow
 def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
-    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist topped up to 2 runs, all in the study. Over 20 s: a
-    real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), 6
-    trials (confirmation runs included)."""
-    result = run(
+    """n_trials=6, top 2 x 1 repeat: 4 search trials, then each finalist topped up to 2 runs, all in the study."""
+    result = run_here(
         sweep_cmd(
             tmp_path,
             "hydra.sweeper.n_trials=6",

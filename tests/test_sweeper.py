@@ -18,7 +18,7 @@ from test_sweeper_helpers import (
     counted,
     load_study,
     read_csv,
-    run,
+    run_here,
     start,
     sweep_cmd,
     trials_so_far,
@@ -330,17 +330,11 @@ def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
     """`grpo-sweep report journal:<the study this sweep wrote>`, as a user runs it: every trial
     (OOM included) is in it, and it names best.yaml's winner, as does the sweep's own report.html."""
     import re
-    import sys
+
+    from conftest import cli
 
     out_dir = sweep_dir / "report_from_study"
-    cmd = [
-        str(Path(sys.executable).parent / "grpo-sweep"),
-        "report",
-        f"journal:{sweep_dir / 'study.journal'}",
-        "--out",
-        str(out_dir),
-    ]
-    result = run(cmd, timeout=300)
+    result = cli("report", f"journal:{sweep_dir / 'study.journal'}", "--out", str(out_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"({len(study.trials)} trials: " in result.stdout and " oom" in result.stdout
     assert f"best: trial {best['best_trial']} " in result.stdout
@@ -354,7 +348,7 @@ def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
 @pytest.mark.slow
 def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
     """A grid over injected faults: ok -> feasible, OOM -> infeasible with a deficit, SIGKILL -> FAIL."""
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.sampler=grid", "trial.debug_fault=null,oom,signal", *SMALL))
+    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.sampler=grid", "trial.debug_fault=null,oom,signal", *SMALL))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     by_fault = {t.params["trial.debug_fault"]: t for t in study.trials}
@@ -370,7 +364,7 @@ def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
 @pytest.mark.slow
 def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     """SIGTERM mid-trial, then the same command: finished trials kept, the count reached, nothing run twice. Over 20 s: two
-    sweeps (the interrupted one, the resume), each its own process and forkserver."""
+    sweeps (the interrupted one in its own process, the resume)."""
     cmd = sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", "max_seq_length=64", "lora=qv")
     journal = f"journal:{tmp_path / 'study.journal'}"
     proc = start(cmd, tmp_path / "first.log")
@@ -400,7 +394,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     assert len(retries) == 1  # its retry, queued; the rest are frontier start points not reached yet
     assert all(t.user_attrs.get("frontier_start") for t in waiting if t not in retries)
 
-    result = run(cmd)
+    result = run_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(journal)
     trials = counted(study)
@@ -415,19 +409,19 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
 
 def test_hydra_discovers_the_plugin_and_the_sweeps():
     """Found from the installed package (namespace `hydra_plugins`), and `+sweeps=` lists our sweeps."""
-    from conftest import run_train
+    from conftest import train_here
 
-    info = run_train(["--info", "plugins"], timeout=120)
+    info = train_here(["--info", "plugins"])
     assert info.returncode == 0, info.stderr[-2000:]
     assert "GrpoOptunaSweeper" in info.stdout
-    help_text = run_train(["--help"], timeout=120).stdout
+    help_text = train_here(["--help"]).stdout
     assert "sweeps: gemma3_1b_l4, llama3_2_1b_a100, qwen2_5_0_5b_t4, tiny_cpu" in help_text
 
 
 @pytest.mark.slow
 def test_estimator_prescreen_prunes_without_running(tmp_path):
     """A point the estimator puts far over a 1 MiB card is PRUNED, its prediction recorded, nothing run."""
-    result = run(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "gpu.memory_gib=0.001"))
+    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "gpu.memory_gib=0.001"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED"]
@@ -508,7 +502,7 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
     The preset's 4-bit weights need CUDA, so this CPU test pins load_in_4bit=false and a short sequence
     on the command line (explicit keys win over the preset, as in `python train.py preset=...`).
     """
-    result = run(
+    result = run_here(
         sweep_cmd(
             tmp_path,
             "hydra.sweeper.n_trials=2",

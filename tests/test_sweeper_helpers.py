@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, train_here
 
 SWEEP = "+sweeps=tiny_cpu"
 # Each trial: two optimiser steps of 2 completions of 64 tokens; every tiny_cpu knob fixed (an empty space)
@@ -80,6 +80,13 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
 def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+def run_here(cmd: list[str]) -> subprocess.CompletedProcess:
+    """run(cmd) inside this test process (conftest.train_here: its trials share this process's warm
+    forkserver). For a sweep that is not killed, interrupted or run beside another one."""
+    assert cmd[:2] == [sys.executable, str(ROOT / "train.py")], cmd[:2]
+    return train_here(cmd[2:])
 
 
 def load_study(storage: str, name: str = "tiny_cpu"):

@@ -565,11 +565,10 @@ def test_start_points_never_overflow_the_search_phase(caplog):
 def test_a_systematic_failure_stops_a_real_sweep(tmp_path):
     """Every trial raises (trial.debug_fault=raise): the sweep stops after
     hydra.sweeper.max_failures_in_a_row=2 trials, not n_trials=6, exits 1 with the reason and
-    what to do, and never says that nothing fits the budget. Over 20 s: a real sweep in its own train.py process, whose
-    trial forkserver first imports torch, TRL and W&B (~6 s on 2 cores), until the systematic failure stops it."""
-    from test_sweeper_helpers import SMALL, load_study, run, sweep_cmd
+    what to do, and never says that nothing fits the budget."""
+    from test_sweeper_helpers import SMALL, load_study, run_here, sweep_cmd
 
-    result = run(
+    result = run_here(
         sweep_cmd(
             tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.max_failures_in_a_row=2", "trial.debug_fault=raise", *SMALL
         )

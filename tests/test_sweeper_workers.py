@@ -20,6 +20,7 @@ from test_sweeper_helpers import (
     load_study,
     read_csv,
     run,
+    run_here,
     start,
     sweep_cmd,
     trials_so_far,
@@ -139,7 +140,7 @@ def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_stora
 @pytest.mark.slow
 def test_killed_worker_trial_is_retried(tmp_path):
     """SIGKILL (no chance to clean up) mid-trial: the worker is gone, the trial is failed and re-run. Over 20 s: two sweeps
-    (the SIGKILLed one, the resume), each its own process and forkserver."""
+    (the SIGKILLed one in its own process, the resume)."""
     journal = f"journal:{tmp_path / 'study.journal'}"
     cmd = sweep_cmd(
         tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL
@@ -160,7 +161,7 @@ def test_killed_worker_trial_is_retried(tmp_path):
         _kill_orphan_trials(tmp_path)
     assert load_study(journal).trials[number].state.name == "RUNNING"  # nobody left to say otherwise
 
-    result = run(cmd)
+    result = run_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Same host, its pid gone: failed at once (workers.fail_dead_workers), before its heartbeat is even stale.
     assert "belonged to a worker of this host that is gone" in result.stdout + result.stderr

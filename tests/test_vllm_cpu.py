@@ -10,7 +10,7 @@ a share too large (training runs out: the tracker's torch.OutOfMemoryError).
 from __future__ import annotations
 
 import pytest
-from conftest import compose, load_metrics, run_train
+from conftest import compose, load_metrics, train_here
 
 from grpo_sweep.config.local import installed
 from grpo_sweep.memory.estimator import estimate, shapes, vllm_cpu_plan
@@ -44,7 +44,7 @@ def test_cpu_plan_matches_vllm_cpu_arithmetic():
 def test_trl_vllm_trials_on_a_simulated_card(tmp_path):
     """Over 20 s: vLLM (CPU build) trials: each starts in a fresh interpreter (spawn) that imports vLLM."""
     utils = ",".join(str(u) for u in (SMALL, FITS, LARGE))
-    result = run_train(["-m", *CARD, f"gpu_memory_utilization={utils}", f"hydra.sweep.dir={tmp_path}"], timeout=900)
+    result = train_here(["-m", *CARD, f"gpu_memory_utilization={utils}", f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     small, fits, large = (load_metrics(tmp_path / str(i)) for i in range(3))
 

@@ -6,7 +6,7 @@ waiting), and its steps are measurably slower than the same config with room for
 from __future__ import annotations
 
 import pytest
-from conftest import compose, load_metrics, run_train
+from conftest import compose, load_metrics, train_here
 from test_prescreen_rules import CPU_CARD, _share_for_blocks
 
 from grpo_sweep.config.local import installed
@@ -40,9 +40,7 @@ def test_the_estimator_says_two_of_eight_fit_and_generate_in_four_waves():
 def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
     """Over 20 s: a vLLM (CPU build) trial: a fresh interpreter (spawn) that imports vLLM and starts its engine."""
     two, roomy = _shares()
-    result = run_train(
-        ["-m", *CARD, *RUN, f"gpu_memory_utilization={two!r},{roomy!r}", f"hydra.sweep.dir={tmp_path}"], timeout=900
-    )
+    result = train_here(["-m", *CARD, *RUN, f"gpu_memory_utilization={two!r},{roomy!r}", f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     small, large = load_metrics(tmp_path / "0"), load_metrics(tmp_path / "1")
     for m in (small, large):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, run_train
+from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, train_here
 
 
 def _tokenizer(cfg):
@@ -108,7 +108,7 @@ def test_learn_experiment_reward_rises(tmp_path):
     """`python train.py +experiment=learn`: a real GRPO run whose last quarter of steps earns clearly
     more reward than its first quarter. Over 20 s: experiment=learn: enough real GRPO steps for the reward to rise."""
     out = tmp_path / "learn"
-    done = run_train(["+experiment=learn", f"hydra.run.dir={out}"], timeout=900)
+    done = train_here(["+experiment=learn", f"hydra.run.dir={out}"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     m = load_metrics(out)
     assert m["status"] == "ok", m["error"]

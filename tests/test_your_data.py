@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, compose, load_metrics, run_train
+from conftest import ROOT, compose, load_metrics, run_train, train_here
 from test_sweeper_helpers import load_study, sweep_cmd
 
 from grpo_sweep.config.local import validate_here
@@ -110,7 +110,7 @@ def test_bad_data_and_rewards_are_config_errors_naming_file_and_column(tmp_path,
 def test_missing_column_stops_train_py_before_any_trial(tmp_path):
     data = write_data(tmp_path, chat=False)
     start = time.monotonic()
-    result = run_train([*dataset_overrides(data, "my_rewards.brevity"), "task.prompt_column=text"], cwd=tmp_path)
+    result = train_here([*dataset_overrides(data, "my_rewards.brevity"), "task.prompt_column=text"], cwd=tmp_path)
     assert result.returncode != 0
     assert "task.prompt_column=text" in result.stderr and str(data) in result.stderr, result.stderr[-2000:]
     assert not list(tmp_path.rglob("metrics.json"))  # no trial started, no model loaded
@@ -136,7 +136,7 @@ def test_unreachable_hub_dataset_fails_before_the_model_loads(tmp_path):
 def test_conversational_data_reaches_trl_and_the_rewards(tmp_path):
     data = write_data(tmp_path, chat=True)
     run_dir = tmp_path / "run"
-    result = run_train(
+    result = train_here(
         [
             *dataset_overrides(data, "my_rewards.contains_solution", "my_rewards.brevity"),
             "task.reward_weights=[1.0,0.5]",
@@ -166,7 +166,7 @@ def test_conversational_data_reaches_trl_and_the_rewards(tmp_path):
 def test_a_raising_reward_fails_the_trial_by_name_not_as_oom(tmp_path):
     data = write_data(tmp_path, chat=False)
     run_dir = tmp_path / "run"
-    run_train(
+    train_here(
         [*dataset_overrides(data, "my_rewards.broken"), "model.init=random", "trial.steps=2", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
     )
@@ -187,9 +187,7 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
         "hydra.sweeper.max_failures_in_a_row=2",
         "hydra.sweeper.prescreen=false",  # every point runs (a pruned point between two failures resets the count)
     )
-    result = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    result = train_here(cmd[2:], cwd=tmp_path)
     out = result.stdout + result.stderr
     assert "Sweep stopped" in out and "my_rewards.broken raised ZeroDivisionError" in out, out[-3000:]
     assert "the task's reward function raised" in out  # failures.ADVICE: not "nothing fits"
@@ -217,8 +215,7 @@ def save_tiny_model(folder: Path, corpus: list[str]) -> Path:
 
 @pytest.mark.slow
 def test_exported_config_is_what_was_measured(tmp_path):
-    """Over 20 s: a real sweep in its own train.py process, whose trial forkserver first imports torch, TRL and W&B (~6 s on
-    2 cores), then `trl grpo --config best.trl.yaml` itself."""
+    """Over 20 s: a real 3-trial sweep, then `trl grpo --config best.trl.yaml` itself in its own process."""
     data = write_data(tmp_path, chat=True)
     corpus = [line for line in data.read_text().splitlines()] + [" ." * 8]
     model_dir = save_tiny_model(tmp_path / "tiny-model", corpus)
@@ -235,8 +232,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
         "per_device_train_batch_size=2",
         "hydra.sweeper.n_trials=3",
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    result = train_here(cmd[2:], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best["export"]["files"][:2] == ["best.trl.yaml", "best_grpo_config.py"]
@@ -282,7 +278,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env={**env, "CUDA_VISIBLE_DEVICES": ""},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""},
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     import torch
