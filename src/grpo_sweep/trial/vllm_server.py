@@ -158,12 +158,20 @@ class Server:
         }
 
 
-def start(cfg: Any, model_path: str, run_dir: Path, *, on_cuda: bool, kv_cache_bytes: int | None = None) -> Server:
+def start(
+    cfg: Any, model_path: str, run_dir: Path, *, on_cuda: bool, kv_cache_bytes: int | None = None, wait: bool = True
+) -> Server:
+    """Start the server; with `wait`, return once it is healthy (else call `ready(server)` before using it,
+    after whatever the trial can do meanwhile)."""
     port = free_port()
     cmd = command(cfg, model_path, port, on_cuda=on_cuda, kv_cache_bytes=kv_cache_bytes)
     print(f"[trial] vLLM server: {' '.join(cmd[3:6])} ... on port {port} (log {run_dir / LOG_FILE})", flush=True)
     server = Server(cmd, environment(cfg, on_cuda=on_cuda), Path(run_dir) / LOG_FILE, port)
     _RUNNING.append(server)
+    return ready(server) if wait else server
+
+
+def ready(server: Server) -> Server:
     took = server.wait_healthy()
     print(f"[trial] vLLM server healthy after {took:.1f} s", flush=True)
     return server

@@ -251,13 +251,19 @@ def build_server_trainer(cfg: Any, ctx: Any, model):
 
     from .. import vllm_server
 
-    url = "http://127.0.0.1:0"  # ranks other than 0 never connect (TRL's client lives on the main process)
+    url, server = "http://127.0.0.1:0", None  # ranks other than 0 never connect (TRL's client lives on the main process)
     if int(os.environ.get("RANK", "0")) == 0:
         kv = None if ctx.on_cuda else cpu_plan(cfg)["kv_cache_bytes"]  # the share's KV cache, as colocate
-        server = vllm_server.start(cfg, model.name_or_path, ctx.run_dir, on_cuda=ctx.on_cuda, kv_cache_bytes=kv)
+        server = vllm_server.start(cfg, model.name_or_path, ctx.run_dir, on_cuda=ctx.on_cuda, kv_cache_bytes=kv, wait=False)
         url = server.url
+    # While the server starts (~25 s on a 2-core CPU): TRL's vLLM client and generation modules, which
+    # import vLLM itself (~5 s here), instead of after it is healthy.
+    from trl.generation import vllm_client, vllm_generation  # noqa: F401
+
     if not ctx.on_cuda:
         patch_server_for_cpu()
+    if server is not None:
+        vllm_server.ready(server)
     args = trl_backend.grpo_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer"), sampler="vllm")
     args.update(
         use_vllm=True,
