@@ -39,7 +39,7 @@ test: install
 	$(MAKE) docs
 
 # What to run while you work (docs/contributing.md): the in-process tests, no multi-trial or multi-process
-# test (those are marked slow), at least one of every test module: ~85-90 s on a quiet 2-core machine.
+# test (those are marked slow), at least one of every test module: ~70-80 s on a quiet 2-core machine.
 test-fast: install
 	$(PYTEST) --durations=5 -m "not slow" tests
 
