@@ -11,6 +11,8 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
 - `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
 - in-process trials (`IN_PROCESS_TRIALS`, an xdist group, not a fixture): the short tests that run a
   trial in the test process share one worker, hence one trial forkserver.
+- `train_here`: `python train.py ARGS` run in the test process, so its trials come from the worker's
+  warm forkserver (a sweep that is killed, interrupted or run beside another keeps `run_train`).
 - `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
   (its cache and lock: trial/warmup.py). The tests with a short trial.timeout_s take it, so a cold
   cache's warm-up happens before their clocks start, not inside them.

@@ -1,4 +1,6 @@
-"""Imported first by the forkserver (trial.parent.PRELOAD), so that TRL loads there without vLLM.
+"""Imported first by the forkserver (trial.parent.PRELOAD), so that TRL loads there without vLLM;
+and by any trial process of a backend without vLLM before TRL loads (backends.prepare_imports:
+spawned trials, the ranks of a multi-process trial).
 
 TRL imports vLLM whenever it is installed, even for `use_vllm=False` (trl/import_utils.py
 `is_vllm_available` -> `importlib.util.find_spec("vllm")`): +3.7 s on every cold start of a plain

@@ -22,10 +22,16 @@ def get_backend(name: str):
 def prepare_imports(backend_name: str, cfg) -> None:
     """Run in the trial process before anything imports transformers/TRL (worker.main).
 
+    A backend that holds no vLLM pool loads TRL without vLLM (trial/without_vllm.py): the forkserver
+    does it for its trials already, and so do a spawned trial (every trial on CUDA) and each rank of
+    a multi-process trial here, which would otherwise spend ~3.7 s importing vLLM for nothing.
+
     Unsloth's standby mode (vLLM and training share the weights' memory; vLLM sleeps while
     training) is switched on by the environment variable UNSLOTH_VLLM_STANDBY=1, read when
     Unsloth is imported, so it is set here, before the import.
     """
+    if not table.runs_vllm(backend_name):
+        from .. import without_vllm  # noqa: F401
     if backend_name != "unsloth":
         return
     if cfg.backend.unsloth_standby:
