@@ -63,6 +63,13 @@ def compose(overrides: list[str] | None = None):
     return copy.deepcopy(_COMPOSED[key])
 
 
+def exit_status(exc: SystemExit) -> int:
+    """The exit code the interpreter would give `exc`; a message goes to stderr with code 1, as it would."""
+    if isinstance(exc.code, str):
+        print(exc.code, file=sys.stderr)
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
 def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):
     """`python train.py ARGS` in a subprocess; returns CompletedProcess with text output."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -109,10 +116,8 @@ def train_here(args: list[str], cwd: Path | None = None, env: dict | None = None
         GlobalHydra.instance().clear()
         try:
             main()
-        except SystemExit as exc:  # as the interpreter would exit: a message goes to stderr with code 1
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
+        except SystemExit as exc:
+            code = exit_status(exc)
         finally:
             GlobalHydra.instance().clear()
             sys.stdout.flush()
@@ -146,10 +151,8 @@ def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
-            except SystemExit as exc:  # as the interpreter exits: a message goes to stderr with code 1
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if isinstance(exc.code, str):
-                    print(exc.code, file=sys.stderr)
+            except SystemExit as exc:
+                code = exit_status(exc)
     finally:
         sys.stdin = stdin_was
     return subprocess.CompletedProcess(["grpo-sweep", *args], code, out.getvalue(), err.getvalue())
