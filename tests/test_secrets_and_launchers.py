@@ -14,8 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import train_here
-from test_sweeper_helpers import SMALL, counted, load_study, run, sweep_cmd
+from test_sweeper_helpers import SMALL, counted, load_study, run, run_here, sweep_cmd
 from test_wandb import OFFLINE_ENV
 
 FAKE_WANDB_KEY = "0123456789abcdef" * 2 + "fedcba98"  # 40 hex characters, the shape of a real key
@@ -76,7 +75,7 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
         "logger=wandb",
         *SMALL,
     )
-    result = train_here(cmd[2:], env={**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY})
+    result = run_here(cmd, env={**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(postgres, name)
     assert len(counted(study)) == 2

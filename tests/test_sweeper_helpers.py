@@ -82,11 +82,11 @@ def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
-def run_here(cmd: list[str]) -> subprocess.CompletedProcess:
-    """run(cmd) inside this test process (conftest.train_here: its trials share this process's warm
-    forkserver). For a sweep that is not killed, interrupted or run beside another one."""
+def run_here(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """run(cmd) inside this test process (conftest.train_here, with its `cwd` and `env`: its trials share
+    this process's warm forkserver). For a sweep that is not killed, interrupted or run beside another one."""
     assert cmd[:2] == [sys.executable, str(ROOT / "train.py")], cmd[:2]
-    return train_here(cmd[2:])
+    return train_here(cmd[2:], cwd=cwd, env=env)
 
 
 def load_study(storage: str, name: str = "tiny_cpu"):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, compose, load_metrics, run_train, train_here
-from test_sweeper_helpers import load_study, sweep_cmd
+from test_sweeper_helpers import load_study, run_here, sweep_cmd
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.schema import ConfigError
@@ -187,7 +187,7 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
         "hydra.sweeper.max_failures_in_a_row=2",
         "hydra.sweeper.prescreen=false",  # every point runs (a pruned point between two failures resets the count)
     )
-    result = train_here(cmd[2:], cwd=tmp_path)
+    result = run_here(cmd, cwd=tmp_path)
     out = result.stdout + result.stderr
     assert "Sweep stopped" in out and "my_rewards.broken raised ZeroDivisionError" in out, out[-3000:]
     assert "the task's reward function raised" in out  # failures.ADVICE: not "nothing fits"
@@ -232,7 +232,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
         "per_device_train_batch_size=2",
         "hydra.sweeper.n_trials=3",
     )
-    result = train_here(cmd[2:], cwd=tmp_path)
+    result = run_here(cmd, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best["export"]["files"][:2] == ["best.trl.yaml", "best_grpo_config.py"]
