@@ -18,7 +18,8 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
   cache's warm-up happens before their clocks start, not inside them.
 
 Waiting is set short through settings in the tests (trial.timeout_s, heartbeat_interval,
-grace_period, storage_retry_s); the production defaults stay. docs/contributing.md says which suite
+grace_period, storage_retry_s); the production defaults stay. A test of trial.timeout_s waits for its
+trial to reach the hang, not for the clock (`deadline_when`). docs/contributing.md says which suite
 to run when.
 """
 
@@ -281,6 +282,39 @@ def warm_model() -> Path:
 
     cfg = compose(FAST)
     return Path(model_path(cfg, load_tokenizer(cfg, get_task(cfg).corpus()), on_cuda=False))
+
+
+@pytest.fixture
+def deadline_when(monkeypatch):
+    """`deadline_when(ready, timeout_s)`: the trial's `trial.timeout_s` passes the moment `ready()` is
+    true (the trial reached its hang), instead of after `timeout_s` seconds of wall clock.
+
+    The one thing replaced is the clock of the parent's deadline wait (parent.run_trial's
+    `proc.join(trial.timeout_s)`); the stop that follows is the real one: the stop request, SIGTERM to
+    the group, the grace period, the record. A test of a timeout then waits for a state, not for a
+    number of seconds sized for a loaded machine, and can no longer be stopped before its trial got
+    where the test needs it. test_trial.py's `hang` case keeps the real clock (8 s)."""
+    from multiprocessing.process import BaseProcess
+
+    real_join = BaseProcess.join
+
+    def arm(ready, timeout_s: float, *, at_most_s: float = 600.0) -> None:
+        import time
+
+        armed = [True]  # once: the grace period's wait after the stop may be as long (STOP_GRACE_S)
+
+        def join(self, timeout=None):
+            if not armed[0] or timeout is None or float(timeout) != float(timeout_s):
+                return real_join(self, timeout)  # not the trial's deadline wait
+            armed[0] = False
+            give_up = time.monotonic() + at_most_s
+            while self.is_alive() and not ready() and time.monotonic() < give_up:
+                real_join(self, 0.2)
+            return None  # the deadline has passed: run_trial stops the trial if it is still alive
+
+        monkeypatch.setattr(BaseProcess, "join", join)
+
+    return arm
 
 
 # ------------------------------------------------------------------ tests over 20 s say why

@@ -198,20 +198,20 @@ def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
     assert m["vllm_server_peak_rss_bytes"] > 0  # stopped by the worker, and measured
 
 
-@pytest.mark.slow
-def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path, warm_model):
-    """Over 20 s: the timeout (20 s) is waited out. A trial from a warm forkserver (conftest.train_here) needs
-    about 4 s on an idle 2-core machine to start its offline W&B run and reach the hang, twice that when loaded."""
+def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path, warm_model, deadline_when):
+    """The deadline (trial.timeout_s=20) passes once the trial hangs with its offline W&B run open
+    (conftest.deadline_when), not after 20 s of wall clock: the stop, the record and the W&B run's end
+    are the real ones."""
     from grpo_sweep.trial.worker import WANDB_NOTE_FILE
 
     run_dir = tmp_path / "run"
+    deadline_when(lambda: _hanging(run_dir / "trial.log"), 20)
     cmd = [*FAST, "trial.debug_fault=hang", "trial.timeout_s=20", "logger=wandb", f"hydra.run.dir={run_dir}"]
     result = train_here(cmd, env=OFFLINE_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(run_dir)
     assert m["status"] == "timeout" and "trial.timeout_s=20" in m["error"], m["error"]
-    if not _hanging(run_dir / "trial.log"):
-        pytest.skip("this machine took over 20 s to reach the hang; the W&B run was not open yet")
+    assert _hanging(run_dir / "trial.log"), "the trial was stopped before its W&B run was open"
     assert m["wandb_finished"] is True and not (run_dir / WANDB_NOTE_FILE).exists()
     summary, _ = read_run(m["wandb_dir"])
     assert summary["state"] == "failed" and "timeout" in summary["tags"]

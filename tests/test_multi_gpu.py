@@ -500,15 +500,19 @@ def _rank_log(run_dir, rank: int) -> str:
 
 
 @pytest.mark.slow
-def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path, warm_model):
+def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path, warm_model, deadline_when):
     """trial.timeout_s bounds the whole group: the parent's SIGTERM reaches torchrun and the ranks,
-    the trial is `timeout`, and no rank outlives it. Over 20 s: the timeout is waited out, and it is
-    long enough (30 s) for two ranks to start torch and TRL from scratch and reach the hang on a
-    loaded 2-core machine (14.4 s on an idle one from a cold forkserver, 2026-12-01)."""
+    the trial is `timeout`, and no rank outlives it. The deadline passes once both ranks hang
+    (conftest.deadline_when), whatever time two ranks need to start torch and TRL from scratch on this
+    machine (14.4 s on an idle 2-core one from a cold forkserver, 2026-12-01)."""
     import psutil
 
     from grpo_sweep.trial.parent import run_trial
 
+    def both_hang() -> bool:
+        return all("hanging until stopped" in _rank_log(tmp_path, k) for k in range(2))
+
+    deadline_when(both_hang, 30)
     cfg = compose([*TINY_DDP, "trial.debug_fault=hang", "trial.timeout_s=30"])
     m = run_trial(cfg, tmp_path)
     assert m["status"] == "timeout" and "trial.timeout_s=30" in m["error"]
