@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -158,6 +159,29 @@ def test_unsloth_signatures():
     cfg = compose(["backend=unsloth"])
     assert not set(unsloth.from_pretrained_kwargs(cfg, "m", device_util=0.3)) - accepted
     assert not set(unsloth.peft_kwargs(cfg)) - _params(FastLanguageModel.get_peft_model)
+
+
+def test_a_colocate_trial_rendezvous_on_a_port_of_its_own_that_trl_keeps(monkeypatch):
+    """Two trl_vllm trials starting together on one host (joblib's parallel trials, one sweep worker per
+    card) both got port 29500 from TRL (the first free of a fixed list, checked before vLLM binds
+    it), and the later one failed with EADDRINUSE (seen in CI, 2026-12-02). A one-process trial now
+    sets MASTER_PORT from the ephemeral range before TRL looks, and TRL's own
+    `ensure_master_addr_port` keeps it; torchrun's (a multi-process trial's ranks) is kept too."""
+    from trl.trainer.utils import ensure_master_addr_port
+
+    from grpo_sweep.trial.backends.vllm_util import own_rendezvous_port
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    ports = set()
+    for _ in range(2):
+        monkeypatch.delenv("MASTER_PORT", raising=False)
+        port = own_rendezvous_port()
+        ensure_master_addr_port()  # what TRL's colocate set-up calls next
+        assert port is not None and os.environ["MASTER_PORT"] == port
+        ports.add(int(port))
+    assert not ports & {29500, 23456, 12355, 12345}  # not TRL's shared candidates
+    monkeypatch.setenv("MASTER_PORT", "29511")  # torchrun's
+    assert own_rendezvous_port() is None and os.environ["MASTER_PORT"] == "29511"
 
 
 def test_vllm_signatures():

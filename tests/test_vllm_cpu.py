@@ -71,6 +71,8 @@ def test_trl_vllm_trials_on_a_simulated_card(tmp_path):
     # The estimator's prediction (made in the trial, before anything ran) within the accuracy goal.
     assert abs(fits["predicted_peak_bytes"] - fits["peak_memory_bytes"]) <= 0.10 * fits["peak_memory_bytes"]
     assert fits["generation_time_s"] is not None and fits["generation_time_s"] > 0
+    # Its own rendezvous port (vllm_util.own_rendezvous_port), not TRL's shared 29500.
+    assert "rendezvous on port" in (tmp_path / "1" / "trial.log").read_text()
 
     # Too large: vLLM starts, training gets 12.8 MiB and runs out (the tracker's torch.OutOfMemoryError).
     assert large["status"] == "oom", large["error"]

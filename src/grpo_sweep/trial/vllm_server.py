@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,15 +27,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .backends.vllm_util import free_port
+
 HEALTH_TIMEOUT_S = 600.0  # vLLM-CPU starts in ~1.5 min on 2 loaded cores; trial.timeout_s bounds it too
 LOG_FILE = "vllm_server.log"
 _RUNNING: list[Server] = []
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def command(cfg: Any, model_path: str, port: int, *, on_cuda: bool, kv_cache_bytes: int | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...units import budget_bytes
 from . import trl as trl_backend
-from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, target_equivalent
+from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, own_rendezvous_port, target_equivalent
 
 # The largest |log p_vLLM - log p_trainer| of sampled tokens, after the last weight sync, that a
 # trial accepts (`check_sync`). float32 on both sides (CPU): measured 4.9e-7 on the tiny model
@@ -315,6 +315,9 @@ def build_trainer(cfg: Any, ctx: Any):
             f"KV cache {plan['kv_cache_bytes']} B (needs >= {plan['kv_cache_min_bytes']} B)",
             flush=True,
         )
+    port = own_rendezvous_port()  # before TRL picks 29500 for every trial that starts at once
+    if port:
+        print(f"[trial] vLLM colocate: rendezvous on port {port} (MASTER_PORT)", flush=True)
     args = GRPOConfig(**grpo_vllm_args(cfg, on_cuda=ctx.on_cuda, output_dir=str(ctx.run_dir / "trainer"), device_util=util))
     try:
         trainer = trl_backend.make_trainer(ctx, model, args, peft_config=trl_backend.lora_config(cfg))

@@ -1,4 +1,4 @@
-"""vLLM's `gpu_memory_utilization` on an emulated card.
+"""vLLM's `gpu_memory_utilization` on an emulated card; a free port for a vLLM process to listen on.
 
 vLLM reserves `gpu_memory_utilization x total_memory` of the *physical* card up front. When a
 sweep emulates a smaller target card (`gpu=l4_24g` on an H100), the same lever value would hand
@@ -11,6 +11,8 @@ Pure functions on purpose (no torch import): tested on CPU; the CUDA total is pa
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from ...units import budget_bytes
@@ -63,3 +65,26 @@ def engine_utilization(llm: Any) -> float | None:
         if isinstance(obj, (int, float)):
             return float(obj)
     return None
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, from the kernel's ephemeral range (bind to port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def own_rendezvous_port(environ: Any = os.environ) -> str | None:
+    """Give a one-process colocate trial a torch.distributed rendezvous port of its own.
+
+    vLLM in colocate mode joins a process group of one (TRL sets RANK/WORLD_SIZE, vLLM's
+    external_launcher opens a TCPStore on MASTER_ADDR:MASTER_PORT). Without MASTER_PORT, TRL's
+    `ensure_master_addr_port` takes the first of 29500, 23456, ... that is free *when it looks*: two
+    trials starting together on one host (joblib's parallel trials, several sweep workers, one per
+    card) both take 29500 and the later one fails with EADDRINUSE. A port from the ephemeral range
+    makes that practically impossible. A MASTER_PORT already set (torchrun's, for the ranks of a
+    multi-process trial, or the user's) is kept. Returns the port set, or None when one was kept."""
+    if environ.get("MASTER_PORT"):
+        return None
+    environ["MASTER_PORT"] = str(free_port())
+    return environ["MASTER_PORT"]
