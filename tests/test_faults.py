@@ -479,6 +479,85 @@ def test_bad_sweeper_input_is_one_line_before_any_trial(tmp_path, args, words):
     assert not list(tmp_path.glob("trial_*")) and not Path("/nonexistent").exists()
 
 
+def test_every_call_optunas_cache_makes_past_the_public_api_is_retried(tmp_path, caplog):
+    """Optuna wraps an RDBStorage in its _CachedStorage, which calls private methods of the storage
+    (`_get_trials`, `_create_new_trial`, ...). A PostgreSQL outage met by one of them ended a sweep
+    with a traceback (CI, 2026-12-02: `_get_trials` under the best-so-far line). Every such call is
+    retried; a SQLite file locked for a second while the study asks, suggests and reads is waited out
+    and leaves exactly one trial."""
+    import re
+    import sqlite3
+    import threading
+
+    import optuna
+    from optuna.storages import _cached_storage
+
+    from grpo_sweep.study import storage as st
+
+    called = set(re.findall(r"self\._backend\.(_[a-z]\w*)\(", Path(_cached_storage.__file__).read_text()))
+    assert called and called <= set(st.CACHED_STORAGE_CALLS), called - set(st.CACHED_STORAGE_CALLS)
+
+    db = tmp_path / "study.db"
+    url = f"sqlite:///{db}"
+    # SQLite's own busy wait (5 s by default) made short: the lock must reach the retry.
+    storage = st._retrying(optuna.storages.RDBStorage, 30, url)(url, engine_kwargs={"connect_args": {"timeout": 0.05}})
+    study = optuna.create_study(storage=storage, study_name="s")
+    assert isinstance(study._storage, _cached_storage._CachedStorage)
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(1.0, lambda: holder.execute("ROLLBACK"))
+    release.start()
+    try:
+        with caplog.at_level("WARNING", logger=st.__name__):
+            trial = study.ask()
+            trial.suggest_float("x", 0.0, 1.0)
+            study.tell(trial, 1.0)
+            assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
+    finally:
+        release.join()
+        holder.close()
+    assert "unavailable (_get_trials: " in caplog.text  # ask() read through the private call, met the lock, retried
+
+
+def test_a_write_that_may_have_landed_is_not_made_twice():
+    """Retrying a write after a failure that may have committed would make a second copy: a created
+    trial nobody runs (RUNNING forever, waited for) or a duplicate parameter. `_create_new_trial` is
+    tried again only when the failed attempt never reached the database; a parameter whose first
+    attempt landed reads as set."""
+    import sqlalchemy.exc as sa
+
+    from grpo_sweep.study.storage import call_with_retry, the_write_never_landed
+
+    def failing(*errors):
+        calls = []
+
+        def fn():
+            calls.append(1)
+            if len(calls) <= len(errors):
+                raise errors[len(calls) - 1]
+            return "done"
+
+        return fn, calls
+
+    dropped = sa.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+    refused = sa.OperationalError("connect", {}, Exception('connection to server at "db", port 5432 failed: Connection refused'))
+    assert not the_write_never_landed(dropped) and the_write_never_landed(refused)
+    fn, calls = failing(dropped)
+    with pytest.raises(StorageError, match="while creating a trial .* re-run the same command"):
+        call_with_retry(fn, "_create_new_trial", 5, "postgresql://db/x")  # one line for the sweep to print
+    assert len(calls) == 1  # not tried again: the trial may exist already
+    fn, calls = failing(refused)
+    assert call_with_retry(fn, "_create_new_trial", 5, "postgresql://db/x") == "done" and len(calls) == 2
+    fn, calls = failing(dropped)
+    assert call_with_retry(fn, "_get_trials", 5, "postgresql://db/x") == "done"  # a read: always again
+    duplicate = sa.IntegrityError("INSERT", {}, Exception("duplicate key value violates unique constraint"))
+    fn, calls = failing(dropped, duplicate)
+    assert call_with_retry(fn, "_set_trial_param", 5, "postgresql://db/x") is None and len(calls) == 2
+    fn, calls = failing(duplicate)
+    with pytest.raises(sa.IntegrityError):  # a duplicate on the first attempt is a real error
+        call_with_retry(fn, "_set_trial_param", 5, "postgresql://db/x")
+
+
 @pytest.mark.slow
 def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rerun_resumes(tmp_path):
     """Another process holds the SQLite file's exclusive lock while trial 1 runs, longer than

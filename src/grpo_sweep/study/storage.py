@@ -320,12 +320,31 @@ TRANSIENT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EAGAIN, errno.E
 TRANSIENT_SQL = ("OperationalError", "InterfaceError", "DisconnectionError")
 PERMANENT_SQL = ("no such table", "syntax error", "password authentication failed", "does not exist")
 NOT_RETRIED = ("record_heartbeat",)  # a missed beat is harmless; the heartbeat thread never blocks
+# Optuna wraps every RDBStorage in its _CachedStorage, which reads and writes through these private
+# methods of the storage, not through the public ones (tests/test_faults.py checks this list against
+# optuna/storages/_cached_storage.py): they are retried like the public calls. `_get_stale_trial_ids`
+# is also what fail_stale_trials reads.
+CACHED_STORAGE_CALLS = ("_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param")
+# Writes that cannot be told apart from a second copy once they landed: retried only when the failed
+# attempt cannot have landed (the_write_never_landed). Another try of a created trial whose commit
+# landed before its connection dropped would leave a RUNNING trial nobody runs, waited for forever.
+ONCE_ONLY = ("create_new_trial", "_create_new_trial")
+# A failed attempt that never reached the database: the connection could not be made (or was refused
+# while the server stops or starts), or SQLite could not take its lock (SQLite commits or rolls back
+# locally: a failed commit did not land).
+NEVER_SENT = (
+    "could not connect",
+    "Connection refused",
+    "connection refused",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "database is locked",
+)
 
 
 def transient(err: BaseException) -> bool:
     """Whether `err` (or what caused it) is a failure that passes: see TRANSIENT_ERRNOS / TRANSIENT_SQL."""
-    seen: BaseException | None = err
-    while seen is not None:
+    for seen in _chain(err):
         if isinstance(seen, StorageUnavailable):
             return False  # an inner call's retries already ran out
         if isinstance(seen, OSError) and seen.errno in TRANSIENT_ERRNOS:
@@ -335,8 +354,15 @@ def transient(err: BaseException) -> bool:
             names & set(TRANSIENT_SQL) and not any(s in str(seen) for s in PERMANENT_SQL)
         ):
             return True
-        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
     return False
+
+
+def _chain(err: BaseException):
+    """`err` and what caused it, outermost first."""
+    seen: BaseException | None = err
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
 
 
 def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: str, *args: Any, **kwargs: Any) -> Any:
@@ -353,8 +379,16 @@ def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: s
                 return True  # the failed attempt's commit landed before its connection dropped
             raise
         except Exception as err:  # noqa: BLE001 - only passing failures are retried (transient)
+            if failed is not None and name == "_set_trial_param" and _duplicate(err):
+                return None  # the failed attempt's commit landed: the parameter is set
             if not transient(err):
                 raise
+            if name in ONCE_ONLY and not the_write_never_landed(err):
+                raise StorageUnavailable(
+                    f"storage {mask_url(source)} dropped the connection while creating a trial "
+                    f"({_first_line(err, source)}); it is not tried again, as it may have landed. Every trial "
+                    "told before this is kept; re-run the same command to resume"
+                ) from None
             if failed is None:
                 log.warning(
                     "Storage %s unavailable (%s: %s); retrying for up to %.0f s",
@@ -375,13 +409,25 @@ def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: s
             delay = min(delay * 2, 8.0)
 
 
+def the_write_never_landed(err: BaseException) -> bool:
+    """Whether a failed write certainly did not reach the database (NEVER_SENT), so that another try
+    cannot make a second copy of it."""
+    if any(isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS for e in _chain(err)):
+        return True  # a file storage: its failed append was cut back (SafeJournalFileBackend)
+    return any(needle in str(e) for e in _chain(err) for needle in NEVER_SENT)
+
+
+def _duplicate(err: BaseException) -> bool:
+    return any("IntegrityError" in {c.__name__ for c in type(e).__mro__} for e in _chain(err))
+
+
 def _retrying(cls: type, retry_s: float | None, source: str) -> type:
     """`cls` (an Optuna storage class) with every public call retried (call_with_retry)."""
     if not retry_s:
         return cls
     from optuna.storages import BaseStorage
 
-    names = {n for n in dir(BaseStorage) if not n.startswith("_")} | {"_get_stale_trial_ids"}
+    names = {n for n in dir(BaseStorage) if not n.startswith("_")} | set(CACHED_STORAGE_CALLS)
     attrs: dict[str, Any] = {"retry_s": retry_s}
     for name in sorted(names - set(NOT_RETRIED)):
         base = getattr(cls, name, None)
