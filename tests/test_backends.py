@@ -165,21 +165,22 @@ def test_a_colocate_trial_rendezvous_on_a_port_of_its_own_that_trl_keeps(monkeyp
     """Two trl_vllm trials starting together on one host (joblib's parallel trials, one sweep worker per
     card) both got port 29500 from TRL (the first free of a fixed list, checked before vLLM binds
     it), and the later one failed with EADDRINUSE (seen in CI, 2026-12-02). A one-process trial now
-    sets MASTER_PORT from the ephemeral range before TRL looks, and TRL's own
-    `ensure_master_addr_port` keeps it; torchrun's (a multi-process trial's ranks) is kept too."""
+    sets MASTER_PORT from the ephemeral range before TRL looks, even over an inherited one, and TRL's
+    own `ensure_master_addr_port` keeps it; a rank under torchrun keeps torchrun's."""
     from trl.trainer.utils import ensure_master_addr_port
 
     from grpo_sweep.trial.backends.vllm_util import own_rendezvous_port
 
-    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")  # exported in the shell that started the sweep
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     ports = set()
     for _ in range(2):
-        monkeypatch.delenv("MASTER_PORT", raising=False)
         port = own_rendezvous_port()
         ensure_master_addr_port()  # what TRL's colocate set-up calls next
         assert port is not None and os.environ["MASTER_PORT"] == port
         ports.add(int(port))
     assert not ports & {29500, 23456, 12355, 12345}  # not TRL's shared candidates
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # a rank of a multi-process trial
     monkeypatch.setenv("MASTER_PORT", "29511")  # torchrun's
     assert own_rendezvous_port() is None and os.environ["MASTER_PORT"] == "29511"
 

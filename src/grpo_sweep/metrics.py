@@ -93,6 +93,7 @@ class TrialMetrics(TypedDict, total=False):
     vllm_max_waiting_requests: int | None  # the most it queued (KV cache full)
     vllm_preemptions: int | None  # requests it preempted to free KV blocks
     vllm_kv_cache_max_usage: float | None  # the largest KV-cache usage it reported (0-1)
+    vllm_engine_steps: int | None  # the engine's forward passes over the trial (waves multiply them)
     vllm_pool_bytes: int | None  # vLLM's up-front pool, read back from its engine (CPU: weights + KV tensors)
     # trl_vllm's weight-sync check (trial/backends/trl_vllm.py after_train): max |log p_vLLM - log p_trainer|
     # of a few sampled tokens after the last sync; TRL's own per-step sampling_logp_difference/max (max

@@ -183,11 +183,19 @@ def watch_scheduler(llm) -> dict | None:
     scheduler = getattr(core, "scheduler", None)
     if scheduler is None or not hasattr(scheduler, "running"):
         return None
-    seen = {"vllm_max_running_requests": 0, "vllm_max_waiting_requests": 0, "vllm_preemptions": 0, "vllm_kv_cache_max_usage": 0.0}
+    seen = {
+        "vllm_max_running_requests": 0,
+        "vllm_max_waiting_requests": 0,
+        "vllm_preemptions": 0,
+        "vllm_kv_cache_max_usage": 0.0,
+        "vllm_engine_steps": 0,
+    }
     stock_schedule, stock_preempt = scheduler.schedule, scheduler._preempt_request
 
     def schedule(*args, **kwargs):
         out = stock_schedule(*args, **kwargs)
+        if getattr(out, "total_num_scheduled_tokens", 0):  # a forward pass of the engine (prefill or decode)
+            seen["vllm_engine_steps"] += 1
         seen["vllm_max_running_requests"] = max(seen["vllm_max_running_requests"], len(scheduler.running))
         seen["vllm_max_waiting_requests"] = max(seen["vllm_max_waiting_requests"], len(scheduler.waiting))
         usage = getattr(getattr(scheduler, "kv_cache_manager", None), "usage", None)

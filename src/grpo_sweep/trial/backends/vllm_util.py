@@ -81,10 +81,11 @@ def own_rendezvous_port(environ: Any = os.environ) -> str | None:
     external_launcher opens a TCPStore on MASTER_ADDR:MASTER_PORT). Without MASTER_PORT, TRL's
     `ensure_master_addr_port` takes the first of 29500, 23456, ... that is free *when it looks*: two
     trials starting together on one host (joblib's parallel trials, several sweep workers, one per
-    card) both take 29500 and the later one fails with EADDRINUSE. A port from the ephemeral range
-    makes that practically impossible. A MASTER_PORT already set (torchrun's, for the ranks of a
-    multi-process trial, or the user's) is kept. Returns the port set, or None when one was kept."""
-    if environ.get("MASTER_PORT"):
+    card) both take 29500 and the later one fails with EADDRINUSE; a MASTER_PORT exported in the
+    shell that started the sweep does the same. So a trial that is a world of one takes a port from
+    the ephemeral range whatever it inherited; the ranks of a multi-process trial run under torchrun
+    (TORCHELASTIC_RUN_ID set) and keep the port torchrun gave them. Returns the port set, or None."""
+    if environ.get("TORCHELASTIC_RUN_ID"):
         return None
     environ["MASTER_PORT"] = str(free_port())
     return environ["MASTER_PORT"]
