@@ -71,8 +71,16 @@ def _done(storage: str, name: str = "tiny_cpu") -> dict[int, float]:
     return {t.number: t.value for t in _trials(storage, name) if t.state.name == "COMPLETE"}
 
 
-def _running(storage: str, name: str = "tiny_cpu") -> list[int]:
-    return [t.number for t in _trials(storage, name) if t.state.name == "RUNNING"]
+def _wait_until_running_after(storage: str, done: int, proc: subprocess.Popen) -> None:
+    """Until the sweep `proc` has `done` trials COMPLETE and the next one RUNNING: one read of the
+    study each time (two reads could each see a different moment), every 0.1 s (a warm trial can run
+    for about a second; a sweep that finished it between two looks fails the test as exited)."""
+
+    def there() -> bool:
+        states = [t.state.name for t in _trials(storage, "tiny_cpu")]
+        return states.count("COMPLETE") == done and "RUNNING" in states
+
+    wait_for(there, timeout=600, every=0.1, proc=proc)
 
 
 @pytest.fixture
@@ -102,7 +110,7 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
     cmd = sweep_cmd(sweep_dir, "hydra.sweeper.n_trials=3", *QUICK)
     proc = start(cmd, tmp_path / "first.log")
     try:
-        wait_for(lambda: len(_done(storage)) == 2 and _running(storage), timeout=600, proc=proc)
+        _wait_until_running_after(storage, 2, proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -173,7 +181,7 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
         cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
         proc = start(cmd, tmp_path / "first.log")
         try:
-            wait_for(lambda: len(_done(storage)) == 1 and _running(storage), timeout=600, proc=proc)
+            _wait_until_running_after(storage, 1, proc)
             filler = _fill(mnt)
             code = proc.wait(timeout=300)
         finally:
@@ -575,7 +583,7 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
     proc = start(cmd, tmp_path / "first.log")
     holder = None
     try:
-        wait_for(lambda: len(_done(storage)) == 1 and _running(storage), timeout=600, proc=proc)
+        _wait_until_running_after(storage, 1, proc)
         before = _done(storage)
         holder = sqlite3.connect(db, isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")
