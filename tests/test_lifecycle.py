@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, ROOT, load_metrics, train_here
+from conftest import FAST, IN_PROCESS_TRIALS, ROOT, load_metrics, train_here
 from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd, trials_so_far, wait_for
 from test_wandb import OFFLINE_ENV, read_run
 
@@ -198,6 +198,7 @@ def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
     assert m["vllm_server_peak_rss_bytes"] > 0  # stopped by the worker, and measured
 
 
+@IN_PROCESS_TRIALS  # its trial comes from the forkserver the other short in-process trials share
 def test_timeout_ends_the_wandb_run_as_failed_with_the_reason(tmp_path, warm_model, deadline_when):
     """The deadline (trial.timeout_s=20) passes once the trial hangs with its offline W&B run open
     (conftest.deadline_when), not after 20 s of wall clock: the stop, the record and the W&B run's end
