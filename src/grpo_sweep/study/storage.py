@@ -334,12 +334,11 @@ ONCE_ONLY = ("create_new_trial", "_create_new_trial")
 # locally: a failed commit did not land).
 NEVER_SENT = (
     "could not connect",
-    "Connection refused",
     "connection refused",
     "the database system is shutting down",
     "the database system is starting up",
     "database is locked",
-)
+)  # compared lower-case
 
 
 def transient(err: BaseException) -> bool:
@@ -414,7 +413,7 @@ def the_write_never_landed(err: BaseException) -> bool:
     cannot make a second copy of it."""
     if any(isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS for e in _chain(err)):
         return True  # a file storage: its failed append was cut back (SafeJournalFileBackend)
-    return any(needle in str(e) for e in _chain(err) for needle in NEVER_SENT)
+    return any(needle in str(e).lower() for e in _chain(err) for needle in NEVER_SENT)
 
 
 def _duplicate(err: BaseException) -> bool:

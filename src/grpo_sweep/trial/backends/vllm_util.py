@@ -6,7 +6,8 @@ vLLM far more bytes than the target card has, so the value passed to vLLM is res
 the bytes the target card would reserve: util x target_bytes / actual_bytes. The lever recorded in
 metrics.json stays in target-card terms (see `target_equivalent`).
 
-Pure functions on purpose (no torch import): tested on CPU; the CUDA total is passed in.
+The utilisation functions are pure on purpose (no torch import): tested on CPU; the CUDA total is
+passed in.
 """
 
 from __future__ import annotations
