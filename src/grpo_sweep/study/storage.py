@@ -404,14 +404,23 @@ def transient(err: BaseException) -> bool:
     for seen in _chain(err):
         if isinstance(seen, StorageUnavailable):
             return False  # an inner call's retries already ran out
-        if isinstance(seen, OSError) and seen.errno in TRANSIENT_ERRNOS:
+        if _file_blip(seen):
             return True
-        names = {c.__name__ for c in type(seen).__mro__}
         if getattr(seen, "connection_invalidated", False) or (
-            names & set(TRANSIENT_SQL) and not any(s in str(seen) for s in PERMANENT_SQL)
+            _class_names(seen) & set(TRANSIENT_SQL) and not any(s in str(seen) for s in PERMANENT_SQL)
         ):
             return True
     return False
+
+
+def _file_blip(err: BaseException) -> bool:
+    """A file storage's failure that passes (TRANSIENT_ERRNOS); its failed append was cut back."""
+    return isinstance(err, OSError) and err.errno in TRANSIENT_ERRNOS
+
+
+def _class_names(err: BaseException) -> set[str]:
+    """The names of `err`'s class and its bases: SQLAlchemy's errors, matched without importing it."""
+    return {c.__name__ for c in type(err).__mro__}
 
 
 def _chain(err: BaseException):
@@ -469,13 +478,13 @@ def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: s
 def the_write_never_landed(err: BaseException) -> bool:
     """Whether a failed write certainly did not reach the database (NEVER_SENT), so that another try
     cannot make a second copy of it."""
-    if any(isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS for e in _chain(err)):
+    if any(_file_blip(e) for e in _chain(err)):
         return True  # a file storage: its failed append was cut back (SafeJournalFileBackend)
     return any(needle in str(e).lower() for e in _chain(err) for needle in NEVER_SENT)
 
 
 def _duplicate(err: BaseException) -> bool:
-    return any("IntegrityError" in {c.__name__ for c in type(e).__mro__} for e in _chain(err))
+    return any("IntegrityError" in _class_names(e) for e in _chain(err))
 
 
 def _retrying(cls: type, retry_s: float | None, source: str) -> type:
