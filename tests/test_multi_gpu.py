@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import cli, compose
+from conftest import cli, compose, load_metrics
 
 from grpo_sweep.config.schema import ConfigError, validate
 from grpo_sweep.memory.estimator import GiB, estimate, param_counts, shapes
@@ -148,12 +148,14 @@ def _rank(status="ok", peak=100, tokens=10.0, **extra):
             "tokens_per_step": 50.0, "step_time_s": 2.0, "predicted_peak_bytes": 90, **extra}  # fmt: skip
 
 
-def test_merge_judges_the_largest_rank_and_sums_throughput():
+def test_merge_judges_the_largest_rank_and_counts_throughput_once():
+    """Every rank's tokens and samples are already the trial's (TRL gathers the token count; the
+    samples are the global generation batch): the trial's throughput is the slowest rank's, not a sum."""
     out = merge([_rank(peak=100, tokens=10.0), _rank(peak=130, tokens=12.0, step_time_s=3.0, peak_phase="backward")], 2, "ddp")
     assert out["status"] == "ok" and out["error"] is None
     assert out["rank_peak_memory_bytes"] == [100, 130] and out["peak_memory_bytes"] == 130 and out["peak_rank"] == 1
     assert out["peak_phase"] == "backward"  # the largest rank's own breakdown and phase
-    assert out["tokens_per_s"] == 22.0 and out["samples_per_s"] == 2.0 and out["tokens_per_step"] == 100.0
+    assert out["tokens_per_s"] == 10.0 and out["samples_per_s"] == 1.0 and out["tokens_per_step"] == 50.0
     assert out["step_time_s"] == 3.0  # the slowest rank: they wait for each other
     assert out["world_size"] == 2 and out["strategy"] == "ddp" and set(out) <= KEYS
 
@@ -190,7 +192,7 @@ def _check_rank_records(m: dict, n: int, strategy: str) -> list[float]:
     peaks, predicted = m["rank_peak_memory_bytes"], m["rank_predicted_peak_bytes"]
     assert len(peaks) == n and all(p and p > 0 for p in peaks) and m["peak_memory_bytes"] == max(peaks)
     assert m["memory_source"] == "cpu-tracker"
-    assert m["tokens_per_s"] == pytest.approx(sum(m["rank_tokens_per_s"]))
+    assert m["tokens_per_s"] == pytest.approx(min(m["rank_tokens_per_s"]))  # counted once
     return [(pr - p) / p for p, pr in zip(peaks, predicted)]
 
 
@@ -213,6 +215,64 @@ def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
     # one process (the prediction's ddp_buckets term).
     assert m["predicted_peak_breakdown"]["ddp_buckets"] == m["predicted_peak_breakdown"]["gradients"] > 0
     assert m["peak_memory_breakdown"]["weights"] > 0 and m["peak_memory_breakdown"]["trainable_params"] > 0
+
+
+def test_completions_per_step_counts_every_rank():
+    """completions_per_step is the optimiser step's across all processes: the accumulation is
+    completions_per_step / (batch x N), TRL's generation batch is the recipe's, and a split that
+    batch x N does not divide is refused naming what is allowed."""
+    from grpo_sweep.config.schema import ConfigError, generation_batch_size, split_of, validate
+    from grpo_sweep.levers import recipe_of
+    from grpo_sweep.trial.backends.trl import grpo_args
+
+    held = ["completions_per_step=8", "per_device_train_batch_size=2"]
+    for n, accum in ((1, 4), (2, 2), (4, 1)):
+        cfg = compose([*held, f"trial.num_processes={n}"])
+        assert split_of(cfg) == (2, accum) and generation_batch_size(cfg) == 8, n
+        assert recipe_of(cfg)["completions_per_step"] == 8
+        args = grpo_args(validate(cfg), on_cuda=False, output_dir="/tmp/x")
+        assert args["gradient_accumulation_steps"] == accum and args["generation_batch_size"] == 8
+    with pytest.raises(ConfigError) as err:
+        split_of(compose(["completions_per_step=8", "per_device_train_batch_size=8", "trial.num_processes=2"]))
+    assert str(err.value) == (
+        "per_device_train_batch_size=8 x trial.num_processes=2 does not divide completions_per_step=8 "
+        "(gradient_accumulation_steps = completions_per_step / (per_device_train_batch_size x 2 processes)); "
+        "allowed per_device_train_batch_size here: [1, 2, 4]"
+    )
+    # Without a held completions_per_step, the recipe's is what N ranks train together.
+    assert recipe_of(compose(["per_device_train_batch_size=4", "trial.num_processes=2"]))["completions_per_step"] == 8
+
+
+@pytest.mark.slow
+def test_one_and_two_processes_train_the_same_recipe(tmp_path):
+    """Over 20 s: a one-process and a two-process trial (two ranks import torch and TRL) at
+    completions_per_step=8: per optimiser step both train 8 completions and the same tokens, and the
+    trial counts its throughput once (the two-process trial's tokens/s is not the ranks' sum)."""
+    from conftest import load_metrics, train_here
+
+    held = ["trial.steps=2", "task.num_prompts=32", "completions_per_step=8", "per_device_train_batch_size=2"]
+    records = {}
+    for n in (1, 2):
+        run_dir = tmp_path / str(n)
+        out = train_here([*held, f"trial.num_processes={n}", "trial.strategy=ddp", f"hydra.run.dir={run_dir}"])
+        assert out.returncode == 0, out.stdout[-3000:]
+        records[n] = load_metrics(run_dir)
+        assert records[n]["status"] == "ok", records[n]["error"]
+    one, two = records[1], records[2]
+    assert one["effective"]["generation_batch_size"] == two["effective"]["generation_batch_size"] == 8
+    assert one["effective"]["gradient_accumulation_steps"] == 4
+    for k in range(2):
+        rank = load_metrics(tmp_path / "2" / "ranks" / str(k))
+        assert rank["effective"]["gradient_accumulation_steps"] == 2 and rank["effective"]["per_device_train_batch_size"] == 2
+    # Worst-case lengths: every completion is max_seq_length tokens, so a step's tokens are the recipe's.
+    for m in (one, two):
+        assert [r["samples"] for r in m["history"]] == [8, 8]
+        assert all(r["tokens"] == 8 * 96 for r in m["history"]), m["history"]
+        assert m["recipe"]["completions_per_step"] == 8
+        assert sum(r["samples"] for r in m["history"]) == 2 * 8  # the trained total: steps x the recipe
+    assert two["tokens_per_step"] == one["tokens_per_step"] == 8 * 96
+    assert two["tokens_per_s"] == pytest.approx(min(two["rank_tokens_per_s"]))
+    assert two["tokens_per_s"] == pytest.approx(two["tokens_per_step"] / two["step_time_s"], rel=0.35)
 
 
 @pytest.mark.slow
@@ -478,7 +538,9 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
         "    params:\n      trial.num_processes: choice(1, 2)\n      trial.strategy: choice(ddp)\n"
     )
     sweep_dir = tmp_path / "sweep"
-    result = run_here(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *SMALL, sweep="procs_cpu"))
+    # 4 completions per step, held: one process accumulates 2 micro-batches of 2, two processes 1 each
+    held = [o for o in SMALL if not o.startswith("completions_per_step=")] + ["completions_per_step=4"]
+    result = run_here(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *held, sweep="procs_cpu"))
     tmp_path = sweep_dir
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))
@@ -486,6 +548,8 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     assert all(t.user_attrs["status"] == "ok" for t in trials), [t.user_attrs.get("error") for t in trials]
     two = next(t for t in trials if t.params["trial.num_processes"] == 2)
     assert two.user_attrs["world_size"] == 2 and two.user_attrs["strategy"] == "ddp"
+    for t in trials:  # one recipe: the same completions per optimiser step, however many processes
+        assert load_metrics(t.user_attrs["run_dir"])["effective"]["generation_batch_size"] == 4
     assert len(two.user_attrs["rank_peak_memory_bytes"]) == 2
     rows = {int(r["world_size"]): r for r in csv.DictReader(open(tmp_path / "trials.csv"))}
     assert set(rows) == {1, 2} and rows[2]["strategy"] == "ddp" and len(rows[2]["rank_peak_memory_bytes"].split()) == 2

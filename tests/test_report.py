@@ -225,7 +225,35 @@ def test_lever_effect_prefers_controlled_pairs():
     assert rows["lora_rank"]["objective_change_pct"] == pytest.approx(-20.0)
     assert rows["lora_rank"]["basis"].startswith("1 pair")
     batch = rows["per_device_train_batch_size"]  # no controlled pair: medians, and it says so
-    assert batch["low"] == "4" and batch["high"] == "8" and "other levers varied" in batch["basis"]
+    assert batch["low"] == "4" and batch["high"] == "8" and "other settings varied" in batch["basis"]
+
+
+def test_lever_effects_cover_boolean_and_categorical_knobs_not_the_derived_accumulation():
+    """A held completions_per_step: the split's micro-batch and gradient checkpointing (a boolean in
+    config.yaml, not a lever) and the backend (a choice) get rows; the accumulation, which the
+    micro-batch decides, does not."""
+
+    def trial(name, peak, tps, batch, checkpointing, backend="trl"):
+        levers = {"per_device_train_batch_size": batch, "gradient_accumulation_steps": 8 // batch}
+        config = {"completions_per_step": 8, "gradient_checkpointing": checkpointing, "backend": {"name": backend}}
+        return Trial(
+            name=name, record={"status": "ok", "levers": levers, "peak_memory_bytes": peak, "tokens_per_s": tps}, config=config
+        )
+
+    trials = [
+        trial("a", 100, 10.0, 2, False),
+        trial("b", 80, 8.0, 2, True),
+        trial("c", 150, 12.0, 4, False),
+        trial("d", 160, 14.0, 4, False, backend="trl_vllm"),
+    ]
+    rows = {r["lever"]: r for r in lever_effects(trials)}
+    assert set(rows) == {"per_device_train_batch_size", "gradient_checkpointing", "backend"}
+    assert rows["gradient_checkpointing"]["low"] == "False" and rows["gradient_checkpointing"]["high"] == "True"
+    assert rows["gradient_checkpointing"]["peak_change_pct"] == pytest.approx(-20.0)
+    assert rows["gradient_checkpointing"]["basis"].startswith("1 pair")  # a vs b
+    assert rows["per_device_train_batch_size"]["basis"].startswith("1 pair")  # a vs c: the accumulation is not a difference
+    assert rows["backend"]["low"] == "trl" and rows["backend"]["high"] == "trl_vllm"
+    assert "the generation engine" in rows["backend"]["expected"]  # levers.KINDS's reason
 
 
 def test_bad_source_is_named(capsys):
@@ -466,3 +494,44 @@ def test_directory_report_reads_the_study_next_to_the_trials(tmp_path, capsys):
     assert "2 trials: 1 feasible, 1 pruned" in capsys.readouterr().out
     rows = {r["name"]: r for r in table_rows((tmp_path / "report.html").read_text())}
     assert rows["trial 1"]["_status"] == "pruned" and "best" in rows["trial 0"]["_class"]
+
+
+def _ranked_trials(finalist: set[str], recipes: dict[str, int] | None = None) -> list[Trial]:
+    """Trial 0 ran twice (a repeat); trial 3, once, is fastest. `finalist`: the trials confirmation chose."""
+    history = [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.75}]
+
+    def trial(number, tps, **record):
+        recipe = {"completions_per_step": 8, "lora_rank": (recipes or {}).get(str(number), 16)}
+        record = {"status": "ok", "levers": {"lora_rank": 16}, "peak_memory_bytes": 2**20, "tokens_per_s": tps,
+                  "history": history, "recipe": recipe, **record}  # fmt: skip
+        if str(number) in finalist:
+            record["finalist"] = True
+        return Trial(name=f"trial {number}", number=number, record=record, config={"seed": 42})
+
+    return [trial(0, 100.0), trial(1, 90.0), trial(2, 105.0, repeats=0), trial(3, 120.0)]
+
+
+def test_finalists_are_the_configs_confirmation_compared_winner_included(tmp_path):
+    from grpo_sweep.report.html import write_report
+
+    page = write_report(_ranked_trials({"0", "3"}), tmp_path, title="confirmed").read_text()
+    body = page.split("<table id=finalists>")[1].split("</table>")[0]
+    assert body.index("trial 3") < body.index("trial 0") and "trial 1" not in body  # the winner first, only the chosen
+    assert "<b>trial 3</b>" in page
+
+    page = write_report(_ranked_trials(set()), tmp_path, title="unconfirmed").read_text()
+    assert "id=finalists>" not in page
+    note = page.split("<p id=finalists-note>")[1].split("</p>")[0]
+    assert "No confirmation phase ran" in note and "trial 3, rests on 1 run." in note
+    assert "trial 0 ran 2 times (its median counted)" in note
+
+
+def test_the_reward_section_says_when_every_trial_trained_one_recipe(tmp_path):
+    from grpo_sweep.report.html import write_report
+
+    page = write_report(_ranked_trials(set()), tmp_path, title="one recipe").read_text()
+    note = page.split("<p id=same-recipe>")[1].split("</p>")[0]
+    assert note.startswith("All 4 trials that logged a reward trained the same recipe with the same seed")
+    assert "identical and the lines lie on top of one another" in note
+    page = write_report(_ranked_trials(set(), recipes={"1": 32}), tmp_path, title="two recipes").read_text()
+    assert "id=same-recipe" not in page

@@ -341,6 +341,12 @@ def test_stop_message_by_hand():
         "Sweep stopped: trials 3, 4, 5 failed in a row for the same reason, not memory: failed: RuntimeError: boom\n"
         "  What to do: fix it\n  Run one alone: python train.py x=1"
     )
+    from hydra_plugins.grpo_optuna_sweeper.summary import stop_words
+
+    assert stop_words(stop, 0) == stop.message()
+    assert stop_words(stop, 2) == stop.message() + (
+        "\n  2 queued trials left WAITING: the same command, run again once fixed, resumes the study and runs them first"
+    )
     assert stop.as_dict() == {
         "reason": "failed: RuntimeError: boom",
         "trials": [3, 4, 5],

@@ -89,3 +89,19 @@ def test_a_trial_sees_its_parents_environment_and_console_as_they_are_when_it_st
     assert first["cuda_alloc_conf"] == "max_split_size_mb:64,expandable_segments:False"
     assert second["cuda_alloc_conf"] == "max_split_size_mb:128,expandable_segments:False"
     assert "[trial] step 2/2" in console.read_text()  # the trial printed where this process's stdout points now
+
+
+@pytest.mark.slow
+def test_a_multirun_console_is_its_trials_lines_only(tmp_path):
+    """Over 20 s: a fresh `python train.py -m` (its own interpreter and resource tracker) of two trials.
+    No weight-loading or saving progress bar in a trial (worker.quiet_progress), and no
+    "leaked semaphore objects" warning when the command ends: tqdm's multiprocessing lock, which a
+    trial ending with os._exit never released, is a thread lock in the trial."""
+    from conftest import run_train
+
+    out = run_train(["-m", "lora_rank=8,16", *FAST, f"hydra.sweep.dir={tmp_path}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    console = out.stdout + out.stderr
+    assert console.count("trial ok |") == 2, console[-3000:]
+    for noise in ("leaked semaphore", "resource_tracker", "Loading weights", "Writing model shards", "it/s]"):
+        assert noise not in console, (noise, console[-3000:])

@@ -191,6 +191,10 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
     out = result.stdout + result.stderr
     assert "Sweep stopped" in out and "my_rewards.broken raised ZeroDivisionError" in out, out[-3000:]
     assert "the task's reward function raised" in out  # failures.ADVICE: not "nothing fits"
+    assert "nothing fits" not in out
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    k = max(i for i, line in enumerate(lines) if line.startswith("Sweep stopped: trials"))
+    assert lines[k + 1].startswith("  What to do:") and all(line.startswith("  ") for line in lines[k + 1 :]), lines[k:]
     study = load_study(f"journal:{tmp_path / 'sweep' / 'study.journal'}")
     assert len(study.trials) == 2  # stopped after 2 of 6
     assert all(t.state.name == "FAIL" and t.user_attrs["status"] == "failed" for t in study.trials)  # none an OOM
@@ -455,3 +459,36 @@ def test_four_bit_export_builds_the_bitsandbytes_config(tmp_path):
     _, grpo_args, model_args, _ = make_parser().parse_args_and_config(args=["--config", str(tmp_path / "best.trl.yaml")])
     assert model_args.load_in_4bit and model_args.bnb_4bit_quant_type == "nf4" and model_args.use_bnb_nested_quant
     assert model_args.dtype == "bfloat16" and grpo_args.gradient_accumulation_steps == 2
+
+
+# --- a study is its data and rewards ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_study_resumed_with_other_data_or_rewards_is_refused_naming_the_difference(tmp_path):
+    """Over 20 s: one real trial starts the study; each refused resume stops before any trial. Other
+    data under the same path, the same file edited in place, and other reward functions are each
+    another study: one line naming the difference; the study's own command still resumes it."""
+    data = write_data(tmp_path, chat=False)
+    other = tmp_path / "other.jsonl"
+    other.write_text(data.read_text())
+    sweep = tmp_path / "sweep"
+
+    def sweep_with(path, *rewards, n=1):
+        overrides = [*dataset_overrides(path, *rewards), "model.init=random", f"hydra.sweeper.n_trials={n}"]
+        return run_here(sweep_cmd(sweep, *overrides, "hydra.sweeper.prescreen=false"), cwd=tmp_path)
+
+    first = sweep_with(data, "my_rewards.contains_solution")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+
+    def refused(result, *words):
+        out = result.stdout + result.stderr
+        assert result.returncode != 0 and "is another search: task " in out and "Traceback" not in out, out[-3000:]
+        assert all(w in out for w in words), out[-3000:]
+        assert len(load_study(f"journal:{sweep / 'study.journal'}").trials) == 1  # nothing ran
+
+    refused(sweep_with(other, "my_rewards.contains_solution"), f'task path: the study has "{data}"', str(other))
+    refused(sweep_with(data, "my_rewards.brevity"), "task reward_funcs", "my_rewards.brevity")
+    with open(data, "a") as fh:  # edited in place
+        fh.write(json.dumps({"prompt": "What is 1 + 1?", "solution": "2"}) + "\n")
+    refused(sweep_with(data, "my_rewards.contains_solution"), 'task fingerprint: the study has "sha256:')

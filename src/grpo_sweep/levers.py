@@ -82,7 +82,9 @@ KINDS: dict[str, Kind] = {
     "per_device_train_batch_size": Kind(
         KNOB, "the micro-batch of a fixed completions_per_step: the same gradient, accumulated in fewer or more pieces"
     ),
-    "gradient_accumulation_steps": Kind(KNOB, "completions_per_step / per_device_train_batch_size: the other half of the split"),
+    "gradient_accumulation_steps": Kind(
+        KNOB, "completions_per_step / (per_device_train_batch_size x trial.num_processes): the other half of the split"
+    ),
     "gpu_memory_utilization": Kind(KNOB, "vLLM's share of the card: how generation is scheduled, not what is sampled"),
     "gradient_checkpointing": Kind(KNOB, "recomputes activations in the backward pass: same gradients, less memory, more time"),
     "expandable_segments": Kind(KNOB, "the CUDA allocator's strategy: same tensors, less fragmentation"),
@@ -129,7 +131,7 @@ def requested_levers(cfg) -> dict:
 
 def recipe_of(cfg) -> dict:
     """The recipe a config trains (plain values): every recipe setting, completions_per_step as
-    per_device_train_batch_size x gradient_accumulation_steps when it is null, the model and task by name.
+    per_device_train_batch_size x gradient_accumulation_steps x trial.num_processes when it is null, the model and task by name.
     lora_alpha stays null when it is (2 x lora_rank: it follows a rank concession, not a change of its own)."""
 
     def get(key):
@@ -142,7 +144,10 @@ def recipe_of(cfg) -> dict:
 
     out = {key: get(key) for key in RECIPE_SETTINGS}
     if out["completions_per_step"] is None:
-        out["completions_per_step"] = get("per_device_train_batch_size") * (get("gradient_accumulation_steps") or 1)
+        # every rank's micro-batches: the completions of one optimiser step across the processes
+        out["completions_per_step"] = (
+            get("per_device_train_batch_size") * (get("gradient_accumulation_steps") or 1) * (get("trial.num_processes") or 1)
+        )
     out["model"] = get("model.name")
     out["task"] = get("task.name")
     return {k: (bool(v) if k in ("load_in_4bit", "trial.full_finetune") and v is not None else v) for k, v in out.items()}

@@ -233,10 +233,21 @@ def _one_of(cfg: Any, key: str, allowed: tuple) -> None:
         raise ConfigError(f"{key}={value}: must be one of {shown}")
 
 
+def processes_of(cfg: Any) -> int:
+    """trial.num_processes as an integer (1 when unset or not yet valid: its own check names it)."""
+    n = (cfg.get("trial") or {}).get("num_processes", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
 def split_of(cfg: Any) -> tuple[int, int]:
     """(per_device_train_batch_size, gradient_accumulation_steps), the accumulation derived from
-    completions_per_step when it is null: the one place the split is resolved. A completions_per_step
-    the batch does not divide, or an accumulation that contradicts it, is a ConfigError."""
+    completions_per_step when it is null: the one place the split is resolved.
+
+    completions_per_step counts the completions of one optimiser step across every process: with N
+    of them (trial.num_processes) each rank accumulates completions_per_step / (batch x N) micro-batches
+    of `batch`, and TRL's all-reduce averages the N ranks' gradients into one step of the recipe's
+    size. A completions_per_step that batch x N does not divide, or an accumulation that contradicts
+    it, is a ConfigError."""
     batch, accum, total = cfg.per_device_train_batch_size, cfg.get("gradient_accumulation_steps"), cfg.get("completions_per_step")
     if total is None:
         return batch, 1 if accum is None else accum
@@ -244,19 +255,21 @@ def split_of(cfg: Any) -> tuple[int, int]:
         raise ConfigError(f"completions_per_step={total}: must be a positive integer, or null (batch x accumulation)")
     if not isinstance(batch, int) or batch <= 0:
         return batch, accum  # the batch's own check names it
+    n = processes_of(cfg)
+    ranks, per_rank = (f" x trial.num_processes={n}", f" x {n} processes") if n > 1 else ("", "")
     if accum is None:
-        if total % batch:
-            splits = [b for b in range(1, total + 1) if total % b == 0]
+        if total % (batch * n):
+            splits = [b for b in range(1, total + 1) if total % (b * n) == 0]
             raise ConfigError(
-                f"per_device_train_batch_size={batch} does not divide completions_per_step={total} "
-                f"(gradient_accumulation_steps = completions_per_step / per_device_train_batch_size); "
-                f"allowed per_device_train_batch_size here: {splits}"
+                f"per_device_train_batch_size={batch}{ranks} does not divide completions_per_step={total} "
+                f"(gradient_accumulation_steps = completions_per_step / (per_device_train_batch_size{per_rank})); "
+                f"allowed per_device_train_batch_size here: {splits or 'none: fewer processes'}"
             )
-        return batch, total // batch
-    if batch * accum != total:
+        return batch, total // (batch * n)
+    if batch * accum * n != total:
         raise ConfigError(
             f"completions_per_step={total} contradicts per_device_train_batch_size={batch} x "
-            f"gradient_accumulation_steps={accum} = {batch * accum}: set completions_per_step and the batch "
+            f"gradient_accumulation_steps={accum}{ranks} = {batch * accum * n}: set completions_per_step and the batch "
             "(the accumulation is derived), or gradient_accumulation_steps=null"
         )
     return batch, accum
@@ -273,9 +286,11 @@ def resolve_split(cfg: Any) -> Any:
 
 
 def generation_batch_size(cfg: Any) -> int:
-    """Completions generated per optimiser step, as TRL derives it (steps_per_generation = grad-accum)."""
+    """Completions generated per optimiser step across every process, as TRL derives it:
+    per_device_train_batch_size x num_processes x steps_per_generation (= the accumulation). One
+    rank generates and trains batch x accumulation of them."""
     batch, accum = split_of(cfg)
-    return batch * accum
+    return batch * accum * processes_of(cfg)
 
 
 def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[str], bool] | None = None) -> DictConfig:
@@ -316,7 +331,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         divisors = [n for n in range(2, gen_batch + 1) if gen_batch % n == 0]
         raise ConfigError(
             f"num_generations={cfg.num_generations} does not divide the generation batch "
-            f"per_device_train_batch_size x gradient_accumulation_steps = {gen_batch} (TRL's rule); "
+            f"per_device_train_batch_size x gradient_accumulation_steps x trial.num_processes = {gen_batch} (TRL's rule); "
             f"allowed num_generations here: {divisors or 'none: raise the batch'}"
         )
     if cfg.max_prompt_length >= cfg.max_seq_length:

@@ -235,3 +235,46 @@ def check_user_task(cfg: Any) -> None:
     if is_dataset_task(cfg) or cfg.task.get("path"):
         check_dataset(cfg)
     check_reward_funcs(cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(path: str, stamp: tuple) -> str:
+    """sha256 over a local file's bytes, or over a folder's files (relative name, then bytes, in name
+    order), streamed in 1 MiB blocks: bounded memory whatever the size. `stamp` (each file's mtime and
+    size) keys the cache, so a file edited in place is hashed again."""
+    import hashlib
+
+    root = Path(path)
+    digest = hashlib.sha256()
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    for file in files:
+        if file != root:
+            digest.update(str(file.relative_to(root)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def task_identity(task: Any) -> dict:
+    """What a study's trials learn from (the study's `task` identity, hydra_plugins identity.py): every
+    task setting (its data, columns, reward functions and weights, how many prompts), and for a local
+    file or folder its resolved path and a content fingerprint, so that other data under the same name,
+    or the same file edited in place, is another study. A Hub dataset id is compared by its id."""
+    from omegaconf import OmegaConf
+
+    settings = OmegaConf.to_container(task, resolve=True) if OmegaConf.is_config(task) else dict(task)
+    out = {key: value for key, value in sorted(settings.items()) if key != "_target_"}
+    out["target"] = settings.get("_target_")
+    path = settings.get("path")
+    if path:
+        try:
+            local = local_path(str(path))
+        except ConfigError:  # the trial's pre-check names it; the identity keeps the path as given
+            local = None
+        if local is not None:
+            files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+            stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+            out["path"] = str(local)
+            out["fingerprint"] = "sha256:" + _fingerprint(str(local), stamp)
+    return out

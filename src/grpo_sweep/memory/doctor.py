@@ -13,7 +13,8 @@ How it decides:
    reports whether upgrading to TRL >= 1.16's chunked head alone fixes it.
 4. Each lever move (checkpointing, smaller micro-batch at the same generation batch, 4-bit, lower
    vLLM share, smaller rank, shorter sequences) is scored by GiB freed and the throughput it costs
-   (estimator.relative_step_time), and ranked by GiB per % of speed lost.
+   (throughput.relative_step_time, one rank's: N cards are never counted N times faster, so the
+   fewest cards that fit win), and ranked by GiB per % of speed lost.
 5. The smallest change set that fits with >= 5 % headroom (the fastest among equally small ones)
    is printed as Hydra overrides, and a faster larger set when there is one. Shorter sequences
    change the experiment, so they are used only when nothing else fits. `--verify` runs a real trial with them.
@@ -257,7 +258,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
     if deficit is None and budget is not None:
         deficit = max(0, base.total_bytes + unexplained - budget)
 
-    base_speed = throughput.relative_step_time(cfg, mode)["tokens_per_s"]
+    base_speed = throughput.relative_step_time(cfg, mode)["rank_tokens_per_s"]
     util_min, util_max = vllm_limits(cfg, parsed, base)
 
     def score(overrides: dict) -> dict | None:
@@ -265,7 +266,7 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         if not _valid(new, device):
             return None
         e = est_mod.estimate(new, mode)
-        speed = throughput.relative_step_time(new, mode)["tokens_per_s"]
+        speed = throughput.relative_step_time(new, mode)["rank_tokens_per_s"]
         need = e.total_bytes + unexplained
         ok = limit is not None and need <= limit and e.kv_cache_ok is not False and e.fits
         ok = ok and util_min - 1e-9 <= new.gpu_memory_utilization <= util_max + 1e-9
@@ -407,7 +408,7 @@ def speed_advice(cfg: Any, base, mode: str) -> dict | None:
     waves = base.assumptions.get("generation_waves") or 1
     if waves <= 1 or not base.kv_cache_ok:
         return None
-    before = throughput.relative_step_time(cfg, mode)["tokens_per_s"]
+    before = throughput.relative_step_time(cfg, mode)["rank_tokens_per_s"]
     util = round(cfg.gpu_memory_utilization + 0.05, 2)
     while util <= 0.95:
         new = with_overrides(cfg, {"gpu_memory_utilization": util})
@@ -415,7 +416,7 @@ def speed_advice(cfg: Any, base, mode: str) -> dict | None:
         if (e.assumptions.get("generation_waves") or 1) <= 1:
             if not e.fits:
                 return None
-            after = throughput.relative_step_time(new, mode)["tokens_per_s"]
+            after = throughput.relative_step_time(new, mode)["rank_tokens_per_s"]
             return {
                 "overrides": _fmt({"gpu_memory_utilization": util}),
                 "waves": waves,

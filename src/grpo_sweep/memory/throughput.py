@@ -15,6 +15,7 @@ from .estimator import (
     generates_with_vllm,
     kv_bytes_per_token,
     param_counts,
+    processes,
     resolve_backend_for,
     shapes,
     target_device,
@@ -49,7 +50,8 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     queueing the rest), each wave decodes its share of the batch for the full completion length: the
     weights are read and the per-step overhead paid once per wave, the KV reads stay the batch's.
     Sources: NVIDIA datasheets (`tflops_bf16`, `bandwidth_gbs` in conf/gpu/*.yaml), TRL
-    `compute_flops_per_token`. Only ratios between configs are used.
+    `compute_flops_per_token`. Only ratios between configs are used. Seconds are one rank's (the
+    ranks step together); tokens/s is the trial's, over its trial.num_processes ranks.
     """
     device = target_device(cfg)
     backend = resolve_backend_for(cfg, device)
@@ -78,5 +80,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
         "generation_s": gen,
         "generation_waves": waves,
         "step_s": train + gen,
-        "tokens_per_s": s.G * s.S / (train + gen),
+        # every rank trains its own G completions in the same step time: the trial's tokens/s is N ranks'
+        "tokens_per_s": processes(cfg)[0] * s.G * s.S / (train + gen),
+        "rank_tokens_per_s": s.G * s.S / (train + gen),
     }

@@ -10,8 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on sweep machines; must precede pyplot
 import matplotlib.pyplot as plt
 
-from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
-from .trials import Trial, lever_label, sort_key
+from .trials import Trial, compared_settings, lever_label, setting_value, sort_key
 
 COLORS = {
     "feasible": "#2a9d8f",
@@ -92,15 +91,17 @@ def throughput_vs_memory(trials: list[Trial], path: Path, *, budget: float | Non
 
 
 def lever_effects(trials: list[Trial], path: Path) -> Path | None:
-    """For each lever that varied: peak memory and objective against its value, all trials."""
+    """For each setting that varied (trials.compared_settings): peak memory and objective against its
+    value, all trials."""
     measured = [t for t in trials if t.gib("peak_memory_bytes")]
-    levers = [lv for lv in LEVER_NAMES + EXTRA_LEVER_NAMES if len({lever_label(t.levers.get(lv)) for t in measured}) > 1]
+    names = compared_settings(measured)
+    levers = [lv for lv in names if len({lever_label(setting_value(t, lv)) for t in measured}) > 1]
     if not levers:
         return None
     objective = trials[0].objective_name
     fig, axes = plt.subplots(len(levers), 2, figsize=(9, 2.6 * len(levers)), squeeze=False)
     for row, lever in zip(axes, levers):
-        values = sorted({lever_label(t.levers.get(lever)): t.levers.get(lever) for t in measured}.values(), key=sort_key)
+        values = sorted({lever_label(setting_value(t, lever)): setting_value(t, lever) for t in measured}.values(), key=sort_key)
         pos = {lever_label(v): i for i, v in enumerate(values)}
         for ax, (ylabel, get) in zip(
             row, (("peak GiB", lambda t: t.gib("peak_memory_bytes")), (objective, lambda t: t.objective))
@@ -109,7 +110,7 @@ def lever_effects(trials: list[Trial], path: Path) -> Path | None:
                 y = get(t)
                 if y is not None:
                     ax.scatter(
-                        pos[lever_label(t.levers.get(lever))],
+                        pos[lever_label(setting_value(t, lever))],
                         y,
                         c=COLORS[t.category],
                         marker=MARKERS[t.category],
@@ -121,7 +122,7 @@ def lever_effects(trials: list[Trial], path: Path) -> Path | None:
             ax.set_xlabel(lever)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-    fig.suptitle("Measured effect of each lever (all trials; colour = outcome)")
+    fig.suptitle("Measured effect of each setting that varied (all trials; colour = outcome)")
     return _save(fig, path)
 
 

@@ -227,31 +227,63 @@ def _figure(path: Path | None, alt: str, missing: str) -> str:
     return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
 
 
-def finalists_html(ranked: list, objective: str) -> str:
-    """The confirmed finalists (hydra.sweeper.confirm_top): each one's runs, median and spread, and
-    whether the top two are within each other's noise. Empty when no confirmation ran."""
-    confirmed = [f for f in ranked if len(f.members) > 1]
-    if not confirmed:
+def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
+    """The Finalists: the configs the confirmation phase compared (hydra.sweeper.confirm_top), the
+    winner first, each with its runs, median and spread, and whether the top two are within each
+    other's noise. Without a confirmation phase, a note saying so and what the winner rests on."""
+    if not ranked:
         return ""
+    if not confirmed:
+        winner = ranked[0]
+        runs = len(winner.runs)
+        repeated = [f for f in ranked if len(f.runs) > 1 and f is not winner]
+        also = "".join(f" {_e(f.item.name)} ran {len(f.runs)} times (its median counted)." for f in repeated)
+        return (
+            "<p id=finalists-note>No confirmation phase ran (hydra.sweeper.confirm_top is 0, or the sweep had too few "
+            "trials for one): every config competed on the median of its own runs, and the winner, "
+            f"{_e(winner.item.name)}, rests on {runs} run{'s' if runs > 1 else ''}.{also}</p>"
+        )
     rows = []
-    for f in confirmed:
+    for f in ranked:
         runs = ", ".join(f"{v:.1f}" for v in f.runs)
         spread = f"{f.spread:.0%}" if f.spread is not None else "-"
         rows.append(f"<tr><td class=l>{_e(f.item.name)}</td><td>{f.median:.1f}</td><td class=l>{runs}</td><td>{spread}</td></tr>")
     note = ""
-    if len(confirmed) >= 2:
-        overlap = best_rule.within_noise(confirmed[0], confirmed[1])
+    if len(ranked) >= 2:
+        overlap = best_rule.within_noise(ranked[0], ranked[1])
         if overlap:
             note = (
-                f"<p id=noise-note>{_e(confirmed[0].item.name)} and {_e(confirmed[1].item.name)} are within each "
+                f"<p id=noise-note>{_e(ranked[0].item.name)} and {_e(ranked[1].item.name)} are within each "
                 "other's noise: their runs overlap, so either is as fast as this machine can tell.</p>"
             )
         elif overlap is False:
             note = "<p id=noise-note>The winner's runs all lie above the runner-up's: a clear winner on this machine.</p>"
     return (
-        f"<h3>Finalists (the best median of {_e(objective)} wins)</h3><table id=finalists><thead><tr>"
+        f"<h3>Finalists: the configs confirmation compared (the best median of {_e(objective)} wins)</h3>"
+        "<table id=finalists><thead><tr>"
         "<th class=l>config (first run)</th><th>median</th><th class=l>runs</th><th>spread</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>{note}"
+    )
+
+
+def same_recipe_note(trials: list[Trial]) -> str:
+    """Said under the reward curves when every trial that logged a reward trained one recipe
+    (metrics.json `recipe`): the knobs change speed and memory only, so the curves agree, and when
+    they agree exactly the lines lie on one another."""
+    logged = [t for t in trials if any("reward" in r for r in t.record.get("history") or [])]
+    recipes = {repr(sorted((t.record.get("recipe") or {}).items())) for t in logged}
+    if len(logged) < 2 or len(recipes) != 1 or not logged[0].record.get("recipe"):
+        return ""
+    curves = {tuple(r.get("reward") for r in t.record["history"]) for t in logged}
+    how = (
+        "so their curves are identical and the lines lie on top of one another"
+        if len(curves) == 1
+        else "so their curves differ only by sampling noise"
+    )
+    seed = " with the same seed" if len({t.config.get("seed") for t in logged}) == 1 else ""
+    return (
+        f"<p id=same-recipe>All {len(logged)} trials that logged a reward trained the same recipe{seed}: the searched "
+        f"settings change speed and memory, not what is learned, {how}.</p>"
     )
 
 
@@ -337,7 +369,7 @@ def write_report(
             f"{_e(reward_text(best.record))}{_e(reward_time_text(best.record))}.</p>"
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
-        best_html += finalists_html(ranked, objective)
+        best_html += finalists_html(ranked, objective, confirmed=any(t.record.get("finalist") for t in trials))
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
     sections = [
@@ -353,7 +385,7 @@ def write_report(
         "<h2>Each lever's measured effect</h2>"
         + effects_table(lever_effects(trials), objective)
         + _figure(effects_png, "lever effects", "No lever varied across trials."),
-        "<h2>Reward curves</h2>" + _figure(rewards, "reward curves", "No trial logged a reward."),
+        "<h2>Reward curves</h2>" + _figure(rewards, "reward curves", "No trial logged a reward.") + same_recipe_note(trials),
         "<h2>Predicted vs measured peak</h2>"
         + _figure(predicted, "predicted vs measured peak", "No trial has a memory prediction (predicted_peak_bytes)."),
     ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES, LEVERS
+from ..levers import EXTRA_LEVER_NAMES, KINDS, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
 
@@ -259,26 +259,51 @@ def _pct(new, old):
     return 100.0 * (new / old - 1.0) if old else math.nan
 
 
-def lever_effects(trials: list[Trial]) -> list[dict]:
-    """Each lever's measured effect on peak memory and the objective, from feasible trials.
+def setting_value(trial: Trial, key: str):
+    """A setting's value in `trial`: its requested levers first, else its config.yaml (a dotted key;
+    a section that names itself, such as `backend`, by its name)."""
+    if key in trial.levers:
+        return trial.levers[key]
+    node = trial.config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node.get("name") if isinstance(node, dict) else node
 
-    Prefer pairs of trials that differ only in that lever (a controlled comparison); otherwise
-    compare the median at the lever's lowest and highest value, and say that other levers varied.
+
+def compared_settings(trials: list[Trial]) -> list[str]:
+    """The settings the lever-effect table compares: the levers and every setting with a kind
+    (levers.KINDS: the knobs a sweep searches, booleans and choices among them), less
+    gradient_accumulation_steps where every trial held completions_per_step (then the accumulation is
+    completions_per_step / micro-batch: the micro-batch's own row says it)."""
+    names = list(dict.fromkeys([*LEVER_NAMES, *EXTRA_LEVER_NAMES, *(k for k in KINDS if k not in ("model", "task"))]))
+    if trials and all(setting_value(t, "completions_per_step") is not None for t in trials):
+        names.remove("gradient_accumulation_steps")
+    return names
+
+
+def lever_effects(trials: list[Trial]) -> list[dict]:
+    """Each setting's measured effect on peak memory and the objective, from feasible trials, for
+    every setting that took two values among them (compared_settings).
+
+    Prefer pairs of trials that differ only in that setting (a controlled comparison); otherwise
+    compare the median at its lowest and highest value, and say that other settings varied.
     """
     measured = [t for t in trials if t.objective is not None and t.gib("peak_memory_bytes")]
-    names = LEVER_NAMES + EXTRA_LEVER_NAMES
+    names = compared_settings(measured)
+    values_of = {t.name: {k: setting_value(t, k) for k in names} for t in measured}
     rows = []
     for lever in names:
-        values = sorted({lever_label(t.levers.get(lever)): t.levers.get(lever) for t in measured}.values(), key=sort_key)
+        values = sorted(
+            {lever_label(values_of[t.name][lever]): values_of[t.name][lever] for t in measured}.values(), key=sort_key
+        )
         if len(values) < 2:
             continue
         pairs = []
         for a, b in combinations(measured, 2):
-            if a.levers.get(lever) == b.levers.get(lever):
+            va, vb = values_of[a.name], values_of[b.name]
+            if va[lever] == vb[lever] or any(va[k] != vb[k] for k in names if k != lever):
                 continue
-            if any(a.levers.get(k) != b.levers.get(k) for k in names if k != lever):
-                continue
-            lo, hi = sorted((a, b), key=lambda t: sort_key(t.levers.get(lever)))
+            lo, hi = sorted((a, b), key=lambda t: sort_key(values_of[t.name][lever]))
             pairs.append((_pct(hi.record["peak_memory_bytes"], lo.record["peak_memory_bytes"]), _pct(hi.objective, lo.objective)))
         if pairs:
             d_peak = statistics.median(p[0] for p in pairs)
@@ -287,7 +312,7 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
         else:
 
             def at(value, lever=lever):
-                group = [t for t in measured if t.levers.get(lever) == value]
+                group = [t for t in measured if values_of[t.name][lever] == value]
                 return (
                     statistics.median(t.record["peak_memory_bytes"] for t in group),
                     statistics.median(t.objective for t in group),
@@ -295,8 +320,8 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
 
             (lo_peak, lo_obj), (hi_peak, hi_obj) = at(values[0]), at(values[-1])
             d_peak, d_obj = _pct(hi_peak, lo_peak), _pct(hi_obj, lo_obj)
-            basis = f"medians over {len(measured)} trials; other levers varied too"
-        guess = next((lv.memory for lv in LEVERS if lv.name == lever), "")
+            basis = f"medians over {len(measured)} trials; other settings varied too"
+        guess = next((lv.memory for lv in LEVERS if lv.name == lever), None) or (KINDS[lever].why if lever in KINDS else "")
         rows.append(
             {
                 "lever": lever,

@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +76,7 @@ def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None, 
     """
     from transformers import AutoModelForCausalLM
 
-    if cfg.model.source == "hub" or quantization_config is not None or by_path or is_warm(cfg):
+    if loads_from_checkpoint(cfg, quantized=quantization_config is not None, by_path=by_path):
         return AutoModelForCausalLM.from_pretrained(
             model_path(cfg, tokenizer, on_cuda=on_cuda),
             dtype=torch_dtype(cfg, on_cuda),
@@ -145,24 +143,37 @@ def materialize_random(cfg: Any, tokenizer, *, on_cuda: bool) -> Path:
 
     Needed wherever a library loads weights by path rather than taking a model object: vLLM
     (TRL colocate builds `LLM(model=model.name_or_path)`), Unsloth's `from_pretrained`, and
-    bitsandbytes 4-bit quantisation at load time. Written atomically (tmp dir + rename) so
-    concurrent trials never read half a checkpoint.
+    bitsandbytes 4-bit quantisation at load time. A cache entry (cache_entry.ensure): one builder,
+    visible only when complete, so concurrent trials never read half a checkpoint.
     """
-    target = random_model_dir(cfg, tokenizer, on_cuda)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    model = build_random(cfg, tokenizer, on_cuda=False)  # CPU: no GPU memory spent on a copy
-    model.to(torch_dtype(cfg, on_cuda))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    del model
-    try:
-        tmp.rename(target)
-    except OSError:  # another trial won the race: use its copy
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    from .cache_entry import ensure
+
+    def write(tmp: Path) -> None:
+        model = build_random(cfg, tokenizer, on_cuda=False)  # CPU: no GPU memory spent on a copy
+        model.to(torch_dtype(cfg, on_cuda))
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    return ensure(random_model_dir(cfg, tokenizer, on_cuda), write)
+
+
+def loads_from_checkpoint(cfg: Any, *, quantized: bool, by_path: bool) -> bool:
+    """Whether the policy loads from a checkpoint directory (hub, warm, or the saved random one)
+    rather than being built in memory: the one rule load_model and prepare_checkpoint share."""
+    return cfg.model.source == "hub" or quantized or by_path or is_warm(cfg)
+
+
+def prepare_checkpoint(cfg: Any, *, on_cuda: bool, by_path: bool, log=print) -> str | None:
+    """Build the cached checkpoint the trial's ranks will load (warm or random weights), here,
+    before they start: one process, no process group (cache_entry says why a rank must not).
+    None when the ranks load none of ours (a hub model, or random weights built in memory)."""
+    if cfg.model.source == "hub" or not loads_from_checkpoint(cfg, quantized=bool(cfg.load_in_4bit), by_path=by_path):
+        return None
+    from .tasks import get_task
+
+    path = model_path(cfg, load_tokenizer(cfg, get_task(cfg).corpus()), on_cuda=on_cuda)
+    log(f"[trial] model checkpoint for the ranks: {path}")
+    return path
 
 
 def model_path(cfg: Any, tokenizer, *, on_cuda: bool) -> str:

@@ -9,7 +9,9 @@ trial hold for the group:
 - timeout-bounded: the parent's timeout or interruption sends SIGTERM to this worker, which
   passes it to torchrun (which passes it to the ranks) and kills torchrun after the grace period;
 - orphan-free: torchrun is in the worker's process group (the parent's and the guardian's kill
-  reach it) and every rank dies with torchrun (PR_SET_PDEATHSIG, trial/rank.py).
+  reach it) and every rank dies with torchrun (PR_SET_PDEATHSIG, trial/rank.py);
+- one model cache build: the leader builds the checkpoint the ranks load before they start
+  (prepare_checkpoint; trial/cache_entry.py).
 """
 
 from __future__ import annotations
@@ -67,12 +69,39 @@ def _forward(stream) -> None:
         print(line, end="", flush=True)  # through the worker's tee: console and trial.log
 
 
+def prepare_checkpoint(cfg: Any) -> None:
+    """The cached checkpoint every rank loads (warm or saved random weights), built here by the one
+    leader before torchrun starts the ranks (trial/cache_entry.py: why no rank may build it)."""
+    import torch
+
+    from ..config import backends
+    from ..config.local import installed
+    from .models import prepare_checkpoint as build
+
+    on_cuda = torch.cuda.is_available()  # as each rank will see it; the checkpoint is built on CPU
+    name = backends.resolve(cfg.backend.name, cuda=on_cuda, installed=installed)
+    build(cfg, on_cuda=on_cuda, by_path=backends.runs_vllm(name))
+
+
 def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
     """Run the ranks, wait for them, merge their records into `record`; write metrics.json."""
     from ..metrics import read_metrics, write_metrics
     from .stopping import TrialStopped
 
     n, strategy = int(cfg.trial.num_processes), str(cfg.trial.strategy)
+    try:
+        prepare_checkpoint(cfg)
+    except TrialStopped as exc:
+        record["status"], record["error"] = exc.status, exc.reason
+        write_metrics(run_path, record)
+        return record
+    except Exception as exc:  # noqa: BLE001 - the trial's record says why, as a rank's would
+        import traceback
+
+        traceback.print_exc()
+        record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
+        write_metrics(run_path, record)
+        return record
     print(f"[trial] {n} processes ({strategy}) under torchrun", flush=True)
     stopped: TrialStopped | None = None
     proc = subprocess.Popen(
@@ -108,8 +137,10 @@ def merge(records: list[dict | None], world: int, strategy: str, *, launcher_exi
 
     - the peak is the largest rank's (what the memory constraint judges), with its breakdown;
       `rank_peak_memory_bytes` lists every rank's;
-    - throughput (tokens/s, samples/s, tokens per step) is summed over the ranks; the step time is
-      the slowest rank's (they wait for each other at every all-reduce);
+    - throughput is counted once: every rank's tokens and samples are already the trial's (TRL gathers
+      the token count from all ranks; the samples are the global generation batch), each over its own
+      step time, so the trial's tokens/s and samples/s are the slowest rank's and its tokens per step
+      rank 0's; the step time is the slowest rank's (they wait for each other at every all-reduce);
     - status: `oom` when any rank ran out of memory (that rank's message and numbers), else the
       first failed rank's failure, else `slow` when a rank stopped early, else `ok`.
     """
@@ -133,9 +164,9 @@ def merge(records: list[dict | None], world: int, strategy: str, *, launcher_exi
                 out[key] = records[rank][key]
     else:
         out["peak_memory_bytes"], out["peak_rank"] = None, None
-    for key in ("tokens_per_s", "samples_per_s", "tokens_per_step"):
+    for key, pick in (("tokens_per_s", min), ("samples_per_s", min), ("tokens_per_step", lambda v: v[0])):
         values = [r.get(key) if r else None for r in records]
-        out[key] = sum(values) if values and all(v is not None for v in values) else None
+        out[key] = pick(values) if values and all(v is not None for v in values) else None
     times = [r.get("step_time_s") for r in present if r.get("step_time_s") is not None]
     out["step_time_s"] = max(times) if times else None
     out["status"], out["error"] = _status(records, launcher_exitcode)

@@ -12,12 +12,8 @@ that take a path (vLLM, Unsloth, 4-bit) get the same weights as `load_model` (mo
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -124,33 +120,20 @@ def warm_model_dir(cfg: Any, tokenizer, examples, root: Path) -> Path:
     return Path(root) / "warm-models" / f"{cfg.model.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """One builder per cache entry: concurrent trials wait for it instead of training again."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def materialize_warm(cfg: Any, tokenizer, *, build: Callable[[], Any], root: Path, log=print) -> Path:
-    """The warm checkpoint for `cfg` (float32, with its tokenizer): built once, then reused.
+    """The warm checkpoint for `cfg` (float32, with its tokenizer): built once, then reused
+    (cache_entry.ensure: one builder, published only when complete).
 
     `build()` returns the seeded random-weight model in float32 on CPU (models.build_random) to
     start from, whatever model.dtype and the card say (loaders cast the saved float32 weights).
     """
+    from .cache_entry import ensure
     from .tasks import get_task
 
     examples = get_task(cfg).examples()
     target = warm_model_dir(cfg, tokenizer, examples, root)
-    if (target / "config.json").exists():
-        return target
-    with _locked(target):
-        if (target / "config.json").exists():  # another trial built it while we waited
-            return target
+
+    def write(tmp: Path) -> None:
         log(f"[warmup] building the warm {cfg.model.name} model ({cfg.model.warmup.steps} steps, once): {target}")
         model = build()
         w = cfg.model.warmup
@@ -166,15 +149,11 @@ def materialize_warm(cfg: Any, tokenizer, *, build: Callable[[], Any], root: Pat
         )
         info["recipe"] = RECIPE
         log(f"[warmup] done: loss {info['loss']:.3f} in {info['seconds']:.1f} s ({info['cpu_seconds']:.1f} s CPU)")
-        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        try:
-            tmp.rename(target)
-        except OSError:  # written meanwhile by a process that did not take the lock
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return ensure(target, write, log=log)
 
 
 def warm_info(path: Path) -> dict:

@@ -207,6 +207,30 @@ def take_parents_view(environ: dict | None, stdio: tuple[int, int] | None) -> No
             os.close(fd)
 
 
+def quiet_progress() -> None:
+    """No progress bars in a trial, and tqdm's lock a thread lock.
+
+    The trial's console is its step lines; transformers' weight loading and saving, datasets' map and
+    the Hub's downloads would each draw a bar per trial. tqdm also takes a multiprocessing RLock on its
+    first bar, disabled or not: a POSIX semaphore registered with the resource tracker the trial
+    shares with the command that started it. The trial ends with os._exit (end_now), which skips the
+    finaliser that unregisters it, so the tracker reported every trial's as leaked when the command
+    ended. A trial's bars are drawn by its own threads only, so a thread lock is all tqdm needs.
+    After prepare_imports: Unsloth must be imported before transformers."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+    import datasets
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    disable_progress_bars()
+
+
 def main(
     container: dict,
     run_dir: str,
@@ -249,6 +273,8 @@ def main(
     if int(cfg.trial.get("num_processes", 1) or 1) > 1 and not as_rank:
         from .ranks import lead
 
+        quiet_progress()  # the leader may build the ranks' checkpoint (ranks.prepare_checkpoint)
+
         lead(cfg, run_path, record, grace_s)  # always writes metrics.json
         sys.stdout.flush()
         sys.stderr.flush()
@@ -270,6 +296,7 @@ def main(
             torch.set_num_threads(int(cfg.trial.cpu_threads))  # trial.cpu_threads (schema.TrialConfig)
         backend_name = backends.resolve(cfg.backend.name, cuda=on_cuda, installed=installed)
         prepare_imports(backend_name, cfg)  # Unsloth first, before anything imports transformers/TRL
+        quiet_progress()
         from ..config.schema import generation_batch_size
         from .measure.memory_meter import MemoryMeter
         from .measure.speed_meter import StepMeter

@@ -331,10 +331,9 @@ def write_summary(
     if quiet:
         return summary
     print(f"\n=== Study {study.study_name}: {states} ===")
-    if stopped is not None:
-        print(stopped.message())
     if best is None:
-        print(why_no_best(study))
+        if stopped is None:  # a stopped sweep's reason is its last word (below), not a memory verdict
+            print(why_no_best(study))
     else:
         print(table(study, objective, top_k))
         print(finalist_table(summary, objective))
@@ -371,7 +370,20 @@ def write_summary(
         print(f"Report: {report}")
         summary["report"] = str(report)
     print(f"Dashboard: {summary['dashboard']}")
+    if stopped is not None:
+        print(stop_words(stopped, states.get("WAITING", 0)))
     return summary
+
+
+def stop_words(stopped: Any, waiting: int) -> str:
+    """A stopped sweep's last lines: the failure, what to do, and what its queued points wait for."""
+    words = stopped.message()
+    if waiting:
+        words += (
+            f"\n  {waiting} queued trial{'s' if waiting > 1 else ''} left WAITING: the same command, run again once"
+            " fixed, resumes the study and runs them first"
+        )
+    return words
 
 
 def export_best(run_dir: str | None, sweep_dir: Path, study_name: str) -> dict:

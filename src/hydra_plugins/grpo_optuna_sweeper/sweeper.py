@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.schema import SCHEMA_KEYS
+from grpo_sweep.config.user_task import task_identity
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.levers import recipe_of, requested_levers
 from grpo_sweep.memory.estimator import estimate
@@ -160,8 +161,7 @@ class GrpoOptunaSweeper(Sweeper):
             if self.stopped is None and self.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
                 plan = confirm.plan(study, self.confirm_top, self.conf.confirm_repeats, log)
                 self._loop(study, self.n_search + len(plan))
-            if self.stopped is not None:
-                log.error("%s", self.stopped.message())
+            if self.stopped is not None:  # the summary ends with the failure's words
                 self._write_report(study)
                 raise SystemExit(1)
         except _Interrupted as stop:
@@ -254,6 +254,7 @@ class GrpoOptunaSweeper(Sweeper):
             "objective": self.objective,
             "recipe": self.recipe,  # equal learning: every trial of a study trains one recipe
             "concessions": sorted(self.concessions),
+            "task": task_identity(self.config.task),  # the data (its content too), columns, rewards, weights
         }
         identity.enforce(study, fields, storage=mask(self.storage_url))
         study.set_user_attr("recipe", self.recipe)  # plain names for the report and readers of the study

@@ -44,7 +44,7 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         gradient_accumulation_steps=split_of(cfg)[1],  # derived from completions_per_step when null
         num_generations=cfg.num_generations,
         # TRL's generation batch is global: every rank's per-device batch x grad-accum (steps_per_generation).
-        generation_batch_size=generation_batch_size(cfg) * num_processes(cfg),
+        generation_batch_size=generation_batch_size(cfg),
         max_completion_length=completion,
         gradient_checkpointing=cfg.gradient_checkpointing,
         learning_rate=cfg.learning_rate,
