@@ -3,7 +3,8 @@
     PYTHONPATH=src python bench/vllm_vs_hf.py
 
 Both are real trials (grpo_sweep.trial.parent.run_trial, 6 steps, the first excluded as warm-up),
-alternated ROUNDS times so that load on the shared machine hits both alike. Generation: TRL's
+alternated ROUNDS times so that load on the shared machine hits both alike; the 1-minute load
+average before and after, and each round's ratio, are kept as the run's conditions. Generation: TRL's
 `_generate_single_turn` per step (metrics.json `generation_time_s`; vLLM's includes its weight sync);
 step: metrics.json `step_time_s`. Ratios are trl_vllm / trl time (below 1: vLLM faster), medians
 over the rounds. Writes bench/results/vllm_vs_hf.json and .md; summary.json key
@@ -20,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, write_result
 
-ROUNDS = 2
+ROUNDS = 3
 OVERRIDES = ["trial.steps=6", "task.num_prompts=64", "max_seq_length=96", "per_device_train_batch_size=4"]
 
 
@@ -42,6 +43,9 @@ def one(backend: str, run_dir: Path) -> dict:
 
 
 def main() -> dict:
+    import os
+
+    load_before = os.getloadavg()  # the conditions: the shared machine's load around the run
     runs: dict[str, list[dict]] = {"trl": [], "trl_vllm": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(ROUNDS):
@@ -51,6 +55,8 @@ def main() -> dict:
     result = {
         "overrides": OVERRIDES,
         "rounds": ROUNDS,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "step_ratio_per_round": [v["step_time_s"] / h["step_time_s"] for v, h in zip(runs["trl_vllm"], runs["trl"])],
         "runs": runs,
         "median": med,
         "vllm_vs_hf_step_ratio": med["trl_vllm"]["step_time_s"] / med["trl"]["step_time_s"],
