@@ -646,3 +646,76 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
     study = load_study(storage)
     assert len(counted(study)) == 2
     assert {n: t.value for n, t in enumerate(study.trials) if n in before} == before
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder on a read-only file system (a tmpfs mounted ro): writing there fails with EROFS, as on a
+    read-only volume, whatever the user (root bypasses permission bits, not a read-only mount)."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()[:100]})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _remount_read_only(where: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, capture_output=True)
+
+
+def test_a_read_only_sweep_dir_or_journal_is_one_line(read_only_dir):
+    import optuna
+
+    from grpo_sweep.study.storage import open_storage
+
+    journal = read_only_dir / "held" / "study.journal"
+    journal.parent.mkdir()
+    optuna.create_study(study_name="tiny_cpu", storage=open_storage(f"journal:{journal}"), direction="maximize")
+    _remount_read_only(read_only_dir)
+    for cmd in (
+        sweep_cmd(read_only_dir / "new", *QUICK),  # the sweep directory cannot be made
+        sweep_cmd(read_only_dir / "held", *QUICK),  # its journal cannot be appended to
+    ):
+        result = run_here(cmd)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0 and "Traceback" not in out, out[-3000:]
+        assert "cannot be written (Read-only file system)" in out and "the same command resumes it" in out, out[-3000:]
+
+
+def test_a_concession_listed_twice_is_refused():
+    from hydra_plugins.grpo_optuna_sweeper.concessions import check_list
+
+    with pytest.raises(ValueError) as err:  # SweeperSettingError: one line, before the storage opens
+        check_list(["lora_rank", "max_seq_length", "lora_rank"], set())
+    assert type(err.value).__name__ == "SweeperSettingError"
+    assert str(err.value) == (
+        "hydra.sweeper.concessions=['lora_rank', 'max_seq_length', 'lora_rank']: lora_rank listed twice; name each once"
+    )
+
+
+@pytest.mark.slow
+def test_a_failed_single_trial_exits_1_and_its_export_needs_force(tmp_path, warm_model):
+    """A single run whose trial failed exits 1 (an OOM, a measurement, exits 0). Its directory exports
+    only with --force, and then every file says at its top that it is no finished trial; the printed
+    `trl grpo --config` path is quoted for the shell. Each export error names its cause."""
+    from conftest import FAST, train_here
+
+    run_dir = tmp_path / "a run dir"  # a space: the printed command must quote it
+    out = train_here([*FAST, "trial.debug_fault=raise", f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 1, out.stdout[-2000:]
+    refused = cli("export", str(run_dir))
+    assert refused.returncode == 2 and "the trial ended failed (RuntimeError: debug_fault=raise" in refused.stderr
+    assert "--force" in refused.stderr
+    forced = cli("export", str(run_dir), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert f"trl grpo --config '{run_dir}/best.trl.yaml'" in forced.stdout
+    for name in ("best.trl.yaml", "best_grpo_config.py"):
+        text = (run_dir / name).read_text()
+        assert "NOT A FINISHED TRIAL: it ended failed (RuntimeError: debug_fault=raise" in text.split("\n", 3)[0] + text
+        assert "trial status: failed" in text
+    missing = cli("export", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and f"{tmp_path / 'nowhere'}: no such directory" in missing.stderr

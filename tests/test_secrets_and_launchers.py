@@ -95,6 +95,8 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
     assert password not in attrs and FAKE_WANDB_KEY not in attrs
 
 
+# 4 completions per step, held: one process accumulates 2 micro-batches of 2, two processes 1 each
+HELD_4 = [o for o in SMALL if not o.startswith("completions_per_step=")] + ["completions_per_step=4"]
 SUBMITIT = pytest.mark.xdist_group("submitit")  # one worker builds submitit_sweep and runs both of its tests
 
 
@@ -108,7 +110,7 @@ def submitit_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
     result = run(
         sweep_cmd(
             root, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=2",
-            "hydra.sweeper.sampler=grid", "trial.num_processes=choice(1,2)", *SMALL,
+            "hydra.sweeper.sampler=grid", "trial.num_processes=choice(1,2)", *HELD_4,
         )
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

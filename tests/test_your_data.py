@@ -151,6 +151,14 @@ def test_conversational_data_reaches_trl_and_the_rewards(tmp_path):
     lengths = record["prompt_lengths"]
     assert lengths["count"] == 48 and lengths["min"] <= lengths["median"] <= lengths["p95"] <= lengths["max"]
     assert lengths["cut"] > 0 and lengths["max"] > 32  # the long ones were cut to max_prompt_length=32
+    said = f"[trial] {lengths['cut']} of 48 prompts are longer than max_prompt_length=32 tokens (the longest {lengths['max']})"
+    assert said in result.stdout  # on the console, not only in metrics.json
+    from grpo_sweep.report.export import export_trial
+
+    exported = export_trial(run_dir, tmp_path / "export", prefix="x")
+    text = exported[0].read_text()
+    assert f"{lengths['cut']} of 48 prompts were longer than max_prompt_length=32 tokens" in text
+    assert "`trl grpo` trains them whole and its steps are longer than the ones measured" in text
     # worst case: every conversation padded/cut to exactly 32 tokens as TRL tokenizes it (template included)
     assert record["effective"]["max_prompt_tokens"] == 32 and not record["lever_mismatch"]
     assert record["reward_seconds_per_step"] is not None and record["reward_seconds_per_step"] > 0
@@ -492,3 +500,35 @@ def test_a_study_resumed_with_other_data_or_rewards_is_refused_naming_the_differ
     with open(data, "a") as fh:  # edited in place
         fh.write(json.dumps({"prompt": "What is 1 + 1?", "solution": "2"}) + "\n")
     refused(sweep_with(data, "my_rewards.contains_solution"), 'task fingerprint: the study has "sha256:')
+
+
+@pytest.mark.slow
+def test_a_long_system_message_is_cut_to_what_the_estimate_assumed(tmp_path):
+    """A conversation whose system message alone is longer than max_prompt_length: the system message
+    is cut too, so TRL tokenizes max_prompt_length tokens (template included), as estimated, and no
+    lever is reported changed."""
+    write_data(tmp_path, chat=False)
+    data = tmp_path / "long_system.jsonl"
+    system = "You are a careful assistant who answers arithmetic questions. " * 8
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": system}, {"role": "user", "content": f"What is {a} + 2?"}],
+            "solution": str(a + 2),
+        }
+        for a in range(16)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    train_here(
+        [
+            *dataset_overrides(data, "my_rewards.contains_solution"),
+            "model.init=random",
+            "trial.steps=1",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    record = load_metrics(run_dir)
+    assert record["status"] == "ok", record["error"]
+    assert record["prompt_lengths"]["cut"] == 16  # every prompt was over the budget
+    assert record["effective"]["max_prompt_tokens"] == 32 and not record["lever_mismatch"], record["lever_mismatch"]

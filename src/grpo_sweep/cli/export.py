@@ -8,10 +8,11 @@ A single run's directory (python train.py ...) works too: it is its own trial.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
-from ..report.export import ExportError, best_trial_number, export_trial, trial_run_dir
+from ..report.export import ExportError, best_trial_number, export_trial, held_recipe, trial_run_dir
 
 
 def cli(argv: list[str]) -> int:
@@ -19,14 +20,19 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a sweep directory (best.yaml, trials.csv) or one run directory")
     parser.add_argument("--trial", type=int, default=None, help="the trial number (default: the sweep's best)")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the sweep directory)")
+    parser.add_argument("--force", action="store_true", help="export a trial that did not finish ok (the files say so)")
     args = parser.parse_args(argv)
     try:
+        if not args.sweep_dir.is_dir():
+            raise ExportError(f"{args.sweep_dir}: no such directory")
         if (args.sweep_dir / "metrics.json").exists() and args.trial is None:
             run_dir, prefix = args.sweep_dir, "best"
         else:
             number = best_trial_number(args.sweep_dir) if args.trial is None else args.trial
             run_dir, prefix = trial_run_dir(args.sweep_dir, number), "best" if args.trial is None else f"trial{number}"
-        files = export_trial(run_dir, args.out or args.sweep_dir, prefix=prefix)
+        files = export_trial(
+            run_dir, args.out or args.sweep_dir, prefix=prefix, held=held_recipe(args.sweep_dir), force=args.force
+        )
     except (ExportError, OSError) as err:
         print(f"grpo-sweep export: {err}", file=sys.stderr)
         return 2
@@ -34,5 +40,5 @@ def cli(argv: list[str]) -> int:
         print(f"Wrote {path}")
     trl_file = next((p for p in files if p.name.endswith(".trl.yaml")), None)
     if trl_file is not None:
-        print(f"Run it in TRL:\n  trl grpo --config {trl_file}")
+        print(f"Run it in TRL:\n  trl grpo --config {shlex.quote(str(trl_file))}")
     return 0

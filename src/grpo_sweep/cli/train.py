@@ -1,7 +1,8 @@
 """`python -m grpo_sweep [overrides]` (and the repository's `train.py`): one real GRPO trial, or
 many with `-m`. Thin on purpose: Hydra composes the packaged conf/ (plus any directory on
 `hydra.searchpath`), the config is checked here before anything loads, a child process runs the
-trial, and the objective goes back to Hydra's sweeper (NaN when the trial did not finish).
+trial, and the objective goes back to Hydra's sweeper (NaN when the trial did not finish). A single
+run whose trial failed or timed out exits 1.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ..config.local import validate_here
@@ -17,6 +19,9 @@ from ..config.schema import ConfigError, register
 from ..trial.parent import run_trial
 
 register()
+# A single run that ends so exits 1; an OOM is a measurement (the trial's answer: it does not fit), and
+# exits 0 like a trial that finished.
+FAILED = ("failed", "timeout")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -26,5 +31,7 @@ def main(cfg: DictConfig) -> float:
     except ConfigError as err:
         raise SystemExit(f"Invalid configuration: {err}") from None
     record = run_trial(cfg, HydraConfig.get().runtime.output_dir)
+    if HydraConfig.get().mode == RunMode.RUN and record["status"] in FAILED:
+        raise SystemExit(1)  # one run: its failure is the command's (a multirun's sweeper judges each trial)
     value = record.get(cfg.objective)
     return float(value) if record["status"] == "ok" and value is not None else math.nan

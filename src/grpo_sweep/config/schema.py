@@ -256,13 +256,17 @@ def split_of(cfg: Any) -> tuple[int, int]:
     if not isinstance(batch, int) or batch <= 0:
         return batch, accum  # the batch's own check names it
     n = processes_of(cfg)
-    ranks, per_rank = (f" x trial.num_processes={n}", f" x {n} processes") if n > 1 else ("", "")
+    ranks, divisor = (
+        (f" x trial.num_processes={n}", f"(per_device_train_batch_size x {n} processes)")
+        if n > 1
+        else ("", "per_device_train_batch_size")
+    )
     if accum is None:
         if total % (batch * n):
             splits = [b for b in range(1, total + 1) if total % (b * n) == 0]
             raise ConfigError(
                 f"per_device_train_batch_size={batch}{ranks} does not divide completions_per_step={total} "
-                f"(gradient_accumulation_steps = completions_per_step / (per_device_train_batch_size{per_rank})); "
+                f"(gradient_accumulation_steps = completions_per_step / {divisor}); "
                 f"allowed per_device_train_batch_size here: {splits or 'none: fewer processes'}"
             )
         return batch, total // (batch * n)

@@ -65,8 +65,65 @@ def load_args(task: Any) -> dict:
     return {"path": str(local) if local is not None else path, "split": str(task.split)}
 
 
-def _columns_and_rows(path: Path) -> tuple[list[str], int]:
-    """A local file's column names and number of rows, without `datasets` (no torch)."""
+MAX_LINE = 16 << 20  # a JSON line longer than this is refused: the check's memory is bounded by it
+MAX_JSON_DOCUMENT = 256 << 20  # a whole-file .json list is parsed at once: larger ones must be JSON lines
+
+
+def _prompt_problem(value: Any) -> str | None:
+    """What keeps `value` from being a prompt: text, or a conversation (a list of {role, content})."""
+    if isinstance(value, str):
+        return None
+    if isinstance(value, list) and value and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in value):
+        return None
+    if isinstance(value, list):
+        kinds = sorted({type(m).__name__ for m in value}) or ["nothing"]
+        return f"a list of {', '.join(kinds)}"
+    return f"a {type(value).__name__}"
+
+
+def _check_prompt(where: str, row: int, record: Any, column: str) -> None:
+    if not isinstance(record, dict):
+        raise ConfigError(f"task.path={where}: row {row} is a JSON {type(record).__name__}, not an object of columns")
+    if column in record:
+        problem = _prompt_problem(record[column])
+        if problem:
+            raise ConfigError(
+                f"task.prompt_column={column}: row {row} of {where} holds {problem}; a prompt is text or a "
+                "conversation (a list of {role, content} messages)"
+            )
+
+
+def _json_lines(path: Path, column: str, check_rows: int) -> tuple[list[str], int]:
+    """JSON lines, streamed: every line parsed (as datasets' json builder will), the first
+    `check_rows` rows' prompts checked; a line over MAX_LINE bytes is refused, so memory stays bounded."""
+    columns: list[str] = []
+    rows = 0
+    with open(path, "rb") as fh:
+        for number, line in enumerate(iter(lambda: fh.readline(MAX_LINE + 1), b""), start=1):
+            if len(line) > MAX_LINE:
+                raise ConfigError(f"task.path={path}: line {number} is longer than {MAX_LINE >> 20} MiB")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise ConfigError(f"task.path={path}: line {number} is not JSON ({err})") from None
+            rows += 1
+            if rows == 1:
+                if not isinstance(record, dict):
+                    raise ConfigError(
+                        f"task.path={path}: line {number} is a JSON {type(record).__name__}, not an object of columns"
+                    )
+                columns = list(record)
+            if rows <= check_rows:
+                _check_prompt(f"{path} (line {number})", rows, record, column)
+    return columns, rows
+
+
+def _columns_and_rows(path: Path, column: str = "prompt", check_rows: int = 0) -> tuple[list[str], int]:
+    """A local file's column names and number of rows, without `datasets` (no torch), read for real:
+    a parse error names the file and its line, and the first `check_rows` prompts (the rows a trial
+    uses) are checked for their type."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -76,35 +133,60 @@ def _columns_and_rows(path: Path) -> tuple[list[str], int]:
     if suffix == ".csv":
         with open(path, newline="") as fh:
             reader = csv.reader(fh)
-            header = next(reader, [])
-            return header, sum(1 for row in reader if row)
+            try:
+                header = next(reader, [])
+                rows = sum(1 for row in reader if row)
+            except csv.Error as err:
+                raise ConfigError(f"task.path={path}: line {reader.line_num} is not CSV ({err})") from None
+            return header, rows
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            data = None  # one record per line, which datasets' json builder reads too
-        if isinstance(data, list):  # a list of records
-            return (list(data[0]) if data and isinstance(data[0], dict) else []), len(data)
-        if isinstance(data, dict):  # datasets reads a single object as one row (its keys the columns)
-            return list(data), 1
-    columns: list[str] = []
-    rows = 0
-    with open(path) as fh:  # JSON lines
-        for line in fh:
-            if line.strip():
-                if not rows:
-                    columns = list(json.loads(line))
-                rows += 1
-    return columns, rows
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()
+        if head[:1] == b"[":  # one JSON list of records (else JSON lines, which datasets reads too)
+            if path.stat().st_size > MAX_JSON_DOCUMENT:
+                raise ConfigError(
+                    f"task.path={path}: a single JSON list of {path.stat().st_size >> 20} MiB; "
+                    f"give JSON lines (.jsonl, one object per line) above {MAX_JSON_DOCUMENT >> 20} MiB"
+                )
+            try:
+                data = json.loads(path.read_bytes())
+            except ValueError as err:
+                raise ConfigError(f"task.path={path}: not JSON ({err})") from None
+            if not isinstance(data, list) or (data and not isinstance(data[0], dict)):
+                raise ConfigError(f"task.path={path}: a JSON list of objects (one per row) is needed")
+            for row, record in enumerate(data[:check_rows], start=1):
+                _check_prompt(str(path), row, record, column)
+            return (list(data[0]) if data else []), len(data)
+    return _json_lines(path, column, check_rows)
 
 
 @functools.lru_cache(maxsize=16)
-def _file_facts(path: str, mtime: float, size: int) -> tuple[tuple[str, ...], int]:
+def _file_facts(path: str, mtime: float, size: int, column: str = "prompt", check_rows: int = 0) -> tuple[tuple[str, ...], int]:
     try:
-        columns, rows = _columns_and_rows(Path(path))
-    except (ValueError, OSError, StopIteration) as err:
+        columns, rows = _columns_and_rows(Path(path), column, check_rows)
+    except ConfigError:
+        raise
+    except (ValueError, OSError, StopIteration) as err:  # UnicodeDecodeError is a ValueError
         raise ConfigError(f"task.path={path}: cannot be read ({type(err).__name__}: {err})") from None
     return tuple(columns), rows
+
+
+def check_readable(path: Path, given: str) -> None:
+    """A regular file with bytes in it, or a folder holding data files: never a special file
+    (/dev/zero would be read forever, /dev/null is empty), an empty file or an empty folder."""
+    import stat
+
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        if not any(p.suffix.lower() in BUILDERS for p in path.rglob("*") if p.is_file()):
+            raise ConfigError(f"task.path={given}: the folder {path} holds no {', '.join(BUILDERS)} file")
+        return
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"task.path={given}: {path} is not a regular file or folder (a device, pipe or socket)")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"task.path={given}: {path} is empty (0 bytes)")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"task.path={given}: {path} cannot be read (permission denied)")
 
 
 def check_columns(where: str, columns: list[str] | tuple[str, ...], rows: int, task: Any) -> None:
@@ -131,11 +213,15 @@ def check_dataset(cfg: Any) -> None:
             "task.reward_funcs=[]: task=dataset needs your reward functions as import paths, the strings "
             "`trl grpo --reward_funcs` takes (task.reward_funcs=[my_rewards.accuracy])"
         )
+    local = local_path(str(task.path))
+    if local is not None:
+        check_readable(local, str(task.path))
     args = load_args(task)
     data_file = args.get("data_files")
     if data_file is not None:
         stat = os.stat(data_file)
-        columns, rows = _file_facts(data_file, stat.st_mtime, stat.st_size)
+        column, check_rows = str(task.prompt_column), int(task.get("num_prompts") or 0)
+        columns, rows = _file_facts(data_file, stat.st_mtime, stat.st_size, column, check_rows)
         check_columns(data_file, columns, rows, task)
 
 

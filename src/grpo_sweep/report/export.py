@@ -41,7 +41,7 @@ def _load(run_dir: Path) -> tuple[dict, dict]:
     return metrics, config or {}
 
 
-def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None) -> list[str]:
+def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None, held: dict | None = None) -> list[str]:
     """Which sweep and trial, and what it measured: the numbers this file reproduces."""
     trial_cfg = config.get("trial") or {}
     sweep = sweep or trial_cfg.get("study") or "(a single run)"
@@ -50,7 +50,14 @@ def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None)
     gpu = (config.get("gpu") or {}).get("name", "?")
     tps, step = metrics.get("tokens_per_s"), metrics.get("step_time_s")
     reward_s = metrics.get("reward_seconds_per_step")
+    status = metrics.get("status")
+    warning = (
+        [f"NOT A FINISHED TRIAL: it ended {status} ({first_line(metrics.get('error'))}); exported with --force"]
+        if status != "ok"
+        else []
+    )
     lines = [
+        *warning,
         f"grpo-sweep export: sweep {sweep}, trial {trial if trial is not None else '-'} "
         f"(backend {metrics.get('backend')} on {metrics.get('device')}, gpu={gpu}; run dir {metrics.get('run_dir') or '-'})",
         "measured: "
@@ -60,18 +67,48 @@ def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None)
         + (f" of a {budget / GIB:.3g} GiB budget" if budget else "")
         + (f"; reward functions {reward_s:.3g} s per step" if reward_s is not None else "")
         + (f" ({100 * reward_s / step:.1f}% of the step)" if reward_s is not None and step else ""),
+        f"trial status: {status}",
+        concessions_line(held, metrics.get("recipe")),
     ]
     return lines
+
+
+def first_line(text: Any) -> str:
+    return (str(text).strip().splitlines() or ["no error recorded"])[0][:200] if text else "no error recorded"
+
+
+def concessions_line(held: dict | None, trained: dict | None) -> str:
+    """Which recipe settings the trial gave up against the recipe the sweep held (equal learning)."""
+    if not held or not trained:
+        return "recipe: as configured (no sweep recipe to compare with)"
+    taken = [
+        f"{k} {_show(held.get(k))} -> {_show(trained.get(k))}" for k in held if k in trained and held.get(k) != trained.get(k)
+    ]
+    return "recipe concessions taken: " + ", ".join(taken) if taken else "recipe: the sweep's held recipe, no concession taken"
+
+
+def _show(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def _notes(metrics: dict, settings: dict) -> list[str]:
     notes = []
     levers_steps = metrics.get("steps")
     notes.append(f"max_steps / num_train_epochs: yours to set (the sweep measured {levers_steps} steps)")
+    lengths = metrics.get("prompt_lengths") or {}
+    cut = lengths.get("cut") or 0
+    if cut:
+        notes.append(
+            f"{cut} of {lengths.get('count')} prompts were longer than max_prompt_length={lengths.get('max_prompt_length')} "
+            f"tokens (the longest {lengths.get('max')}) and the sweep cut them to it; TRL does not truncate prompts, so "
+            "`trl grpo` trains them whole and its steps are longer than the ones measured: cut your data to "
+            "max_prompt_length, or sweep again with max_prompt_length at least the longest prompt"
+        )
     if settings.get("worst_case_lengths"):
         notes.append(
             f"the sweep measured the worst case: prompts padded to {settings.get('max_prompt_length')} tokens, every completion "
-            "forced to max_completion_length; real steps are at most as long (TRL does not truncate prompts)"
+            "forced to max_completion_length; "
+            + ("real steps on prompts no longer than that are at most as long" if cut else "real steps are at most as long")
         )
     if metrics.get("device") == "cpu":
         notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")
@@ -92,7 +129,7 @@ def _model_name(settings: dict) -> tuple[str | None, str | None]:
     )
 
 
-def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None) -> str:
+def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None) -> str:
     """`trl grpo --config` YAML: ModelConfig, script (dataset, rewards) and GRPOConfig fields."""
     import yaml
 
@@ -120,7 +157,7 @@ def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: in
             bnb_4bit_quant_type=quant.get("bnb_4bit_quant_type"),
             use_bnb_nested_quant=bool(quant.get("bnb_4bit_use_double_quant")),
         )
-    comments = [*header(metrics, config, sweep=sweep, trial=trial), "", "Run: trl grpo --config <this file>"]
+    comments = [*header(metrics, config, sweep=sweep, trial=trial, held=held), "", "Run: trl grpo --config <this file>"]
     dataset = settings.get("dataset")
     if dataset:
         entry = {k: v for k, v in dataset.items() if k in ("path", "data_files", "split") and v is not None}
@@ -162,11 +199,13 @@ class _Code(str):
     """A value written as code (torch.bfloat16), not as its repr."""
 
 
-def grpo_config_py(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None) -> str:
+def grpo_config_py(
+    metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None
+) -> str:
     """A short script building the same GRPOConfig, LoraConfig and BitsAndBytesConfig."""
     settings = metrics["trainer_settings"]
     name, model_note = _model_name(settings)
-    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial) + [""] + _notes(metrics, settings))
+    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings))
     quant = settings.get("quantization")
     lora = settings.get("lora")
     grpo = {"output_dir": _output_dir(config, sweep, trial), **settings["grpo_config"]}
@@ -211,13 +250,15 @@ def grpo_config_py(metrics: dict, config: dict, *, sweep: str | None = None, tri
     return "\n".join(lines) + "\n"
 
 
-def unsloth_py(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None) -> str | None:
+def unsloth_py(
+    metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None
+) -> str | None:
     """backend=unsloth: FastLanguageModel.from_pretrained / get_peft_model as the trial called them, and the GRPOConfig."""
     settings = metrics["trainer_settings"]
     calls = settings.get("unsloth")
     if not calls:
         return None
-    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial) + [""] + _notes(metrics, settings))
+    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings))
     loaded = dict(calls["from_pretrained"])
     name, model_note = _model_name(settings)
     loaded["model_name"] = name if name else loaded.get("model_name")
@@ -243,15 +284,33 @@ def unsloth_py(metrics: dict, config: dict, *, sweep: str | None = None, trial: 
     return "\n".join(lines) + "\n"
 
 
-def export_trial(run_dir: str | Path, out_dir: str | Path, *, prefix: str = "best", sweep: str | None = None) -> list[Path]:
-    """Write the files for the trial in `run_dir` into `out_dir`; returns their paths."""
+def export_trial(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    prefix: str = "best",
+    sweep: str | None = None,
+    held: dict | None = None,
+    force: bool = False,
+) -> list[Path]:
+    """Write the files for the trial in `run_dir` into `out_dir`; returns their paths.
+
+    `held`: the recipe the sweep held (best.yaml `recipe`), so each file names the concessions the
+    trial took. A trial that did not finish `ok` is refused (ExportError) unless `force`; then every
+    file says so at its top."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     metrics, config = _load(run_dir)
+    status = metrics.get("status")
+    if status != "ok" and not force:
+        raise ExportError(
+            f"{run_dir}: the trial ended {status} ({first_line(metrics.get('error'))}), so its numbers are not a "
+            "finished trial's; export it anyway with --force (the files then say so)"
+        )
     trial = (config.get("trial") or {}).get("number")
     texts = {
-        "trl": trl_yaml(metrics, config, sweep=sweep, trial=trial),
-        "python": grpo_config_py(metrics, config, sweep=sweep, trial=trial),
-        "unsloth": unsloth_py(metrics, config, sweep=sweep, trial=trial),
+        "trl": trl_yaml(metrics, config, sweep=sweep, trial=trial, held=held),
+        "python": grpo_config_py(metrics, config, sweep=sweep, trial=trial, held=held),
+        "unsloth": unsloth_py(metrics, config, sweep=sweep, trial=trial, held=held),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -277,8 +336,14 @@ def trial_run_dir(sweep_dir: str | Path, number: int) -> Path:
     if table.exists():
         with open(table, newline="") as fh:
             for row in csv.DictReader(fh):
-                if row.get("number") == str(number) and row.get("run_dir"):
+                if row.get("number") != str(number):
+                    continue
+                if row.get("run_dir"):
                     return Path(row["run_dir"])
+                raise ExportError(
+                    f"trial {number} in {table} never ran ({row.get('state')}, status {row.get('status') or '-'}): "
+                    "it has no run directory to export"
+                )
     for path in sorted(sweep_dir.glob("*/config.yaml")):
         if ((yaml.safe_load(path.read_text()) or {}).get("trial") or {}).get("number") == number:
             return path.parent
@@ -290,6 +355,20 @@ def best_trial_number(sweep_dir: str | Path) -> int:
 
     path = Path(sweep_dir) / "best.yaml"
     best = yaml.safe_load(path.read_text()) if path.exists() else None
+    if not Path(sweep_dir).is_dir():
+        raise ExportError(f"{sweep_dir}: no such directory")
     if not best or best.get("best_trial") is None:
         raise ExportError(f"{path}: no best trial yet; name one with --trial N")
     return int(best["best_trial"])
+
+
+def held_recipe(sweep_dir: str | Path) -> dict | None:
+    """The recipe a sweep held (its best.yaml `recipe`), or None for a single run's directory."""
+    import yaml
+
+    path = Path(sweep_dir) / "best.yaml"
+    try:
+        best = yaml.safe_load(path.read_text()) if path.exists() else None
+    except (OSError, yaml.YAMLError):
+        return None
+    return (best or {}).get("recipe") or None

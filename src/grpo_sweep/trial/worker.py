@@ -339,6 +339,14 @@ def main(
         wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
         record["prompt_lengths"] = task.prompt_lengths
+        lengths = task.prompt_lengths or {}
+        if lengths.get("cut"):
+            print(
+                f"[trial] {lengths['cut']} of {lengths['count']} prompts are longer than max_prompt_length="
+                f"{lengths['max_prompt_length']} tokens (the longest {lengths['max']}): cut to it here; TRL does not cut "
+                "them, so `trl grpo` on this data trains longer steps than these (the export says so)",
+                flush=True,
+            )
         from .tasks.rewards import RewardClock
 
         reward_clock = RewardClock()

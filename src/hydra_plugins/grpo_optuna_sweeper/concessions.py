@@ -32,7 +32,12 @@ def allowed_names(groups: set[str]) -> list[str]:
 
 
 def check_list(concessions: list[str], groups: set[str]) -> None:
-    """Each entry of hydra.sweeper.concessions names a recipe setting (or a searched config group)."""
+    """Each entry of hydra.sweeper.concessions names a recipe setting (or a searched config group), once."""
+    twice = sorted({name for name in concessions if list(concessions).count(name) > 1})
+    if twice:
+        raise SweeperSettingError(
+            f"hydra.sweeper.concessions={list(concessions)}: {', '.join(twice)} listed twice; name each once"
+        )
     for name in concessions:
         if name in groups or (name in KINDS and KINDS[name].kind == RECIPE):
             continue

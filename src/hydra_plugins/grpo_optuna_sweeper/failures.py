@@ -36,6 +36,7 @@ ADVICE = (
         "the task's reward function raised: fix it, then run one point alone to check (the command below)",
     ),
 )
+NOTHING_FITS = "nothing fits the budget"  # the memory verdict: said only when trials were over budget
 DEFAULT_ADVICE = "every trial fails the same way: run one point alone (the command below) and read its trial.log"
 
 
@@ -126,7 +127,7 @@ def why_no_best(study: Any) -> str:
     trials = study.get_trials(deepcopy=False)
     infeasible = any(t.state.name in ("COMPLETE", "PRUNED") and any(v > 0 for v in t.constraints.values()) for t in trials)
     if infeasible:
-        return "No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status)."
+        return f"No feasible trial yet: {NOTHING_FITS} (see trials.csv for each trial's status)."
     counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no trials"
     failed = [t for t in trials if reason_of(t)]
     first = f"; first failure (trial {failed[0].number}): {reason_of(failed[0])}" if failed else ""

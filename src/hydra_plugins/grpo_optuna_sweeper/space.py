@@ -96,3 +96,11 @@ def representable(dist: Any, value: Any) -> bool:
         return bool(dist._contains(dist.to_internal_repr(value)))
     except (ValueError, TypeError):
         return False
+
+
+def describe(dist: Any) -> str:
+    """A distribution as the space writes it: choice(1, 2) or interval(1, 8)."""
+    choices = getattr(dist, "choices", None)
+    if choices is not None:
+        return f"choice({', '.join(map(str, choices))})"
+    return f"interval({dist.low}, {dist.high})"

@@ -21,7 +21,7 @@ from grpo_sweep.study.storage import is_journal, journal_path
 from grpo_sweep.units import GIB
 
 from .concessions import describe, fmt
-from .failures import why_no_best
+from .failures import NOTHING_FITS, why_no_best
 
 FIRST_COLUMNS = [
     "number",
@@ -326,14 +326,15 @@ def write_summary(
                 **noise_summary(ranked_finalists, chosen=best_rule.competing(study.user_attrs) is not None),
             }
         )
-        summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name)
+        summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name, held=recipe)
         _atomic_write(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
     if quiet:
         return summary
     print(f"\n=== Study {study.study_name}: {states} ===")
     if best is None:
-        if stopped is None:  # a stopped sweep's reason is its last word (below), not a memory verdict
-            print(why_no_best(study))
+        why = why_no_best(study)
+        if stopped is None or NOTHING_FITS not in why:  # a stopped sweep ends with its reason, not a memory verdict
+            print(why)
     else:
         print(table(study, objective, top_k))
         print(finalist_table(summary, objective))
@@ -360,7 +361,8 @@ def write_summary(
         exported = summary.get("export") or {}
         if exported.get("files"):
             print(
-                f"Run it in TRL:\n  trl grpo --config {sweep_dir / 'best.trl.yaml'}   (also: {', '.join(exported['files'][1:])})"
+                f"Run it in TRL:\n  trl grpo --config {shlex.quote(str(sweep_dir / 'best.trl.yaml'))}"
+                f"   (also: {', '.join(exported['files'][1:])})"
             )
         elif exported.get("error"):
             print(f"Not exported for TRL: {exported['error']}")
@@ -386,7 +388,7 @@ def stop_words(stopped: Any, waiting: int) -> str:
     return words
 
 
-def export_best(run_dir: str | None, sweep_dir: Path, study_name: str) -> dict:
+def export_best(run_dir: str | None, sweep_dir: Path, study_name: str, held: dict | None = None) -> dict:
     """best.trl.yaml, best_grpo_config.py (and best_unsloth.py) beside best.yaml (grpo_sweep.report.export);
     a trial that cannot be exported never costs the summary: best.yaml says why."""
     if not run_dir:
@@ -394,7 +396,8 @@ def export_best(run_dir: str | None, sweep_dir: Path, study_name: str) -> dict:
     try:
         from grpo_sweep.report.export import export_trial
 
-        return {"files": [p.name for p in export_trial(Path(run_dir), sweep_dir, prefix="best", sweep=study_name)]}
+        files = export_trial(Path(run_dir), sweep_dir, prefix="best", sweep=study_name, held=held)
+        return {"files": [p.name for p in files]}
     except Exception as err:  # noqa: BLE001 - the study and trials.csv are already written
         return {"error": f"{type(err).__name__}: {err}"}
 

@@ -9,6 +9,7 @@ workers shared it and however often it was interrupted and re-run.
 from __future__ import annotations
 
 import datetime
+import errno
 import logging
 import os
 import signal
@@ -54,6 +55,10 @@ from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_tria
 log = logging.getLogger(__name__)
 
 
+# Where writing is refused (a read-only file system, permissions) or room is gone: said in one line.
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
 class _Interrupted(BaseException):
     """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt: Hydra's run_job turns any Exception
     raised inside a job into a failed JobReturn, and an interruption must stop the sweep instead."""
@@ -96,6 +101,14 @@ class GrpoOptunaSweeper(Sweeper):
             return self._sweep(arguments)
         except StorageUnavailable as err:  # retried for storage_retry_s already: one line, no traceback
             raise SweepError(f"Sweep stopped: {err}") from None
+        except OSError as err:  # the sweep directory or its journal cannot be written: one line
+            if err.errno not in UNWRITABLE:
+                raise
+            where = err.filename or self.sweep_dir
+            raise SweepError(
+                f"Sweep stopped: {where} cannot be written ({err.strerror}); give hydra.sweep.dir (and a journal "
+                "storage's file) a place this user can write. What the study holds is kept; the same command resumes it"
+            ) from None
 
     def _sweep(self, arguments: list[str]) -> Any:
         import optuna
@@ -288,6 +301,10 @@ class GrpoOptunaSweeper(Sweeper):
         left_out = []
         for i, point in enumerate(conf.enqueue):
             params = OmegaConf.to_container(point)
+            outside = self._outside_space(params)
+            if outside:  # the held recipe (or the space) leaves no room for it: dropped, never a failed trial
+                log.info("Start point enqueue[%d]=%s dropped: %s", i, params, outside)
+                continue
             if self._room(study, self.n_search) <= 0 and not _in_study(study, params):
                 left_out.append(f"enqueue[{i}]={params}")
                 continue
@@ -304,6 +321,15 @@ class GrpoOptunaSweeper(Sweeper):
         frontier_count = min(conf.frontier_start, self._room(study, self.n_search))
         if frontier_count > 0:
             self._enqueue_frontier(study, frontier_count)
+
+    def _outside_space(self, params: dict) -> str | None:
+        """Why a start point cannot be asked in this search space (a value the held recipe's divisors
+        or the space's range leave out), or None when every one of its values is in it."""
+        for key, value in params.items():
+            dist = self.distributions.get(key)
+            if dist is not None and not space.representable(dist, value):
+                return f"{key}={value} is not in the space this sweep searches ({space.describe(dist)})"
+        return None
 
     def _enqueue_presets(self, study: Any) -> None:
         """Queue each seed preset once per study, with its levers as parameters where they fit the space
@@ -328,6 +354,11 @@ class GrpoOptunaSweeper(Sweeper):
                     preset,
                     ", ".join(undeclared),
                 )
+                continue
+            try:
+                validate_here(cfg)  # e.g. its micro-batch does not divide the held completions_per_step
+            except Exception as err:  # noqa: BLE001 - a preset the held recipe cannot run is not queued
+                log.info("Warm start: preset=%s not queued: %s", preset, str(err).splitlines()[0])
                 continue
             params = {}
             for key, dist in self.distributions.items():
@@ -570,6 +601,9 @@ class GrpoOptunaSweeper(Sweeper):
     def _prepare(self, trial: Any) -> tuple[list[str], Outcome | None]:
         """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
         preset = trial.user_attrs.get("preset")
+        outside = None if preset else self._outside_space(_fixed_params(trial))
+        if outside:  # queued by an earlier run of this study under another held recipe: not a point of this search
+            return [], Outcome("FAIL", attrs={"status": "surplus", "error": f"start point dropped: {outside}"})
         params = {}
         for key, dist in self.distributions.items():
             if preset and not _fixed_in(trial, key):
@@ -897,9 +931,14 @@ def _in_study(study: Any, params: dict) -> bool:
     return params in neighbours.points(study.get_trials(deepcopy=False))
 
 
+def _fixed_params(trial: Any) -> dict:
+    """The values the trial was enqueued with (Optuna keeps them in `fixed_params`)."""
+    return dict(trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
+
+
 def _fixed_in(trial: Any, key: str) -> bool:
-    """Whether the trial was enqueued with a value for `key` (Optuna keeps them in `fixed_params`)."""
-    return key in (trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
+    """Whether the trial was enqueued with a value for `key`."""
+    return key in _fixed_params(trial)
 
 
 def _mask_storage_in(config: DictConfig, url: str) -> None:

@@ -89,10 +89,10 @@ class StepMeter(TrainerCallback):
         row = dict(self._pending)
         self._pending = {}
         for trl_key, key in LOG_KEYS.items():
-            if trl_key in logs:
+            if logs.get(trl_key) is not None:  # TRL logs None for a metric it could not compute
                 row[key] = float(logs[trl_key])
         for key, value in logs.items():
-            if key.startswith("rewards/") and key.endswith("/mean"):
+            if key.startswith("rewards/") and key.endswith("/mean") and value is not None:
                 row["reward/" + key.split("/")[1]] = float(value)
         row["tokens_per_s"] = row["tokens"] / row["step_time_s"] if row["step_time_s"] > 0 else 0.0
         if self.memory_probe is not None:

@@ -5,7 +5,7 @@ passed to GRPOTrainer as it is, so TRL formats conversations with the model's ch
 hands the rewards conversational completions, exactly as under `trl grpo`. Every other column goes
 to the reward functions as keyword arguments (TRL's convention). Worst-case lengths still apply:
 a prompt longer than max_prompt_length is cut from the left of its text (the last user message of
-a conversation), and with trial.worst_case_lengths every prompt is padded to exactly
+a conversation, then the others when they alone are too long), and with trial.worst_case_lengths every prompt is padded to exactly
 max_prompt_length tokens as TRL will tokenize it (template included). `prompt_lengths` records the
 distribution before that (metrics.json).
 """
@@ -31,7 +31,9 @@ def is_conversation(prompt: Any) -> bool:
 
 def fit_conversation(messages: list, tokenizer, max_len: int, pad: bool) -> list:
     """`fit_prompt` for a conversation: the last user message's text is cut or padded until the
-    whole templated prompt is `max_len` tokens (or at most, without `pad`)."""
+    whole templated prompt is `max_len` tokens (or at most, without `pad`). When the other messages
+    alone are over it (a long system message), they are cut from the left too, the first first: the
+    prompt TRL tokenizes is then the length the estimate was made for."""
     messages = [dict(m) for m in messages]
     idx = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
     if not isinstance(messages[idx]["content"], str):
@@ -42,9 +44,21 @@ def fit_conversation(messages: list, tokenizer, max_len: int, pad: bool) -> list
             break
         own = len(tokenizer(messages[idx]["content"], add_special_tokens=False)["input_ids"])
         target = own + (max_len - total)
-        if target < 1:  # the template alone is longer than max_prompt_length: keep one token of text
-            messages[idx]["content"] = fit_prompt(messages[idx]["content"], tokenizer, 1, False)
-            break
+        if target < 1:  # the other messages (a long system message) are over the budget on their own
+            over = 1 - target  # tokens the others give up, so that the last user message keeps one
+            for j, m in enumerate(messages):
+                if over <= 0:
+                    break
+                if j == idx or not isinstance(m["content"], str) or not m["content"]:
+                    continue
+                n = len(tokenizer(m["content"], add_special_tokens=False)["input_ids"])
+                keep = max(1, n - over)
+                m["content"] = fit_prompt(m["content"], tokenizer, keep, False)  # cut from the left, the first first
+                over -= n - keep
+            if over > 0:  # the template alone is longer than max_prompt_length: keep one token of text
+                messages[idx]["content"] = fit_prompt(messages[idx]["content"], tokenizer, 1, False)
+                break
+            continue
         messages[idx]["content"] = fit_prompt(messages[idx]["content"], tokenizer, target, pad)
     return messages
 

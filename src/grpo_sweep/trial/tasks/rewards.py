@@ -1,10 +1,11 @@
 """Reward functions: the user's, imported as `trl grpo --reward_funcs` imports them, and a clock
 around every one (the task's own too).
 
-Each function keeps its `__name__` (TRL logs `rewards/<name>/mean` by it). One that raises fails the
-trial with `RewardFunctionError` naming the function and its exception: not an OOM (the worker's
-`is_oom` never matches it), so the sweeper's systematic-failure stop ends a sweep whose reward
-always raises with that reason. The clock sums the seconds spent in reward functions per optimiser
+Each function keeps its `__name__` (TRL logs `rewards/<name>/mean` by it). One that raises, or
+whose first return value is not one finite number per completion (`bad_return`), fails the trial
+with `RewardFunctionError` naming the function and what it raised or returned: not an OOM (the
+worker's `is_oom` never matches it), so the sweeper's systematic-failure stop ends a sweep whose
+reward always fails with that reason. The clock sums the seconds spent in reward functions per optimiser
 step (`reward_seconds_per_step` in metrics.json).
 """
 
@@ -46,6 +47,35 @@ def import_reward(name: str) -> Callable:
     return func
 
 
+def bad_return(value, completions) -> str | None:
+    """What is wrong with a reward function's return value for `completions`, or None when it is what
+    TRL takes: a list with one finite number per completion (None for a completion the function does
+    not score, as TRL allows, but not for every one)."""
+    import math
+    import numbers
+
+    if not isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} {_short(value)} (a list with one number per completion is needed)"
+    n = len(completions) if completions is not None else len(value)
+    if len(value) != n:
+        return f"{len(value)} values for {n} completions"
+    for i, v in enumerate(value):
+        if v is None:
+            continue
+        if not isinstance(v, numbers.Real):  # bool is one (TRL reads True as 1.0)
+            return f"{type(v).__name__} {_short(v)} at index {i} (each value must be a number)"
+        if not math.isfinite(float(v)):
+            return f"{v} at index {i} (each value must be finite)"
+    if n and all(v is None for v in value):
+        return f"None for all {n} completions"
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class RewardClock(TrainerCallback):
     """Times every reward call; per optimiser step, the seconds summed over all reward functions."""
 
@@ -59,17 +89,28 @@ class RewardClock(TrainerCallback):
         def failed(err: Exception) -> RewardFunctionError:
             return RewardFunctionError(f"reward function {label} raised {type(err).__name__}: {err}")
 
+        checked = [False]  # the return value is checked on the first call: a bad one fails the trial by name
+
+        def check(value, kwargs):
+            if not checked[0]:
+                wrong = bad_return(value, kwargs.get("completions"))
+                if wrong is not None:
+                    raise RewardFunctionError(f"reward function {label} returned {wrong}")
+                checked[0] = True
+            return value
+
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def timed_async(*args, **kwargs):
                 started = time.perf_counter()
                 try:
-                    return await func(*args, **kwargs)
+                    value = await func(*args, **kwargs)
                 except Exception as err:  # noqa: BLE001
                     raise failed(err) from err
                 finally:
                     clock.current += time.perf_counter() - started
+                return check(value, kwargs)
 
             return timed_async
 
@@ -77,11 +118,12 @@ class RewardClock(TrainerCallback):
         def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
-                return func(*args, **kwargs)
+                value = func(*args, **kwargs)
             except Exception as err:  # noqa: BLE001
                 raise failed(err) from err
             finally:
                 clock.current += time.perf_counter() - started
+            return check(value, kwargs)
 
         return timed
 
