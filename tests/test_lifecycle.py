@@ -274,3 +274,34 @@ def test_a_trial_killed_before_closing_its_wandb_run_leaves_a_note(tmp_path):
     summary, _ = read_run(m["wandb_dir"])
     assert summary["state"] == "failed" and m["wandb_dir"].endswith(summary["run_id"])
     assert summary["summary"]["status"] == "failed" and "SIGKILL" in summary["summary"]["error"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_two_process_run_is_one_quiet_line(tmp_path):
+    """Over 20 s: a two-process trial (two ranks import torch and TRL). Ctrl-C (SIGINT to train.py)
+    while both ranks run: exit 130, the stop said once, no traceback (neither ours nor torchrun's
+    SignalException) and no fatal error on the console, the record written, no rank left."""
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *FAST,
+        "trial.num_processes=2",
+        "trial.debug_fault=hang",
+        f"hydra.run.dir={run_dir}",
+    ]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
+        wait_for(lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2)), timeout=300, every=0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    console = log.read_text()
+    assert console.count("[trial] stopping the ranks: the trial was stopped: its parent was interrupted") == 1, console
+    assert f"Interrupted: the trial was stopped; {run_dir}/metrics.json says so" in console
+    for noise in ("Traceback", "SignalException", "Fatal Python error", "Received 15 death signal"):
+        assert noise not in console, (noise, console[-3000:])
+    assert "SignalException" in (run_dir / "trial.log").read_text()  # kept where it belongs: the trial's log
+    assert load_metrics(run_dir)["status"] == "failed"
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left

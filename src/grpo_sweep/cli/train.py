@@ -8,6 +8,7 @@ run whose trial failed or timed out exits 1.
 from __future__ import annotations
 
 import math
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -30,8 +31,16 @@ def main(cfg: DictConfig) -> float:
         validate_here(cfg)
     except ConfigError as err:
         raise SystemExit(f"Invalid configuration: {err}") from None
-    record = run_trial(cfg, HydraConfig.get().runtime.output_dir)
-    if HydraConfig.get().mode == RunMode.RUN and record["status"] in FAILED:
+    single = HydraConfig.get().mode == RunMode.RUN
+    try:
+        record = run_trial(cfg, HydraConfig.get().runtime.output_dir)
+    except KeyboardInterrupt:
+        if not single:
+            raise  # a multirun's own handling (the sweeper records and re-enqueues)
+        # run_trial stopped the trial and its record says so: one line, no traceback
+        print(f"Interrupted: the trial was stopped; {HydraConfig.get().runtime.output_dir}/metrics.json says so", file=sys.stderr)
+        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports an interrupted command
+    if single and record["status"] in FAILED:
         raise SystemExit(1)  # one run: its failure is the command's (a multirun's sweeper judges each trial)
     value = record.get(cfg.objective)
     return float(value) if record["status"] == "ok" and value is not None else math.nan

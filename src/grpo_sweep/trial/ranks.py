@@ -64,9 +64,17 @@ def environment(cfg: Any) -> dict[str, str]:
     return env
 
 
-def _forward(stream) -> None:
+def _forward(stream, stopping: threading.Event) -> None:
+    """torchrun's and the ranks' output, through the worker's tee (console and trial.log). Once the
+    trial is being stopped, trial.log only: torchrun answers our SIGTERM with its own traceback
+    (SignalException) and warnings, which the console's one stop line already says."""
     for line in stream:
-        print(line, end="", flush=True)  # through the worker's tee: console and trial.log
+        log = getattr(sys.stdout, "file", None)
+        if stopping.is_set() and log is not None:
+            log.write(line)
+            log.flush()
+        else:
+            print(line, end="", flush=True)
 
 
 def prepare_checkpoint(cfg: Any) -> None:
@@ -107,7 +115,8 @@ def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
     proc = subprocess.Popen(
         command(cfg, run_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(cfg)
     )
-    reader = threading.Thread(target=_forward, args=(proc.stdout,), daemon=True)
+    stopping = threading.Event()
+    reader = threading.Thread(target=_forward, args=(proc.stdout, stopping), daemon=True)
     reader.start()
     try:
         try:
@@ -115,6 +124,7 @@ def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
         except TrialStopped as exc:  # the parent's timeout, an interrupted sweep, the parent died
             stopped = exc
             print(f"[trial] stopping the ranks: {exc.reason}", flush=True)
+            stopping.set()
             proc.send_signal(signal.SIGTERM)  # torchrun passes it on; each rank writes its record
             try:
                 proc.wait(grace_s)
