@@ -152,13 +152,9 @@ def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
     assert "the process that started it died" in summary["summary"]["error"]
 
 
-@pytest.mark.slow
-def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
-    """trial.num_processes=2: the worker leads torchrun, torchrun starts the ranks in their own
-    sessions; SIGKILL of train.py must still leave no process behind, and the record says why. Over 20 s: a two-process
-    trial: torchrun starts two ranks that each import torch and TRL from scratch."""
-    run_dir = tmp_path / "run"
-    cmd = [
+def _two_ranks_hanging(run_dir: Path) -> list[str]:
+    """`python train.py` of a two-process trial whose ranks both hang (trial.debug_fault=hang)."""
+    return [
         sys.executable,
         str(ROOT / "train.py"),
         *FAST,
@@ -166,6 +162,15 @@ def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
         "trial.debug_fault=hang",
         f"hydra.run.dir={run_dir}",
     ]
+
+
+@pytest.mark.slow
+def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
+    """trial.num_processes=2: the worker leads torchrun, torchrun starts the ranks in their own
+    sessions; SIGKILL of train.py must still leave no process behind, and the record says why. Over 20 s: a two-process
+    trial: torchrun starts two ranks that each import torch and TRL from scratch."""
+    run_dir = tmp_path / "run"
+    cmd = _two_ranks_hanging(run_dir)
     hanging = lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2))  # noqa: E731
     names: list[str] = []
     trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", hanging, seen=names)
@@ -283,14 +288,7 @@ def test_ctrl_c_of_a_two_process_run_is_one_quiet_line(tmp_path):
     SignalException) and no fatal error on the console, the record written, no rank left."""
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        *FAST,
-        "trial.num_processes=2",
-        "trial.debug_fault=hang",
-        f"hydra.run.dir={run_dir}",
-    ]
+    cmd = _two_ranks_hanging(run_dir)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
         wait_for(lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2)), timeout=300, every=0.5)
