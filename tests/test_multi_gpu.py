@@ -140,7 +140,8 @@ def test_estimate_cli_prints_the_per_rank_table():
 from grpo_sweep.metrics import KEYS  # noqa: E402
 from grpo_sweep.trial.ranks import command, merge, rank_dir  # noqa: E402
 
-TINY_DDP = ["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=ddp"]
+# 64 prompts: the warm model of the vLLM tests' key (test_vllm_cpu, test_vllm_queueing), one build for all of them
+TINY_DDP = ["trial.steps=2", "task.num_prompts=64", "trial.num_processes=2", "trial.strategy=ddp"]
 
 
 def _rank(status="ok", peak=100, tokens=10.0, **extra):
@@ -196,27 +197,6 @@ def _check_rank_records(m: dict, n: int, strategy: str) -> list[float]:
     return [(pr - p) / p for p, pr in zip(peaks, predicted)]
 
 
-@pytest.mark.slow
-def test_ddp_two_processes_over_gloo_run_a_real_grpo_trial(tmp_path):
-    """Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from scratch."""
-    from conftest import load_metrics, train_here
-
-    out = train_here([*TINY_DDP, f"hydra.run.dir={tmp_path}"])
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    m = load_metrics(tmp_path)
-    assert m["status"] == "ok", m["error"]
-    errors = _check_rank_records(m, 2, "ddp")
-    assert all(abs(e) <= 0.10 for e in errors), errors  # the estimate per rank within 10 %
-    # Each rank ran GRPO steps of its own: its own record, two steps, a reward.
-    for k in range(2):
-        r = load_metrics(tmp_path / "ranks" / str(k))
-        assert r["steps"] == 2 and r["reward_mean"] is not None and r["effective"]["generation_batch_size"] == 8
-    # DDP's gradient buckets are real: the tracker sees the adapters' gradient bytes once more than
-    # one process (the prediction's ddp_buckets term).
-    assert m["predicted_peak_breakdown"]["ddp_buckets"] == m["predicted_peak_breakdown"]["gradients"] > 0
-    assert m["peak_memory_breakdown"]["weights"] > 0 and m["peak_memory_breakdown"]["trainable_params"] > 0
-
-
 def test_completions_per_step_counts_every_rank():
     """completions_per_step is the optimiser step's across all processes: the accumulation is
     completions_per_step / (batch x N), TRL's generation batch is the recipe's, and a split that
@@ -245,12 +225,12 @@ def test_completions_per_step_counts_every_rank():
 
 @pytest.mark.slow
 def test_one_and_two_processes_train_the_same_recipe(tmp_path):
-    """Over 20 s: a one-process and a two-process trial (two ranks import torch and TRL) at
+    """Over 20 s: a one-process and a two-process trial over gloo (two ranks import torch and TRL) at
     completions_per_step=8: per optimiser step both train 8 completions and the same tokens, and the
     trial counts its throughput once (the two-process trial's tokens/s is not the ranks' sum)."""
     from conftest import load_metrics, train_here
 
-    held = ["trial.steps=2", "task.num_prompts=32", "completions_per_step=8", "per_device_train_batch_size=2"]
+    held = ["trial.steps=2", "task.num_prompts=64", "completions_per_step=8", "per_device_train_batch_size=2"]
     records = {}
     for n in (1, 2):
         run_dir = tmp_path / str(n)
@@ -271,8 +251,17 @@ def test_one_and_two_processes_train_the_same_recipe(tmp_path):
         assert m["recipe"]["completions_per_step"] == 8
         assert sum(r["samples"] for r in m["history"]) == 2 * 8  # the trained total: steps x the recipe
     assert two["tokens_per_step"] == one["tokens_per_step"] == 8 * 96
-    assert two["tokens_per_s"] == pytest.approx(min(two["rank_tokens_per_s"]))
     assert two["tokens_per_s"] == pytest.approx(two["tokens_per_step"] / two["step_time_s"], rel=0.35)
+    # The two-process trial over gloo: each rank its own record, two steps, a reward; the estimate per
+    # rank within 10 %; DDP's gradient buckets are real (the tracker sees the adapters' gradient bytes
+    # once more than one process: the prediction's ddp_buckets term).
+    errors = _check_rank_records(two, 2, "ddp")  # tokens/s counted once: the slowest rank's
+    assert all(abs(e) <= 0.10 for e in errors), errors
+    for k in range(2):
+        rank = load_metrics(tmp_path / "2" / "ranks" / str(k))
+        assert rank["steps"] == 2 and rank["reward_mean"] is not None and rank["effective"]["generation_batch_size"] == 8
+    assert two["predicted_peak_breakdown"]["ddp_buckets"] == two["predicted_peak_breakdown"]["gradients"] > 0
+    assert two["peak_memory_breakdown"]["weights"] > 0 and two["peak_memory_breakdown"]["trainable_params"] > 0
 
 
 @pytest.mark.slow
@@ -322,7 +311,7 @@ def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tm
     scratch and build the trainer before the refusal."""
     from grpo_sweep.trial.parent import run_trial
 
-    cfg = compose(["trial.steps=2", "task.num_prompts=32", "trial.num_processes=2", "trial.strategy=fsdp"])
+    cfg = compose(["trial.steps=2", "task.num_prompts=64", "trial.num_processes=2", "trial.strategy=fsdp"])
     m = run_trial(cfg, tmp_path)
     assert m["status"] == "failed" and m["world_size"] == 2 and m["strategy"] == "fsdp"
     assert "trial.strategy=fsdp did not take effect: accelerate distributes this trainer as ddp" in m["error"], m["error"]
@@ -387,7 +376,7 @@ def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
     from conftest import load_metrics, train_here
 
     out = train_here(
-        ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=32", f"hydra.run.dir={tmp_path}"]
+        ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=64", f"hydra.run.dir={tmp_path}"]
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     m = load_metrics(tmp_path)

@@ -140,3 +140,19 @@ def test_a_bad_reward_return_fails_the_trial_naming_the_function(tmp_path, rewar
     record = load_metrics(run_dir)
     assert record["status"] == "failed"
     assert record["error"] == f"RewardFunctionError: reward function bad_rewards.{reward} {words}", record["error"]
+
+
+def test_export_errors_name_their_cause(tmp_path):
+    """A pruned trial is in trials.csv but never ran; a folder that does not exist is no sweep."""
+    from grpo_sweep.report.export import ExportError, best_trial_number, trial_run_dir
+
+    (tmp_path / "trials.csv").write_text("number,state,status,run_dir\n3,PRUNED,pruned,\n")
+    with pytest.raises(ExportError) as err:
+        trial_run_dir(tmp_path, 3)
+    assert (
+        str(err.value)
+        == f"trial 3 in {tmp_path / 'trials.csv'} never ran (PRUNED, status pruned): it has no run directory to export"
+    )
+    with pytest.raises(ExportError) as err:
+        best_trial_number(tmp_path / "nowhere")
+    assert str(err.value) == f"{tmp_path / 'nowhere'}: no such directory"
