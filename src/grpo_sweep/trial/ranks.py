@@ -99,15 +99,15 @@ def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
     n, strategy = int(cfg.trial.num_processes), str(cfg.trial.strategy)
     try:
         prepare_checkpoint(cfg)
-    except TrialStopped as exc:
-        record["status"], record["error"] = exc.status, exc.reason
-        write_metrics(run_path, record)
-        return record
-    except Exception as exc:  # noqa: BLE001 - the trial's record says why, as a rank's would
-        import traceback
+    except BaseException as exc:  # noqa: BLE001 - no rank started: the trial's record says why, as a rank's would
+        if isinstance(exc, TrialStopped):
+            record["status"], record["error"] = exc.status, exc.reason
+        else:
+            import traceback
 
-        traceback.print_exc()
-        record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
+        record.update(world_size=n, strategy=strategy)
         write_metrics(run_path, record)
         return record
     print(f"[trial] {n} processes ({strategy}) under torchrun", flush=True)
