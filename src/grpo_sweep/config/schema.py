@@ -234,7 +234,8 @@ def _one_of(cfg: Any, key: str, allowed: tuple) -> None:
 
 
 def processes_of(cfg: Any) -> int:
-    """trial.num_processes as an integer (1 when unset or not yet valid: its own check names it)."""
+    """trial.num_processes as an integer (1 when unset or not yet valid: its own check names it): the
+    one reader of the process count (split, estimator, doctor, trainer arguments, the worker)."""
     n = (cfg.get("trial") or {}).get("num_processes", 1)
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
 

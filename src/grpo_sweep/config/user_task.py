@@ -326,14 +326,14 @@ def check_user_task(cfg: Any) -> None:
 @functools.lru_cache(maxsize=16)
 def _fingerprint(path: str, stamp: tuple) -> str:
     """sha256 over a local file's bytes, or over a folder's files (relative name, then bytes, in name
-    order), streamed in 1 MiB blocks: bounded memory whatever the size. `stamp` (each file's mtime and
-    size) keys the cache, so a file edited in place is hashed again."""
+    order), streamed in 1 MiB blocks: bounded memory whatever the size. `stamp` lists the files (name,
+    mtime, size) and keys the cache, so a file edited in place is hashed again."""
     import hashlib
 
     root = Path(path)
     digest = hashlib.sha256()
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    for file in files:
+    for name, _mtime, _size in stamp:
+        file = Path(name)
         if file != root:
             digest.update(str(file.relative_to(root)).encode() + b"\0")
         with open(file, "rb") as handle:
@@ -360,7 +360,7 @@ def task_identity(task: Any) -> dict:
             local = None
         if local is not None:
             files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
-            stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+            stamp = tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files)
             out["path"] = str(local)
             out["fingerprint"] = "sha256:" + _fingerprint(str(local), stamp)
     return out

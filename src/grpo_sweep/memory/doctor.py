@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..config.schema import split_of
+from ..config.schema import processes_of, split_of
 from ..levers import RECIPE, kind_of
 from ..units import GIB as GiB
 from . import estimator as est_mod
@@ -195,7 +195,7 @@ def hardware_moves(cfg: Any, backend: str, device: str) -> list[Move]:
     if device != "cuda":
         return []
     moves = []
-    if int(cfg.trial.get("num_processes", 1) or 1) == 1 and backend != "unsloth":
+    if processes_of(cfg) == 1 and backend != "unsloth":
         for n in (2, 4, 8):
             moves.append(
                 Move(
@@ -206,7 +206,7 @@ def hardware_moves(cfg: Any, backend: str, device: str) -> list[Move]:
                 )
             )
     if backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "colocate":
-        ranks = int(cfg.trial.get("num_processes", 1) or 1)
+        ranks = processes_of(cfg)
         moves.append(
             Move(
                 "vllm_server",

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config import backends
 from ..config.model_arch import arch_of
-from ..config.schema import split_of
+from ..config.schema import processes_of, split_of
 from ..units import GIB as GiB
 from ..units import MIB as MiB
 from ..units import budget_bytes
@@ -568,7 +568,7 @@ def rank_terms(s: Shapes, n: int, strategy: str, phase: str, comps: dict, *, hf_
 def processes(cfg: Any) -> tuple[int, str]:
     """(trial.num_processes, trial.strategy): 1 and ddp when the config names neither."""
     trial = cfg.get("trial") or {}
-    return int(trial.get("num_processes", 1) or 1), str(trial.get("strategy", "ddp") or "ddp")
+    return processes_of(cfg), str(trial.get("strategy", "ddp") or "ddp")
 
 
 def trl_version() -> str | None:

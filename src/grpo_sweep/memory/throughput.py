@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config.schema import ConfigError
+from ..config.schema import ConfigError, processes_of
 from .estimator import (
     estimate,
     generates_with_vllm,
     kv_bytes_per_token,
     param_counts,
-    processes,
     resolve_backend_for,
     shapes,
     target_device,
@@ -81,6 +80,6 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
         "generation_waves": waves,
         "step_s": train + gen,
         # every rank trains its own G completions in the same step time: the trial's tokens/s is N ranks'
-        "tokens_per_s": processes(cfg)[0] * s.G * s.S / (train + gen),
+        "tokens_per_s": processes_of(cfg) * s.G * s.S / (train + gen),
         "rank_tokens_per_s": s.G * s.S / (train + gen),
     }

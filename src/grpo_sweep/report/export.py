@@ -350,15 +350,20 @@ def trial_run_dir(sweep_dir: str | Path, number: int) -> Path:
     raise ExportError(f"trial {number}: not found in {sweep_dir} (trials.csv, */config.yaml)")
 
 
-def best_trial_number(sweep_dir: str | Path) -> int:
+def _best_yaml(sweep_dir: str | Path) -> dict | None:
+    """The sweep's best.yaml, or None when it has none (a single run's directory, a sweep still running)."""
     import yaml
 
     path = Path(sweep_dir) / "best.yaml"
-    best = yaml.safe_load(path.read_text()) if path.exists() else None
+    return yaml.safe_load(path.read_text()) if path.exists() else None
+
+
+def best_trial_number(sweep_dir: str | Path) -> int:
     if not Path(sweep_dir).is_dir():
         raise ExportError(f"{sweep_dir}: no such directory")
+    best = _best_yaml(sweep_dir)
     if not best or best.get("best_trial") is None:
-        raise ExportError(f"{path}: no best trial yet; name one with --trial N")
+        raise ExportError(f"{Path(sweep_dir) / 'best.yaml'}: no best trial yet; name one with --trial N")
     return int(best["best_trial"])
 
 
@@ -366,9 +371,8 @@ def held_recipe(sweep_dir: str | Path) -> dict | None:
     """The recipe a sweep held (its best.yaml `recipe`), or None for a single run's directory."""
     import yaml
 
-    path = Path(sweep_dir) / "best.yaml"
     try:
-        best = yaml.safe_load(path.read_text()) if path.exists() else None
+        best = _best_yaml(sweep_dir)
     except (OSError, yaml.YAMLError):
         return None
     return (best or {}).get("recipe") or None

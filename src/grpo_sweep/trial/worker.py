@@ -270,7 +270,9 @@ def main(
     cfg = OmegaConf.create(container)
     record = empty_metrics("failed", None, requested_levers(cfg), recipe_of(cfg))
     record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
-    if int(cfg.trial.get("num_processes", 1) or 1) > 1 and not as_rank:
+    from ..config.schema import processes_of
+
+    if processes_of(cfg) > 1 and not as_rank:
         from .ranks import lead
 
         quiet_progress()  # the leader may build the ranks' checkpoint (ranks.prepare_checkpoint)

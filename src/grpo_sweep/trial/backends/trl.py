@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config.schema import generation_batch_size, split_of
+from ...config.schema import generation_batch_size, processes_of, split_of
 
 
 def lora_alpha(cfg: Any) -> int:
@@ -80,16 +80,12 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     return args
 
 
-def num_processes(cfg: Any) -> int:
-    return int(cfg.trial.get("num_processes", 1) or 1)
-
-
 def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
     """GRPOConfig arguments for trial.strategy when the trial runs as N ranks (torchrun sets the
     ranks' environment; accelerate reads it: gloo on CPU, NCCL on CUDA). ddp needs none;
     fsdp: transformers' `fsdp` / `fsdp_config` (FSDP2 `fully_shard`, one unit per decoder layer,
     see docs/multi-gpu.md); zero2 / zero3: a DeepSpeed config dict with HF's "auto" values."""
-    if num_processes(cfg) <= 1:
+    if processes_of(cfg) <= 1:
         return {}
     strategy = cfg.trial.get("strategy", "ddp")
     if strategy == "ddp":
