@@ -315,3 +315,65 @@ def test_any_held_recipe_starts_any_shipped_sweep(sweep, caplog):
             "Start point enqueue[1]={'per_device_train_batch_size': 8} dropped: per_device_train_batch_size=8 is not in"
             in caplog.text
         )
+
+
+def test_the_split_is_a_knob_under_dapo_and_recipe_under_bnpo():
+    """TRL 1.16: dapo normalises over the accumulated batch (the split is a knob); bnpo over each
+    micro-batch (the split changes the gradient: an undeclared concession is refused)."""
+    from grpo_sweep.levers import CONDITIONS, kind_in
+
+    assert kind_in("per_device_train_batch_size", {"loss_type": "dapo"}) == KNOB
+    assert kind_in("per_device_train_batch_size", {"loss_type": "bnpo"}) == RECIPE
+    assert CONDITIONS["per_device_train_batch_size"].source.startswith("TRL 1.16")
+    assert recipe_of(compose(["loss_type=bnpo", "per_device_train_batch_size=2"]))["per_device_train_batch_size"] == 2
+    assert "per_device_train_batch_size" not in recipe_of(compose([]))
+    assert recipe_of(compose([]))["loss_type"] == "dapo"
+    with tiny_sweeper() as sweeper:
+        sweeper._hold_recipe()  # dapo (the default): the split is searched
+        assert "per_device_train_batch_size" in sweeper.distributions and not sweeper.concession_params
+    with tiny_sweeper("loss_type=bnpo") as sweeper:
+        # Exception: Hydra's plugin discovery may import the sweeper's modules again (another class object)
+        with pytest.raises(Exception, match=r"per_device_train_batch_size: bnpo normalises each micro-batch"):
+            sweeper._hold_recipe()
+    with tiny_sweeper("loss_type=bnpo") as sweeper:
+        sweeper.concessions = ["per_device_train_batch_size"]  # declared: searched, and priced as a concession
+        sweeper._hold_recipe()
+        assert sweeper.concession_params == {"per_device_train_batch_size": {"per_device_train_batch_size"}}
+
+
+def test_loss_type_is_recipe_and_checked_before_any_model_loads():
+    assert kind_of("loss_type") == RECIPE and "loss_type" in SCHEMA_KEYS
+    with pytest.raises(ConfigError, match=r"^loss_type=bnp: must be one of dapo, grpo, dr_grpo, cispo, sapo, bnpo$"):
+        validate(compose(["loss_type=bnp"]))
+
+
+def test_trl_to_vllm_is_recipe_while_the_importance_sampling_correction_is_on():
+    from grpo_sweep.levers import kind_in
+
+    assert recipe_of(compose(["backend=trl"]))["vllm_importance_sampling_correction"] is True  # TRL's default
+    assert kind_in("backend", recipe_of(compose([]))) == RECIPE
+    assert kind_in("backend", {"vllm_importance_sampling_correction": False}) == KNOB
+    with tiny_sweeper("backend=choice(trl,trl_vllm)") as sweeper:  # a sweep searching the engine must declare it
+        with pytest.raises(Exception, match=r"hydra.sweeper.params.backend: changes the recipe \(backend: the correction"):
+            sweeper._hold_recipe()
+    with tiny_sweeper("backend=choice(trl,trl_vllm)") as sweeper:
+        sweeper.concessions = ["backend"]  # declared: searched
+        sweeper._hold_recipe()
+        assert sweeper.concession_params == {"backend": {"backend"}}
+
+
+def test_loss_type_reaches_trls_grpo_config(tmp_path):
+    """A real CPU trial: TRL's own GRPOConfig, read back from the built trainer into metrics.json, trains bnpo;
+    the recorded recipe holds it and, under bnpo, the micro-batch. Over 20 s: one real trial (and the warm
+    model's build when the cache is cold)."""
+    from conftest import FAST, load_metrics
+
+    result = train_here(["loss_type=bnpo", *FAST, f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok", m.get("error")
+    assert m["trainer_settings"]["grpo_config"]["loss_type"] == "bnpo"
+    assert (
+        m["recipe"]["loss_type"] == "bnpo"
+        and m["recipe"]["per_device_train_batch_size"] == m["trainer_settings"]["grpo_config"]["per_device_train_batch_size"]
+    )

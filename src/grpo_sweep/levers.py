@@ -80,17 +80,24 @@ class Kind:
 KINDS: dict[str, Kind] = {
     "completions_per_step": Kind(RECIPE, "completions per optimiser step: the effective batch the gradient averages"),
     "per_device_train_batch_size": Kind(
-        KNOB, "the micro-batch of a fixed completions_per_step: the same gradient, accumulated in fewer or more pieces"
+        KNOB,
+        "the micro-batch of a fixed completions_per_step: the same gradient, accumulated in fewer or more pieces "
+        "(a knob for globally normalised loss types; recipe under loss_type=bnpo: CONDITIONS)",
     ),
     "gradient_accumulation_steps": Kind(
         KNOB, "completions_per_step / (per_device_train_batch_size x trial.num_processes): the other half of the split"
     ),
+    "loss_type": Kind(RECIPE, "how token losses are aggregated into the loss (TRL GRPOConfig.loss_type, default dapo)"),
     "gpu_memory_utilization": Kind(KNOB, "vLLM's share of the card: how generation is scheduled, not what is sampled"),
     "gradient_checkpointing": Kind(KNOB, "recomputes activations in the backward pass: same gradients, less memory, more time"),
     "expandable_segments": Kind(KNOB, "the CUDA allocator's strategy: same tensors, less fragmentation"),
     "backend.vllm_enable_sleep_mode": Kind(KNOB, "vLLM frees its pool while training runs: same samples, wake-up time"),
     "backend.unsloth_standby": Kind(KNOB, "vLLM and training share the weights: same samples, less memory"),
-    "backend": Kind(KNOB, "the generation engine (HF generate or vLLM): same sampling settings, other speed"),
+    "backend": Kind(
+        KNOB,
+        "the generation engine (HF generate or vLLM): same sampling settings, other speed "
+        "(recipe between trl and a vLLM backend while TRL's importance-sampling correction is on: CONDITIONS)",
+    ),
     "num_generations": Kind(RECIPE, "completions per prompt: the group each advantage is measured against"),
     "max_seq_length": Kind(RECIPE, "prompt + completion budget: how long an answer may be"),
     "max_prompt_length": Kind(RECIPE, "prompts longer than this are cut"),
@@ -107,6 +114,66 @@ KINDS: dict[str, Kind] = {
 # Sections that never change what is learned: how a trial is measured, launched and logged, the card it
 # runs on, and how the backend generates (vLLM colocated or a server, its parallelism, Unsloth's engine).
 KNOB_SECTIONS: tuple[str, ...] = ("trial", "logger", "gpu", "backend")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A setting whose kind depends on the recipe: `kind` holds when `applies(recipe)` is true, else its KINDS kind."""
+
+    kind: str  # the kind while the condition holds
+    when: str  # the condition, in words (README and docs/levers.md)
+    why: str  # why the kind changes there
+    source: str  # upstream, where the behaviour is defined
+    applies: object  # (recipe: dict) -> bool
+
+
+# TRL 1.16 trl/trainer/grpo_trainer.py `_compute_loss`: "bnpo" divides by the active tokens of the
+# local micro-batch; dapo/cispo/luspo by the tokens of the whole accumulated batch, dr_grpo by a
+# constant, grpo/sapo per sequence and then the mean over the accumulated batch's sequences.
+PER_MICRO_BATCH_LOSSES: tuple[str, ...] = ("bnpo",)
+# luspo (needs importance_sampling_level=sequence) and vespo (refused with vLLM's correction) are left out:
+# neither runs at the other settings a trial uses.
+GLOBAL_LOSSES: tuple[str, ...] = ("dapo", "grpo", "dr_grpo", "cispo", "sapo")
+LOSS_TYPES: tuple[str, ...] = (*GLOBAL_LOSSES, *PER_MICRO_BATCH_LOSSES)
+_SPLIT_UNDER_BNPO = Condition(
+    RECIPE,
+    "loss_type=bnpo",
+    "bnpo normalises each micro-batch by its own token count: the split changes the gradient",
+    "TRL 1.16 trl/trainer/grpo_config.py (loss_type docstring: 'results may slightly vary depending on the "
+    "local batch size'), trl/trainer/grpo_trainer.py _compute_loss",
+    lambda recipe: recipe.get("loss_type") in PER_MICRO_BATCH_LOSSES,
+)
+# The settings whose kind has a condition, each rule once: the sweeper's recipe hold (concessions.py
+# and recipe_of below) and the docs read it.
+CONDITIONS: dict[str, Condition] = {
+    "per_device_train_batch_size": _SPLIT_UNDER_BNPO,
+    "gradient_accumulation_steps": _SPLIT_UNDER_BNPO,
+    "backend": Condition(
+        RECIPE,
+        "while vllm_importance_sampling_correction is on (TRL's default; a vLLM backend applies it, trl cannot)",
+        "the correction reweights each token's loss by the trainer/vLLM probability ratio: a vLLM backend trains "
+        "another loss than HF generate",
+        "TRL 1.16 trl/trainer/grpo_config.py vllm_importance_sampling_correction (default True), "
+        "trl/trainer/grpo_trainer.py _compute_loss (importance_sampling_ratio)",
+        lambda recipe: bool(recipe.get("vllm_importance_sampling_correction")),
+    ),
+}
+
+
+def kind_in(setting: str, recipe: dict | None) -> str:
+    """The kind of `setting` under a recipe (recipe_of's dict): its CONDITIONS kind where one applies."""
+    cond = CONDITIONS.get(setting)
+    if cond is not None and recipe is not None and cond.applies(recipe):
+        return cond.kind
+    return kind_of(setting)
+
+
+def why_in(setting: str, recipe: dict | None) -> str:
+    """Why `setting` has the kind kind_in gives it."""
+    cond = CONDITIONS.get(setting)
+    if cond is not None and recipe is not None and cond.applies(recipe):
+        return f"{cond.why} ({cond.when}; {cond.source})"
+    return KINDS[setting].why if setting in KINDS else ""
 
 
 def kind_of(setting: str) -> str:
@@ -150,4 +217,12 @@ def recipe_of(cfg) -> dict:
         )
     out["model"] = get("model.name")
     out["task"] = get("task.name")
+    if out.get("loss_type") is None:
+        out["loss_type"] = "dapo"  # TRL's default
+    if CONDITIONS["per_device_train_batch_size"].applies(out):
+        # bnpo: the micro-batch each loss is normalised over is part of what is learned
+        out["per_device_train_batch_size"] = get("per_device_train_batch_size")
+    # TRL's vllm_importance_sampling_correction (GRPOConfig default True; not an override yet): while it is on,
+    # choosing the engine (HF generate or vLLM) is recipe (CONDITIONS["backend"]).
+    out["vllm_importance_sampling_correction"] = True
     return {k: (bool(v) if k in ("load_in_4bit", "trial.full_finetune") and v is not None else v) for k, v in out.items()}

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
 
+from ..levers import LOSS_TYPES
 from ..metrics import TrialMetrics
 from . import backends
 
@@ -199,6 +200,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     learning_rate: float = 5e-6
     beta: float = 0.0  # KL coefficient; 0 loads no reference model (TRL's default)
+    loss_type: str = "dapo"  # TRL GRPOConfig.loss_type (recipe; under bnpo the split is recipe too: levers.CONDITIONS)
     # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
     expandable_segments: bool = False
@@ -350,6 +352,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_ranges(cfg)
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
+    _one_of(cfg, "loss_type", LOSS_TYPES)
     _one_of(cfg, "model.source", MODEL_SOURCES)
     if cfg.trial.get("full_finetune") and cfg.load_in_4bit:
         raise ConfigError(

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_of
+from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, why_in
 
 from .config import SweeperSettingError
 
@@ -31,18 +31,19 @@ def allowed_names(groups: set[str]) -> list[str]:
     return [*RECIPE_SETTINGS, "model", "task", *sorted(groups)]
 
 
-def check_list(concessions: list[str], groups: set[str]) -> None:
-    """Each entry of hydra.sweeper.concessions names a recipe setting (or a searched config group), once."""
+def check_list(concessions: list[str], groups: set[str], recipe: dict | None = None) -> None:
+    """Each entry of hydra.sweeper.concessions names a recipe setting (or a searched config group), once.
+    recipe: the held recipe, for the settings whose kind depends on it (levers.CONDITIONS: the split under bnpo)."""
     twice = sorted({name for name in concessions if list(concessions).count(name) > 1})
     if twice:
         raise SweeperSettingError(
             f"hydra.sweeper.concessions={list(concessions)}: {', '.join(twice)} listed twice; name each once"
         )
     for name in concessions:
-        if name in groups or (name in KINDS and KINDS[name].kind == RECIPE):
+        if name in groups or (name in KINDS and kind_in(name, recipe) == RECIPE):
             continue
         why = (
-            f"{name} is a knob ({KINDS[name].why}): searching it never needs a concession"
+            f"{name} is a knob ({why_in(name, recipe)}): searching it never needs a concession"
             if name in KINDS
             else f"{name} is not a recipe setting"
         )
@@ -54,7 +55,9 @@ def covered(setting: str, via: str, concessions: list[str]) -> bool:
     return setting in concessions or via in concessions
 
 
-def check_space(distributions: dict, concessions: list[str], changes: Callable[[str], set[str]]) -> dict[str, set]:
+def check_space(
+    distributions: dict, concessions: list[str], changes: Callable[[str], set[str]], recipe: dict | None = None
+) -> dict[str, set]:
     """Stop (SweeperSettingError) when a search parameter changes a recipe setting `concessions` does not
     list. changes(key) -> the recipe settings the parameter can change (a group: found by composing
     each choice). Returns {param: the recipe settings it changes}: the concession parameters."""
@@ -72,7 +75,7 @@ def check_space(distributions: dict, concessions: list[str], changes: Callable[[
             changed.discard(CPS)  # the split of a held total: a knob
         missing = sorted(s for s in changed if not covered(s, key, concessions))
         if missing:
-            reasons = "; ".join(f"{s}: {KINDS[s].why}" if s in KINDS else s for s in missing)
+            reasons = "; ".join(f"{s}: {why_in(s, recipe)}" if s in KINDS else s for s in missing)
             raise SweeperSettingError(
                 f"hydra.sweeper.params.{key}: changes the recipe ({reasons}). A sweep holds the recipe and searches "
                 f"knobs; to let it trade {', '.join(missing)} for speed, list {'it' if len(missing) == 1 else 'them'} in "
@@ -83,9 +86,10 @@ def check_space(distributions: dict, concessions: list[str], changes: Callable[[
     return out
 
 
-def setting_changes(key: str) -> set[str]:
-    """The recipe settings a searched top-level setting changes (itself when it is one)."""
-    return {key} if kind_of(key) == RECIPE and key in KINDS else set()
+def setting_changes(key: str, recipe: dict | None = None) -> set[str]:
+    """The recipe settings a searched top-level setting changes (itself when it is one, under the held
+    recipe: levers.kind_in, e.g. the micro-batch under loss_type=bnpo)."""
+    return {key} if kind_in(key, recipe) == RECIPE and key in KINDS else set()
 
 
 def divisors_only(distributions: dict, totals: list[int], log: Any) -> dict:

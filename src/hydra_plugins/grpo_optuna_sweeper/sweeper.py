@@ -190,12 +190,12 @@ class GrpoOptunaSweeper(Sweeper):
         """Equal learning (concessions.py): the recipe is the sweep's base config (every trial trains it),
         completions_per_step is held (the split batch x accumulation is the knob), and a search parameter
         that changes a recipe setting must be listed in hydra.sweeper.concessions."""
-        concessions.check_list(self.concessions, {k for k in self.distributions if k not in SCHEMA_KEYS})
         self.recipe = recipe_of(self._compose(self.fixed))
+        concessions.check_list(self.concessions, {k for k in self.distributions if k not in SCHEMA_KEYS}, self.recipe)
 
         def changes(key: str) -> set[str]:
             if key in SCHEMA_KEYS:
-                changed = concessions.setting_changes(key)
+                changed = concessions.setting_changes(key, self.recipe)
                 if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
                     changed.add(concessions.CPS)
                 return changed
@@ -205,7 +205,7 @@ class GrpoOptunaSweeper(Sweeper):
                 out.update(concessions.diff(self.recipe, recipe_of(cfg)))
             return out
 
-        self.concession_params = concessions.check_space(self.distributions, self.concessions, changes)
+        self.concession_params = concessions.check_space(self.distributions, self.concessions, changes, self.recipe)
         self.may_change = set(self.concessions).union(*self.concession_params.values())
         cps = self.recipe[concessions.CPS]
         if concessions.CPS not in self.concessions:
