@@ -377,3 +377,50 @@ def test_loss_type_reaches_trls_grpo_config(tmp_path):
         m["recipe"]["loss_type"] == "bnpo"
         and m["recipe"]["per_device_train_batch_size"] == m["trainer_settings"]["grpo_config"]["per_device_train_batch_size"]
     )
+
+
+def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
+    """steps_per_generation (at the accumulation: a knob), optim and torch_compile's value in one real CPU
+    trial, read back from TRL's GRPOConfig in metrics.json.
+    Over 20 s: one real trial with gradient checkpointing."""
+    from conftest import FAST, load_metrics
+
+    knobs = [
+        "per_device_train_batch_size=4",
+        "gradient_accumulation_steps=2",
+        "steps_per_generation=1",
+        "optim=adamw_torch_fused",
+        "gradient_checkpointing=true",
+    ]
+    result = train_here([*knobs, *FAST, f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    m = load_metrics(tmp_path)
+    assert m["status"] == "ok", m.get("error")
+    grpo = m["trainer_settings"]["grpo_config"]
+    assert (grpo["steps_per_generation"], grpo["generation_batch_size"]) == (1, 4)
+    assert grpo["optim"] == "adamw_torch_fused" and grpo["torch_compile"] is False
+    assert m["recipe"]["optimiser_steps_per_generation"] == 1 and m["recipe"]["optim"] == "adamw"
+
+
+def test_trainer_knob_kinds_and_their_invalid_values():
+    from grpo_sweep.levers import CONDITIONS, kind_in
+
+    for key in ("steps_per_generation", "optim", "torch_compile"):
+        assert kind_of(key) == KNOB and key in SCHEMA_KEYS, key
+    assert CONDITIONS["steps_per_generation"].source.startswith("TRL 1.16")
+    reuse = recipe_of(compose(["steps_per_generation=2"]))  # accumulation 1: each generation feeds 2 steps
+    assert reuse["optimiser_steps_per_generation"] == 2 and kind_in("steps_per_generation", reuse) == RECIPE
+    assert recipe_of(compose(["optim=adamw_torch_fused"]))["optim"] == recipe_of(compose([]))["optim"] == "adamw"
+    assert kind_in("optim", {"optim": "adamw_8bit"}) == RECIPE
+    for override, line in (
+        ("optim=sgdx", r"^optim=sgdx: must be one of adamw_torch, adamw_torch_fused, adamw_8bit"),
+        ("steps_per_generation=0", r"^steps_per_generation=0: must be >= 1, or null$"),
+    ):
+        with pytest.raises(ConfigError, match=line):
+            validate(compose([override]))
+    with tiny_sweeper("optim=choice(adamw_torch,adamw_torch_fused)") as sweeper:
+        sweeper._hold_recipe()  # two AdamW implementations: searched as knobs
+        assert "optim" not in sweeper.concession_params
+    with tiny_sweeper("optim=choice(adamw_torch,adamw_8bit)") as sweeper:
+        with pytest.raises(Exception, match=r"hydra.sweeper.params.optim: changes the recipe \(optim: .*8-bit ones are recipe"):
+            sweeper._hold_recipe()

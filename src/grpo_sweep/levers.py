@@ -87,6 +87,15 @@ KINDS: dict[str, Kind] = {
     "gradient_accumulation_steps": Kind(
         KNOB, "completions_per_step / (per_device_train_batch_size x trial.num_processes): the other half of the split"
     ),
+    "steps_per_generation": Kind(
+        KNOB,
+        "micro-batches generated at once (TRL's generation batch): at or below the accumulation the same policy "
+        "samples them (recipe above it: CONDITIONS)",
+    ),
+    "optim": Kind(
+        KNOB, "the optimiser's implementation (adamw_torch, adamw_torch_fused: same AdamW update; 8-bit ones are recipe)"
+    ),
+    "torch_compile": Kind(KNOB, "compiles the model's forward and backward: same maths, other kernels"),
     "loss_type": Kind(RECIPE, "how token losses are aggregated into the loss (TRL GRPOConfig.loss_type, default dapo)"),
     "gpu_memory_utilization": Kind(KNOB, "vLLM's share of the card: how generation is scheduled, not what is sampled"),
     "gradient_checkpointing": Kind(KNOB, "recomputes activations in the backward pass: same gradients, less memory, more time"),
@@ -135,6 +144,20 @@ PER_MICRO_BATCH_LOSSES: tuple[str, ...] = ("bnpo",)
 # neither runs at the other settings a trial uses.
 GLOBAL_LOSSES: tuple[str, ...] = ("dapo", "grpo", "dr_grpo", "cispo", "sapo")
 LOSS_TYPES: tuple[str, ...] = (*GLOBAL_LOSSES, *PER_MICRO_BATCH_LOSSES)
+# transformers 5.17 training_args.OptimizerNames: the AdamW implementations that run the same update
+# (knobs). The 8-bit and paged optimisers keep quantised state: another update, recipe (RECIPE_OPTIMS).
+KNOB_OPTIMS: tuple[str, ...] = ("adamw_torch", "adamw_torch_fused")
+RECIPE_OPTIMS: tuple[str, ...] = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+OPTIMS: tuple[str, ...] = (*KNOB_OPTIMS, *RECIPE_OPTIMS)
+
+
+def optimiser_steps_per_generation(steps_per_generation: int | None, accumulation: int) -> int:
+    """Optimiser steps one generation batch feeds (TRL 1.16 GRPOTrainer: a buffer of steps_per_generation
+    micro-batches, one generation per buffer): 1 at or below the accumulation; above it, rollouts reused."""
+    spg = steps_per_generation or accumulation
+    return max(1, -(-spg // max(1, accumulation)))
+
+
 _SPLIT_UNDER_BNPO = Condition(
     RECIPE,
     "loss_type=bnpo",
@@ -148,6 +171,21 @@ _SPLIT_UNDER_BNPO = Condition(
 CONDITIONS: dict[str, Condition] = {
     "per_device_train_batch_size": _SPLIT_UNDER_BNPO,
     "gradient_accumulation_steps": _SPLIT_UNDER_BNPO,
+    "steps_per_generation": Condition(
+        RECIPE,
+        "steps_per_generation > gradient_accumulation_steps",
+        "one generation batch then feeds several optimiser steps: rollouts from an older policy are reused",
+        "TRL 1.16 trl/trainer/grpo_config.py steps_per_generation, trl/trainer/grpo_trainer.py _prepare_inputs "
+        "(a new generation every steps_per_generation x num_iterations micro-steps)",
+        lambda recipe: (recipe.get("optimiser_steps_per_generation") or 1) > 1,
+    ),
+    "optim": Condition(
+        RECIPE,
+        "an 8-bit or paged optimiser (RECIPE_OPTIMS)",
+        "quantised optimiser state: another update than AdamW's",
+        "transformers 5.17 transformers/training_args.py OptimizerNames; bitsandbytes 8-bit optimisers",
+        lambda recipe: recipe.get("optim") in RECIPE_OPTIMS,
+    ),
     "backend": Condition(
         RECIPE,
         "while vllm_importance_sampling_correction is on (TRL's default; a vLLM backend applies it, trl cannot)",
@@ -222,6 +260,12 @@ def recipe_of(cfg) -> dict:
     if CONDITIONS["per_device_train_batch_size"].applies(out):
         # bnpo: the micro-batch each loss is normalised over is part of what is learned
         out["per_device_train_batch_size"] = get("per_device_train_batch_size")
+    accum = get("gradient_accumulation_steps") or max(
+        1, (out["completions_per_step"] or 1) // ((get("per_device_train_batch_size") or 1) * (get("trial.num_processes") or 1))
+    )
+    out["optimiser_steps_per_generation"] = optimiser_steps_per_generation(get("steps_per_generation"), accum)
+    # the optimiser's update: "adamw" for every AdamW implementation (knobs), an 8-bit/paged one by name (recipe)
+    out["optim"] = get("optim") if get("optim") in RECIPE_OPTIMS else "adamw"
     # TRL's vllm_importance_sampling_correction (GRPOConfig default True; not an override yet): while it is on,
     # choosing the engine (HF generate or vLLM) is recipe (CONDITIONS["backend"]).
     out["vllm_importance_sampling_correction"] = True

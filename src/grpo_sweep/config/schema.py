@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
 
-from ..levers import LOSS_TYPES
+from ..levers import LOSS_TYPES, OPTIMS
 from ..metrics import TrialMetrics
 from . import backends
 
@@ -200,6 +200,10 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     learning_rate: float = 5e-6
     beta: float = 0.0  # KL coefficient; 0 loads no reference model (TRL's default)
+    # Knobs that reach TRL's GRPOConfig (levers.KINDS, levers.CONDITIONS for steps_per_generation)
+    steps_per_generation: int | None = None  # None: the accumulation (TRL's default)
+    optim: str = "adamw_torch"
+    torch_compile: bool = False
     loss_type: str = "dapo"  # TRL GRPOConfig.loss_type (recipe; under bnpo the split is recipe too: levers.CONDITIONS)
     # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
@@ -297,7 +301,7 @@ def generation_batch_size(cfg: Any) -> int:
     per_device_train_batch_size x num_processes x steps_per_generation (= the accumulation). One
     rank generates and trains batch x accumulation of them."""
     batch, accum = split_of(cfg)
-    return batch * accum * processes_of(cfg)
+    return batch * (cfg.get("steps_per_generation") or accum) * processes_of(cfg)
 
 
 def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[str], bool] | None = None) -> DictConfig:
@@ -353,6 +357,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_objective(cfg)
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "loss_type", LOSS_TYPES)
+    _one_of(cfg, "optim", OPTIMS)
+    _at_least(cfg, "steps_per_generation", 1, optional=True)
     _one_of(cfg, "model.source", MODEL_SOURCES)
     if cfg.trial.get("full_finetune") and cfg.load_in_4bit:
         raise ConfigError(

@@ -71,6 +71,11 @@ def check_space(
                 "split, instead; or list completions_per_step in hydra.sweeper.concessions to change the effective batch"
             )
         changed = set(changes(key))
+        if recipe is not None and key in KINDS:
+            # a choice whose kind has a condition on its own value (levers.CONDITIONS: an 8-bit optimiser)
+            choices = getattr(distributions[key], "choices", ())
+            if any(kind_in(key, {**recipe, key: v}) == RECIPE for v in choices):
+                changed.add(key)
         if key == "per_device_train_batch_size" and held_split:
             changed.discard(CPS)  # the split of a held total: a knob
         missing = sorted(s for s in changed if not covered(s, key, concessions))
