@@ -397,7 +397,8 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
     m = load_metrics(tmp_path)
     assert m["status"] == "ok", m.get("error")
     grpo = m["trainer_settings"]["grpo_config"]
-    assert (grpo["steps_per_generation"], grpo["generation_batch_size"]) == (1, 4)
+    assert (grpo["steps_per_generation"], m["effective"]["generation_batch_size"]) == (1, 4)
+    assert "generation_batch_size" not in grpo  # the export's config: TRL refuses both set
     assert grpo["optim"] == "adamw_torch_fused" and grpo["torch_compile"] is False
     assert m["recipe"]["optimiser_steps_per_generation"] == 1 and m["recipe"]["optim"] == "adamw"
 

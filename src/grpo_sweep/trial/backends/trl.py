@@ -275,8 +275,7 @@ EXPORTED_ARGS = (
     "num_generations",
     "max_completion_length",
     "gradient_checkpointing",
-    "steps_per_generation",
-    "generation_batch_size",
+    "steps_per_generation",  # TRL derives generation_batch_size from it (the two are mutually exclusive)
     "optim",
     "torch_compile",
     "bf16",
