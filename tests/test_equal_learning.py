@@ -390,6 +390,7 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
         "gradient_accumulation_steps=2",
         "steps_per_generation=1",
         "optim=adamw_torch_fused",
+        "attn_implementation=eager",
         "gradient_checkpointing=true",
     ]
     result = train_here([*knobs, *FAST, f"hydra.run.dir={tmp_path}"])
@@ -398,6 +399,7 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
     assert m["status"] == "ok", m.get("error")
     grpo = m["trainer_settings"]["grpo_config"]
     assert (grpo["steps_per_generation"], m["effective"]["generation_batch_size"]) == (1, 4)
+    assert m["trainer_settings"]["attn_implementation"] == "eager"
     assert "generation_batch_size" not in grpo  # the export's config: TRL refuses both set
     assert grpo["optim"] == "adamw_torch_fused" and grpo["torch_compile"] is False
     assert m["recipe"]["optimiser_steps_per_generation"] == 1 and m["recipe"]["optim"] == "adamw"
@@ -406,7 +408,7 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
 def test_trainer_knob_kinds_and_their_invalid_values():
     from grpo_sweep.levers import CONDITIONS, kind_in
 
-    for key in ("steps_per_generation", "optim", "torch_compile"):
+    for key in ("steps_per_generation", "optim", "torch_compile", "attn_implementation"):
         assert kind_of(key) == KNOB and key in SCHEMA_KEYS, key
     assert CONDITIONS["steps_per_generation"].source.startswith("TRL 1.16")
     reuse = recipe_of(compose(["steps_per_generation=2"]))  # accumulation 1: each generation feeds 2 steps
@@ -415,6 +417,7 @@ def test_trainer_knob_kinds_and_their_invalid_values():
     assert kind_in("optim", {"optim": "adamw_8bit"}) == RECIPE
     for override, line in (
         ("optim=sgdx", r"^optim=sgdx: must be one of adamw_torch, adamw_torch_fused, adamw_8bit"),
+        ("attn_implementation=flash", r"^attn_implementation=flash: must be one of null, eager, sdpa$"),
         ("steps_per_generation=0", r"^steps_per_generation=0: must be >= 1, or null$"),
     ):
         with pytest.raises(ConfigError, match=line):

@@ -95,6 +95,7 @@ KINDS: dict[str, Kind] = {
     "optim": Kind(
         KNOB, "the optimiser's implementation (adamw_torch, adamw_torch_fused: same AdamW update; 8-bit ones are recipe)"
     ),
+    "attn_implementation": Kind(KNOB, "the attention kernel (eager, sdpa): the same softmax attention, other memory and speed"),
     "torch_compile": Kind(KNOB, "compiles the model's forward and backward: same maths, other kernels"),
     "loss_type": Kind(RECIPE, "how token losses are aggregated into the loss (TRL GRPOConfig.loss_type, default dapo)"),
     "gpu_memory_utilization": Kind(KNOB, "vLLM's share of the card: how generation is scheduled, not what is sampled"),

@@ -204,6 +204,7 @@ class TrainConfig:
     steps_per_generation: int | None = None  # None: the accumulation (TRL's default)
     optim: str = "adamw_torch"
     torch_compile: bool = False
+    attn_implementation: str | None = None  # None: transformers' default (sdpa where the model supports it)
     loss_type: str = "dapo"  # TRL GRPOConfig.loss_type (recipe; under bnpo the split is recipe too: levers.CONDITIONS)
     # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
@@ -358,6 +359,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "loss_type", LOSS_TYPES)
     _one_of(cfg, "optim", OPTIMS)
+    _one_of(cfg, "attn_implementation", (None, "eager", "sdpa"))
     _at_least(cfg, "steps_per_generation", 1, optional=True)
     _one_of(cfg, "model.source", MODEL_SOURCES)
     if cfg.trial.get("full_finetune") and cfg.load_in_4bit:

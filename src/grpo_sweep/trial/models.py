@@ -76,14 +76,17 @@ def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None, 
     """
     from transformers import AutoModelForCausalLM
 
+    # attn_implementation: a knob (levers.KINDS), transformers' from_pretrained/from_config argument
+    attn = {"attn_implementation": cfg.attn_implementation} if cfg.get("attn_implementation") else {}
     if loads_from_checkpoint(cfg, quantized=quantization_config is not None, by_path=by_path):
         return AutoModelForCausalLM.from_pretrained(
             model_path(cfg, tokenizer, on_cuda=on_cuda),
             dtype=torch_dtype(cfg, on_cuda),
             quantization_config=quantization_config,
             device_map={"": 0} if on_cuda else None,
+            **attn,
         )
-    return build_random(cfg, tokenizer, on_cuda=on_cuda)
+    return build_random(cfg, tokenizer, on_cuda=on_cuda, **attn)
 
 
 def is_warm(cfg: Any) -> bool:
@@ -91,7 +94,7 @@ def is_warm(cfg: Any) -> bool:
     return cfg.model.source == "random" and cfg.model.get("init", "random") == "warm"
 
 
-def build_random(cfg: Any, tokenizer, *, on_cuda: bool, dtype=None):
+def build_random(cfg: Any, tokenizer, *, on_cuda: bool, dtype=None, **attn):
     """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU, in
     `dtype` (default: model.dtype's, models.torch_dtype)."""
     import torch
@@ -103,7 +106,7 @@ def build_random(cfg: Any, tokenizer, *, on_cuda: bool, dtype=None):
     config.bos_token_id = tokenizer.bos_token_id
     torch.manual_seed(cfg.seed)
     with torch.device("cuda" if on_cuda else "cpu"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch_dtype(cfg, on_cuda))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch_dtype(cfg, on_cuda), **attn)
 
 
 def cache_root() -> Path:

@@ -324,6 +324,8 @@ def settings(trainer, cfg: Any, effective: dict) -> dict:
         "model_name_or_path": name or None,  # empty: random weights built in memory (no checkpoint to point at)
         "model": {"name": cfg.model.name, "source": cfg.model.source, "init": cfg.model.get("init")},
         "dtype": dtype,
+        # the attention the model runs (transformers' config._attn_implementation)
+        "attn_implementation": getattr(getattr(base, "config", None), "_attn_implementation", None),
         "grpo_config": grpo,
         "lora": None
         if peft_cfg is None
