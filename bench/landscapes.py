@@ -12,7 +12,7 @@ tiny_cpu: the 180-point grid measured for real (bench/data/grid_tiny_cpu.json, r
     every point's runs (5 where it fits; the best points topped up: record_grid.py --top-up), each
     with its throughput and what it cost in seconds.
 gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B on an L4 as
-    sweeps/gemma3_1b_l4.yaml had it before issue 24 (the cached JSON's "grid"; bench/recipe_held.py
+    sweeps/gemma3_1b_l4.yaml had it before sweeps held the recipe (the cached JSON's "grid"; bench/recipe_held.py
     selects the recipe-held spaces from it), the memory wall from grpo_sweep.memory.estimator (with a per-point
     error drawn like the estimator's measured GPU error), throughput and step seconds from
     grpo_sweep.memory.throughput.relative_step_time, start seconds from the H200 check's measured
@@ -148,7 +148,7 @@ def truth_uncertainty(points: list[dict], optimum: float, within: float = 0.10) 
 
 # -------------------------------------------------------------------------------------- gemma3_1b_l4
 def gemma_space() -> dict:
-    """The OLD Gemma space (the seed's search before issue 24: batch and accumulation independent,
+    """The OLD Gemma space (the seed's search before sweeps held the recipe: batch and accumulation independent,
     length, rank, 4-bit and targets searched alongside), as the cached landscape holds it. Not
     sweeps/gemma3_1b_l4.yaml: that sweep now holds the seed baseline's recipe (bench/recipe_held.py
     selects its recipe-held spaces from this one), and the old numbers in summary.json rest on this."""

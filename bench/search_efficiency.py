@@ -9,9 +9,9 @@ if it had run the trial, over SEEDS seeds:
                    with the estimator pre-screen (points predicted over budget are pruned unrun), the
                    frontier start and neighbour moves (the plugin's defaults);
 - ours_no_prescreen: the same without the pre-screen;
-- ours_no_frontier_start: ours without the frontier start (frontier_start=0, n_startup_trials=10: the
-                   defaults before 2026-11-30; "ours" runs the estimator's 5 fullest predicted fits first);
-- ours_no_neighbours: ours without neighbour moves (neighbour_every=0, the default before 2026-11-30 20:40 UTC);
+- ours_no_frontier_start: ours without the frontier start (frontier_start=0, n_startup_trials=10:
+                   plain TPE's start; "ours" runs the estimator's 5 fullest predicted fits first);
+- ours_no_neighbours: ours without neighbour moves (neighbour_every=0);
 - tpe_unconstrained: Optuna TPE that only sees OOMs as failed trials (what hydra-optuna-sweeper does);
 - random:          uniform sampling without replacement;
 - grid:            every point.

@@ -72,7 +72,7 @@ CASES = {
     "alloc_default": ("b", 75, 50),
     "alloc_expandable": ("b", 75, 50),
     "sweep": ("b", 240, 90),
-    # part c: a machine with >= 2 GPUs (issue 27; docs/multi-gpu.md): one trial over 2 ranks, per strategy,
+    # part c: a machine with >= 2 GPUs (docs/multi-gpu.md): one trial over 2 ranks, per strategy,
     # and vLLM on its own GPU. zero2/zero3 need DeepSpeed on the machine (carry its wheel).
     "multi_ddp": ("c", 150, 100),
     "multi_fsdp": ("c", 150, 100),
@@ -505,7 +505,7 @@ def notes(results: dict) -> dict:
             f"fast_inference={fast}: without vLLM Unsloth keeps no engine and generates with HF generate on the "
             "training model; nothing is reserved up front (gpu_memory_utilization ignored). `estimate` is the tool's "
             "prediction for backend=unsloth with backend.fast_inference=false (no pool, the weights once, HF "
-            "generation; before issue 26 it assumed a vLLM pool and shared weights); `estimate_hf` is the "
+            "generation, no vLLM pool); `estimate_hf` is the "
             "same levers with backend=trl and chunked log-probs (HF generation, the model's own weights); "
             "`estimate_without_vllm_bytes` is `estimate` less its vLLM pool, plus the weights."
         )

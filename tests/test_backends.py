@@ -164,7 +164,7 @@ def test_unsloth_signatures():
 def test_a_colocate_trial_rendezvous_on_a_port_of_its_own_that_trl_keeps(monkeypatch):
     """Two trl_vllm trials starting together on one host (joblib's parallel trials, one sweep worker per
     card) both got port 29500 from TRL (the first free of a fixed list, checked before vLLM binds
-    it), and the later one failed with EADDRINUSE (seen in CI, 2026-12-02). A one-process trial now
+    it), and the later one fails with EADDRINUSE. A one-process trial therefore
     sets MASTER_PORT from the ephemeral range before TRL looks, even over an inherited one, and TRL's
     own `ensure_master_addr_port` keeps it; a rank under torchrun keeps torchrun's."""
     from trl.trainer.utils import ensure_master_addr_port

@@ -1,4 +1,4 @@
-"""bench/recipe_held.py (issue 24, point 5): the recipe-held spaces the search is re-measured on really
+"""bench/recipe_held.py: the recipe-held spaces the search is re-measured on really
 hold the recipe, are what the sweeper would search, and the replay on them runs only such points.
 
 Seconds: the spaces are selected from the recorded landscapes, and one seed of the replay runs.

@@ -331,8 +331,8 @@ def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path, monkeypatch):
 # Each case: where the text comes from, the text, and the numbers it must give (hand-read from the
 # text; GiB as vLLM prints it, two decimals). Texts from an issue tracker are quoted as posted (with
 # their process tags, timestamps and log prefixes); texts from vLLM's source are its f-string with
-# numbers filled in; "FINDINGS" are the vLLM 0.31 CPU build's messages measured on this project's
-# CI machine (/work/scratch/vllm/FINDINGS.md section 3, 2026-11-30).
+# numbers filled in; "FINDINGS" are the vLLM 0.31 CPU build's own messages, as it prints them on a
+# 2-core CPU machine.
 VLLM_REAL = [
     pytest.param(
         # vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory` ("models's", before the CPU

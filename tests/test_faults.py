@@ -503,9 +503,8 @@ def _with_wrong_password(url: str) -> str:
 
 
 def test_a_journal_lock_left_by_a_killed_sweep_of_this_host_is_released_at_once(tmp_path, caplog):
-    """A sweep SIGKILLed while it held the journal's lock file left it behind, and the resume waited
-    out Optuna's 30 s grace period (test_killed_worker_trial_is_retried took ~34 s instead of ~5 s in
-    3 of 9 CI runs, 2026-12-01/02). The lock now names its holder: this host's dead holder's lock is
+    """A sweep SIGKILLed while it held the journal's lock file leaves it behind, and a resume would wait
+    out Optuna's 30 s grace period. The lock names its holder: this host's dead holder's lock is
     released at once; a live holder's, another host's, or one without its line is left alone."""
     import socket
 
@@ -535,9 +534,8 @@ def test_a_journal_lock_left_by_a_killed_sweep_of_this_host_is_released_at_once(
 
 def test_every_call_optunas_cache_makes_past_the_public_api_is_retried(tmp_path, caplog):
     """Optuna wraps an RDBStorage in its _CachedStorage, which calls private methods of the storage
-    (`_get_trials`, `_create_new_trial`, ...). A PostgreSQL outage met by one of them ended a sweep
-    with a traceback (CI, 2026-12-02: `_get_trials` under the best-so-far line). Every such call is
-    retried; a SQLite file locked for a second while the study asks, suggests and reads is waited out
+    (`_get_trials`, `_create_new_trial`, ...). A PostgreSQL outage met by one of them would end a sweep
+    with a traceback, so every such call is retried; a SQLite file locked for a second while the study asks, suggests and reads is waited out
     and leaves exactly one trial."""
     import re
     import sqlite3

@@ -1,4 +1,4 @@
-"""Trials larger than one GPU (issue 27): the estimator per rank, the settings, the launch."""
+"""Trials larger than one GPU: the estimator per rank, the settings, the launch."""
 
 from __future__ import annotations
 
@@ -557,7 +557,7 @@ def test_a_two_process_trial_past_its_timeout_is_stopped_and_says_so(tmp_path, w
     """trial.timeout_s bounds the whole group: the parent's SIGTERM reaches torchrun and the ranks,
     the trial is `timeout`, and no rank outlives it. The deadline passes once both ranks hang
     (conftest.deadline_when), whatever time two ranks need to start torch and TRL from scratch on this
-    machine (14.4 s on an idle 2-core one from a cold forkserver, 2026-12-01)."""
+    machine (over 14 s on an idle 2-core one from a cold forkserver)."""
     import psutil
 
     from grpo_sweep.trial.parent import run_trial

@@ -1,4 +1,4 @@
-"""The pre-screen's rules (issue 26): vLLM's own feasibility rule for its KV cache (one max_seq_length
+"""The pre-screen's rules: vLLM's own feasibility rule for its KV cache (one max_seq_length
 sequence, block rounding, the null block), the waves a smaller cache costs in the throughput model,
 Unsloth without vLLM (backend.fast_inference=false), model=hub LoRA targets from config.json, and
 the logits term's TRL version."""

@@ -558,7 +558,7 @@ def test_open_storage_creates_only_the_sweep_folder_and_passes_the_heartbeat(tmp
 
 def test_open_storage_retries_only_a_lost_schema_race(monkeypatch):
     """Workers started together on a fresh database all run Optuna's CREATE TABLE / CREATE TYPE and
-    all but one fail with a unique violation (issue 17). open_storage retries that error, up to
+    all but one fail with a unique violation. open_storage retries that error, up to
     CREATE_ATTEMPTS times with a growing pause, and nothing else: another error is raised at once.
     The constructor below raises the recorded errors in turn (the real race, 3 workers on a fresh
     PostgreSQL database, is the slow test in test_sweeper_workers.py)."""

@@ -63,6 +63,6 @@ def test_a_cache_for_two_of_eight_sequences_runs_in_waves(tmp_path):
         f"{small['vllm_engine_steps']} vs {large['vllm_engine_steps']}"
     )
     # In waves: the engine ran its forward passes about 4 times over (4 waves of the same 96 decode
-    # steps). How much slower that is on a card is the benchmark's and the estimator's business; a
-    # timed comparison here flaked on a loaded CI machine (1.24x against the 1.3x asserted, 2026-12-02).
+    # steps). How much slower that is, is the benchmark's and the estimator's business: a step-time ratio
+    # moves with the machine's load, an engine-step count does not.
     assert small["vllm_engine_steps"] >= 3 * large["vllm_engine_steps"] > 0

