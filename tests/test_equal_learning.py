@@ -428,3 +428,21 @@ def test_trainer_knob_kinds_and_their_invalid_values():
     with tiny_sweeper("optim=choice(adamw_torch,adamw_8bit)") as sweeper:
         with pytest.raises(Exception, match=r"hydra.sweeper.params.optim: changes the recipe \(optim: .*8-bit ones are recipe"):
             sweeper._hold_recipe()
+
+
+def test_the_importance_sampling_correction_is_a_recipe_override_that_reaches_grpo_config(tmp_path):
+    """Off, trl <-> trl_vllm trains one loss (the engine is a knob); the value is recorded in the recipe and
+    passed to TRL's real GRPOConfig, which keeps it."""
+    from trl import GRPOConfig
+
+    from grpo_sweep.levers import kind_in
+    from grpo_sweep.trial.backends import trl as trl_backend
+
+    assert kind_of("vllm_importance_sampling_correction") == RECIPE
+    off = validate(compose(["vllm_importance_sampling_correction=false"]))
+    assert recipe_of(off)["vllm_importance_sampling_correction"] is False
+    assert kind_in("backend", recipe_of(off)) == KNOB
+    assert recipe_of(off) != recipe_of(compose([]))  # a study of one never resumes as the other
+    args = trl_backend.grpo_args(off, on_cuda=False, output_dir=str(tmp_path))
+    assert GRPOConfig(**args).vllm_importance_sampling_correction is False
+    assert "vllm_importance_sampling_correction" in trl_backend.EXPORTED_ARGS

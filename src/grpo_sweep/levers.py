@@ -98,6 +98,11 @@ KINDS: dict[str, Kind] = {
     "attn_implementation": Kind(KNOB, "the attention kernel (eager, sdpa): the same softmax attention, other memory and speed"),
     "torch_compile": Kind(KNOB, "compiles the model's forward and backward: same maths, other kernels"),
     "loss_type": Kind(RECIPE, "how token losses are aggregated into the loss (TRL GRPOConfig.loss_type, default dapo)"),
+    "vllm_importance_sampling_correction": Kind(
+        RECIPE,
+        "reweights each token's loss by the trainer/vLLM probability ratio when vLLM generates "
+        "(TRL 1.16 trl/trainer/grpo_config.py, default True; trl/trainer/grpo_trainer.py _compute_loss)",
+    ),
     "gpu_memory_utilization": Kind(KNOB, "vLLM's share of the card: how generation is scheduled, not what is sampled"),
     "gradient_checkpointing": Kind(KNOB, "recomputes activations in the backward pass: same gradients, less memory, more time"),
     "expandable_segments": Kind(KNOB, "the CUDA allocator's strategy: same tensors, less fragmentation"),
@@ -267,7 +272,14 @@ def recipe_of(cfg) -> dict:
     out["optimiser_steps_per_generation"] = optimiser_steps_per_generation(get("steps_per_generation"), accum)
     # the optimiser's update: "adamw" for every AdamW implementation (knobs), an 8-bit/paged one by name (recipe)
     out["optim"] = get("optim") if get("optim") in RECIPE_OPTIMS else "adamw"
-    # TRL's vllm_importance_sampling_correction (GRPOConfig default True; not an override yet): while it is on,
-    # choosing the engine (HF generate or vLLM) is recipe (CONDITIONS["backend"]).
-    out["vllm_importance_sampling_correction"] = True
-    return {k: (bool(v) if k in ("load_in_4bit", "trial.full_finetune") and v is not None else v) for k, v in out.items()}
+    if out.get("vllm_importance_sampling_correction") is None:
+        # TRL's default: while it is on, choosing the engine (HF generate or vLLM) is recipe (CONDITIONS["backend"])
+        out["vllm_importance_sampling_correction"] = True
+    return {
+        k: (
+            bool(v)
+            if k in ("load_in_4bit", "trial.full_finetune", "vllm_importance_sampling_correction") and v is not None
+            else v
+        )
+        for k, v in out.items()
+    }

@@ -206,6 +206,9 @@ class TrainConfig:
     torch_compile: bool = False
     attn_implementation: str | None = None  # None: transformers' default (sdpa where the model supports it)
     loss_type: str = "dapo"  # TRL GRPOConfig.loss_type (recipe; under bnpo the split is recipe too: levers.CONDITIONS)
+    # TRL GRPOConfig.vllm_importance_sampling_correction (recipe): reweights the loss by the trainer/vLLM ratio
+    # when vLLM generates; off, the engine (trl or a vLLM backend) is a knob (levers.CONDITIONS["backend"]).
+    vllm_importance_sampling_correction: bool = True
     # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
     expandable_segments: bool = False

@@ -52,6 +52,7 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         learning_rate=cfg.learning_rate,
         beta=cfg.beta,
         loss_type=cfg.loss_type,
+        vllm_importance_sampling_correction=cfg.vllm_importance_sampling_correction,  # applies only with use_vllm
         seed=cfg.seed,
         bf16=on_cuda and cfg.model.dtype in ("auto", "bfloat16"),
         use_cpu=not on_cuda,
@@ -282,6 +283,7 @@ EXPORTED_ARGS = (
     "learning_rate",
     "beta",
     "loss_type",
+    "vllm_importance_sampling_correction",
     "seed",
     "reward_weights",
     "use_vllm",
