@@ -229,6 +229,8 @@ def kind_of(setting: str) -> str:
 
 # The recipe settings a config states (top-level or dotted keys; groups such as `lora` set them).
 RECIPE_SETTINGS: tuple[str, ...] = tuple(k for k, v in KINDS.items() if v.kind == RECIPE and k not in ("model", "task"))
+# Recipe settings recorded as plain booleans (a YAML 0/1 or a flag's truthy value compares equal across studies).
+_BOOLEAN_RECIPE: tuple[str, ...] = ("load_in_4bit", "trial.full_finetune", "vllm_importance_sampling_correction")
 
 
 def requested_levers(cfg) -> dict:
@@ -275,11 +277,4 @@ def recipe_of(cfg) -> dict:
     if out.get("vllm_importance_sampling_correction") is None:
         # TRL's default: while it is on, choosing the engine (HF generate or vLLM) is recipe (CONDITIONS["backend"])
         out["vllm_importance_sampling_correction"] = True
-    return {
-        k: (
-            bool(v)
-            if k in ("load_in_4bit", "trial.full_finetune", "vllm_importance_sampling_correction") and v is not None
-            else v
-        )
-        for k, v in out.items()
-    }
+    return {k: (bool(v) if k in _BOOLEAN_RECIPE and v is not None else v) for k, v in out.items()}
