@@ -543,7 +543,7 @@ def test_checkpointing_settings_reach_gradient_checkpointing_kwargs_only_when_ch
         (
             ["cast_lm_head_to_fp32=true"],
             "Invalid configuration: cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter (model=tiny "
-            "has model.arch.tie_word_embeddings=true; TRL 1.16 supports it with untied ones); use false, a model with "
+            "has tie_word_embeddings=true; TRL 1.16 supports it with untied ones); use false, a model with "
             "tie_word_embeddings=false, or trial.full_finetune=true",
         ),
         (
@@ -560,3 +560,17 @@ def test_a_trainer_setting_this_machine_cannot_run_is_one_line_before_any_model_
     lines = [x for x in (result.stdout + result.stderr).splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith(line), lines
     assert not (tmp_path / "run" / "metrics.json").exists()  # no trial started
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_hub_models_tied_embeddings_refuse_the_fp32_head_from_its_config_json(tmp_path, tied):
+    from grpo_sweep.config.model_arch import check_hub_lora_targets
+
+    numbers = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": tied, **numbers}))
+    cfg = compose(["model=hub", f"model.hub_id={tmp_path}", "cast_lm_head_to_fp32=true"])
+    if tied:
+        with pytest.raises(ConfigError, match=r"^cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter"):
+            check_hub_lora_targets(cfg)
+    else:
+        check_hub_lora_targets(cfg)

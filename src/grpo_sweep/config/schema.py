@@ -454,24 +454,25 @@ def check_trainer_knobs(cfg: Any) -> None:
             "(Unsloth checkpoints every layer through get_peft_model); use 1, or backend=trl or trl_vllm"
         )
     arch = cfg.model.get("arch")
-    tied = (
-        arch.get("tie_word_embeddings")
-        if isinstance(arch, DictConfig) and not OmegaConf.is_missing(arch, "tie_word_embeddings")
-        else None
-    )
-    if cfg.get("cast_lm_head_to_fp32") and tied and not cfg.trial.get("full_finetune"):
-        # TRL 1.16 grpo_trainer.py _cast_lm_head_to_fp32: with tied embeddings it hooks `model.model.embed_tokens`,
-        # which a PEFT-wrapped model does not have ("'LlamaForCausalLM' object has no attribute 'embed_tokens'").
-        raise ConfigError(
-            f"cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter (model={cfg.model.name} has "
-            "model.arch.tie_word_embeddings=true; TRL 1.16 supports it with untied ones); use false, a model with "
-            "tie_word_embeddings=false, or trial.full_finetune=true"
-        )
+    if isinstance(arch, DictConfig) and "tie_word_embeddings" in arch and not OmegaConf.is_missing(arch, "tie_word_embeddings"):
+        check_fp32_head(cfg, tied=bool(arch.tie_word_embeddings))  # a hub model's from its config.json: model_arch.py
     vllm = backend == "trl_vllm" or (backend == "unsloth" and cfg.backend.get("fast_inference", True))
     if cfg.get("use_transformers_continuous_batching") and vllm:
         raise ConfigError(
             f"use_transformers_continuous_batching=true: HF generation only, and backend={backend} generates with "
             "vLLM (TRL uses vLLM first); use backend=trl" + (" or backend.fast_inference=false" if backend == "unsloth" else "")
+        )
+
+
+def check_fp32_head(cfg: Any, *, tied: bool) -> None:
+    """cast_lm_head_to_fp32 with tied embeddings under LoRA: TRL 1.16 grpo_trainer.py `_cast_lm_head_to_fp32`
+    then hooks `model.model.embed_tokens`, which a PEFT-wrapped model does not have ("'LlamaForCausalLM' object
+    has no attribute 'embed_tokens'", seen in a CPU trial); its docstring supports untied embeddings only."""
+    if cfg.get("cast_lm_head_to_fp32") and tied and not cfg.trial.get("full_finetune"):
+        raise ConfigError(
+            f"cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter (model={cfg.model.name} has "
+            "tie_word_embeddings=true; TRL 1.16 supports it with untied ones); use false, a model with "
+            "tie_word_embeddings=false, or trial.full_finetune=true"
         )
 
 
