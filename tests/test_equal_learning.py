@@ -380,10 +380,17 @@ def test_loss_type_reaches_trls_grpo_config(tmp_path):
 
 
 def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
-    """steps_per_generation (at the accumulation: a knob), optim and torch_compile's value in one real CPU
-    trial, read back from TRL's GRPOConfig in metrics.json.
-    Over 20 s: one real trial with gradient checkpointing."""
+    """The trainer settings that run on CPU, in one real CPU trial, read back from TRL's GRPOConfig in
+    metrics.json and parsed from the export by `trl grpo`'s own parser: steps_per_generation (at the
+    accumulation: a knob), optim, attn_implementation, checkpointing every 2nd layer (still so after TRL
+    turned it off and on around each generation), torch_empty_cache_steps, pad_to_multiple_of, transformers'
+    continuous batching (a small paged cache: sized by default from the host's RAM, its first generation takes
+    about a minute on CPU) and the fp32 LM head (recipe; random untied weights: TRL 1.16 refuses it tied
+    under LoRA). Over 20 s: one real trial with gradient checkpointing."""
     from conftest import FAST, load_metrics
+    from trl.scripts.grpo import make_parser
+
+    from grpo_sweep.report.export import export_trial
 
     knobs = [
         "per_device_train_batch_size=4",
@@ -392,6 +399,14 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
         "optim=adamw_torch_fused",
         "attn_implementation=eager",
         "gradient_checkpointing=true",
+        "gradient_checkpointing_every_n_layers=2",
+        "torch_empty_cache_steps=1",
+        "pad_to_multiple_of=8",
+        "use_transformers_continuous_batching=true",
+        "+trial.grpo_config={transformers_continuous_batching_config:{num_blocks:64,max_batch_tokens:256}}",
+        "cast_lm_head_to_fp32=true",
+        "model.init=random",
+        "model.arch.tie_word_embeddings=false",
     ]
     result = train_here([*knobs, *FAST, f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -403,6 +418,17 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
     assert "generation_batch_size" not in grpo  # the export's config: TRL refuses both set
     assert grpo["optim"] == "adamw_torch_fused" and grpo["torch_compile"] is False
     assert m["recipe"]["optimiser_steps_per_generation"] == 1 and m["recipe"]["optim"] == "adamw"
+    assert grpo["gradient_checkpointing_kwargs"] == {"every_n_layers": 2}
+    assert m["effective"]["checkpointed_layers_after_train"] == 1  # layer 0 of the tiny model's 2
+    assert (grpo["torch_empty_cache_steps"], grpo["pad_to_multiple_of"]) == (1, 8)
+    assert grpo["use_transformers_continuous_batching"] is True and grpo["cast_lm_head_to_fp32"] is True
+    assert m["recipe"]["cast_lm_head_to_fp32"] is True
+    export_trial(tmp_path, tmp_path / "export")
+    assert "stock trl grpo needs the same" in (tmp_path / "export" / "best.trl.yaml").read_text()
+    _, parsed, _, _ = make_parser().parse_args_and_config(args=["--config", str(tmp_path / "export" / "best.trl.yaml")])
+    assert parsed.gradient_checkpointing_kwargs == {"every_n_layers": 2} and parsed.gradient_checkpointing
+    assert (parsed.torch_empty_cache_steps, parsed.pad_to_multiple_of) == (1, 8)
+    assert parsed.use_transformers_continuous_batching and parsed.cast_lm_head_to_fp32
 
 
 def test_trainer_knob_kinds_and_their_invalid_values():
@@ -446,3 +472,105 @@ def test_the_importance_sampling_correction_is_a_recipe_override_that_reaches_gr
     args = trl_backend.grpo_args(off, on_cuda=False, output_dir=str(tmp_path))
     assert GRPOConfig(**args).vllm_importance_sampling_correction is False
     assert "vllm_importance_sampling_correction" in trl_backend.EXPORTED_ARGS
+
+
+def test_the_new_trainer_settings_kinds_ranges_and_an_unchanged_recipe():
+    """Knobs but cast_lm_head_to_fp32 (recipe), each kind with its upstream source; bad values are one line;
+    an existing config's recipe is what it was before these settings existed (no new key)."""
+    knobs = (
+        "gradient_checkpointing_every_n_layers",
+        "gradient_checkpointing_offload",
+        "torch_empty_cache_steps",
+        "pad_to_multiple_of",
+        "use_transformers_continuous_batching",
+    )
+    for key in (*knobs, "cast_lm_head_to_fp32"):
+        assert key in SCHEMA_KEYS and ("TRL 1.16" in KINDS[key].why or "transformers 5.17" in KINDS[key].why), key
+    assert all(kind_of(k) == KNOB for k in knobs) and kind_of("cast_lm_head_to_fp32") == RECIPE
+    plain = recipe_of(compose([]))
+    assert "cast_lm_head_to_fp32" not in plain  # off (TRL's default): a resumed study keeps its identity
+    assert recipe_of(compose([f"{k}={v}" for k, v in zip(knobs, (2, "false", 4, 8, "true"), strict=True)])) == plain
+    assert recipe_of(compose(["cast_lm_head_to_fp32=true"]))["cast_lm_head_to_fp32"] is True
+    for override, line in (
+        ("gradient_checkpointing_every_n_layers=0", r"^gradient_checkpointing_every_n_layers=0: must be >= 1$"),
+        ("torch_empty_cache_steps=0", r"^torch_empty_cache_steps=0: must be >= 1, or null$"),
+        ("pad_to_multiple_of=0", r"^pad_to_multiple_of=0: must be >= 1, or null$"),
+    ):
+        with pytest.raises(ConfigError, match=line):
+            validate(compose([override]))
+
+
+def test_checkpointing_settings_reach_gradient_checkpointing_kwargs_only_when_checkpointing():
+    """transformers reads gradient_checkpointing_kwargs only with checkpointing on; the defaults pass nothing, so
+    GRPOConfig is what it was before; Unsloth gets its own offloaded or plain checkpointing."""
+    from trl import GRPOConfig
+
+    from grpo_sweep.trial.backends import trl as trl_backend
+    from grpo_sweep.trial.backends import unsloth
+
+    def args(*overrides):
+        return trl_backend.grpo_args(compose(list(overrides)), on_cuda=False, output_dir="/o")
+
+    assert "gradient_checkpointing_kwargs" not in args("gradient_checkpointing=true")
+    assert "gradient_checkpointing_kwargs" not in args("gradient_checkpointing=false", "gradient_checkpointing_every_n_layers=2")
+    on = args("gradient_checkpointing=true", "gradient_checkpointing_every_n_layers=3", "gradient_checkpointing_offload=true")
+    assert on["gradient_checkpointing_kwargs"] == {"every_n_layers": 3, "offload": True}
+    assert GRPOConfig(**on).gradient_checkpointing_kwargs == {"every_n_layers": 3, "offload": True}
+    assert not {"torch_empty_cache_steps", "pad_to_multiple_of"} & set(args())  # null: TRL's own defaults
+    assert GRPOConfig(**args()).pad_to_multiple_of is None  # TRL's "auto" off Neuron
+    peft = {
+        v: unsloth.peft_kwargs(compose(["backend=unsloth", "gradient_checkpointing=true", f"gradient_checkpointing_offload={v}"]))
+        for v in ("null", "true", "false")
+    }
+    assert [peft[v]["use_gradient_checkpointing"] for v in ("null", "true", "false")] == ["unsloth", "unsloth", True]
+    with pytest.raises(ConfigError, match=r"^gradient_checkpointing_every_n_layers=2: not with backend=unsloth"):
+        validate(compose(["backend=unsloth", "gradient_checkpointing_every_n_layers=2"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["gradient_checkpointing=true", "gradient_checkpointing_offload=true"],
+            "Invalid configuration: gradient_checkpointing_offload=true (checkpoints offloaded to pinned host memory): "
+            "no CUDA device is available here. Use load_in_4bit=false and backend=trl (or auto) on CPU, "
+            "gradient_checkpointing_offload=null.",
+        ),
+        (
+            ["backend=unsloth", "gradient_checkpointing=true", "gradient_checkpointing_offload=false"],
+            "Invalid configuration: backend=unsloth (it runs on CUDA only): no CUDA device is available here",
+        ),
+        (
+            ["cast_lm_head_to_fp32=true"],
+            "Invalid configuration: cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter (model=tiny "
+            "has tie_word_embeddings=true; TRL 1.16 supports it with untied ones); use false, a model with "
+            "tie_word_embeddings=false, or trial.full_finetune=true",
+        ),
+        (
+            ["backend=trl_vllm", "use_transformers_continuous_batching=true"],
+            "Invalid configuration: use_transformers_continuous_batching=true: HF generation only, and backend=trl_vllm "
+            "generates with vLLM (TRL uses vLLM first); use backend=trl",
+        ),
+    ],
+    ids=["offload-on-cpu", "unsloth-on-cpu", "fp32-head-tied", "continuous-batching-with-vllm"],
+)
+def test_a_trainer_setting_this_machine_cannot_run_is_one_line_before_any_model_loads(tmp_path, overrides, line):
+    result = train_here([*overrides, f"hydra.run.dir={tmp_path}/run"])
+    assert result.returncode != 0
+    lines = [x for x in (result.stdout + result.stderr).splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(line), lines
+    assert not (tmp_path / "run" / "metrics.json").exists()  # no trial started
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_hub_models_tied_embeddings_refuse_the_fp32_head_from_its_config_json(tmp_path, tied):
+    from grpo_sweep.config.model_arch import check_hub_lora_targets
+
+    numbers = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": tied, **numbers}))
+    cfg = compose(["model=hub", f"model.hub_id={tmp_path}", "cast_lm_head_to_fp32=true"])
+    if tied:
+        with pytest.raises(ConfigError, match=r"^cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter"):
+            check_hub_lora_targets(cfg)
+    else:
+        check_hub_lora_targets(cfg)

@@ -196,3 +196,40 @@ def test_verdict_sentences_by_hand():
         f"max_seq_length sequences at once; its scheduler queues the rest); {dom}"
     )
     assert verdict(_est(4, 5, kv_ok=True, generation_waves=1, kv_cache_sequences=9, generation_batch=8)).startswith("fits with")
+
+
+def test_the_trainer_settings_memory_terms_by_hand():
+    """Each trainer setting's term, against the shapes counted by hand (Gemma 3 1B on a 22 GiB L4, bf16)."""
+    from grpo_sweep.memory.estimator import shapes
+
+    base = SEED + ["preset=seed_baseline", "gradient_checkpointing=true"]
+    s = shapes(compose(base), "trl")
+    every = estimate(compose(base)).assumptions
+    half = estimate(compose([*base, "gradient_checkpointing_every_n_layers=2"]))
+    assert (every["checkpointed_layers"], half.assumptions["checkpointed_layers"]) == (26, 13)
+    assert estimate(compose(base)).components["activations"] < half.components["activations"]
+    assert half.components["activations"] < estimate(compose(SEED + ["preset=seed_baseline"])).components["activations"]
+    # offload: every checkpointed layer's input (B x S x H, bf16) leaves the card
+    offload = estimate(compose([*base, "gradient_checkpointing_offload=true"]))
+    assert estimate(compose(base)).components["activations"] - offload.components["activations"] == s.B * s.S * 26 * s.H * 2
+    assert offload.assumptions["checkpoints_offloaded"] is True
+    # pad_to_multiple_of: prompt and completion rounded up each
+    padded = estimate(compose([*base, "pad_to_multiple_of=100"])).assumptions
+    assert (padded["prompt_tokens"], padded["completion_tokens"]) == (-(-s.P // 100) * 100, -(-s.C // 100) * 100)
+    # the fp32 LM head: V x H weights at 4 bytes instead of 2 (the tied embedding with it)
+    fp32 = estimate(compose([*base, "cast_lm_head_to_fp32=true"]))
+    assert fp32.components["weights"] - estimate(compose(base)).components["weights"] == 262144 * 1152 * 2
+    # continuous batching: half of what is free when generation starts (TRL's max_memory_percent)
+    from grpo_sweep.memory.estimator import hf_generation_bytes
+
+    resident = estimate(compose(base)).phases["generation"] - hf_generation_bytes(s)  # HF generate's cache aside
+    cb = estimate(compose([*base, "use_transformers_continuous_batching=true"]))
+    assert cb.phases["generation"] == resident + int((22 * GiB - resident) * 0.5)
+
+
+def test_checkpointing_every_n_layers_recomputes_that_share():
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    base = SEED + ["preset=seed_baseline", "gradient_checkpointing=true"]
+    times = [relative_step_time(compose([*base, f"gradient_checkpointing_every_n_layers={n}"]))["training_s"] for n in (1, 2, 26)]
+    assert times[0] > times[1] > times[2] > relative_step_time(compose(SEED + ["preset=seed_baseline"]))["training_s"]

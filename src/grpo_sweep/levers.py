@@ -105,6 +105,37 @@ KINDS: dict[str, Kind] = {
     ),
     "gpu_memory_utilization": Kind(KNOB, "vLLM's share of the card: how generation is scheduled, not what is sampled"),
     "gradient_checkpointing": Kind(KNOB, "recomputes activations in the backward pass: same gradients, less memory, more time"),
+    "gradient_checkpointing_every_n_layers": Kind(
+        KNOB,
+        "checkpoints every n-th decoder layer only, the others keep their activations: the same gradients "
+        "(transformers 5.17 modeling_utils.py gradient_checkpointing_enable(every_n_layers))",
+    ),
+    "gradient_checkpointing_offload": Kind(
+        KNOB,
+        "keeps the checkpointed layer inputs in host memory: the same tensors copied off the card and back "
+        "(transformers 5.17 modeling_utils.py gradient_checkpointing_enable(offload); Unsloth "
+        'get_peft_model(use_gradient_checkpointing="unsloth"))',
+    ),
+    "torch_empty_cache_steps": Kind(
+        KNOB,
+        "returns the allocator's cached blocks to the device every n steps: the same tensors "
+        "(transformers 5.17 training_args.py torch_empty_cache_steps, trainer.py training_step)",
+    ),
+    "pad_to_multiple_of": Kind(
+        KNOB,
+        "pads prompt and completion ids to a multiple: the padding is masked out of attention and the loss "
+        "(TRL 1.16 trl/trainer/grpo_config.py pad_to_multiple_of, grpo_trainer.py _generate_and_score_completions)",
+    ),
+    "use_transformers_continuous_batching": Kind(
+        KNOB,
+        "HF generation through transformers' paged continuous-batching engine: the same model and sampling "
+        "settings, another scheduler (TRL 1.16 trl/trainer/grpo_trainer.py _generate_single_turn, generate_batch)",
+    ),
+    "cast_lm_head_to_fp32": Kind(
+        RECIPE,
+        "the LM head and its logits in float32 (the ScaleRL recipe): other log-probabilities, another loss "
+        "(TRL 1.16 trl/trainer/grpo_config.py cast_lm_head_to_fp32, grpo_trainer.py _cast_lm_head_to_fp32)",
+    ),
     "expandable_segments": Kind(KNOB, "the CUDA allocator's strategy: same tensors, less fragmentation"),
     "backend.vllm_enable_sleep_mode": Kind(KNOB, "vLLM frees its pool while training runs: same samples, wake-up time"),
     "backend.unsloth_standby": Kind(KNOB, "vLLM and training share the weights: same samples, less memory"),
@@ -230,7 +261,15 @@ def kind_of(setting: str) -> str:
 # The recipe settings a config states (top-level or dotted keys; groups such as `lora` set them).
 RECIPE_SETTINGS: tuple[str, ...] = tuple(k for k, v in KINDS.items() if v.kind == RECIPE and k not in ("model", "task"))
 # Recipe settings recorded as plain booleans (a YAML 0/1 or a flag's truthy value compares equal across studies).
-_BOOLEAN_RECIPE: tuple[str, ...] = ("load_in_4bit", "trial.full_finetune", "vllm_importance_sampling_correction")
+_BOOLEAN_RECIPE: tuple[str, ...] = (
+    "load_in_4bit",
+    "trial.full_finetune",
+    "vllm_importance_sampling_correction",
+    "cast_lm_head_to_fp32",
+)
+# Recipe settings recorded only when turned on: off is the upstream default every existing study trained, so a
+# study recorded before the setting existed keeps its identity (study identity compares the recipe key by key).
+_RECORDED_WHEN_ON: tuple[str, ...] = ("cast_lm_head_to_fp32",)
 
 
 def requested_levers(cfg) -> dict:
@@ -277,4 +316,7 @@ def recipe_of(cfg) -> dict:
     if out.get("vllm_importance_sampling_correction") is None:
         # TRL's default: while it is on, choosing the engine (HF generate or vLLM) is recipe (CONDITIONS["backend"])
         out["vllm_importance_sampling_correction"] = True
+    for key in _RECORDED_WHEN_ON:
+        if not out.get(key):
+            out.pop(key, None)
     return {k: (bool(v) if k in _BOOLEAN_RECIPE and v is not None else v) for k, v in out.items()}

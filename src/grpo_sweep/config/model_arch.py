@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import ArchConfig, ConfigError, check_lora_modules
+from .schema import ArchConfig, ConfigError, check_fp32_head, check_lora_modules
 
 ARCH_KEYS: tuple[str, ...] = tuple(ArchConfig.__dataclass_fields__)
 REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -117,8 +117,9 @@ def cached_config_json(hub_id: str) -> Path | None:
 
 def check_hub_lora_targets(cfg: Any) -> None:
     """`model=hub`: check lora_target_modules against the model_type its config.json names (the one
-    table, schema.LORA_MODULES), before anything downloads, where that config.json is local or
-    cached. A model whose config is not here yet is checked by PEFT when it loads."""
+    table, schema.LORA_MODULES), and cast_lm_head_to_fp32 against its tied embeddings
+    (schema.check_fp32_head), before anything downloads, where that config.json is local or cached. A
+    model whose config is not here yet is checked by PEFT and TRL when it loads."""
     arch = cfg.model.get("arch")
     if isinstance(arch, DictConfig) and "model_type" in arch and not OmegaConf.is_missing(arch, "model_type"):
         return  # given in the config: schema.validate checked it
@@ -133,3 +134,8 @@ def check_hub_lora_targets(cfg: Any) -> None:
     model_type = (data.get("text_config") or data).get("model_type")
     if model_type:
         check_lora_modules(cfg, model_type=str(model_type))
+        try:
+            tied = bool(arch_from_config(data)["tie_word_embeddings"])
+        except ConfigError:
+            return  # numbers missing: arch_of says so with its own message
+        check_fp32_head(cfg, tied=tied)

@@ -205,6 +205,15 @@ class TrainConfig:
     optim: str = "adamw_torch"
     torch_compile: bool = False
     attn_implementation: str | None = None  # None: transformers' default (sdpa where the model supports it)
+    # With gradient_checkpointing=true only (transformers gradient_checkpointing_kwargs): checkpoint every n-th
+    # decoder layer (1: all), and keep the checkpointed inputs in pinned host memory (CUDA only). offload null:
+    # the backend's own default (transformers: off; Unsloth: its offloaded "unsloth" checkpointing).
+    gradient_checkpointing_every_n_layers: int = 1
+    gradient_checkpointing_offload: bool | None = None
+    torch_empty_cache_steps: int | None = None  # TrainingArguments: empty the accelerator's cache every n steps
+    pad_to_multiple_of: int | None = None  # GRPOConfig: pad prompt and completion ids; None: TRL's "auto" (none off Neuron)
+    use_transformers_continuous_batching: bool = False  # GRPOConfig: HF generation through transformers' paged engine
+    cast_lm_head_to_fp32: bool = False  # GRPOConfig (recipe): the LM head in float32 (untied embeddings only)
     loss_type: str = "dapo"  # TRL GRPOConfig.loss_type (recipe; under bnpo the split is recipe too: levers.CONDITIONS)
     # TRL GRPOConfig.vllm_importance_sampling_correction (recipe): reweights the loss by the trainer/vLLM ratio
     # when vLLM generates; off, the engine (trl or a vLLM backend) is a knob (levers.CONDITIONS["backend"]).
@@ -364,6 +373,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "optim", OPTIMS)
     _one_of(cfg, "attn_implementation", (None, "eager", "sdpa"))
     _at_least(cfg, "steps_per_generation", 1, optional=True)
+    check_trainer_knobs(cfg)
     _one_of(cfg, "model.source", MODEL_SOURCES)
     if cfg.trial.get("full_finetune") and cfg.load_in_4bit:
         raise ConfigError(
@@ -398,6 +408,10 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     backend = cfg.backend.name
     if backend in backends.BACKENDS and backends.BACKENDS[backend].cuda_only:
         needs_cuda.append(f"backend={backend} (it runs on CUDA only)")
+    if cfg.get("gradient_checkpointing_offload"):
+        # transformers 5.17 gradient_checkpointing_enable(offload=True): torch save_on_cpu(pin_memory=True), and
+        # CPU-only torch has no pinned allocator ("pin_memory=True requires a CUDA or other accelerator backend").
+        needs_cuda.append("gradient_checkpointing_offload=true (checkpoints offloaded to pinned host memory)")
     if backend == "trl_vllm" and cfg.backend.get("vllm_enable_sleep_mode") and cuda is False:
         raise ConfigError(
             "backend.vllm_enable_sleep_mode=true: vLLM's CPU build refuses sleep mode "
@@ -415,7 +429,8 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             "; ".join(needs_cuda)
             + ": no CUDA device is available here"
             + (f" (and not installed: {', '.join(missing)})" if missing else "")
-            + ". Use load_in_4bit=false and backend=trl (or auto) on CPU."
+            + ". Use load_in_4bit=false and backend=trl (or auto) on CPU"
+            + (", gradient_checkpointing_offload=null." if cfg.get("gradient_checkpointing_offload") else ".")
         )
     if missing:
         raise ConfigError(
@@ -425,6 +440,40 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
         )
     return cfg
+
+
+def check_trainer_knobs(cfg: Any) -> None:
+    """The ranges of the trainer settings that reach TrainingArguments / GRPOConfig (levers.KINDS)."""
+    _at_least(cfg, "gradient_checkpointing_every_n_layers", 1)
+    _at_least(cfg, "torch_empty_cache_steps", 1, optional=True)
+    _at_least(cfg, "pad_to_multiple_of", 1, optional=True)
+    backend = cfg.backend.name
+    if backend == "unsloth" and cfg.get("gradient_checkpointing_every_n_layers", 1) != 1:
+        raise ConfigError(
+            f"gradient_checkpointing_every_n_layers={cfg.gradient_checkpointing_every_n_layers}: not with backend=unsloth "
+            "(Unsloth checkpoints every layer through get_peft_model); use 1, or backend=trl or trl_vllm"
+        )
+    arch = cfg.model.get("arch")
+    if isinstance(arch, DictConfig) and "tie_word_embeddings" in arch and not OmegaConf.is_missing(arch, "tie_word_embeddings"):
+        check_fp32_head(cfg, tied=bool(arch.tie_word_embeddings))  # a hub model's from its config.json: model_arch.py
+    vllm = backend == "trl_vllm" or (backend == "unsloth" and cfg.backend.get("fast_inference", True))
+    if cfg.get("use_transformers_continuous_batching") and vllm:
+        raise ConfigError(
+            f"use_transformers_continuous_batching=true: HF generation only, and backend={backend} generates with "
+            "vLLM (TRL uses vLLM first); use backend=trl" + (" or backend.fast_inference=false" if backend == "unsloth" else "")
+        )
+
+
+def check_fp32_head(cfg: Any, *, tied: bool) -> None:
+    """cast_lm_head_to_fp32 with tied embeddings under LoRA: TRL 1.16 grpo_trainer.py `_cast_lm_head_to_fp32`
+    then hooks `model.model.embed_tokens`, which a PEFT-wrapped model does not have ("'LlamaForCausalLM' object
+    has no attribute 'embed_tokens'", seen in a CPU trial); its docstring supports untied embeddings only."""
+    if cfg.get("cast_lm_head_to_fp32") and tied and not cfg.trial.get("full_finetune"):
+        raise ConfigError(
+            f"cast_lm_head_to_fp32=true: not with tied embeddings and a LoRA adapter (model={cfg.model.name} has "
+            "tie_word_embeddings=true; TRL 1.16 supports it with untied ones); use false, a model with "
+            "tie_word_embeddings=false, or trial.full_finetune=true"
+        )
 
 
 VLLM_MODES = ("colocate", "server")

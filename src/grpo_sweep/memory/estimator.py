@@ -103,6 +103,9 @@ class Shapes:
     four_bit: bool
     ckpt: bool
     full: bool = False  # trial.full_finetune: every weight trains (no LoRA adapter)
+    ckpt_every: int = 1  # gradient_checkpointing_every_n_layers
+    ckpt_offload: bool = False  # checkpointed inputs in host memory (gradient_checkpointing_offload; Unsloth's default)
+    head_fp32: bool = False  # cast_lm_head_to_fp32
 
     @property
     def qd(self) -> int:
@@ -139,9 +142,10 @@ def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
     arch = arch_of(cfg)  # conf/model's numbers, or the model's own config.json (model=hub)
     device = device or target_device(cfg)
     family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"
-    S = int(cfg.max_seq_length)
-    P = int(cfg.max_prompt_length)
+    P = padded(int(cfg.max_prompt_length), cfg.get("pad_to_multiple_of"))
+    S = P + padded(int(cfg.max_seq_length) - int(cfg.max_prompt_length), cfg.get("pad_to_multiple_of"))
     batch, accum = split_of(cfg)
+    offload = cfg.get("gradient_checkpointing_offload")
     return Shapes(
         family=family,
         H=arch.hidden_size,
@@ -168,7 +172,19 @@ def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
         # Unsloth always checkpoints (use_gradient_checkpointing="unsloth", offloaded to CPU RAM).
         ckpt=bool(cfg.gradient_checkpointing) or backend == "unsloth",
         full=bool(cfg.trial.get("full_finetune", False)),
+        ckpt_every=int(cfg.get("gradient_checkpointing_every_n_layers", 1) or 1),
+        # Unsloth offloads unless told not to (trial/backends/unsloth.py peft_kwargs); transformers only when asked
+        ckpt_offload=bool(offload) or (backend == "unsloth" and offload is None),
+        head_fp32=bool(cfg.get("cast_lm_head_to_fp32", False)),
     )
+
+
+def padded(tokens: int, multiple: int | None) -> int:
+    """Tokens after TRL pads prompt or completion ids to `pad_to_multiple_of` (TRL 1.16 grpo_trainer.py
+    `pad(..., pad_to_multiple_of=)`; None: no padding off Neuron). The padded positions run through the model
+    (masked), so they count in every activation term; vLLM's KV capacity is checked against the padded
+    length too, which only errs on the safe side."""
+    return tokens if not multiple else -(-tokens // multiple) * multiple
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -210,8 +226,14 @@ def weights_bytes(s: Shapes) -> int:
     n = param_counts(s)
     if s.four_bit:
         per_weight = 0.5 + 1 / 64 + 4 / (64 * 256)
-        return int(n["linear"] * per_weight) + n["other"] * 2
-    return n["total"] * s.wb
+        return int(n["linear"] * per_weight) + n["other"] * 2 + lm_head_fp32_bytes(s, 2)
+    return n["total"] * s.wb + lm_head_fp32_bytes(s, s.wb)
+
+
+def lm_head_fp32_bytes(s: Shapes, wb: int) -> int:
+    """cast_lm_head_to_fp32: the LM head's V x H weights held in float32 instead of `wb` bytes (TRL 1.16
+    grpo_trainer.py `_cast_lm_head_to_fp32`: `lm_head.float()`; a tied head casts the shared embedding)."""
+    return s.V * s.H * (4 - wb) if s.head_fp32 and wb < 4 else 0
 
 
 def lora_param_count(s: Shapes) -> int:
@@ -337,10 +359,24 @@ def activation_bytes(s: Shapes) -> int:
     head_in = _norm_saved(s.H) + s.H * s.wb
     masks = (2 * s.S) if masked else 0  # bool [B, 1, S, S] for the sliding and the full pattern
     if s.ckpt:
-        body = s.L * s.H * s.wb + max(per_layer)
+        # checkpointed layers keep their input; the others (every_n_layers > 1) keep everything
+        kept = sum(per_layer[i] for i in range(s.L) if i % s.ckpt_every)
+        body = checkpointed_layers(s) * s.H * s.wb + kept + max(per_layer)
     else:
         body = sum(per_layer)
     return T * (body + rotary + head_in + masks)
+
+
+def checkpointed_layers(s: Shapes) -> int:
+    """Decoder layers checkpointed: every `ckpt_every`-th from the first (transformers 5.17 modeling_utils.py
+    `_set_gradient_checkpointing`: `layer_index % every_n_layers == 0`); none without checkpointing."""
+    return -(-s.L // max(1, s.ckpt_every)) if s.ckpt else 0
+
+
+def offloaded_checkpoint_bytes(s: Shapes) -> int:
+    """The checkpointed layers' inputs moved to host memory by offload (transformers 5.17 `offload`: torch
+    `save_on_cpu`; Unsloth's "unsloth" checkpointing): off the card, so subtracted from the activations."""
+    return s.B * s.S * checkpointed_layers(s) * s.H * s.wb if s.ckpt_offload else 0
 
 
 def input_bytes(s: Shapes) -> int:
@@ -368,7 +404,7 @@ def logits_bytes(s: Shapes, mode: str) -> int:
         return 3 * 4 * s.B * s.S * s.V
     if s.device == "cuda":
         N = s.B * s.C
-        tile = min(N, TOKEN_TILE) * VOCAB_TILE * s.wb
+        tile = min(N, TOKEN_TILE) * VOCAB_TILE * (4 if s.head_fp32 else s.wb)  # cast_lm_head_to_fp32: fp32 tiles
         return tile + N * s.H * 4 + N * 4 * 8
     N = s.B * (s.S - 1)
     n = min(N, TOKEN_TILE)
@@ -391,6 +427,23 @@ def hf_generation_bytes(s: Shapes) -> int:
     kv = s.G * s.kd * 2 * s.wb * ((s.L - sliding) * s.S + sliding * window)
     prefill = s.G * s.P * (3 * s.I + 4 * s.H) * s.wb
     return kv + prefill + 2 * s.G * s.V * 4
+
+
+# TRL 1.16 grpo_trainer.py: ContinuousBatchingConfig(max_memory_percent=0.5) unless the user sets it.
+CONTINUOUS_BATCHING_MEMORY_PERCENT = 0.5
+
+
+def continuous_batching_bytes(cfg: Any, s: Shapes, budget: int | None, resident: int) -> int:
+    """use_transformers_continuous_batching: transformers' paged KV cache takes `max_memory_percent` of the
+    card's free memory when generation starts (transformers 5.17 generation/continuous_batching/cache.py
+    `get_available_memory`: total - allocated after empty_cache; the batch's activations are solved for
+    inside that share). Free = the budget less what is resident then. Without a budget (a CPU trial): the
+    batch's own KV cache, as HF generate's (the pool would be a share of the host's RAM)."""
+    if budget is None:
+        return hf_generation_bytes(s)
+    extra = (cfg.trial.get("grpo_config") or {}).get("transformers_continuous_batching_config") or {}
+    percent = extra.get("max_memory_percent") or CONTINUOUS_BATCHING_MEMORY_PERCENT
+    return int(max(budget - resident, 0) * percent)
 
 
 def generates_with_vllm(cfg: Any, backend: str) -> bool:
@@ -625,9 +678,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
 
     weights = weights_bytes(s)
     lora = lora_bytes(s)
-    act = activation_bytes(s)
-    if backend == "unsloth" and s.ckpt:
-        act -= s.B * s.S * s.L * s.H * s.wb  # checkpoints offloaded to CPU RAM
+    act = activation_bytes(s) - offloaded_checkpoint_bytes(s)
     train = {
         "weights": 0 if (backend == "unsloth" and vllm) else weights,  # Unsloth with vLLM shares its weights
         "lora_params": lora,
@@ -653,6 +704,8 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
     elif vllm:
         train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
         gen["vllm_pool"] = pool
+    elif cfg.get("use_transformers_continuous_batching"):
+        gen["generation"] = continuous_batching_bytes(cfg, s, budget, sum(gen.values()))
     else:
         gen["generation"] = hf_generation_bytes(s)
     world, strategy = processes(cfg)
@@ -711,6 +764,8 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "logits_mode_source": why_mode,
         "logits_mode_trl_version": trl_version(),  # the TRL version the logits term was chosen for
         "gradient_checkpointing": s.ckpt,
+        "checkpointed_layers": checkpointed_layers(s),
+        "checkpoints_offloaded": s.ckpt and s.ckpt_offload,
         "worst_case_lengths": "prompt = max_prompt_length, completion = max_seq_length - max_prompt_length",
         "prompt_tokens": s.P,
         "completion_tokens": s.C,

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config.schema import ConfigError, processes_of
 from .estimator import (
+    checkpointed_layers,
     estimate,
     generates_with_vllm,
     kv_bytes_per_token,
@@ -33,6 +34,19 @@ def card_speed(cfg: Any) -> tuple[float, float]:
             "or pass gpu.tflops_bf16=... gpu.bandwidth_gbs=...)"
         )
     return float(tflops), float(gbs)
+
+
+def recompute_passes(s) -> float:
+    """Extra forward passes checkpointing costs: the share of layers checkpointed (all, or every n-th with
+    gradient_checkpointing_every_n_layers), each recomputed once in backward.
+
+    The other trainer settings have no term here, each for a reason: gradient_checkpointing_offload's
+    host copies run at the host link's speed, which is not among a card's numbers (conf/gpu);
+    torch_empty_cache_steps costs allocator calls, not FLOPs or bytes; cast_lm_head_to_fp32 runs the head
+    at the card's fp32 rate, also not among its numbers; use_transformers_continuous_batching changes the
+    decode scheduler's overhead, not measured on a card yet. pad_to_multiple_of enters through the padded
+    lengths (estimator.shapes)."""
+    return checkpointed_layers(s) / s.L if s.L else 0.0
 
 
 def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
@@ -61,7 +75,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     tokens = s.B * s.S
     layer_flops = 2 * n["linear"] + 4 * s.nh * s.hd * s.S * s.L  # per token, forward
     head_flops = 2 * s.V * s.H
-    passes = 2 + (1 if s.ckpt else 0)
+    passes = 2 + recompute_passes(s)
     flops = tokens * (layer_flops * passes + head_flops * (2 if logits_mode == "full" else 4))
     eff = tokens / (tokens + 2048)
     train = flops / (peak * eff)

@@ -110,6 +110,15 @@ def _notes(metrics: dict, settings: dict) -> list[str]:
             "forced to max_completion_length; "
             + ("real steps on prompts no longer than that are at most as long" if cut else "real steps are at most as long")
         )
+    selection = sorted(
+        set(settings.get("grpo_config", {}).get("gradient_checkpointing_kwargs") or {}) & {"every_n_layers", "offload"}
+    )
+    if selection:
+        notes.append(
+            f"gradient_checkpointing_kwargs {', '.join(selection)}: TRL 1.16 turns checkpointing back on after each "
+            "generation with the whole dict, which torch's checkpoint refuses; grpo-sweep passed these keys as "
+            "transformers' Trainer does (trial/backends/trl.py keep_checkpointing_settings): stock trl grpo needs the same"
+        )
     if metrics.get("device") == "cpu":
         notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")
         if settings.get("grpo_config", {}).get("use_vllm"):

@@ -49,6 +49,8 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         gradient_checkpointing=cfg.gradient_checkpointing,
         optim=cfg.optim,
         torch_compile=cfg.torch_compile,
+        use_transformers_continuous_batching=bool(cfg.get("use_transformers_continuous_batching", False)),
+        cast_lm_head_to_fp32=bool(cfg.get("cast_lm_head_to_fp32", False)),
         learning_rate=cfg.learning_rate,
         beta=cfg.beta,
         loss_type=cfg.loss_type,
@@ -65,6 +67,11 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     )
     from omegaconf import OmegaConf
 
+    if checkpointing_kwargs(cfg):
+        args["gradient_checkpointing_kwargs"] = checkpointing_kwargs(cfg)
+    for key in ("torch_empty_cache_steps", "pad_to_multiple_of"):  # null: upstream's default, not passed
+        if cfg.get(key) is not None:
+            args[key] = cfg[key]
     if cfg.task.get("reward_weights") is not None:  # task.reward_weights (config/user_task.py checks them)
         args["reward_weights"] = [float(w) for w in cfg.task.reward_weights]
     extra = cfg.trial.get("grpo_config") or {}
@@ -82,6 +89,60 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
         floor = {"hf": "min_new_tokens", "vllm": "min_tokens"}[sampler]
         args["generation_kwargs"] = {floor: completion}
     return args
+
+
+def checkpointing_kwargs(cfg: Any) -> dict:
+    """TrainingArguments.gradient_checkpointing_kwargs for gradient_checkpointing_every_n_layers and
+    gradient_checkpointing_offload, only with gradient_checkpointing on (transformers reads them only then) and
+    only where they differ from transformers' defaults (every layer, no offload): {} leaves the arguments as
+    before these settings existed."""
+    if not cfg.gradient_checkpointing:
+        return {}
+    out: dict = {}
+    every = cfg.get("gradient_checkpointing_every_n_layers", 1)
+    if every != 1:
+        out["every_n_layers"] = int(every)
+    if cfg.get("gradient_checkpointing_offload"):
+        out["offload"] = True
+    return out
+
+
+# The gradient_checkpointing_kwargs keys transformers' Trainer takes out before the rest reach torch's
+# checkpoint (transformers 5.17 trainer.py: "`every_n_layers` selects which layers ... `offload` where").
+_LAYER_SELECTION_KEYS = ("every_n_layers", "offload")
+
+
+def keep_checkpointing_settings(trainer) -> None:
+    """TRL 1.16 turns checkpointing off around each generation and back on with
+    `gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`, the whole dict
+    (trl/models/utils.py `disable_gradient_checkpointing`, `_unwrap_model_for_generation`): torch's checkpoint
+    then refuses every_n_layers ("Unexpected keyword arguments: every_n_layers") and the re-enabled model would
+    checkpoint every layer without offload. The base model's `gradient_checkpointing_enable` here takes those
+    keys out of the dict and passes them as its own arguments, as transformers' Trainer does, so every call
+    enables the checkpointing the trial asked for."""
+    if not set(trainer.args.gradient_checkpointing_kwargs or {}) & set(_LAYER_SELECTION_KEYS):
+        return
+    model = trainer.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    enable = base.gradient_checkpointing_enable  # the bound method of transformers' PreTrainedModel
+
+    def enable_with_layer_selection(gradient_checkpointing_kwargs=None, **kwargs):
+        rest = dict(gradient_checkpointing_kwargs or {})
+        for key in _LAYER_SELECTION_KEYS:
+            if key in rest:
+                kwargs.setdefault(key, rest.pop(key))
+        return enable(gradient_checkpointing_kwargs=rest or None, **kwargs)
+
+    base.gradient_checkpointing_enable = enable_with_layer_selection
+
+
+def checkpointed_layers(model) -> int:
+    """Decoder layers whose activations are checkpointed now (transformers' GradientCheckpointingLayer)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return sum(
+        bool(getattr(m, "gradient_checkpointing", False)) for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
+    )
 
 
 def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
@@ -187,6 +248,7 @@ def make_trainer(ctx: Any, model, args, peft_config=None):
 
     trainer = GRPOTrainer(**trainer_kwargs(ctx, model, args, peft_config))
     trainer.remove_callback(PrinterCallback)  # our meter prints one line per step instead
+    keep_checkpointing_settings(trainer)
     time_generation(trainer)
     return trainer
 
@@ -220,6 +282,9 @@ def after_train(trainer, record: dict) -> None:
     times = getattr(trainer, "grpo_sweep_generation_s", None) or []
     steady = times[1:] or times
     record["generation_time_s"] = statistics.median(steady) if steady else None
+    if record.get("effective") is not None and trainer.args.gradient_checkpointing:
+        # after the steps, so after every time TRL turned checkpointing off and on again around generation
+        record["effective"]["checkpointed_layers_after_train"] = checkpointed_layers(trainer.model)
 
 
 def effective(trainer) -> dict:
@@ -277,8 +342,13 @@ EXPORTED_ARGS = (
     "max_completion_length",
     "gradient_checkpointing",
     "steps_per_generation",  # TRL derives generation_batch_size from it (the two are mutually exclusive)
+    "gradient_checkpointing_kwargs",  # every_n_layers, offload
     "optim",
     "torch_compile",
+    "torch_empty_cache_steps",
+    "pad_to_multiple_of",
+    "use_transformers_continuous_batching",
+    "cast_lm_head_to_fp32",
     "bf16",
     "learning_rate",
     "beta",
@@ -311,8 +381,9 @@ def settings(trainer, cfg: Any, effective: dict) -> dict:
         grpo["vllm_gpu_memory_utilization"] = effective.get("gpu_memory_utilization") or cfg.gpu_memory_utilization
     else:
         grpo = {k: v for k, v in grpo.items() if not k.startswith("vllm_")}
-    if grpo.get("reward_weights") is None:
-        grpo.pop("reward_weights", None)
+    for key in ("reward_weights", "gradient_checkpointing_kwargs", "torch_empty_cache_steps", "pad_to_multiple_of"):
+        if not grpo.get(key):  # unset: TRL's own default, not written (pad_to_multiple_of's "auto" read back as None)
+            grpo.pop(key, None)
     extra = cfg.trial.get("grpo_config") or {}
     extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
     grpo.update({k: getattr(args, k, v) for k, v in extra.items()})

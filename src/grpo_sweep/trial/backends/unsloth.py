@@ -56,17 +56,20 @@ def from_pretrained_kwargs(cfg: Any, model_name: str, *, device_util: float, dty
 def peft_kwargs(cfg: Any) -> dict:
     """FastLanguageModel.get_peft_model arguments.
 
-    `use_gradient_checkpointing="unsloth"` (Unsloth's offloaded checkpointing) when the
-    `gradient_checkpointing` lever is on, False when off: the lever means the same in every
-    backend, so the sweep can trade it like the others.
+    With the `gradient_checkpointing` lever on: `use_gradient_checkpointing="unsloth"` (Unsloth's
+    checkpointing offloaded to host memory, its default) unless gradient_checkpointing_offload=false asks for
+    plain checkpointing (True); False when the lever is off. The lever means the same in every backend, so the
+    sweep can trade it like the others.
     """
+    offload = cfg.get("gradient_checkpointing_offload")
+    checkpointing = ("unsloth" if offload is None or offload else True) if cfg.gradient_checkpointing else False
     return dict(
         r=cfg.lora_rank,
         target_modules=list(cfg.lora_target_modules),
         lora_alpha=trl_backend.lora_alpha(cfg),
         lora_dropout=0.0,
         bias="none",
-        use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing else False,
+        use_gradient_checkpointing=checkpointing,
         random_state=cfg.seed,
     )
 
@@ -83,6 +86,7 @@ def grpo_unsloth_args(cfg: Any, *, on_cuda: bool, output_dir: str, fast_inferenc
     else:
         args.update(use_vllm=False)
     args.update(gradient_checkpointing=False)
+    args.pop("gradient_checkpointing_kwargs", None)  # Unsloth's own, through get_peft_model
     return args
 
 
