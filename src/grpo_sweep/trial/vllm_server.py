@@ -153,6 +153,15 @@ class Server:
         self.proc.wait()
         self._done.set()
 
+    def vllm_config(self) -> dict:
+        """The server engine's VllmConfig as a JSON tree (`/server_info?config_format=json`, a development
+        endpoint: VLLM_SERVER_DEV_MODE=1). TRL's client asks the same endpoint, whose slow part (the system's
+        environment) vLLM computes once."""
+        import json
+
+        with urllib.request.urlopen(f"{self.url}/server_info?config_format=json", timeout=120) as response:
+            return json.loads(response.read())["vllm_config"]
+
     def record(self) -> dict:
         return {
             "vllm_server_url": self.url,

@@ -299,6 +299,8 @@ def build_server_trainer(cfg: Any, ctx: Any, model):
     )
     trainer = trl_backend.make_trainer(ctx, model, GRPOConfig(**args), peft_config=trl_backend.lora_config(cfg))
     trainer.grpo_sweep_vllm = {"server": True, "lever": float(cfg.gpu_memory_utilization), "on_cuda": ctx.on_cuda}
+    if server is not None:  # what the server's engine runs with (TRL's client reads the same endpoint)
+        trainer.grpo_sweep_vllm["engine"] = engine_settings(server.vllm_config())
     return trainer
 
 
@@ -367,6 +369,27 @@ def build_trainer(cfg: Any, ctx: Any):
 
 # ----------------------------------------------------------------------------- read back
 
+# Where vLLM 0.31's VllmConfig holds each engine setting (config/backends.py VLLM_ENGINE_SETTINGS' arguments):
+# the values the engine runs with, vLLM's and TRL's defaults resolved.
+ENGINE_FIELDS: dict[str, tuple[str, str]] = {
+    "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+    "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+    "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
+    "enforce_eager": ("model_config", "enforce_eager"),
+    "kv_cache_memory_bytes": ("cache_config", "kv_cache_memory_bytes"),
+    "kv_cache_dtype": ("cache_config", "cache_dtype"),
+}
+
+
+def engine_settings(vllm_config) -> dict:
+    """The engine settings a vLLM engine runs with, read from its VllmConfig: the object (colocate,
+    `llm.llm_engine.vllm_config`) or its JSON tree (server mode, `/server_info?config_format=json`)."""
+
+    def get(node, name):
+        return node.get(name) if isinstance(node, dict) else getattr(node, name, None)
+
+    return {key: get(get(vllm_config, section) or {}, name) for key, (section, name) in ENGINE_FIELDS.items()}
+
 
 def engine(llm) -> dict:
     """What a vLLM-CPU engine really allocated: its KV tensors, blocks and dtype (read, not recomputed)."""
@@ -416,9 +439,13 @@ def effective(trainer) -> dict:
     info = getattr(trainer, "grpo_sweep_vllm", {})
     if info.get("server"):  # the server holds vLLM's memory, not this process: no pool here
         out.update(gpu_memory_utilization=info["lever"], vllm_pool_bytes=None, vllm_mode="server")
+        out["vllm_engine"] = info.get("engine")
         return out
     generation = getattr(trainer, "vllm_generation", None)
-    out.update(vllm_readback(trainer, getattr(generation, "llm", None)))
+    llm = getattr(generation, "llm", None)
+    out.update(vllm_readback(trainer, llm))
+    engine_core = getattr(llm, "llm_engine", None)
+    out["vllm_engine"] = engine_settings(engine_core.vllm_config) if engine_core is not None else None
     return out
 
 
