@@ -264,3 +264,43 @@ def test_estimate_and_doctor_reject_unknown_keys_too(tmp_path):
     )
     doc = cli("doctor", "--message", str(message), "gpu=l4_24g", "+lora_rnk=8")
     assert doc.returncode == 2 and "did you mean lora_rank?" in doc.stderr and doc.stdout == ""
+
+
+VLLM = ["backend=trl_vllm"]
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (VLLM + ["backend.vllm_max_num_seqs=0"], "backend.vllm_max_num_seqs=0: must be an integer >= 1, or null"),
+        (VLLM + ["backend.vllm_kv_cache_memory_bytes=-1"], "backend.vllm_kv_cache_memory_bytes=-1: must be an integer >= 1"),
+        (VLLM + ["backend.vllm_kv_cache_dtype=int4"], "backend.vllm_kv_cache_dtype=int4: must be one of null, auto, fp8"),
+        (["backend=trl", "backend.vllm_max_num_seqs=8"], "backend.vllm_max_num_seqs=8: needs backend=trl_vllm (got backend=trl)"),
+        (
+            VLLM + ["backend.vllm_mode=server", "backend.vllm_max_num_seqs=8", "backend.vllm_max_num_batched_tokens=4"],
+            "backend.vllm_max_num_batched_tokens=4: must be >= backend.vllm_max_num_seqs=8",
+        ),
+        # colocate, max_num_seqs null: TRL's own (per_device_train_batch_size 4 x steps_per_generation 2)
+        (
+            VLLM + ["gradient_accumulation_steps=2", "backend.vllm_max_num_batched_tokens=6"],
+            "backend.vllm_max_num_batched_tokens=6: must be >= 8, the max_num_seqs TRL's colocated engine gets",
+        ),
+        (
+            VLLM + ["backend.vllm_kv_cache_dtype=fp8"],
+            "backend.vllm_kv_cache_dtype=fp8: CUDA only here (allowed on CPU: null, auto)",
+        ),
+    ],
+)
+def test_vllm_engine_settings_refused_in_one_line(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), cuda=False)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_vllm_engine_settings_allowed_where_they_run():
+    validate(compose(VLLM + ["backend.vllm_kv_cache_dtype=fp8_e4m3", "backend.vllm_enforce_eager=true"]), cuda=True)
+    validate(compose(VLLM + ["backend.vllm_kv_cache_dtype=auto", "backend.vllm_max_num_batched_tokens=8"]), cuda=False)
+    server = VLLM + ["backend.vllm_mode=server", "backend.vllm_max_num_batched_tokens=2", "backend.vllm_max_num_seqs=2"]
+    validate(
+        compose(server + ["backend.vllm_enable_prefix_caching=false", "backend.vllm_kv_cache_memory_bytes=4096"]), cuda=False
+    )

@@ -233,3 +233,46 @@ def test_checkpointing_every_n_layers_recomputes_that_share():
     base = SEED + ["preset=seed_baseline", "gradient_checkpointing=true"]
     times = [relative_step_time(compose([*base, f"gradient_checkpointing_every_n_layers={n}"]))["training_s"] for n in (1, 2, 26)]
     assert times[0] > times[1] > times[2] > relative_step_time(compose(SEED + ["preset=seed_baseline"]))["training_s"]
+
+
+def test_vllm_engine_settings_terms():
+    """backend.vllm_*: each changes the term vLLM's own code changes (memory/estimator.py, memory/throughput.py)."""
+    from grpo_sweep.memory.estimator import VLLM_GRAPHS_BYTES, shapes, vllm_cpu_plan
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    card = [*SEED, "backend=trl_vllm", "max_seq_length=1024", "max_prompt_length=256", "per_device_train_batch_size=16"]
+    base = estimate(compose(card))
+    avail = base.assumptions["kv_cache_available_bytes"]
+    assert base.assumptions["vllm_engine_settings"] is None and base.assumptions["generation_waves"] == 1
+
+    eager = estimate(compose(card + ["backend.vllm_enforce_eager=true"]))  # no CUDA graphs captured
+    assert eager.assumptions["kv_cache_available_bytes"] == avail + VLLM_GRAPHS_BYTES
+    s = shapes(compose(card), "trl_vllm")
+    tokens = estimate(compose(card + ["backend.vllm_max_num_batched_tokens=8192"]))  # a larger profile run
+    assert tokens.assumptions["kv_cache_available_bytes"] == avail - 4096 * (3 * s.I + 4 * s.H) * 2
+    assert tokens.components["vllm_pool"] == base.components["vllm_pool"]  # still util x card
+
+    given = estimate(compose(card + ["backend.vllm_kv_cache_memory_bytes=1000000000"]))  # the KV cache as given
+    assert given.assumptions["kv_cache_available_bytes"] == 10**9
+    assert given.components["vllm_pool"] < base.components["vllm_pool"] and given.headroom_bytes > base.headroom_bytes
+
+    fp8 = estimate(compose(card + ["backend.vllm_kv_cache_dtype=fp8"]))  # one byte per element: twice the tokens
+    assert fp8.assumptions["kv_cache_tokens"] in (
+        2 * base.assumptions["kv_cache_tokens"],
+        2 * base.assumptions["kv_cache_tokens"] + 1,
+    )
+
+    seqs = estimate(compose(card + ["backend.vllm_max_num_seqs=4"]))  # the scheduler runs 4 of the 16 at once
+    assert seqs.assumptions["generation_waves"] == 4
+    slow, fast = relative_step_time(compose(card + ["backend.vllm_max_num_seqs=4"])), relative_step_time(compose(card))
+    assert slow["generation_waves"] == 4 and slow["generation_s"] > fast["generation_s"]
+    assert relative_step_time(compose(card + ["backend.vllm_enforce_eager=true"]))["generation_s"] > fast["generation_s"]
+    assert relative_step_time(compose(card + ["backend.vllm_kv_cache_dtype=fp8"]))["generation_s"] < fast["generation_s"]
+
+    # vLLM-CPU: the KV bytes as given, in whole blocks (64 KiB for the tiny model), whatever the share
+    cpu = ["backend=trl_vllm", "gpu=cpu_sim", "gpu.memory_gib=0.125", "max_seq_length=64", "per_device_train_batch_size=2"]
+    cpu_cfg = compose(cpu + ["num_generations=2", "backend.vllm_kv_cache_memory_bytes=300000"])
+    plan = vllm_cpu_plan(shapes(cpu_cfg, "trl_vllm", "cpu"), 10**6, kv_cache_bytes=300000)
+    assert plan["kv_cache_bytes"] == 4 * 65536 and plan["pool_bytes"] == plan["weights_bytes"] + 4 * 65536
+    est = estimate(cpu_cfg)
+    assert est.assumptions["kv_cache_available_bytes"] == 4 * 65536 and est.components["vllm_pool"] == plan["pool_bytes"]

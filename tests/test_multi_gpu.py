@@ -367,16 +367,68 @@ def test_the_server_command_is_trls_own_through_the_shim():
     cpu = command(cfg, "/models/x", 8123, on_cuda=False, kv_cache_bytes=12345)
     assert "--dtype float32" in " ".join(cpu) and cpu[-2:] == ["--kv-cache-memory-bytes", "12345"]
     assert environment(cfg, on_cuda=False)["VLLM_TARGET_DEVICE"] == "cpu"
+    # no engine setting given: none of their flags (TRL's and vLLM's defaults, as before they existed)
+    assert not any(f in joined for f in ("--max-num-seqs", "--max-num-batched-tokens", "prefix-caching", "--enforce-eager"))
+    assert "--kv-cache-dtype auto" in joined
+
+
+def test_engine_settings_on_the_server_command_line():
+    from grpo_sweep.trial.vllm_server import command
+
+    engine = [
+        "backend.vllm_max_num_seqs=8",
+        "backend.vllm_max_num_batched_tokens=512",
+        "backend.vllm_enable_prefix_caching=false",
+        "backend.vllm_enforce_eager=true",
+        "backend.vllm_kv_cache_memory_bytes=65536",
+        "backend.vllm_kv_cache_dtype=fp8",
+    ]
+    cfg = compose(["backend=trl_vllm", "backend.vllm_mode=server", *engine])
+    joined = " ".join(command(cfg, "/models/x", 8123, on_cuda=True, kv_cache_bytes=65536))
+    for flag in ("--max-num-seqs=8", "--max-num-batched-tokens=512", "--no-enable-prefix-caching", "--enforce-eager"):
+        assert flag in joined, flag
+    assert "--kv-cache-dtype fp8" in joined and "--kv-cache-memory-bytes 65536" in joined
+    # CPU: eager by default; backend.vllm_enforce_eager=false lets vLLM-CPU compile (no --enforce-eager)
+    lazy = compose(["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_enforce_eager=false"])
+    assert "--enforce-eager" not in command(lazy, "/m", 1, on_cuda=False)
+    assert "--enforce-eager" in command(compose(["backend=trl_vllm", "backend.vllm_mode=server"]), "/m", 1, on_cuda=False)
+
+
+def test_export_says_how_to_pass_engine_settings():
+    from grpo_sweep.report.export import engine_notes
+
+    settings = {"model_name_or_path": "org/m"}
+    assert engine_notes({"backend": {"name": "trl_vllm", "vllm_max_num_seqs": None}}, settings) == []
+    server = {"backend": {"vllm_mode": "server", "vllm_max_num_seqs": 8, "vllm_enable_prefix_caching": False}}
+    (line,) = engine_notes(server, settings)
+    assert "`trl vllm-serve --model org/m --max-num-seqs 8 --enable-prefix-caching false`" in line
+    (colocate,) = engine_notes({"backend": {"vllm_kv_cache_dtype": "fp8"}}, {})
+    assert "--kv-cache-dtype fp8" in colocate and "colocate mode cannot pass them" in colocate
+
+
+# vLLM engine settings the server trial passes, each away from its default: the tiny model's KV block is 64 KiB
+# on vLLM-CPU (128 tokens), so 4 MiB is 64 whole blocks and reaches vLLM unrounded.
+SERVER_ENGINE = {
+    "max_num_seqs": 2,
+    "max_num_batched_tokens": 256,
+    "enable_prefix_caching": False,
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 4 * 2**20,
+    "kv_cache_dtype": "auto",
+}
 
 
 @pytest.mark.slow
 def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
-    """Over 20 s: a vLLM server (CPU build) started in its own process, then a real trial through it."""
+    """Over 20 s: a vLLM server (CPU build) started in its own process, then a real trial through it. The
+    engine settings (backend.vllm_*) reach the server: its own VllmConfig (/server_info) holds them."""
     import psutil
     from conftest import load_metrics, train_here
 
+    engine = [f"backend.vllm_{k}={str(v).lower()}" for k, v in SERVER_ENGINE.items() if k != "kv_cache_dtype"]
     out = train_here(
         ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=64", f"hydra.run.dir={tmp_path}"]
+        + engine
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     m = load_metrics(tmp_path)
@@ -386,6 +438,7 @@ def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
     assert m["vllm_pool_bytes"] is None  # nothing of vLLM's inside the training process
     assert m["vllm_server_peak_rss_bytes"] > 100 * 2**20 and m["vllm_server_start_s"] > 0  # measured apart
     assert "skipped on CPU" in m["vllm_weight_sync"]
+    assert m["effective"]["vllm_engine"] == SERVER_ENGINE  # read back from the server engine's VllmConfig
     log = (tmp_path / "vllm_server.log").read_text()
     assert log.count("POST /v1/completions") >= 2  # every step generated through the server
     port = m["vllm_server_url"].rsplit(":", 1)[1]

@@ -19,6 +19,9 @@ from grpo_sweep.units import MIB
 CARD = ["backend=trl_vllm", "gpu=cpu_sim", "gpu.memory_gib=0.125", "max_seq_length=64", "per_device_train_batch_size=2"]
 CARD += ["num_generations=2", "trial.steps=2", "task.num_prompts=64"]
 SMALL, FITS, LARGE = 0.004, 0.3, 0.9
+# vLLM engine settings the multirun passes (they reach colocate through TRL's LLM call: trl_vllm.inject_engine_kwargs),
+# each away from TRL's own: max_num_seqs 2 (the generation batch), max_num_batched_tokens 4096, prefix caching on.
+ENGINE = {"max_num_seqs": 1, "max_num_batched_tokens": 128, "enable_prefix_caching": False}
 
 needs_vllm = pytest.mark.skipif(not installed("vllm"), reason="vLLM is not installed (make install installs it)")
 
@@ -39,12 +42,32 @@ def test_cpu_plan_matches_vllm_cpu_arithmetic():
     assert large.kv_cache_ok and large.headroom_bytes < 0
 
 
+def test_engine_settings_join_the_cpu_engine_arguments():
+    from grpo_sweep.trial.backends.trl_vllm import cpu_engine_kwargs, cpu_plan
+
+    cfg = compose(CARD + [f"gpu_memory_utilization={FITS}"])
+    assert cpu_engine_kwargs(cpu_plan(cfg), cfg) == {
+        "enforce_eager": True,
+        "dtype": "float32",
+        "kv_cache_memory_bytes": cpu_plan(cfg)["kv_cache_bytes"],
+    }
+    given = [f"backend.vllm_{k}={str(v).lower()}" for k, v in ENGINE.items()]
+    cfg = compose(CARD + given + ["backend.vllm_enforce_eager=false", "backend.vllm_kv_cache_memory_bytes=300000"])
+    assert cpu_engine_kwargs(cpu_plan(cfg), cfg) == {
+        **ENGINE,
+        "enforce_eager": False,
+        "dtype": "float32",
+        "kv_cache_memory_bytes": 4 * 65536,  # the bytes given, in whole 64 KiB blocks
+    }
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_trl_vllm_trials_on_a_simulated_card(tmp_path):
     """Over 20 s: vLLM (CPU build) trials: each starts in a fresh interpreter (spawn) that imports vLLM."""
     utils = ",".join(str(u) for u in (SMALL, FITS, LARGE))
-    result = train_here(["-m", *CARD, f"gpu_memory_utilization={utils}", f"hydra.sweep.dir={tmp_path}"])
+    engine = [f"backend.vllm_{k}={str(v).lower()}" for k, v in ENGINE.items()]
+    result = train_here(["-m", *CARD, *engine, f"gpu_memory_utilization={utils}", f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     small, fits, large = (load_metrics(tmp_path / str(i)) for i in range(3))
 
@@ -71,6 +94,14 @@ def test_trl_vllm_trials_on_a_simulated_card(tmp_path):
     # The estimator's prediction (made in the trial, before anything ran) within the accuracy goal.
     assert abs(fits["predicted_peak_bytes"] - fits["peak_memory_bytes"]) <= 0.10 * fits["peak_memory_bytes"]
     assert fits["generation_time_s"] is not None and fits["generation_time_s"] > 0
+    # The engine settings reached the colocated engine (its VllmConfig), and its scheduler obeyed max_num_seqs=1.
+    assert fits["effective"]["vllm_engine"] == {
+        **ENGINE,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": plan["kv_cache_bytes"],
+        "kv_cache_dtype": "auto",
+    }
+    assert fits["vllm_max_running_requests"] == 1 and fits["vllm_max_waiting_requests"] >= 1
     # Its own rendezvous port (vllm_util.own_rendezvous_port), not TRL's shared 29500.
     assert "rendezvous on port" in (tmp_path / "1" / "trial.log").read_text()
 

@@ -139,6 +139,27 @@ KINDS: dict[str, Kind] = {
     "expandable_segments": Kind(KNOB, "the CUDA allocator's strategy: same tensors, less fragmentation"),
     "backend.vllm_enable_sleep_mode": Kind(KNOB, "vLLM frees its pool while training runs: same samples, wake-up time"),
     "backend.unsloth_standby": Kind(KNOB, "vLLM and training share the weights: same samples, less memory"),
+    # vLLM engine settings (config/backends.py VLLM_ENGINE_SETTINGS; vLLM 0.31 vllm/engine/arg_utils.py EngineArgs)
+    "backend.vllm_max_num_seqs": Kind(
+        KNOB, "sequences vLLM's scheduler runs at once (vllm/config/scheduler.py): the rest wait, same samples, other waves"
+    ),
+    "backend.vllm_max_num_batched_tokens": Kind(
+        KNOB, "tokens per engine step (vllm/config/scheduler.py; chunked prefill): how prefill is split, same samples"
+    ),
+    "backend.vllm_enable_prefix_caching": Kind(
+        KNOB, "reuses the KV blocks of a prompt already computed (vllm/config/cache.py): the group's shared prompt once"
+    ),
+    "backend.vllm_enforce_eager": Kind(
+        KNOB, "eager kernels instead of CUDA graphs (vllm/config/model.py enforce_eager): the same forward, no graph memory"
+    ),
+    "backend.vllm_kv_cache_memory_bytes": Kind(
+        KNOB, "the KV cache in bytes instead of what gpu_memory_utilization leaves (vllm/config/cache.py): other waves"
+    ),
+    "backend.vllm_kv_cache_dtype": Kind(
+        RECIPE,
+        "fp8 stores the keys and values attention reads quantised (vllm/config/cache.py cache_dtype): the "
+        "sampled distribution changes",
+    ),
     "backend": Kind(
         KNOB,
         "the generation engine (HF generate or vLLM): same sampling settings, other speed "

@@ -119,3 +119,28 @@ def install_hint(name: str, missing: list[str] | None = None) -> str:
     if extra:
         return f"pip install 'grpo-sweep[{extra}]' (from a checkout: pip install -e '.[{extra}]')"
     return "pip install " + " ".join(missing or ["grpo-sweep"])
+
+
+# backend=trl_vllm: vLLM engine settings beside backend.vllm_mode, each the vLLM 0.31 EngineArgs field
+# (vllm/engine/arg_utils.py) it sets. null leaves the value to TRL and vLLM (TRL 1.16 colocate:
+# max_num_seqs = per_device_train_batch_size x tensor parallel x steps_per_generation,
+# max_num_batched_tokens = 4096, trl/generation/vllm_generation.py; `vllm serve`: vLLM's defaults).
+# They reach the server on its command line (trial/vllm_server.py) and the colocated engine through the
+# LLM(...) call TRL makes (trial/backends/trl_vllm.py `inject_engine_kwargs`: TRL has no pass-through).
+VLLM_ENGINE_SETTINGS: dict[str, str] = {
+    "vllm_max_num_seqs": "max_num_seqs",
+    "vllm_max_num_batched_tokens": "max_num_batched_tokens",
+    "vllm_enable_prefix_caching": "enable_prefix_caching",
+    "vllm_enforce_eager": "enforce_eager",
+    "vllm_kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "vllm_kv_cache_dtype": "kv_cache_dtype",
+}
+# backend.vllm_kv_cache_dtype: "auto" is the model's dtype; the fp8 ones quantise the KV cache (vllm/config/cache.py
+# CacheDType; the CUDA attention backends and, with AVX-512 or AMX, vLLM-CPU's store them).
+VLLM_KV_CACHE_DTYPES: tuple[str | None, ...] = (None, "auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def vllm_engine_settings(cfg) -> dict:
+    """The engine settings a config sets (not null), as vLLM EngineArgs keyword arguments."""
+    backend = cfg.get("backend") or {}
+    return {arg: backend.get(key) for key, arg in VLLM_ENGINE_SETTINGS.items() if backend.get(key) is not None}

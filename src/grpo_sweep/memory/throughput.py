@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.backends import vllm_engine_settings
 from ..config.schema import ConfigError, processes_of
 from .estimator import (
     checkpointed_layers,
@@ -19,8 +20,22 @@ from .estimator import (
     resolve_backend_for,
     shapes,
     target_device,
+    vllm_kv_element_bytes,
     weights_bytes,
 )
+
+# vLLM's per-decode-step overhead (scheduler, sampler, CUDA graph replay) and, under enforce_eager, the kernel
+# launches per layer a graph replay saves, at HF generate's measured rate (both eager PyTorch).
+VLLM_STEP_S = 0.003
+EAGER_LAYER_S = 0.00035
+
+
+def vllm_step_overhead(s, engine: dict, device: str) -> float:
+    """Seconds of overhead per vLLM decode step: VLLM_STEP_S, or with backend.vllm_enforce_eager=true on a card
+    (no CUDA graphs: vllm/config/model.py enforce_eager) the per-layer launches, whichever is larger."""
+    if engine.get("enforce_eager") and device == "cuda":
+        return max(VLLM_STEP_S, EAGER_LAYER_S * s.L)
+    return VLLM_STEP_S
 
 
 def card_speed(cfg: Any) -> tuple[float, float]:
@@ -58,7 +73,8 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     4-bit adds the dequantisation traffic (bitsandbytes dequantises each projection to bf16 before
     the matmul: +4.5 bytes per weight per pass, training and decode alike). generation: one decode
     step per completion token, bound by reading the weights and the KV cache at 60 % of bandwidth,
-    plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms). When vLLM's KV cache holds
+    plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms: `vllm_step_overhead`; an fp8 KV cache
+    halves the KV reads). When vLLM's KV cache (or backend.vllm_max_num_seqs) holds
     fewer sequences than the generation batch (the estimator's `generation_waves`, vLLM's scheduler
     queueing the rest), each wave decodes its share of the batch for the full completion length: the
     weights are read and the per-step overhead paid once per wave, the KV reads stay the batch's.
@@ -83,9 +99,10 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     train += passes * dequant / bw
     train *= s.GA
     weight_read = weights_bytes(s) + dequant
-    kv_read = s.G * (s.P + s.C / 2) * kv_bytes_per_token(s, s.wb)
     vllm = generates_with_vllm(cfg, backend)
-    overhead = 0.003 if vllm else 0.00035 * s.L
+    engine = vllm_engine_settings(cfg) if backend == "trl_vllm" else {}
+    kv_read = s.G * (s.P + s.C / 2) * kv_bytes_per_token(s, vllm_kv_element_bytes(engine, s.wb) if vllm else s.wb)
+    overhead = vllm_step_overhead(s, engine, device) if vllm else EAGER_LAYER_S * s.L
     waves = (estimate(cfg, logits_mode, device=device, backend=backend).assumptions.get("generation_waves") or 1) if vllm else 1
     gen = s.C * ((waves * weight_read + kv_read) / bw + waves * overhead)
     return {

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..config.backends import VLLM_ENGINE_SETTINGS
 from ..metrics import read_metrics
 from ..units import GIB
 
@@ -91,7 +92,26 @@ def _show(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def _notes(metrics: dict, settings: dict) -> list[str]:
+def engine_notes(config: dict, settings: dict) -> list[str]:
+    """backend.vllm_* engine settings the trial ran with, and how to pass them to stock TRL: only to a
+    `trl vllm-serve` server (TRL forwards the flags it does not know to `vllm serve`); TRL's colocate mode
+    has no pass-through (grpo-sweep set them over TRL's LLM(...) call: trial/backends/trl_vllm.py)."""
+    backend = config.get("backend") or {}
+    given = {arg: backend[key] for key, arg in VLLM_ENGINE_SETTINGS.items() if backend.get(key) is not None}
+    if not given:
+        return []
+    flags = " ".join(f"--{arg.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for arg, v in given.items())
+    model = settings.get("model_name_or_path") or "<your model>"
+    line = f"vLLM engine settings of this trial: serve them with `trl vllm-serve --model {model} {flags}`"
+    if backend.get("vllm_mode", "colocate") == "server":
+        return [line + " (with vllm_mode: server, as it ran)"]
+    return [
+        line + " and vllm_mode: server; TRL's colocate mode cannot pass them "
+        "(grpo-sweep set them over TRL's own LLM(...) call, trial/backends/trl_vllm.py)"
+    ]
+
+
+def _notes(metrics: dict, settings: dict, config: dict | None = None) -> list[str]:
     notes = []
     levers_steps = metrics.get("steps")
     notes.append(f"max_steps / num_train_epochs: yours to set (the sweep measured {levers_steps} steps)")
@@ -123,7 +143,7 @@ def _notes(metrics: dict, settings: dict) -> list[str]:
         notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")
         if settings.get("grpo_config", {}).get("use_vllm"):
             notes.append("vLLM ran from its CPU build with grpo-sweep's patches (trl_vllm.py); stock trl grpo runs vLLM on CUDA")
-    return notes
+    return notes + engine_notes(config or {}, settings)
 
 
 def _model_name(settings: dict) -> tuple[str | None, str | None]:
@@ -188,7 +208,7 @@ def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: in
     out.update(grpo)
     if model_note:
         comments.append(model_note)
-    comments += _notes(metrics, settings)
+    comments += _notes(metrics, settings, config)
     text = "".join(f"# {line}\n" if line else "#\n" for line in comments)
     return text + yaml.safe_dump(out, sort_keys=False, default_flow_style=None)
 
@@ -214,7 +234,7 @@ def grpo_config_py(
     """A short script building the same GRPOConfig, LoraConfig and BitsAndBytesConfig."""
     settings = metrics["trainer_settings"]
     name, model_note = _model_name(settings)
-    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings))
+    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
     quant = settings.get("quantization")
     lora = settings.get("lora")
     grpo = {"output_dir": _output_dir(config, sweep, trial), **settings["grpo_config"]}
@@ -267,7 +287,7 @@ def unsloth_py(
     calls = settings.get("unsloth")
     if not calls:
         return None
-    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings))
+    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
     loaded = dict(calls["from_pretrained"])
     name, model_note = _model_name(settings)
     loaded["model_name"] = name if name else loaded.get("model_name")

