@@ -73,8 +73,8 @@ bench: install
 # mutmut mutates the decision functions below and runs the fast in-process tests that cover each
 # mutant ([tool.mutmut] in pyproject.toml); scripts/mutation_summary.py prints the counts per module and the
 # survivors (`$(PY) -m mutmut show <name>` shows one). MUTANTS narrows the run; EXTRA_MUTANTS adds to
-# it, e.g. the estimator's arithmetic (~390 mutants at ~20 s of tests each):
-#   make mutation EXTRA_MUTANTS='grpo_sweep.memory.estimator.x_estimate*'
+# it, e.g. the estimator's arithmetic, every function of it (hundreds of mutants at ~20 s of tests each):
+#   make mutation EXTRA_MUTANTS='grpo_sweep.memory.estimator.x_*'
 SWEEPER := hydra_plugins.grpo_optuna_sweeper
 MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SWEEPER).space.* \
 	$(SWEEPER).progress.* $(SWEEPER).workers.x_duplicate_of* $(SWEEPER).workers.x_retry* \
