@@ -875,11 +875,13 @@ def verdict(est: Estimate) -> str:
         extra = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
     elif est.kv_cache_ok is False:
         extra = "; vLLM would refuse to start: its KV cache cannot hold one max_seq_length sequence"
-    elif waves_note(est):
-        extra = "; " + waves_note(est)
+    elif note := waves_note(est):
+        extra = "; " + note
     if est.assumptions.get("vllm_startup_ok") is False:
         extra += "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"
-    if est.headroom_bytes >= 0:
+    headroom = est.headroom_bytes
+    assert headroom is not None  # set whenever the budget is
+    if headroom >= 0:
         word = "fits" if est.fits else "memory fits but"
-        return f"{word} with {est.headroom_bytes / GiB:.2f} GiB headroom{extra}; {dom}"
-    return f"short by {-est.headroom_bytes / GiB:.2f} GiB{extra}; {dom}"
+        return f"{word} with {headroom / GiB:.2f} GiB headroom{extra}; {dom}"
+    return f"short by {-headroom / GiB:.2f} GiB{extra}; {dom}"

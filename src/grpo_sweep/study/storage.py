@@ -181,8 +181,8 @@ def load_study(source: str, study_name: str | None = None) -> Any:
 
 def _first_line(err: BaseException, source: str) -> str:
     """The root cause's first line, with the storage's password masked."""
-    while err.__cause__ is not None or err.__context__ is not None:
-        err = err.__cause__ or err.__context__
+    while (cause := err.__cause__ or err.__context__) is not None:
+        err = cause
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     password = source.split("://", 1)[-1].split("@", 1)[0].partition(":")[2] if "@" in source else ""
     if password:
