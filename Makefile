@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 SWEEP ?= tiny_cpu
 ARGS ?=
 
-.PHONY: install test test-fast train sweep lint format clean bench mutation docs
+.PHONY: install test test-fast train sweep lint typecheck format clean bench mutation docs
 
 install: .venv/.installed
 
@@ -49,9 +49,15 @@ train: install
 sweep: install
 	$(PY) train.py -m +sweeps=$(SWEEP) $(ARGS)
 
-lint: install
+lint: install typecheck
 	$(PY) -m ruff format --check src tests bench scripts train.py
 	$(PY) -m ruff check src tests bench scripts train.py
+
+# mypy ([tool.mypy] in pyproject.toml) over these packages and what they import. Part of `make lint`,
+# never of `make test`: a test run does not need mypy installed.
+TYPECHECKED := grpo_sweep.config grpo_sweep.memory grpo_sweep.study
+typecheck: install
+	$(PY) -m mypy $(foreach p,$(TYPECHECKED),-p $(p))
 
 format: install
 	$(PY) -m ruff format src tests bench scripts train.py
@@ -73,8 +79,8 @@ bench: install
 # mutmut mutates the decision functions below and runs the fast in-process tests that cover each
 # mutant ([tool.mutmut] in pyproject.toml); scripts/mutation_summary.py prints the counts per module and the
 # survivors (`$(PY) -m mutmut show <name>` shows one). MUTANTS narrows the run; EXTRA_MUTANTS adds to
-# it, e.g. the estimator's arithmetic (~390 mutants at ~20 s of tests each):
-#   make mutation EXTRA_MUTANTS='grpo_sweep.memory.estimator.x_estimate*'
+# it, e.g. the estimator's arithmetic, every function of it (hundreds of mutants at ~20 s of tests each):
+#   make mutation EXTRA_MUTANTS='grpo_sweep.memory.estimator.x_*'
 SWEEPER := hydra_plugins.grpo_optuna_sweeper
 MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SWEEPER).space.* \
 	$(SWEEPER).progress.* $(SWEEPER).workers.x_duplicate_of* $(SWEEPER).workers.x_retry* \
@@ -83,7 +89,9 @@ MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SW
 	$(SWEEPER).summary.x_best_finalist* $(SWEEPER).summary.x_rows* $(SWEEPER).sweeper.xǁGrpoOptunaSweeperǁ_prescreen* \
 	$(SWEEPER).sweeper.xǁGrpoOptunaSweeperǁ_tell* grpo_sweep.study.best.* grpo_sweep.study.storage.x_* \
 	grpo_sweep.memory.estimator.x_verdict* \
-	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid*
+	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid* \
+	grpo_sweep.memory.doctor.x_smallest_fix* grpo_sweep.memory.doctor.x_lever_rows* grpo_sweep.memory.doctor.x_allowed_shares* \
+	grpo_sweep.memory.doctor.x_unexplained_bytes* grpo_sweep.memory.doctor.x_observed_need* grpo_sweep.memory.doctor.xǁ_Judgeǁ*
 EXTRA_MUTANTS ?=
 
 mutation: install

@@ -126,24 +126,24 @@ def test_doctor_on_the_seed_reads_the_message_and_keeps_the_generation_batch():
     test_doctor_fix_of_a_real_oom_runs_for_real runs a suggested fix for real)."""
     cfg = compose(SEED_CONFIG)
     result = diagnose(cfg, parse_oom_message(SEED_MESSAGE))
-    assert result["deficit_bytes"] == pytest.approx(3.29 * GiB, abs=1)  # 6.01 GiB asked, 2.72 GiB free
+    assert result.deficit_bytes == pytest.approx(3.29 * GiB, abs=1)  # 6.01 GiB asked, 2.72 GiB free
     # The run needed what was in use (22.06 - 2.72 GiB) plus the failed 6.01 GiB: 25.35 GiB.
-    assert result["observed_need_bytes"] == pytest.approx(25.35 * GiB, abs=2)
+    assert result.observed_need_bytes == pytest.approx(25.35 * GiB, abs=2)
     # 6.01 GiB = 4 completions x 769 positions (768-token completion + 1) x 262144 vocab x 8 bytes:
     # a whole logits-sized tensor, so the run materialised full logits.
     assert 4 * 769 * 262144 * 8 == pytest.approx(6.01 * GiB, rel=1e-3)
-    assert result["logits_mode"] == "full"
-    assert result["overrides"] and not result["fits_as_is"], result
-    fixed = compose(SEED_CONFIG + result["overrides"])
+    assert result.logits_mode == "full"
+    assert result.overrides and not result.fits_as_is, result
+    fixed = compose(SEED_CONFIG + result.overrides)
     # GRPO's generation batch (micro-batch x grad-accum = 4 x 1 in the preset) is the experiment: kept.
     assert fixed.per_device_train_batch_size * fixed.gradient_accumulation_steps == 4
     assert fixed.max_seq_length == 1024 and fixed.num_generations == 4
     # Upgrading to the chunked head is reported as a fix on its own.
-    assert result["stack_upgrade"]["fits"] and result["stack_upgrade"]["saving_bytes"] > 10 * GiB
+    assert result.stack_upgrade["fits"] and result.stack_upgrade["saving_bytes"] > 10 * GiB
     # Levers are ranked by GiB freed per % of speed lost, experiment-changing moves last.
-    ratios = [row["gib_per_pct"] for row in result["levers"] if row["gib_per_pct"] is not None and not row["changes_experiment"]]
+    ratios = [row["gib_per_pct"] for row in result.levers if row["gib_per_pct"] is not None and not row["changes_experiment"]]
     assert ratios == sorted(ratios, reverse=True)
-    assert result["levers"][-1]["changes_experiment"]
+    assert result.levers[-1]["changes_experiment"]
 
 
 def test_doctor_with_vllm_lowers_the_pool_when_the_kv_cache_allows():
@@ -154,12 +154,12 @@ def test_doctor_with_vllm_lowers_the_pool_when_the_kv_cache_allows():
     )
     result = diagnose(cfg, parse_oom_message(msg))
     shares = [
-        float(o.split("=")[1]) for row in result["levers"] for o in row["overrides"] if o.startswith("gpu_memory_utilization=")
+        float(o.split("=")[1]) for row in result.levers for o in row["overrides"] if o.startswith("gpu_memory_utilization=")
     ]
     assert shares and all(s < 0.6 for s in shares)  # training ran out: the pool may only shrink
-    assert result["overrides"]
+    assert result.overrides
     # By hand: every 0.05 of the share is 0.05 x 22.06 GiB = 1.10 GiB, more than the 412 MiB short.
-    assert 0.05 * 22.06 * GiB > result["deficit_bytes"] == 412 * MiB
+    assert 0.05 * 22.06 * GiB > result.deficit_bytes == 412 * MiB
 
 
 def test_doctor_on_a_vllm_kv_cache_error_raises_the_share():
@@ -171,8 +171,8 @@ def test_doctor_on_a_vllm_kv_cache_error_raises_the_share():
         "needed, which is larger than the available KV cache memory (0.00 GiB)."
     )
     result = diagnose(cfg, parse_oom_message(msg))
-    assert result["deficit_bytes"] == int(0.01 * GiB)
-    util = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert result.deficit_bytes == int(0.01 * GiB)
+    util = [float(o.split("=")[1]) for o in result.overrides if o.startswith("gpu_memory_utilization=")]
     assert util and util[0] >= 0.15  # a KV-cache error needs a larger pool: at least one 0.05 step
 
 
@@ -187,9 +187,9 @@ def test_doctor_on_kv_errors_without_sizes_still_raises_the_share(case_id):
     even where the estimate thinks the pool holds the batch."""
     cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
     result = diagnose(cfg, parse_oom_message(_kv_error(case_id)))
-    util = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
-    assert util and util[0] >= 0.55, result["overrides"]  # from 0.5, at least one 0.05 step
-    assert not result["fits_as_is"]
+    util = [float(o.split("=")[1]) for o in result.overrides if o.startswith("gpu_memory_utilization=")]
+    assert util and util[0] >= 0.55, result.overrides  # from 0.5, at least one 0.05 step
+    assert not result.fits_as_is
 
 
 def test_doctor_on_the_cpu_builds_negative_kv_share_raises_the_share():
@@ -199,8 +199,8 @@ def test_doctor_on_the_cpu_builds_negative_kv_share_raises_the_share():
         ["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm", "gpu_memory_utilization=0.1"]
     )
     result = diagnose(cfg, parse_oom_message(_kv_error("FINDINGS-cpu-negative-kv")))
-    util = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
-    assert util and util[0] >= 0.15, result["overrides"]
+    util = [float(o.split("=")[1]) for o in result.overrides if o.startswith("gpu_memory_utilization=")]
+    assert util and util[0] >= 0.15, result.overrides
 
 
 def test_doctor_says_a_config_that_fits_fits(tmp_path):
@@ -211,7 +211,7 @@ def test_doctor_says_a_config_that_fits_fits(tmp_path):
         "of 22.06 GiB of which 10.00 GiB is free."
     )
     result = diagnose(compose(["gpu=l4_24g"]), parse_oom_message(msg))
-    assert result["fits_as_is"] and result["fits_after"] and result["overrides"] == []
+    assert result.fits_as_is and result.fits_after and result.overrides == []
     message = tmp_path / "oom.txt"
     message.write_text(msg)
     text = cli("doctor", "--message", str(message), "gpu=l4_24g")
@@ -245,9 +245,9 @@ def test_doctor_on_a_vllm_startup_error_keeps_the_share_within_free_memory():
         "utilization (0.8, 17.65 GiB)."
     )
     result = diagnose(with_util(cfg, 0.8), parse_oom_message(msg))
-    assert result["deficit_bytes"] == int(17.65 * GiB) - int(15.0 * GiB)
-    assert result["unexplained_bytes"] > 5 * GiB  # memory held by something else at start-up
-    (util,) = [float(o.split("=")[1]) for o in result["overrides"] if o.startswith("gpu_memory_utilization=")]
+    assert result.deficit_bytes == int(17.65 * GiB) - int(15.0 * GiB)
+    assert result.unexplained_bytes > 5 * GiB  # memory held by something else at start-up
+    (util,) = [float(o.split("=")[1]) for o in result.overrides if o.startswith("gpu_memory_utilization=")]
     assert util <= 0.65  # at most floor(15 / 22.06, 0.05): the share must fit in what was free
 
 
@@ -653,14 +653,14 @@ def test_doctor_arithmetic_by_hand():
     )
     result = diagnose(tiny, fits)
     need = card - 10 * GiB + 2 * MiB
-    assert (result["observed_need_bytes"], result["limit_bytes"], result["deficit_bytes"]) == (need, limit, 0)
-    total = result["estimate"]["total_bytes"]
-    assert total < 0.6 * GiB and result["unexplained_bytes"] == need - total  # the rest is not the model's
-    assert (result["overrides"], result["fits_as_is"], result["fits_after"]) == ([], True, True)
-    assert result["after"] == {"total_bytes": total, "need_bytes": need, "speed_cost_pct": 0.0} and "fastest" not in result
+    assert (result.observed_need_bytes, result.limit_bytes, result.deficit_bytes) == (need, limit, 0)
+    total = result.estimate["total_bytes"]
+    assert total < 0.6 * GiB and result.unexplained_bytes == need - total  # the rest is not the model's
+    assert (result.overrides, result.fits_as_is, result.fits_after) == ([], True, True)
+    assert result.after == {"total_bytes": total, "need_bytes": need, "speed_cost_pct": 0.0} and result.fastest is None
     # Without a card size in the config, the message's total is the card.
     unsized = diagnose(compose(["gpu=l4_24g", "gpu.memory_gib=null"]), fits)
-    assert unsized["limit_bytes"] == limit and unsized["fits_as_is"]
+    assert unsized.limit_bytes == limit and unsized.fits_as_is
     # 512 MiB asked with 600 MiB free: 21.97 GiB in use + 0.5 GiB = 21.97 GiB needed, 1.09 GiB over the
     # limit: more than the tiny model's whole estimate, so no change to the config can fit.
     full = parse_oom_message(
@@ -669,31 +669,31 @@ def test_doctor_arithmetic_by_hand():
     )
     result = diagnose(tiny, full)
     need = card - 600 * MiB + 512 * MiB
-    assert result["observed_need_bytes"] == need and need - limit > GiB > total
-    assert (result["overrides"], result["fits_as_is"], result["fits_after"]) == ([], False, False)
-    assert "after" not in result
+    assert result.observed_need_bytes == need and need - limit > GiB > total
+    assert (result.overrides, result.fits_as_is, result.fits_after) == ([], False, False)
+    assert result.after is None
     # logits_mode given: said so, and the chunked head offered as an upgrade of its own.
     given = diagnose(tiny, fits, "full")
-    assert (given["logits_mode"], given["logits_mode_source"]) == ("full", "given")
+    assert (given.logits_mode, given.logits_mode_source) == ("full", "given")
     upgrade = "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost"
-    assert given["stack_upgrade"]["fits"] and given["stack_upgrade"]["what"] == upgrade
-    assert result["stack_upgrade"] is None  # the chunked head is what runs already
+    assert given.stack_upgrade["fits"] and given.stack_upgrade["what"] == upgrade
+    assert result.stack_upgrade is None  # the chunked head is what runs already
 
 
 def test_doctor_result_fields_by_hand():
     """The doctor's answer as data: where the logits mode came from, each lever row's fields, GiB per
     % of speed only for a lever that costs speed, and no unexplained memory without sizes."""
     result = diagnose(compose(SEED_CONFIG), parse_oom_message(SEED_MESSAGE))
-    assert result["logits_mode_source"] == "inferred from the failed allocation (a tokens x vocab tensor)"
+    assert result.logits_mode_source == "inferred from the failed allocation (a tokens x vocab tensor)"
     fields = {"lever", "overrides", "saving_bytes", "speed_cost_pct", "gib_per_pct", "changes_experiment", "needs_hardware"}
-    assert result["levers"] and all(set(row) == fields for row in result["levers"])
-    for row in result["levers"]:
+    assert result.levers and all(set(row) == fields for row in result.levers)
+    for row in result.levers:
         free = row["speed_cost_pct"] <= 0.05
         assert (row["gib_per_pct"] is None) == free, row
         if not free:  # GiB freed per % of speed lost (the % shown is rounded to 0.1)
             cost = row["saving_bytes"] / GiB / row["gib_per_pct"]
             assert abs(cost - row["speed_cost_pct"]) <= 0.05 + 1e-9, row
-    assert any(row["gib_per_pct"] is not None for row in result["levers"])
+    assert any(row["gib_per_pct"] is not None for row in result.levers)
     cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
     no_sizes = diagnose(cfg, parse_oom_message(_kv_error("FINDINGS-cpu-no-cache-blocks")))
-    assert no_sizes["observed_need_bytes"] is None and no_sizes["unexplained_bytes"] == 0
+    assert no_sizes.observed_need_bytes is None and no_sizes.unexplained_bytes == 0

@@ -510,7 +510,7 @@ def test_a_journal_lock_left_by_a_killed_sweep_of_this_host_is_released_at_once(
 
     import optuna
 
-    from grpo_sweep.study.storage import journal_lock, open_storage
+    from grpo_sweep.study.storage import OwnedJournalFileLock, open_storage
 
     journal = tmp_path / "study.journal"
     study = optuna.create_study(storage=open_storage(f"journal:{journal}", retry_s=5), study_name="s")
@@ -520,7 +520,7 @@ def test_a_journal_lock_left_by_a_killed_sweep_of_this_host_is_released_at_once(
     host = socket.gethostname()
     for holder in (f"{host} {os.getppid()}", f"elsewhere-{host} {gone.pid}", ""):
         lock.write_text(holder)
-        journal_lock(journal)._release_if_holder_gone()
+        OwnedJournalFileLock(str(journal))._release_if_holder_gone()
         assert lock.read_text() == holder  # alive, another host's, or not written yet: kept
     lock.write_text(f"{host} {gone.pid}")
     started = time.monotonic()
@@ -552,7 +552,7 @@ def test_every_call_optunas_cache_makes_past_the_public_api_is_retried(tmp_path,
     db = tmp_path / "study.db"
     url = f"sqlite:///{db}"
     # SQLite's own busy wait (5 s by default) made short: the lock must reach the retry.
-    storage = st._retrying(optuna.storages.RDBStorage, 30, url)(url, engine_kwargs={"connect_args": {"timeout": 0.05}})
+    storage = st.RetryingRDBStorage(url, retry_s=30, source=url, engine_kwargs={"connect_args": {"timeout": 0.05}})
     study = optuna.create_study(storage=storage, study_name="s")
     assert isinstance(study._storage, _cached_storage._CachedStorage)
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)

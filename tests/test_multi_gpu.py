@@ -516,7 +516,7 @@ def test_doctor_proposes_gpus_with_fsdp_when_one_card_cannot_fit():
 
     cfg = compose([*GEMMA, "trial.full_finetune=true", "gpu.memory_gib=8"])
     r = diagnose(cfg, {})
-    assert r["fits_after"] and r["overrides"] == ["trial.num_processes=2", "trial.strategy=fsdp"], r["overrides"]
+    assert r.fits_after and r.overrides == ["trial.num_processes=2", "trial.strategy=fsdp"], r.overrides
     text = format_report(r, cfg)
     assert "use 2 GPUs with FSDP" in text and "[needs more GPUs]" in text
 
@@ -527,7 +527,7 @@ def test_doctor_proposes_moving_vllm_to_its_own_gpu():
 
     cfg = compose([*GEMMA, "backend=trl_vllm", "gpu.memory_gib=8", "gpu_memory_utilization=0.6", "trial.full_finetune=true"])
     r = diagnose(cfg, {})
-    levers = {row["lever"]: row for row in r["levers"]}
+    levers = {row["lever"]: row for row in r.levers}
     server = next(v for k, v in levers.items() if k.startswith("move vLLM to its own GPU"))
     assert server["needs_hardware"] and "backend.vllm_mode=server" in server["overrides"]
     assert server["saving_bytes"] == int(0.6 * cfg.gpu.memory_gib * GiB) or server["saving_bytes"] > 4 * GiB
@@ -538,7 +538,7 @@ def test_doctor_keeps_one_card_fixes_first():
     from grpo_sweep.memory.doctor import diagnose
 
     r = diagnose(compose([*GEMMA, "preset=seed_baseline", "gpu.memory_gib=6"]), {})
-    assert r["fits_after"] and not any("num_processes" in o or "vllm_mode" in o for o in r["overrides"]), r["overrides"]
+    assert r.fits_after and not any("num_processes" in o or "vllm_mode" in o for o in r.overrides), r.overrides
 
 
 def test_hardware_moves_by_hand():

@@ -206,16 +206,16 @@ def test_doctor_says_holding_the_batch_is_speed_not_memory():
         "capacity of 22.00 GiB of which 100.00 MiB is free."
     )
     result = diagnose(cfg, parse_oom_message(msg))
-    speed = result["speed"]
+    speed = result.speed
     assert speed["overrides"] == ["gpu_memory_utilization=0.18"] and speed["waves"] == 2 and speed["speedup_pct"] > 0
     assert speed["what"].startswith("speed, not memory") and "not needed to fit" in speed["what"]
     assert "speed: speed, not memory" in format_report(result, cfg)
     # No memory move raises the share: training ran out, so the share may only shrink.
-    raised = [o for o in result["overrides"] if o.startswith("gpu_memory_utilization=") and float(o.split("=")[1]) > 0.13]
+    raised = [o for o in result.overrides if o.startswith("gpu_memory_utilization=") and float(o.split("=")[1]) > 0.13]
     assert not raised
     # A share that already holds the batch gets no speed suggestion.
     roomy = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.15"])
-    assert diagnose(roomy, parse_oom_message(msg))["speed"] is None
+    assert diagnose(roomy, parse_oom_message(msg)).speed is None
 
 
 def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_frontier_sees_them():

@@ -87,19 +87,19 @@ def cli(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - any bad input ends in one clear line
         print(f"grpo-sweep doctor: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    if do_verify and result["overrides"]:
-        record = verify(cfg, result["overrides"])
-        result["verify"] = {
+    if do_verify and result.overrides:
+        record = verify(cfg, result.overrides)
+        result.verify = {
             k: record.get(k) for k in ("status", "peak_memory_bytes", "memory_source", "tokens_per_s", "error", "run_dir")
         }
     if as_json:
-        slim = {k: v for k, v in result.items() if k != "estimate"}
-        slim["estimate"] = {k: result["estimate"][k] for k in ("total_bytes", "budget_bytes", "components", "fits")}
+        slim = result.to_dict()
+        slim["estimate"] = {k: result.estimate[k] for k in ("total_bytes", "budget_bytes", "components", "fits")}
         print(json.dumps(slim, sort_keys=True, default=str))
         return 0
     print(format_report(result, cfg))
-    if "verify" in result:
-        v = result["verify"]
+    if result.verify is not None:
+        v = result.verify
         print(
             f"verify: trial {v['status']} | peak {fmt(v['peak_memory_bytes'])} ({v['memory_source']}) | "
             f"tokens/s {v['tokens_per_s'] or 0:.1f} | {v['run_dir']}" + (f" | {v['error'][:160]}" if v["error"] else "")

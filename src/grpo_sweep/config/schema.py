@@ -588,9 +588,9 @@ def _schema_keys(node: type, prefix: str = "") -> dict[str, bool]:
     hints = typing.get_type_hints(node)
     for f in dataclasses.fields(node):
         kind = hints.get(f.name)
-        nested = dataclasses.is_dataclass(kind)
+        nested = isinstance(kind, type) and dataclasses.is_dataclass(kind)
         out[prefix + f.name] = nested
-        if nested:
+        if isinstance(kind, type) and nested:
             out.update(_schema_keys(kind, prefix + f.name + "."))
     return out
 
@@ -608,7 +608,7 @@ def check_known_keys(cfg: Any) -> None:
 
     def walk(node: Any, prefix: str) -> None:
         for key in node.keys() if isinstance(node, DictConfig) else ():
-            dotted = f"{prefix}{key}"
+            dotted = prefix + str(key)
             if dotted not in SCHEMA_KEYS:
                 value = OmegaConf.select(node, str(key), throw_on_missing=False)
                 shown = OmegaConf.to_container(value) if isinstance(value, DictConfig) else value

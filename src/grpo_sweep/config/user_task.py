@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .schema import ConfigError
 
@@ -349,7 +349,7 @@ def task_identity(task: Any) -> dict:
     or the same file edited in place, is another study. A Hub dataset id is compared by its id."""
     from omegaconf import OmegaConf
 
-    settings = OmegaConf.to_container(task, resolve=True) if OmegaConf.is_config(task) else dict(task)
+    settings = cast(dict, OmegaConf.to_container(task, resolve=True)) if OmegaConf.is_config(task) else dict(task)
     out = {key: value for key, value in sorted(settings.items()) if key != "_target_"}
     out["target"] = settings.get("_target_")
     path = settings.get("path")

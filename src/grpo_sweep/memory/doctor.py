@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +228,106 @@ def _valid(cfg: Any, device: str) -> bool:
         return False
 
 
-def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
-    """The doctor's answer as data: parsed message, deficit, ranked levers, chosen overrides."""
+@dataclass
+class Scored:
+    """One set of overrides judged: its estimate, its need (the estimate + what the message proves
+    beyond it), whether it fits, what it costs in throughput and what it frees."""
+
+    estimate: est_mod.Estimate
+    need: int
+    fits: bool
+    speed_cost_pct: float
+    saving: int
+
+
+@dataclass
+class _Judge:
+    """Scores overrides against the OOM's config: what each needs and costs, and whether it fits.
+
+    cfg: the config that ran out of memory; base: its estimate; mode: the logits mode every
+    estimate uses; unexplained: bytes the message proves beyond the estimate, added to every need;
+    limit: the card with HEADROOM kept free (None: no budget known); util_min, util_max: the
+    gpu_memory_utilization a vLLM error allows (`vllm_limits`)."""
+
+    cfg: Any
+    base: est_mod.Estimate
+    mode: str
+    unexplained: int
+    limit: int | None
+    util_min: float
+    util_max: float
+
+    device: str = field(init=False)  # the estimate's: the card the advice is for
+    base_speed: float = field(init=False)  # one rank's tokens/s as the config stands
+
+    def __post_init__(self) -> None:
+        self.device = self.base.assumptions["device"]
+        self.base_speed = throughput.relative_step_time(self.cfg, self.mode)["rank_tokens_per_s"]
+
+    def score(self, overrides: dict) -> Scored | None:
+        """None when the overrides make a config `validate` refuses."""
+        new = with_overrides(self.cfg, overrides)
+        if not _valid(new, self.device):
+            return None
+        e = est_mod.estimate(new, self.mode)
+        speed = throughput.relative_step_time(new, self.mode)["rank_tokens_per_s"]
+        need = e.total_bytes + self.unexplained
+        ok = self.limit is not None and need <= self.limit and e.kv_cache_ok is not False and e.fits
+        ok = ok and self.util_min - 1e-9 <= new.gpu_memory_utilization <= self.util_max + 1e-9
+        return Scored(
+            estimate=e,
+            need=need,
+            fits=ok,
+            speed_cost_pct=100 * (1 - speed / self.base_speed),
+            saving=self.base.total_bytes - e.total_bytes,
+        )
+
+
+@dataclass
+class Diagnosis:
+    """The doctor's answer as data (`to_dict` is `grpo-sweep doctor --json`'s shape).
+
+    parsed: what the message states; deficit_bytes: how far short the run was (None: unknown);
+    overrides: the smallest change set that fits, as Hydra overrides ([] when none fits or none is
+    needed); fits_after: a change set (possibly empty) fits; fits_as_is: the config fits unchanged;
+    estimate: the config's estimate (`Estimate.to_dict`); logits_mode and its source;
+    observed_need_bytes: in use + requested, what the message proves (None: not stated);
+    unexplained_bytes: what that proves beyond the estimate; limit_bytes: the card less HEADROOM;
+    levers: one row per move, ranked; stack_upgrade: what TRL's chunked head would free (full logits
+    only); fragmentation: `fragmentation_advice`; speed: `speed_advice`; after: the chosen set's
+    need and cost; fastest: a faster, larger set, when there is one; verify: the CLI's real trial."""
+
+    parsed: dict
+    deficit_bytes: int | None
+    overrides: list[str]
+    fits_after: bool
+    fits_as_is: bool
+    estimate: dict
+    logits_mode: str
+    logits_mode_source: str
+    observed_need_bytes: int | None
+    unexplained_bytes: int
+    limit_bytes: int | None
+    levers: list[dict]
+    stack_upgrade: dict | None
+    fragmentation: dict | None
+    speed: dict | None
+    after: dict | None = None
+    fastest: dict | None = None
+    verify: dict | None = None
+
+    def to_dict(self) -> dict:
+        """Every field; after, fastest and verify only when set."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("after", "fastest", "verify"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+
+def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> Diagnosis:
+    """The doctor's answer: parsed message, deficit, ranked levers, chosen overrides (module
+    docstring: how it decides)."""
     if cfg.gpu.get("memory_gib") is None and parsed.get("total_bytes"):
         cfg = with_overrides(cfg, {"gpu.memory_gib": parsed["total_bytes"] / GiB})
     mode_source = "given" if logits_mode else None
@@ -238,85 +336,105 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
         mode_source = "inferred from the failed allocation (a tokens x vocab tensor)" if logits_mode else None
     base = est_mod.estimate(cfg, logits_mode)
     mode = base.assumptions["logits_mode"]
-    device, backend = base.assumptions["device"], base.assumptions["backend"]
+    observed = observed_need(parsed)
+    unexplained = unexplained_bytes(parsed, base, observed)
     budget = base.budget_bytes
-    observed = None
-    if parsed.get("requested_bytes") is not None:
-        in_use = parsed.get("process_in_use_bytes")
-        if in_use is None and parsed.get("total_bytes") is not None and parsed.get("free_bytes") is not None:
-            in_use = parsed["total_bytes"] - parsed["free_bytes"]
-        if in_use is not None:
-            observed = in_use + parsed["requested_bytes"]
-    unexplained = max(0, observed - base.total_bytes) if observed is not None else 0
-    if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None and parsed.get("total_bytes"):
-        # vLLM start-up: what was in use before vLLM allocated beyond the trainer's weights and context
-        # (often another process) stays in use.
-        before_vllm = base.components["weights"] + base.components["cuda_context"]
-        unexplained = max(unexplained, parsed["total_bytes"] - parsed["free_bytes"] - before_vllm)
     limit = None if budget is None else int(budget * (1 - HEADROOM))
     deficit = parsed.get("deficit_bytes")
     if deficit is None and budget is not None:
         deficit = max(0, base.total_bytes + unexplained - budget)
-
-    base_speed = throughput.relative_step_time(cfg, mode)["rank_tokens_per_s"]
     util_min, util_max = vllm_limits(cfg, parsed, base)
-
-    def score(overrides: dict) -> dict | None:
-        new = with_overrides(cfg, overrides)
-        if not _valid(new, device):
-            return None
-        e = est_mod.estimate(new, mode)
-        speed = throughput.relative_step_time(new, mode)["rank_tokens_per_s"]
-        need = e.total_bytes + unexplained
-        ok = limit is not None and need <= limit and e.kv_cache_ok is not False and e.fits
-        ok = ok and util_min - 1e-9 <= new.gpu_memory_utilization <= util_max + 1e-9
-        return {
-            "estimate": e,
-            "need": need,
-            "fits": ok,
-            "speed_cost_pct": 100 * (1 - speed / base_speed),
-            "saving": base.total_bytes - e.total_bytes,
-        }
-
-    moves = candidate_moves(cfg, backend, device)
+    judge = _Judge(cfg, base, mode, unexplained, limit, util_min, util_max)
+    moves = candidate_moves(cfg, base.assumptions["backend"], judge.device)
     if util_min > cfg.gpu_memory_utilization or util_max < cfg.gpu_memory_utilization:
-        # The error bounds the share: offer every allowed value, nearest to the current one first
-        # (equal cost: the search keeps the first, i.e. the least change).
-        moves = [m for m in moves if m.group != "vllm_share"]
-        if util_min > cfg.gpu_memory_utilization:
-            shares = [round(util_min + 0.05 * i, 2) for i in range(int((0.95 - util_min) / 0.05) + 1)]
-        else:
-            shares = [round(util_max - 0.05 * i, 2) for i in range(int((util_max - 0.1) / 0.05) + 1)]
-        for util in shares:
-            moves.append(
-                Move(
-                    "vllm_share",
-                    {"gpu_memory_utilization": util},
-                    f"vLLM share {cfg.gpu_memory_utilization} -> {util} (within what the vLLM error allows)",
-                )
-            )
-    levers = []
+        moves = [m for m in moves if m.group != "vllm_share"] + allowed_shares(cfg, util_min, util_max)
+    chosen, fastest = smallest_fix(moves, judge) if limit is not None else (None, None)
+    return Diagnosis(
+        parsed=parsed,
+        deficit_bytes=deficit,
+        overrides=_fmt(chosen[0]) if chosen else [],
+        fits_after=chosen is not None,
+        # The estimate (with what the message proves beyond it) fits as the config stands: no change.
+        fits_as_is=chosen is not None and not chosen[0],
+        estimate=base.to_dict(),
+        logits_mode=mode,
+        logits_mode_source=mode_source or base.assumptions["logits_mode_source"],
+        observed_need_bytes=observed,
+        unexplained_bytes=unexplained,
+        limit_bytes=limit,
+        levers=lever_rows(moves, judge),
+        stack_upgrade=stack_upgrade(cfg, base, mode, unexplained, limit),
+        fragmentation=fragmentation_advice(parsed, cfg),
+        speed=speed_advice(cfg, base, mode),
+        after=None if not chosen else _after(chosen[1]),
+        fastest=None if not (chosen and fastest) else _faster(chosen[1], fastest),
+    )
+
+
+def observed_need(parsed: dict) -> int | None:
+    """What the message proves the run needed: in use + requested (None: the message lacks them).
+    In use is the process's own figure, else the card's total less what was free."""
+    if parsed.get("requested_bytes") is None:
+        return None
+    in_use = parsed.get("process_in_use_bytes")
+    if in_use is None and parsed.get("total_bytes") is not None and parsed.get("free_bytes") is not None:
+        in_use = parsed["total_bytes"] - parsed["free_bytes"]
+    return None if in_use is None else in_use + parsed["requested_bytes"]
+
+
+def unexplained_bytes(parsed: dict, base: est_mod.Estimate, observed: int | None) -> int:
+    """Bytes the message proves beyond the estimate, kept in every candidate: the observed need
+    over the estimate, and at a vLLM start-up whatever was in use beyond the trainer's weights and
+    CUDA context (often another process), which stays in use."""
+    unexplained = max(0, observed - base.total_bytes) if observed is not None else 0
+    if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None and parsed.get("total_bytes"):
+        before_vllm = base.components["weights"] + base.components["cuda_context"]
+        unexplained = max(unexplained, parsed["total_bytes"] - parsed["free_bytes"] - before_vllm)
+    return unexplained
+
+
+def allowed_shares(cfg: Any, util_min: float, util_max: float) -> list[Move]:
+    """When a vLLM error bounds gpu_memory_utilization: every allowed value in 0.05 steps, nearest
+    to the current one first (equal cost: the search keeps the first, i.e. the least change)."""
+    if util_min > cfg.gpu_memory_utilization:
+        utils = [round(util_min + 0.05 * i, 2) for i in range(int((0.95 - util_min) / 0.05) + 1)]
+    else:
+        utils = [round(util_max - 0.05 * i, 2) for i in range(int((util_max - 0.1) / 0.05) + 1)]
+    return [
+        Move(
+            "vllm_share",
+            {"gpu_memory_utilization": util},
+            f"vLLM share {cfg.gpu_memory_utilization} -> {util} (within what the vLLM error allows)",
+        )
+        for util in utils
+    ]
+
+
+def lever_rows(moves: list[Move], judge: _Judge) -> list[dict]:
+    """One row per move the config allows, ranked: knobs on one card first, then more hardware,
+    then recipe changes; within each, by GiB freed per % of throughput lost (a free move first).
+    Of the vLLM shares only the nearest and the farthest are listed, not every 0.05 step."""
+    rows: list[dict[str, Any]] = []
     shares = [m for m in moves if m.group == "vllm_share"]
     for move in moves:
         if move.group == "vllm_share" and move not in (shares[0], shares[-1]):
-            continue  # list the nearest and the farthest allowed share, not every 0.05 step
-        s = score(move.overrides)
-        if s is None:
             continue
-        cost = s["speed_cost_pct"]
-        gib = s["saving"] / GiB
-        levers.append(
+        scored = judge.score(move.overrides)
+        if scored is None:
+            continue
+        cost = scored.speed_cost_pct
+        rows.append(
             {
                 "lever": move.label,
                 "overrides": _fmt(move.overrides),
-                "saving_bytes": int(s["saving"]),
+                "saving_bytes": int(scored.saving),
                 "speed_cost_pct": round(cost, 1),
-                "gib_per_pct": None if cost <= 0.05 else gib / cost,
+                "gib_per_pct": None if cost <= 0.05 else scored.saving / GiB / cost,
                 "changes_experiment": move.changes_experiment,
                 "needs_hardware": move.needs_hardware,
             }
         )
-    levers.sort(
+    rows.sort(
         key=lambda r: (
             r["changes_experiment"],
             r["needs_hardware"],
@@ -324,79 +442,70 @@ def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> dict:
             r["lever"],
         )
     )
+    return rows
 
-    chosen = fastest = None
-    if limit is not None:
-        groups: dict[str, list[Move]] = {}
-        for move in moves:
-            groups.setdefault(move.group, []).append(move)
-        names = list(groups)
-        # One card, the recipe as it is; then more hardware (GPUs, vLLM's own GPU); then shorter sequences.
-        for allow_experiment, allow_hardware in ((False, False), (False, True), (True, True)):
-            usable = [
-                g
-                for g in names
-                if (allow_experiment or not groups[g][0].changes_experiment)
-                and (allow_hardware or not groups[g][0].needs_hardware)
-            ]
-            by_size: dict[int, tuple] = {}
-            for size in range(len(usable) + 1):
-                for combo in itertools.combinations(usable, size):
-                    for picks in itertools.product(*(groups[g] for g in combo)):
-                        overrides: dict = {}
-                        for move in picks:
-                            overrides.update(move.overrides)
-                        s = score(overrides)
-                        if not (s and s["fits"]):
-                            continue
-                        best = by_size.get(size)
-                        if best is None or s["speed_cost_pct"] < best[1]["speed_cost_pct"]:
-                            by_size[size] = (overrides, s)
-            if by_size:
-                chosen = by_size[min(by_size)]
-                fastest = min(by_size.values(), key=lambda c: c[1]["speed_cost_pct"])
-                break
 
-    speed = speed_advice(cfg, base, mode)
-    upgrade = None
-    if mode == "full":
-        chunked = est_mod.estimate(cfg, "chunked")
-        upgrade = {
-            "saving_bytes": base.total_bytes - chunked.total_bytes,
-            "fits": limit is not None and chunked.total_bytes + unexplained <= limit,
-            "what": "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost",
-        }
-    result = {
-        "parsed": parsed,
-        "deficit_bytes": deficit,
-        "overrides": _fmt(chosen[0]) if chosen else [],
-        "fits_after": bool(chosen),
-        # The estimate (with what the message proves beyond it) fits as the config stands: no change.
-        "fits_as_is": bool(chosen) and not chosen[0],
-        "estimate": base.to_dict(),
-        "logits_mode": mode,
-        "logits_mode_source": mode_source or base.assumptions["logits_mode_source"],
-        "observed_need_bytes": observed,
-        "unexplained_bytes": unexplained,
-        "limit_bytes": limit,
-        "levers": levers,
-        "stack_upgrade": upgrade,
-        "fragmentation": fragmentation_advice(parsed, cfg),
-        "speed": speed,
+Fix = tuple[dict, Scored]  # a change set that fits (overrides by key) and its score
+
+
+def smallest_fix(moves: list[Move], judge: _Judge) -> tuple[Fix | None, Fix | None]:
+    """The smallest set of moves (one per group) that fits, the fastest among equally small ones,
+    and the fastest set of any size; (None, None) when nothing fits. One card with the recipe as
+    it is first; then more hardware (GPUs, vLLM's own GPU); then recipe changes (shorter sequences)."""
+    groups: dict[str, list[Move]] = {}
+    for move in moves:
+        groups.setdefault(move.group, []).append(move)
+    for allow_experiment, allow_hardware in ((False, False), (False, True), (True, True)):
+        usable = [
+            g
+            for g in groups
+            if (allow_experiment or not groups[g][0].changes_experiment) and (allow_hardware or not groups[g][0].needs_hardware)
+        ]
+        by_size: dict[int, Fix] = {}
+        for size in range(len(usable) + 1):
+            for combo in itertools.combinations(usable, size):
+                for picks in itertools.product(*(groups[g] for g in combo)):
+                    overrides: dict = {}
+                    for move in picks:
+                        overrides.update(move.overrides)
+                    scored = judge.score(overrides)
+                    if not (scored and scored.fits):
+                        continue
+                    best = by_size.get(size)
+                    if best is None or scored.speed_cost_pct < best[1].speed_cost_pct:
+                        by_size[size] = (overrides, scored)
+        if by_size:
+            return by_size[min(by_size)], min(by_size.values(), key=lambda c: c[1].speed_cost_pct)
+    return None, None
+
+
+def _after(scored: Scored) -> dict:
+    return {
+        "total_bytes": scored.estimate.total_bytes,
+        "need_bytes": scored.need,
+        "speed_cost_pct": round(scored.speed_cost_pct, 1),
     }
-    if chosen:
-        result["after"] = {
-            "total_bytes": chosen[1]["estimate"].total_bytes,
-            "need_bytes": chosen[1]["need"],
-            "speed_cost_pct": round(chosen[1]["speed_cost_pct"], 1),
-        }
-        if fastest[1]["speed_cost_pct"] < chosen[1]["speed_cost_pct"] - 0.5:
-            result["fastest"] = {
-                "overrides": _fmt(fastest[0]),
-                "need_bytes": fastest[1]["need"],
-                "speed_cost_pct": round(fastest[1]["speed_cost_pct"], 1),
-            }
-    return result
+
+
+def _faster(chosen: Scored, fastest: Fix) -> dict | None:
+    """The fastest set, when it is more than half a percent faster than the smallest one."""
+    overrides, scored = fastest
+    if scored.speed_cost_pct >= chosen.speed_cost_pct - 0.5:
+        return None
+    return {"overrides": _fmt(overrides), "need_bytes": scored.need, "speed_cost_pct": round(scored.speed_cost_pct, 1)}
+
+
+def stack_upgrade(cfg: Any, base: est_mod.Estimate, mode: str, unexplained: int, limit: int | None) -> dict | None:
+    """With full logits (an older stack): what TRL >= 1.16's chunked LM head would free, and whether
+    that alone fits. None when the chunked head is what runs already."""
+    if mode != "full":
+        return None
+    chunked = est_mod.estimate(cfg, "chunked")
+    return {
+        "saving_bytes": base.total_bytes - chunked.total_bytes,
+        "fits": limit is not None and chunked.total_bytes + unexplained <= limit,
+        "what": "upgrade to TRL >= 1.16 (chunked fused LM head) or Unsloth: no throughput cost",
+    }
 
 
 def speed_advice(cfg: Any, base, mode: str) -> dict | None:
@@ -445,35 +554,35 @@ def gib_text(n) -> str:
     return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB else f"{n / 2**20:.2f} MiB"
 
 
-def format_report(r: dict, cfg: Any) -> str:
-    p = r["parsed"]
+def format_report(r: Diagnosis, cfg: Any) -> str:
+    p = r.parsed
     out = []
     stated = ", ".join(f"{k}={gib_text(v) if k.endswith('_bytes') else v}" for k, v in p.items()) or "nothing read"
     out.append(f"message: {stated}")
     out.append(
-        f"deficit: {gib_text(r['deficit_bytes'])} short"
-        + (f" (the run needed at least {gib_text(r['observed_need_bytes'])})" if r["observed_need_bytes"] else "")
+        f"deficit: {gib_text(r.deficit_bytes)} short"
+        + (f" (the run needed at least {gib_text(r.observed_need_bytes)})" if r.observed_need_bytes else "")
     )
-    e = r["estimate"]
+    e = r.estimate
     out.append(
         f"estimate for this config: {gib_text(e['total_bytes'])} of {gib_text(e['budget_bytes'])} "
-        f"(logits_mode={r['logits_mode']}: {r['logits_mode_source']}; dominant {e['dominant']})"
+        f"(logits_mode={r.logits_mode}: {r.logits_mode_source}; dominant {e['dominant']})"
     )
-    if r["unexplained_bytes"]:
-        out.append(f"unexplained by the estimate: {gib_text(r['unexplained_bytes'])} (kept in every candidate below)")
-    if r["stack_upgrade"]:
-        u = r["stack_upgrade"]
+    if r.unexplained_bytes:
+        out.append(f"unexplained by the estimate: {gib_text(r.unexplained_bytes)} (kept in every candidate below)")
+    if r.stack_upgrade:
+        u = r.stack_upgrade
         out.append(
             f"stack: {u['what']}: frees {gib_text(u['saving_bytes'])}"
             + (" and fits on its own: the cheapest fix" if u["fits"] else ", not enough on its own")
         )
-    if r.get("speed"):
-        s = r["speed"]
+    if r.speed:
+        s = r.speed
         out.append(f"speed: {s['what']}: {' '.join(s['overrides'])} (about {s['speedup_pct']:+.1f} % tokens/s)")
-    if r.get("fragmentation"):
-        out.append(f"allocator: {r['fragmentation']['why']}: try expandable_segments=true first (no speed cost)")
+    if r.fragmentation:
+        out.append(f"allocator: {r.fragmentation['why']}: try expandable_segments=true first (no speed cost)")
     out.append("levers (ranked by GiB freed per % of throughput lost):")
-    for row in r["levers"]:
+    for row in r.levers:
         ratio = "free" if row["gib_per_pct"] is None else f"{row['gib_per_pct']:.3g} GiB/%"
         flag = "  [changes the experiment]" if row["changes_experiment"] else ""
         flag += "  [needs more GPUs]" if row.get("needs_hardware") else ""
@@ -481,28 +590,27 @@ def format_report(r: dict, cfg: Any) -> str:
             f"  {row['lever']:<62} saves {row['saving_bytes'] / GiB:6.2f} GiB  "
             f"speed {-row['speed_cost_pct']:+6.1f} %  {ratio}{flag}"
         )
-    if r["fits_as_is"]:
-        a = r["after"]
+    a = r.after  # set whenever a change set (possibly none) fits
+    if a is not None and r.fits_as_is:
         out.append(
             f"this config fits as it is: it needs {gib_text(a['need_bytes'])} "
-            f"(the estimate + what the message proves beyond it) of {gib_text(r['limit_bytes'])} "
+            f"(the estimate + what the message proves beyond it) of {gib_text(r.limit_bytes)} "
             f"(the card with {int(HEADROOM * 100)} % headroom), so no lever needs to change. "
             "If it ran out of memory anyway, the run differed from this config (another card, other "
             "processes on the card, fragmentation) or the estimate misses something: check the "
             "overrides, or run a real trial with --verify."
         )
-    elif r["overrides"]:
-        a = r["after"]
+    elif a is not None and r.overrides:
         out.append(
             f"smallest change that fits with >= {int(HEADROOM * 100)} % headroom "
             f"(needs {gib_text(a['need_bytes'])}, speed {-a['speed_cost_pct']:+.1f} %):"
         )
-        out.append("  " + " ".join(r["overrides"]))
-        if r.get("fastest"):
-            f = r["fastest"]
+        out.append("  " + " ".join(r.overrides))
+        if r.fastest:
+            f = r.fastest
             out.append(f"faster, with more changes (needs {gib_text(f['need_bytes'])}, speed {-f['speed_cost_pct']:+.1f} %):")
             out.append("  " + " ".join(f["overrides"]))
-    elif r["limit_bytes"] is None:
+    elif r.limit_bytes is None:
         out.append("no budget known: pass gpu=<card> or gpu.memory_gib=...")
     else:
         out.append("no combination of these levers fits: use a larger card or a smaller model")

@@ -699,117 +699,158 @@ def default_logits_mode(backend: str) -> tuple[str, str]:
     return "full", f"TRL {installed} < 1.16 materialises full-vocabulary logits"
 
 
-def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = None, backend: str | None = None) -> Estimate:
-    """Predict the peak for `cfg` (a composed train config). `logits_mode`: chunked | full | None
-    (None: what the backend really does, see `default_logits_mode`). `device` ("cpu" | "cuda")
-    overrides the target card's device, and `backend` the resolved backend, for a trial predicting
-    the process it runs in."""
+@dataclass(frozen=True)
+class _Modelled:
+    """What one estimate models, resolved once from the config and read by every step."""
+
+    s: Shapes
+    device: str  # "cpu" | "cuda"
+    backend: str  # the resolved backend
+    logits_mode: str  # chunked | full
+    why_mode: str  # where logits_mode came from
+    budget: int | None  # the card's bytes (None: gpu.memory_gib is null)
+    vllm: bool  # generation runs in vLLM
+    sleep: bool  # vLLM sleeps (trl_vllm) or Unsloth stands by while training
+    server: bool  # backend.vllm_mode=server: vLLM in its own process on its own devices
+    world: int  # trial.num_processes
+    strategy: str  # trial.strategy
+    engine: dict  # backend.vllm_* engine settings as vLLM takes them (trl_vllm only; config/backends.py)
+    continuous_batching: bool  # use_transformers_continuous_batching: HF generation's paged pool
+
+
+def _modelled(cfg: Any, logits_mode: str | None, device: str | None, backend: str | None) -> _Modelled:
+    """Resolve the device, backend and logits mode; a logits mode not in LOGITS_MODES is an error."""
     device = device or target_device(cfg)
     backend = backend or resolve_backend_for(cfg, device)
-    s = shapes(cfg, backend, device)
     why_mode = "given on the command line"
     if logits_mode is None:
         logits_mode, why_mode = default_logits_mode(backend)
     if logits_mode not in LOGITS_MODES:
         raise ValueError(f"logits_mode={logits_mode}: must be one of {', '.join(LOGITS_MODES)}")
-    budget = budget_bytes(cfg)
     vllm = generates_with_vllm(cfg, backend)
-    sleep = (
-        bool(cfg.backend.get("vllm_enable_sleep_mode", False))
-        if backend == "trl_vllm"
-        else bool(cfg.backend.get("unsloth_standby", False))
+    sleep_key = "vllm_enable_sleep_mode" if backend == "trl_vllm" else "unsloth_standby"
+    world, strategy = processes(cfg)
+    return _Modelled(
+        s=shapes(cfg, backend, device),
+        device=device,
+        backend=backend,
+        logits_mode=logits_mode,
+        why_mode=why_mode,
+        budget=budget_bytes(cfg),
+        vllm=vllm,
+        sleep=bool(cfg.backend.get(sleep_key, False)),
+        server=vllm and backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "server",
+        world=world,
+        strategy=strategy,
+        engine=backends.vllm_engine_settings(cfg) if backend == "trl_vllm" else {},
+        continuous_batching=bool(cfg.get("use_transformers_continuous_batching")),
     )
 
+
+def _vllm_pool(cfg: Any, m: _Modelled) -> tuple[int, dict | None]:
+    """vLLM's pool in bytes (0 without vLLM or without a budget), and on vLLM-CPU (trl_vllm on the
+    CPU) its plan: the share's weights plus whole KV blocks (`vllm_cpu_plan`), whose pool it is."""
+    pool = vllm_pool_bytes(cfg.gpu_memory_utilization, m.budget) if (m.vllm and m.budget is not None) else 0
+    if m.vllm and m.device == "cpu" and m.backend == "trl_vllm":  # vLLM-CPU: the share's weights + whole KV blocks
+        kv_bytes = m.engine.get("kv_cache_memory_bytes")
+        cpu_plan = vllm_cpu_plan(m.s, pool if m.budget is not None else None, kv_cache_bytes=kv_bytes)
+        return cpu_plan["pool_bytes"], cpu_plan
+    if m.vllm and m.engine.get("kv_cache_memory_bytes"):  # a card: the KV bytes as given, not util x card
+        return vllm_fixed_kv_pool(m.s, m.backend, m.engine), None
+    return pool, None
+
+
+def _single_process_phases(cfg: Any, m: _Modelled, pool: int) -> dict[str, dict[str, int]]:
+    """Each phase's components in one process: training (forward + backward + AdamW) and generation
+    (HF generate's KV cache and temporaries, or vLLM's pool)."""
+    s = m.s
     weights = weights_bytes(s)
-    lora = lora_bytes(s)
     act = activation_bytes(s) - offloaded_checkpoint_bytes(s)
     train = {
-        "weights": 0 if (backend == "unsloth" and vllm) else weights,  # Unsloth with vLLM shares its weights
-        "lora_params": lora,
+        "weights": 0 if (m.backend == "unsloth" and m.vllm) else weights,  # Unsloth with vLLM shares its weights
+        "lora_params": lora_bytes(s),
         "gradients": gradient_bytes(s),
         "optimizer_state": optimizer_bytes(s),
         "activations": act + input_bytes(s),
-        "logits": logits_bytes(s, logits_mode),
+        "logits": logits_bytes(s, m.logits_mode),
         "generation": 0,
         "vllm_pool": 0,
-        "cuda_context": CUDA_CONTEXT_BYTES if device == "cuda" else 0,
+        "cuda_context": CUDA_CONTEXT_BYTES if m.device == "cuda" else 0,
     }
-    engine = backends.vllm_engine_settings(cfg) if backend == "trl_vllm" else {}
-    pool = vllm_pool_bytes(cfg.gpu_memory_utilization, budget) if (vllm and budget is not None) else 0
-    cpu_plan = None
-    if vllm and device == "cpu" and backend == "trl_vllm":  # vLLM-CPU: the share's weights + whole KV blocks
-        cpu_plan = vllm_cpu_plan(s, pool if budget is not None else None, kv_cache_bytes=engine.get("kv_cache_memory_bytes"))
-        pool = cpu_plan["pool_bytes"]
-    elif vllm and engine.get("kv_cache_memory_bytes"):  # a card: the KV bytes as given, not util x card
-        pool = vllm_fixed_kv_pool(s, backend, engine)
     gen = dict(train, activations=input_bytes(s), logits=0, gradients=0)
     # backend.vllm_mode=server: vLLM runs in its own process on its own devices (trial.vllm_devices);
     # the training card holds no pool and the trainer generates nothing itself.
-    server = vllm and backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "server"
-    if server:
-        pass
-    elif vllm:
-        train["vllm_pool"] = (weights if backend == "unsloth" else 0) if sleep else pool
+    if m.vllm and not m.server:
+        # Asleep while training, vLLM keeps nothing (trl_vllm) or the weights it shares (Unsloth's standby).
+        train["vllm_pool"] = (weights if m.backend == "unsloth" else 0) if m.sleep else pool
         gen["vllm_pool"] = pool
-    elif cfg.get("use_transformers_continuous_batching"):
-        gen["generation"] = continuous_batching_bytes(cfg, s, budget, sum(gen.values()))
-    else:
-        gen["generation"] = hf_generation_bytes(s)
-    world, strategy = processes(cfg)
-    single = {"training": dict(train), "generation": dict(gen)}
-    train = rank_terms(s, world, strategy, "training", train, hf_generate=not vllm)
-    gen = rank_terms(s, world, strategy, "generation", gen, hf_generate=not vllm)
-    for key in set(train) | set(gen):  # both phases list the same components
+    elif not m.vllm:  # HF generation: its paged pool (continuous batching) or generate's KV cache
+        gen["generation"] = (
+            continuous_batching_bytes(cfg, s, m.budget, sum(gen.values())) if m.continuous_batching else hf_generation_bytes(s)
+        )
+    return {"training": train, "generation": gen}
+
+
+def _rank_phases(m: _Modelled, single: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Each phase's components on the largest rank (`rank_terms`); both phases list the same keys."""
+    phases = {p: rank_terms(m.s, m.world, m.strategy, p, c, hf_generate=not m.vllm) for p, c in single.items()}
+    train, gen = phases["training"], phases["generation"]
+    for key in set(train) | set(gen):
         train.setdefault(key, 0)
         gen.setdefault(key, 0)
-    phases = {"training": train, "generation": gen}
-    peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
-    components = {k: int(v) for k, v in phases[peak_phase].items()}
-    total = sum(components.values())
-    headroom = None if budget is None else budget - total
+    return phases
 
-    kv_ok = None
-    kv_info: dict = {}
-    capacity = None
+
+def _kv_cache(cfg: Any, m: _Modelled, pool: int, cpu_plan: dict | None) -> tuple[bool | None, dict]:
+    """Whether vLLM's KV cache holds one max_seq_length sequence (None: no vLLM, or no budget on a
+    card), and the numbers behind it for the assumptions."""
+    s = m.s
     if cpu_plan is not None:
-        capacity = kv_cache_capacity(s, cpu_plan["kv_cache_bytes"], VLLM_CPU_BLOCK_TOKENS, 4, engine.get("max_num_seqs"))
+        capacity = kv_cache_capacity(s, cpu_plan["kv_cache_bytes"], VLLM_CPU_BLOCK_TOKENS, 4, m.engine.get("max_num_seqs"))
         kv_info = {
             "kv_cache_available_bytes": cpu_plan["kv_cache_bytes"],
             "kv_cache_tokens": cpu_plan["kv_cache_bytes"] // kv_bytes_per_token(s, 4),
             "vllm_weights_bytes": cpu_plan["weights_bytes"],
-            "vllm_share_bytes": None if budget is None else vllm_pool_bytes(cfg.gpu_memory_utilization, budget),
+            "vllm_share_bytes": None if m.budget is None else vllm_pool_bytes(cfg.gpu_memory_utilization, m.budget),
         }
-    elif vllm and (budget is not None or engine.get("kv_cache_memory_bytes")):
-        available = vllm_kv_available(s, pool, backend, engine)
-        kv_elem = vllm_kv_element_bytes(engine, 2)
-        capacity = kv_cache_capacity(s, available, VLLM_GPU_BLOCK_TOKENS, kv_elem, engine.get("max_num_seqs"))
+    elif m.vllm and (m.budget is not None or m.engine.get("kv_cache_memory_bytes")):
+        available = vllm_kv_available(s, pool, m.backend, m.engine)
+        kv_elem = vllm_kv_element_bytes(m.engine, 2)
+        capacity = kv_cache_capacity(s, available, VLLM_GPU_BLOCK_TOKENS, kv_elem, m.engine.get("max_num_seqs"))
         kv_info = {
             "kv_cache_available_bytes": int(available),
             "kv_cache_tokens": max(int(available // kv_bytes_per_token(s, kv_elem)), 0),
         }
-    if capacity is not None:
-        # Feasible when one max_seq_length sequence fits (vLLM's rule); fewer sequences than the
-        # generation batch only means generation runs in waves.
-        kv_ok = capacity["one_sequence_ok"]
-        kv_info.update(
-            kv_cache_needed_bytes=capacity["min_bytes"],
-            kv_cache_batch_bytes=capacity["batch_bytes"],
-            kv_cache_one_sequence_ok=kv_ok,
-            kv_cache_block_tokens=capacity["block_tokens"],
-            kv_cache_sequences=capacity["sequences"],
-            generation_waves=capacity["waves"],
-        )
-        if backend == "trl_vllm" and cpu_plan is None and not server and budget is not None:  # server: own devices
-            free_at_start = budget - weights - CUDA_CONTEXT_BYTES
-            kv_info["vllm_startup_ok"] = free_at_start >= pool
-    fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
+    else:
+        return None, {}
+    # Feasible when one max_seq_length sequence fits (vLLM's rule); fewer sequences than the
+    # generation batch only means generation runs in waves.
+    kv_ok = capacity["one_sequence_ok"]
+    kv_info.update(
+        kv_cache_needed_bytes=capacity["min_bytes"],
+        kv_cache_batch_bytes=capacity["batch_bytes"],
+        kv_cache_one_sequence_ok=kv_ok,
+        kv_cache_block_tokens=capacity["block_tokens"],
+        kv_cache_sequences=capacity["sequences"],
+        generation_waves=capacity["waves"],
+    )
+    # server mode: the pool is on its own devices; no budget (kv_cache_memory_bytes alone): nothing to check
+    if m.backend == "trl_vllm" and cpu_plan is None and not m.server and m.budget is not None:
+        free_at_start = m.budget - weights_bytes(s) - CUDA_CONTEXT_BYTES
+        kv_info["vllm_startup_ok"] = free_at_start >= pool
+    return kv_ok, kv_info
+
+
+def _assumptions(cfg: Any, m: _Modelled, pool: int, single: dict[str, dict[str, int]], kv_info: dict) -> dict:
+    """What the estimate assumed, for the table's notes and metrics.json's `estimate`."""
+    s = m.s
     assumptions = {
-        "device": device,
+        "device": m.device,
         "dtype_bytes": s.wb,
-        "backend": backend,
+        "backend": m.backend,
         "backend_requested": cfg.backend.name,
-        "logits_mode": logits_mode,
-        "logits_mode_source": why_mode,
+        "logits_mode": m.logits_mode,
+        "logits_mode_source": m.why_mode,
         "logits_mode_trl_version": trl_version(),  # the TRL version the logits term was chosen for
         "gradient_checkpointing": s.ckpt,
         "checkpointed_layers": checkpointed_layers(s),
@@ -822,44 +863,66 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         "per_device_train_batch_size_counts": "completions (TRL 1.x); num_generations only groups them",
         "trainable_params": trainable_param_count(s),
         "full_finetune": s.full,
-        "world_size": world,
-        "strategy": strategy,
+        "world_size": m.world,
+        "strategy": m.strategy,
         "params": param_counts(s)["total"],
-        "vllm_sleep": sleep if vllm else None,
-        "vllm_mode": (cfg.backend.get("vllm_mode", "colocate") if vllm else None),
+        "vllm_sleep": m.sleep if m.vllm else None,
+        "vllm_mode": (cfg.backend.get("vllm_mode", "colocate") if m.vllm else None),
         # server mode: the server's pool on its own devices, outside the training budget
-        "vllm_server_bytes": int(pool) if server else None,
-        "vllm_tensor_parallel_size": int(cfg.backend.get("vllm_tensor_parallel_size", 1)) if server else None,
-        "vllm_engine_settings": engine or None,  # backend.vllm_* as vLLM takes them (config/backends.py)
+        "vllm_server_bytes": int(pool) if m.server else None,
+        "vllm_tensor_parallel_size": int(cfg.backend.get("vllm_tensor_parallel_size", 1)) if m.server else None,
+        "vllm_engine_settings": m.engine or None,  # backend.vllm_* as vLLM takes them (config/backends.py)
         **kv_info,
     }
-    if world > 1:  # the same config in one process, to show what the ranks save
+    if m.world > 1:  # the same config in one process, to show what the ranks save
         one = max(single.values(), key=lambda c: sum(c.values()))
         assumptions["single_process_components"] = {k: int(v) for k, v in one.items()}
         assumptions["single_process_bytes"] = int(sum(one.values()))
         assumptions["ranks"] = (
-            f"{world} ranks, {strategy}: every rank holds the same shares (rank 0 the rounding); the table is the largest rank"
+            f"{m.world} ranks, {m.strategy}: every rank holds the same shares (rank 0 the rounding); "
+            "the table is the largest rank"
         )
-    if backend == "unsloth":
-        assumptions["fast_inference"] = vllm
+    if m.backend == "unsloth":
+        assumptions["fast_inference"] = m.vllm
         assumptions["weights"] = (
             "shared with vLLM (inside vllm_pool)"
-            if vllm
+            if m.vllm
             else "backend.fast_inference=false: HF generation, no vLLM pool (weights on the card once)"
         )
-    if cfg.backend.name == "auto" and device == "cuda" and backend == "trl":
+    if cfg.backend.name == "auto" and m.device == "cuda" and m.backend == "trl":
         assumptions["backend_note"] = (
             "backend=auto resolved to trl because neither unsloth nor vllm is installed here; "
             "pass backend=trl_vllm or backend=unsloth to model vLLM colocate"
         )
+    return assumptions
+
+
+def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = None, backend: str | None = None) -> Estimate:
+    """Predict the peak for `cfg` (a composed train config). `logits_mode`: chunked | full | None
+    (None: what the backend really does, see `default_logits_mode`). `device` ("cpu" | "cuda")
+    overrides the target card's device, and `backend` the resolved backend, for a trial predicting
+    the process it runs in.
+
+    The peak is the larger phase on the largest rank; it fits when it leaves headroom on the card
+    and vLLM (if any) can start: its KV cache holds one sequence, its share is free at start."""
+    m = _modelled(cfg, logits_mode, device, backend)
+    pool, cpu_plan = _vllm_pool(cfg, m)
+    single = _single_process_phases(cfg, m, pool)
+    phases = _rank_phases(m, single)  # rank_terms copies: `single` stays one process's
+    peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
+    components = {k: int(v) for k, v in phases[peak_phase].items()}
+    total = sum(components.values())
+    headroom = None if m.budget is None else m.budget - total
+    kv_ok, kv_info = _kv_cache(cfg, m, pool, cpu_plan)
+    fits = headroom is None or (headroom >= 0 and kv_ok is not False and kv_info.get("vllm_startup_ok", True))
     return Estimate(
         components=components,
         total_bytes=total,
-        budget_bytes=budget,
+        budget_bytes=m.budget,
         headroom_bytes=headroom,
         fits=bool(fits),
         kv_cache_ok=kv_ok,
-        assumptions=assumptions,
+        assumptions=_assumptions(cfg, m, pool, single, kv_info),
         phases={p: int(sum(c.values())) for p, c in phases.items()},
         peak_phase=peak_phase,
     )
@@ -920,11 +983,13 @@ def verdict(est: Estimate) -> str:
         extra = "; vLLM would refuse to start: its share leaves no KV cache for one max_seq_length sequence"
     elif est.kv_cache_ok is False:
         extra = "; vLLM would refuse to start: its KV cache cannot hold one max_seq_length sequence"
-    elif waves_note(est):
-        extra = "; " + waves_note(est)
+    elif note := waves_note(est):
+        extra = "; " + note
     if est.assumptions.get("vllm_startup_ok") is False:
         extra += "; vLLM would refuse to start (free memory < gpu_memory_utilization x total)"
-    if est.headroom_bytes >= 0:
+    headroom = est.headroom_bytes
+    assert headroom is not None  # set whenever the budget is
+    if headroom >= 0:
         word = "fits" if est.fits else "memory fits but"
-        return f"{word} with {est.headroom_bytes / GiB:.2f} GiB headroom{extra}; {dom}"
-    return f"short by {-est.headroom_bytes / GiB:.2f} GiB{extra}; {dom}"
+        return f"{word} with {headroom / GiB:.2f} GiB headroom{extra}; {dom}"
+    return f"short by {-headroom / GiB:.2f} GiB{extra}; {dom}"

@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeGuard, TypeVar
 
 T = TypeVar("T")
 DIRECTIONS = ("maximize", "minimize")
@@ -49,7 +49,7 @@ def ranked(items: Iterable[T], *, value: Callable[[T], float | None], direction:
     return [item for _, _, item in sorted(scored, key=lambda c: (c[0], c[1]))]
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -15,7 +15,7 @@ Crash safety (docs/crash-safety.md):
   (`repair_journal`). Appends themselves never leave a torn tail behind a failed write: a write that
   fails (ENOSPC, EIO) is cut back to the last whole record before the error is raised
   (`SafeJournalFileBackend`); a lock left by a sweep of this host that was killed holding it is
-  released at once, not after Optuna's 30 s grace period (`journal_lock`);
+  released at once, not after Optuna's 30 s grace period (`OwnedJournalFileLock`);
 - the sweeper's storage retries every call that fails for a reason that passes (the database
   restarting or away, a full disk, a locked SQLite file) with a bounded backoff
   (`retry_s`, hydra.sweeper.storage_retry_s), then raises `StorageUnavailable`: one line saying what
@@ -32,11 +32,18 @@ import logging
 import os
 import random
 import shutil
+import socket
 import time
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import optuna
+from optuna.storages._cached_storage import _CachedStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+from optuna.storages.journal._file import get_lock_file
 
 from ..credentials import mask_url
 
@@ -100,8 +107,6 @@ def open_storage(
     retry_s: retry a call that fails for a passing reason for up to this many seconds (None: never).
     may_create_dir: the one folder this call may create for a file storage (the sweep directory);
     any other missing parent folder is an error (a typo in a resume path must not start a new study)."""
-    import optuna
-
     if is_journal(source):
         path = journal_path(source)
         if not create and not path.exists():
@@ -109,8 +114,10 @@ def open_storage(
         _check_parent(source, path, may_create_dir)
         if path.exists():
             repair_journal(path)
-        backend = SafeJournalFileBackend(str(path), lock_obj=journal_lock(path))
-        return _retrying(JournalStorage_cls(), retry_s, source)(backend)
+        backend = SafeJournalFileBackend(str(path), lock_obj=OwnedJournalFileLock(str(path)))
+        if not retry_s:
+            return optuna.storages.JournalStorage(backend)
+        return RetryingJournalStorage(backend, retry_s=retry_s, source=source)
     url = to_url(source)
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///") :])
@@ -122,13 +129,15 @@ def open_storage(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 warnings.simplefilter("ignore", FutureWarning)
-                return _retrying(optuna.storages.RDBStorage, retry_s, source)(
-                    url,
-                    engine_kwargs=None if url.startswith("sqlite") else {"pool_pre_ping": True},
-                    heartbeat_interval=heartbeat_interval,
-                    grace_period=grace_period,
-                    heartbeat_stale_trial_callback=stale_trial_callback,
-                )
+                options: dict[str, Any] = {
+                    "engine_kwargs": None if url.startswith("sqlite") else {"pool_pre_ping": True},
+                    "heartbeat_interval": heartbeat_interval,
+                    "grace_period": grace_period,
+                    "heartbeat_stale_trial_callback": stale_trial_callback,
+                }
+                if not retry_s:
+                    return optuna.storages.RDBStorage(url, **options)
+                return RetryingRDBStorage(url, retry_s=retry_s, source=source, **options)
         except ImportError as err:
             raise StorageError(
                 f"storage {mask_url(source)}: its database driver is not installed ({err}); "
@@ -154,15 +163,11 @@ def _lost_create_race(err: BaseException) -> bool:
 
 
 def study_names(storage: Any) -> list[str]:
-    import optuna
-
     return [s.study_name for s in optuna.get_all_study_summaries(storage)]
 
 
 def load_study(source: str, study_name: str | None = None) -> Any:
     """An existing study, by name, or the only one in the storage (a reader's entry point)."""
-    import optuna
-
     storage = open_storage(source, create=False)
     names = study_names(storage)
     if study_name is None:
@@ -176,8 +181,8 @@ def load_study(source: str, study_name: str | None = None) -> Any:
 
 def _first_line(err: BaseException, source: str) -> str:
     """The root cause's first line, with the storage's password masked."""
-    while err.__cause__ is not None or err.__context__ is not None:
-        err = err.__cause__ or err.__context__
+    while (cause := err.__cause__ or err.__context__) is not None:
+        err = cause
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     password = source.split("://", 1)[-1].split("@", 1)[0].partition(":")[2] if "@" in source else ""
     if password:
@@ -198,12 +203,6 @@ def _check_parent(source: str, path: Path, may_create_dir: Path | None) -> None:
     )
 
 
-def JournalStorage_cls() -> type:  # noqa: N802 - a class, imported late (optuna is optional for readers)
-    from optuna.storages.journal import JournalStorage
-
-    return JournalStorage
-
-
 # ------------------------------------------------------------------------------------ journal repair
 def repair_journal(path: Path) -> str | None:
     """Repair a journal whose records were cut short; return the line printed, or None when intact.
@@ -214,9 +213,7 @@ def repair_journal(path: Path) -> str | None:
     kept. The original is kept beside it as `<name>.torn-<UTC time>.bak`. Done under the journal's
     own lock file, so no worker appends meanwhile; dropping only the tail leaves what other workers
     already read where it was."""
-    from optuna.storages.journal._file import get_lock_file
-
-    with get_lock_file(journal_lock(path)):
+    with get_lock_file(OwnedJournalFileLock(str(path))):
         data = path.read_bytes()
         kept, dropped, salvaged = [], 0, 0
         lines = data.splitlines(keepends=True)
@@ -274,41 +271,34 @@ def _salvage(line: bytes) -> bytes | None:
     return None
 
 
-def _safe_backend_cls() -> type:
-    from optuna.storages.journal import JournalFileBackend
-    from optuna.storages.journal._file import get_lock_file
+class SafeJournalFileBackend(JournalFileBackend):
+    """Optuna's file backend whose append never leaves half a record behind: a write that fails (a
+    full disk, an I/O error) is cut back to where it started before the error is raised, so a retry
+    (or the next run) appends onto whole records.
 
-    class SafeJournalFileBackend(JournalFileBackend):
-        """Optuna's file backend whose append never leaves half a record behind: a write that fails
-        (a full disk, an I/O error) is cut back to where it started before the error is raised, so a
-        retry (or the next run) appends onto whole records."""
+    Arguments as Optuna's `JournalFileBackend`: file_path, the journal file; lock_obj, its lock
+    (`OwnedJournalFileLock` here)."""
 
-        def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            with get_lock_file(self._lock):
-                data = ("\n".join(json.dumps(entry, separators=(",", ":")) for entry in logs) + "\n").encode("utf-8")
-                # Unbuffered: a buffered file would flush its leftover bytes again when closed.
-                fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        with get_lock_file(self._lock):
+            data = ("\n".join(json.dumps(entry, separators=(",", ":")) for entry in logs) + "\n").encode("utf-8")
+            # Unbuffered: a buffered file would flush its leftover bytes again when closed.
+            fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
                 try:
-                    start = os.lseek(fd, 0, os.SEEK_END)
+                    done = 0
+                    while done < len(data):
+                        done += os.write(fd, data[done:])
+                    os.fsync(fd)
+                except OSError:
                     try:
-                        done = 0
-                        while done < len(data):
-                            done += os.write(fd, data[done:])
-                        os.fsync(fd)
+                        os.ftruncate(fd, start)  # freeing bytes works on a full disk too
                     except OSError:
-                        try:
-                            os.ftruncate(fd, start)  # freeing bytes works on a full disk too
-                        except OSError:
-                            pass  # repaired when the journal is next opened (repair_journal)
-                        raise
-                finally:
-                    os.close(fd)
-
-    return SafeJournalFileBackend
-
-
-def SafeJournalFileBackend(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the class, built late
-    return _safe_backend_cls()(*args, **kwargs)
+                        pass  # repaired when the journal is next opened (repair_journal)
+                    raise
+            finally:
+                os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -321,54 +311,50 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def journal_lock(path: Path) -> Any:
+class OwnedJournalFileLock(JournalFileOpenLock):
     """The journal's lock: Optuna's `open(O_EXCL)` lock file (NFS-safe), which also says who holds it.
 
     A sweep killed while it held the lock (SIGKILL, the OOM killer, mid-append) leaves the lock file
     behind, and Optuna's lock waits out its 30 s grace period before it takes the lock anyway: the
     resume stalled for 30 s. This lock writes `host pid` into the file it creates; a lock whose
     holder ran on this host and is gone is released at once, with a warning. A holder on another host,
-    or one whose line is not written yet, keeps Optuna's grace period."""
-    import socket
-    import uuid
+    or one whose line is not written yet, keeps Optuna's grace period.
 
-    from optuna.storages.journal import JournalFileOpenLock
+    Arguments as Optuna's `JournalFileOpenLock`: filepath, the journal file (the lock file is
+    `<filepath>.lock`); grace_period, the seconds after which a lock whose holder is unknown is taken."""
 
-    class OwnedJournalFileLock(JournalFileOpenLock):
-        def acquire(self) -> bool:
-            self._release_if_holder_gone()
-            super().acquire()
-            try:
-                with open(self._lock_file, "w") as owner:
-                    owner.write(f"{socket.gethostname()} {os.getpid()}")
-            except OSError:  # a full disk: the lock holds without its line (the grace period applies)
-                pass
-            return True
+    def acquire(self) -> bool:
+        self._release_if_holder_gone()
+        super().acquire()
+        try:
+            with open(self._lock_file, "w") as owner:
+                owner.write(f"{socket.gethostname()} {os.getpid()}")
+        except OSError:  # a full disk: the lock holds without its line (the grace period applies)
+            pass
+        return True
 
-        def _release_if_holder_gone(self) -> None:
-            try:
-                held_by = Path(self._lock_file).read_text()
-            except OSError:
-                return  # free
-            host, _, pid = held_by.partition(" ")
-            if host != socket.gethostname() or not pid.isdigit() or _pid_alive(int(pid)):
+    def _release_if_holder_gone(self) -> None:
+        try:
+            held_by = Path(self._lock_file).read_text()
+        except OSError:
+            return  # free
+        host, _, pid = held_by.partition(" ")
+        if host != socket.gethostname() or not pid.isdigit() or _pid_alive(int(pid)):
+            return
+        taken = f"{self._lock_file}.{uuid.uuid4().hex}.gone"
+        try:
+            os.rename(self._lock_file, taken)  # atomic: one process takes it
+        except OSError:
+            return  # released or taken meanwhile
+        try:
+            if Path(taken).read_text() != held_by:  # a live holder's lock, taken since we read: give it back
+                os.link(taken, self._lock_file)
                 return
-            taken = f"{self._lock_file}.{uuid.uuid4().hex}.gone"
-            try:
-                os.rename(self._lock_file, taken)  # atomic: one process takes it
-            except OSError:
-                return  # released or taken meanwhile
-            try:
-                if Path(taken).read_text() != held_by:  # a live holder's lock, taken since we read: give it back
-                    os.link(taken, self._lock_file)
-                    return
-                log.warning("Journal lock %s was held by process %s of this host, which is gone: released", self._lock_file, pid)
-            except OSError:
-                pass
-            finally:
-                os.unlink(taken)
-
-    return OwnedJournalFileLock(str(path))
+            log.warning("Journal lock %s was held by process %s of this host, which is gone: released", self._lock_file, pid)
+        except OSError:
+            pass
+        finally:
+            os.unlink(taken)
 
 
 # ------------------------------------------------------------------------------------ retries
@@ -423,7 +409,7 @@ def _class_names(err: BaseException) -> set[str]:
     return {c.__name__ for c in type(err).__mro__}
 
 
-def _chain(err: BaseException):
+def _chain(err: BaseException) -> Iterator[BaseException]:
     """`err` and what caused it, outermost first."""
     seen: BaseException | None = err
     while seen is not None:
@@ -434,8 +420,6 @@ def _chain(err: BaseException):
 def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: str, *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs), retried with exponential backoff (0.5 s doubling, at most 8 s apart)
     while it fails for a passing reason, for up to `retry_s` seconds; then StorageUnavailable."""
-    import optuna
-
     deadline, delay, failed = time.monotonic() + retry_s, 0.5, None
     while True:
         try:
@@ -487,32 +471,59 @@ def _duplicate(err: BaseException) -> bool:
     return any("IntegrityError" in _class_names(e) for e in _chain(err))
 
 
-def _retrying(cls: type, retry_s: float | None, source: str) -> type:
-    """`cls` (an Optuna storage class) with every public call retried (call_with_retry)."""
-    if not retry_s:
-        return cls
-    from optuna.storages import BaseStorage
+# Every public call of a storage and the private ones _CachedStorage makes, less NOT_RETRIED.
+_PUBLIC_CALLS = {n for n in dir(optuna.storages.BaseStorage) if not n.startswith("_")}
+RETRIED_CALLS = tuple(sorted((_PUBLIC_CALLS | set(CACHED_STORAGE_CALLS)) - set(NOT_RETRIED)))
 
-    names = {n for n in dir(BaseStorage) if not n.startswith("_")} | set(CACHED_STORAGE_CALLS)
-    attrs: dict[str, Any] = {"retry_s": retry_s}
-    for name in sorted(names - set(NOT_RETRIED)):
-        base = getattr(cls, name, None)
-        if not callable(base):
-            continue
 
-        def method(self: Any, *args: Any, _base: Any = base, _name: str = name, **kwargs: Any) -> Any:
-            return call_with_retry(_base, _name, self.retry_s, source, self, *args, **kwargs)
+class _RetriesEveryCall:
+    """A mixin placed before an Optuna storage class: every call in RETRIED_CALLS that the storage
+    has goes through `call_with_retry`; the storage's own method is the next one in the MRO
+    (`super(_RetriesEveryCall, self)`), which is also what `without_retry` calls.
 
-        method.__name__ = name
-        attrs[name] = method
-    return type(f"Retrying{cls.__name__}", (cls,), attrs)
+    retry_s: how long a call is retried for a passing reason (hydra.sweeper.storage_retry_s);
+    source: the storage as the user named it, for the messages (masked there)."""
+
+    retry_s: float
+    source: str
+
+    def __init__(self, *args: Any, retry_s: float, source: str, **kwargs: Any) -> None:
+        self.retry_s, self.source = retry_s, source
+        super().__init__(*args, **kwargs)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in RETRIED_CALLS:
+            if callable(getattr(cls, name, None)):
+                setattr(cls, name, _retried(name))
+
+
+def _retried(name: str) -> Callable[..., Any]:
+    """The method `name` of a `_RetriesEveryCall` storage: the storage's own, through call_with_retry."""
+
+    def method(self: _RetriesEveryCall, *args: Any, **kwargs: Any) -> Any:
+        own = getattr(super(_RetriesEveryCall, self), name)
+        return call_with_retry(own, name, self.retry_s, self.source, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+class RetryingJournalStorage(_RetriesEveryCall, optuna.storages.JournalStorage):
+    """Optuna's JournalStorage with every call retried (`_RetriesEveryCall`).
+
+    log_storage: the journal backend (`SafeJournalFileBackend`); retry_s, source: `_RetriesEveryCall`'s."""
+
+
+class RetryingRDBStorage(_RetriesEveryCall, optuna.storages.RDBStorage):
+    """Optuna's RDBStorage with every call retried (`_RetriesEveryCall`).
+
+    url and the keyword arguments: RDBStorage's; retry_s, source: `_RetriesEveryCall`'s."""
 
 
 def without_retry(storage: Any, name: str) -> Callable[..., Any]:
     """`storage.<name>` called once, never retried (the heartbeat: a missed beat is harmless)."""
-    from optuna.storages._cached_storage import _CachedStorage
-
     inner = storage._backend if isinstance(storage, _CachedStorage) else storage  # Optuna wraps an RDBStorage
-    cls = type(inner)
-    base = cls.__mro__[1] if "retry_s" in cls.__dict__ else cls
-    return getattr(base, name).__get__(inner)
+    if isinstance(inner, _RetriesEveryCall):
+        return getattr(super(_RetriesEveryCall, inner), name)
+    return getattr(inner, name)
