@@ -502,8 +502,9 @@ def vllm_kv_available(s: Shapes, pool: int, backend: str, engine: dict | None = 
     """KV cache vLLM can allocate inside its pool: pool - its weights - the profiling run's
     activations (`vllm_profile_bytes`) - CUDA graphs (`vllm_graphs_bytes`); backend.vllm_kv_cache_memory_bytes
     when it is set (vLLM allocates exactly that)."""
-    if (engine or {}).get("kv_cache_memory_bytes"):
-        return int(engine["kv_cache_memory_bytes"])
+    given = (engine or {}).get("kv_cache_memory_bytes")
+    if given:
+        return int(given)
     return pool - vllm_weights_bytes(s, backend) - vllm_profile_bytes(s, engine) - vllm_graphs_bytes(engine)
 
 
