@@ -49,7 +49,8 @@ class TrialMetrics(TypedDict, total=False):
     generation_time_s: float | None  # median s per step in TRL's generation (vLLM: + weight sync), first step excluded
     throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
     history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, reward_std,
-    #   reward/<function> (each reward function's mean), loss, grad_norm, completion_length, peak_memory_bytes
+    #   reward/<function> (each reward function's mean), loss, grad_norm, kl, entropy, completion_length,
+    #   sampling_logp_diff and is_ratio (vLLM generated), peak_memory_bytes; report/learning.py fingerprints them
     first_step_begin_unix: float | None  # wall clock at the first step's start
     start_latency_s: float | None  # trial requested -> first GRPO step started
     wall_time_s: float  # the whole trial process, start to exit
