@@ -17,6 +17,9 @@ left than it needs is recorded as skipped, never half-run.
   alloc_default     one near-the-wall config (~0.95x the cap by the estimator) with the default
   alloc_expandable  allocator, then PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (part b)
   sweep             5 trials through hydra/sweeper=grpo_optuna on Gemma 3 1B, gpu=l4_24g (part b)
+  knob_*            the CUDA-only speed knobs, one trial each at the seed's baseline with gradient
+                    checkpointing on (knob_ckpt, the reference): every 2nd layer, checkpoints offloaded
+                    to pinned host memory, eager attention, the fused AdamW                  (part d)
 
 Part a needs the base wheels + bitsandbytes, part b the base wheels + Unsloth's (two carries of
 < 64 MiB, scripts/gpu_wheels.sh); `--part all` runs both where everything is installed.
@@ -79,11 +82,25 @@ CASES = {
     "multi_zero2": ("c", 150, 100),
     "multi_zero3": ("c", 150, 100),
     "vllm_server": ("c", 200, 140),
+    # part d: the speed knobs that need a card (trial/backends/trl.py grpo_args), against knob_ckpt.
+    # vLLM's engine settings need vLLM's CUDA wheel, which the device machine cannot install.
+    "knob_ckpt": ("d", 110, 80),
+    "knob_every2": ("d", 110, 80),
+    "knob_offload": ("d", 110, 80),
+    "knob_eager_attn": ("d", 110, 80),
+    "knob_fused": ("d", 110, 80),
 }
 MULTI_GPU_CASES = ("multi_ddp", "multi_fsdp", "multi_zero2", "multi_zero3", "vllm_server")
 # Seconds of cases per device call: 15 minutes of device time hold one machine start (~1.5 min),
 # two transfers and installs (~1 min) and 330 + 370 s of cases; each call stays under 600 s.
-PART_BUDGET_S = {"a": 330, "b": 370, "c": 560}
+PART_BUDGET_S = {"a": 330, "b": 370, "c": 560, "d": 560}
+KNOB_CASES = {
+    "knob_ckpt": [],
+    "knob_every2": ["gradient_checkpointing_every_n_layers=2"],
+    "knob_offload": ["gradient_checkpointing_offload=true"],
+    "knob_eager_attn": ["attn_implementation=eager"],
+    "knob_fused": ["optim=adamw_torch_fused"],
+}
 
 
 def steps_and_cap(cap: int) -> list[str]:
@@ -147,6 +164,7 @@ def plan(cpu: bool) -> dict:
                 "backend.vllm_mode=server",
                 *steps_and_cap(200),
             ],
+            **dict.fromkeys(KNOB_CASES),  # pinned host memory, CUDA kernels: their speed is a card's
         }
     l4 = ["gpu=l4_24g"]
     oom_base = [*GEMMA, *l4, "num_generations=4"]
@@ -182,6 +200,11 @@ def plan(cpu: bool) -> dict:
         # vLLM on GPU 1 (`trl vllm-serve`), training on GPU 0 with no vLLM pool.
         "vllm_server": [*GEMMA, *l4, "backend=trl_vllm", "backend.vllm_mode=server", "trial.vllm_devices=[1]",
                         "max_seq_length=384", "max_prompt_length=128", *steps_and_cap(CASES["vllm_server"][1])],
+        **{
+            name: [*GEMMA, *l4, "preset=seed_baseline", "gradient_checkpointing=true", *knob,
+                   *steps_and_cap(CASES[name][1])]
+            for name, knob in KNOB_CASES.items()
+        },
     }  # fmt: skip
 
 
@@ -537,7 +560,10 @@ def main() -> int:
     ap.add_argument("--cpu-dry-run", action="store_true", help="same flow on CPU: tiny model, simulated budgets")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "gpu_check"))
     ap.add_argument(
-        "--part", default="all", choices=("a", "b", "c", "all"), help="a: TRL + bitsandbytes cases, b: Unsloth's, c: >= 2 GPUs"
+        "--part",
+        default="all",
+        choices=("a", "b", "c", "d", "all"),
+        help="a: TRL + bitsandbytes cases, b: Unsloth's, c: >= 2 GPUs, d: the CUDA-only speed knobs",
     )
     ap.add_argument("--only", default=None, help="comma-separated cases (default: all of the part)")
     ap.add_argument("--budget-s", type=float, default=None, help=f"skip cases that would not fit (default {PART_BUDGET_S})")

@@ -6,6 +6,8 @@
 # On the GPU (device tool), two calls of < 64 MiB carry each, back to back (docs/contributing.md "The device check"):
 #   carry [".whl/base", ".whl/bnb"]      command: scripts/gpu_check.sh --part a    timeout_s 590
 #   carry [".whl/base", ".whl/unsloth"]  command: scripts/gpu_check.sh --part b    timeout_s 590
+# The CUDA-only speed knobs, a third call when the device time allows:
+#   carry [".whl/base"]                  command: scripts/gpu_check.sh --part d    timeout_s 590
 # then here:     .venv/bin/python scripts/gpu_check.py --merge <part a json> <part b json>
 #
 # Writes $OUT/gpu_check_<card>_<date>.json (+ gpu_check.log, nvidia_smi.csv), or outputs/gpu_check/.
