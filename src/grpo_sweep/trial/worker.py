@@ -15,7 +15,17 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+from omegaconf import OmegaConf
+
+from ..config import backends
+from ..config.local import installed
+from ..config.schema import generation_batch_size, processes_of
+from ..credentials import redact
+from ..levers import recipe_of, requested_levers
+from ..memory.estimator import estimate, generates_with_vllm
+from ..metrics import PRESCREEN_KEYS, empty_metrics, versions, write_metrics
 from .stopping import TrialStopped
 
 STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_trial or the guardian)
@@ -246,6 +256,31 @@ def main(
     With trial.num_processes > 1 this process leads the trial: it launches the ranks under torchrun
     (trial/ranks.py) and merges their records; each rank runs this function again with `as_rank`
     (trial/rank.py), in its own directory, as a one-process trial's body."""
+    run_path = _own_process(run_dir, lifeline, grace_s, as_rank=as_rank, environ=environ, stdio=stdio)
+    cfg = OmegaConf.create(container)
+    record = empty_metrics("failed", None, requested_levers(cfg), recipe_of(cfg))
+    record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
+    if processes_of(cfg) > 1 and not as_rank:
+        from .ranks import lead
+
+        quiet_progress()  # the leader may build the ranks' checkpoint (ranks.prepare_checkpoint)
+        lead(cfg, run_path, record, grace_s)  # always writes metrics.json
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return
+    with TrialRun(cfg, run_path, record, as_rank=as_rank) as run:
+        run.setup()
+        run.train()
+    if not as_rank and mp.parent_process() is not None:
+        end_now()
+
+
+def _own_process(
+    run_dir: str, lifeline, grace_s: float, *, as_rank: bool, environ: dict | None, stdio: tuple[int, int] | None
+) -> Path:
+    """Make this process the trial's: the parent's environment and console, its own process group
+    (a rank's is torchrun's), the guardian watching the parent, SIGTERM as TrialStopped, no secret
+    in sys.argv, the console copied to trial.log. Returns the run directory."""
     take_parents_view(environ, stdio)
     if not as_rank:  # a rank is already a session leader (torchrun): it dies with torchrun instead
         os.setpgrp()  # our own process group: the parent can kill us and anything we started
@@ -253,8 +288,6 @@ def main(
         start_guardian(lifeline, run_dir, grace_s)
         lifeline.close()
     signal.signal(signal.SIGTERM, _on_sigterm(run_dir))
-    from ..credentials import redact
-
     # W&B records sys.argv (inherited from the sweep: hydra.sweeper.storage=postgresql://user:PASSWORD@...).
     sys.argv = [redact(arg) for arg in sys.argv]
     run_path = Path(run_dir)
@@ -262,138 +295,118 @@ def main(
     sys.stderr = _Tee(sys.stderr, run_path / "trial.log")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from omegaconf import OmegaConf
+    return run_path
 
-    from ..levers import recipe_of, requested_levers
-    from ..metrics import empty_metrics, versions, write_metrics
 
-    cfg = OmegaConf.create(container)
-    record = empty_metrics("failed", None, requested_levers(cfg), recipe_of(cfg))
-    record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
-    from ..config.schema import processes_of
+class TrialRun:
+    """One trial's body in this process: `setup` (the backend, the meters, the task, the trainer),
+    `train` (N real GRPO steps under the meters), then, as the context manager exits, `finish`.
 
-    if processes_of(cfg) > 1 and not as_rank:
-        from .ranks import lead
+    The context manager always writes metrics.json: a TrialStopped is its status and reason, any
+    other exception `oom` (its numbers parsed) or `failed` with its traceback printed; the exception
+    is not raised further (the record is the trial's answer). The frames of a failed step are
+    cleared before the record is finished: they hold its tensors.
 
-        quiet_progress()  # the leader may build the ranks' checkpoint (ranks.prepare_checkpoint)
+    cfg: the trial's composed config; run_path: its run directory; record: metrics.json so far
+    (`metrics.empty_metrics`), completed here; as_rank: one rank of trial.num_processes > 1 (the
+    leader merges the ranks' records and writes world_size, strategy and the ranks' peaks)."""
 
-        lead(cfg, run_path, record, grace_s)  # always writes metrics.json
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return
-    wb = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
-    meter = None
-    reward_clock = None  # tasks/rewards.RewardClock: seconds in reward functions per step
-    memory = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
-    oom, error_text = False, ""
-    try:
+    def __init__(self, cfg: Any, run_path: Path, record: dict, *, as_rank: bool) -> None:
+        self.cfg, self.run_path, self.record, self.as_rank = cfg, run_path, record, as_rank
+        # What setup built so far; finish reads whichever exist when a step fails.
+        self.wb: Any = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
+        self.meter: Any = None  # speed_meter.StepMeter: step times, history, early stop
+        self.reward_clock: Any = None  # tasks/rewards.RewardClock: seconds in reward functions per step
+        self.memory: Any = None  # memory_meter.MemoryMeter: budget, tracker/allocator peaks, OOM numbers
+        self.backend: Any = None
+        self.trainer: Any = None
+
+    def setup(self) -> None:
+        """Everything up to the first step; the torch side is imported here, in the child."""
         import torch
 
-        from ..config import backends
-        from ..config.local import installed
         from .backends import get_backend, prepare_imports
 
+        cfg, record = self.cfg, self.record
         on_cuda = torch.cuda.is_available()
         if not on_cuda and cfg.trial.get("cpu_threads"):
             torch.set_num_threads(int(cfg.trial.cpu_threads))  # trial.cpu_threads (schema.TrialConfig)
         backend_name = backends.resolve(cfg.backend.name, cuda=on_cuda, installed=installed)
         prepare_imports(backend_name, cfg)  # Unsloth first, before anything imports transformers/TRL
         quiet_progress()
-        from ..config.schema import generation_batch_size
+        # Each of these may import transformers or TRL: only after prepare_imports.
         from .measure.memory_meter import MemoryMeter
         from .measure.speed_meter import StepMeter
+        from .models import load_tokenizer
         from .tasks import get_task
+        from .tasks.rewards import RewardClock
+        from .wandb_logger import open_logger  # imports wandb only when logger=wandb
 
         record.update(device="cuda" if on_cuda else "cpu", backend=backend_name, versions=versions())
         print(f"[trial] backend={backend_name} device={record['device']} model={cfg.model.name}", flush=True)
-        try:  # the estimator's prediction beside the measured peak; never fails the trial
-            from ..memory.estimator import estimate
-
-            predicted = estimate(cfg, device=record["device"], backend=backend_name)
-            record["predicted_peak_bytes"] = predicted.total_bytes
-            record["predicted_peak_breakdown"] = predicted.components
-            record["logits_mode"] = predicted.assumptions["logits_mode"]
-            record["logits_mode_trl_version"] = predicted.assumptions["logits_mode_trl_version"]
-            record["predicted_generation_waves"] = predicted.assumptions.get("generation_waves")
-        except Exception as exc:  # noqa: BLE001
-            record["predicted_peak_bytes"] = None
-            print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
-        from ..metrics import PRESCREEN_KEYS
-
+        record.update(_prediction(cfg, record["device"], backend_name))
         prescreen = cfg.trial.get("prescreen")  # the sweeper's pre-screen (raw, calibrated, correction)
         if prescreen:
-            for key in PRESCREEN_KEYS:
-                if key in prescreen:
-                    record[key] = prescreen[key]
-        backend = get_backend(backend_name)
-        from ..memory.estimator import generates_with_vllm
-
+            record.update({key: prescreen[key] for key in PRESCREEN_KEYS if key in prescreen})
+        self.backend = get_backend(backend_name)
         # vLLM's pool shares the training card in colocate mode only (server mode: its own devices); Unsloth
         # with backend.fast_inference=false generates with HF, no pool
         colocated = generates_with_vllm(cfg, backend_name) and cfg.backend.get("vllm_mode", "colocate") != "server"
-        memory = MemoryMeter(cfg, on_cuda, vllm=colocated)  # caps CUDA before the model loads
+        self.memory = MemoryMeter(cfg, on_cuda, vllm=colocated)  # caps CUDA before the model loads
         task = get_task(cfg)
-        from .models import load_tokenizer
-
         tokenizer = load_tokenizer(cfg, task.corpus())
-        from .wandb_logger import open_logger  # imports wandb only when logger=wandb
-
-        wb = open_logger(cfg, run_path, record)  # before the model loads: an OOM at load is logged too
+        self.wb = open_logger(cfg, self.run_path, record)  # before the model loads: an OOM at load is logged too
         dataset = task.dataset(tokenizer)
         record["prompt_lengths"] = task.prompt_lengths
-        lengths = task.prompt_lengths or {}
-        if lengths.get("cut"):
-            print(
-                f"[trial] {lengths['cut']} of {lengths['count']} prompts are longer than max_prompt_length="
-                f"{lengths['max_prompt_length']} tokens (the longest {lengths['max']}): cut to it here; TRL does not cut "
-                "them, so `trl grpo` on this data trains longer steps than these (the export says so)",
-                flush=True,
-            )
-        from .tasks.rewards import RewardClock
-
-        reward_clock = RewardClock()
-        reward_funcs = task.rewards(reward_clock)  # the user's are imported here: a bad one fails before the model loads
-        meter = StepMeter(
+        _say_cut_prompts(task.prompt_lengths or {})
+        self.reward_clock = RewardClock()
+        reward_funcs = task.rewards(self.reward_clock)  # the user's are imported here: a bad one fails before the model loads
+        self.meter = StepMeter(
             cfg.trial.steps,
             generation_batch_size(cfg),
-            memory_probe=memory.probe,
-            tracking=memory.tracking,
+            memory_probe=self.memory.probe,
+            tracking=self.memory.tracking,
             stop_below=cfg.trial.get("stop_below"),  # set by the sweeper (hydra.sweeper.stop_below)
-            first_timed_step=(memory.track_steps or 1) + 1,  # past the tracker's measuring steps
+            first_timed_step=(self.memory.track_steps or 1) + 1,  # past the tracker's measuring steps
         )
         ctx = SimpleNamespace(
             tokenizer=tokenizer,
             dataset=dataset,
             reward_funcs=reward_funcs,
-            callbacks=[meter, memory.callback(), reward_clock, *fault_callbacks(cfg.trial.debug_fault)],
-            run_dir=run_path,
+            callbacks=[self.meter, self.memory.callback(), self.reward_clock, *fault_callbacks(cfg.trial.debug_fault)],
+            run_dir=self.run_path,
             on_cuda=on_cuda,
         )
-        trainer = backend.build_trainer(cfg, ctx)
-        meter.on_step = wb.log_step  # each step's row to W&B too
+        self.trainer = self.backend.build_trainer(cfg, ctx)
+        self.meter.on_step = self.wb.log_step  # each step's row to W&B too
+        self._read_back(backend_name, tokenizer, dataset)
+
+    def _read_back(self, backend_name: str, tokenizer: Any, dataset: Any) -> None:
+        """What the built trainer really does: the effective levers and lengths, the settings the
+        export writes, the levers the backend changed, the trainable parameters, the warm-up."""
+        from .backends import trl as trl_backend
+        from .backends.readback import format_mismatch, lever_mismatch
+        from .models import warmup_record
         from .tasks.base import prompt_tokens as count_tokens
 
+        cfg, record, backend, trainer = self.cfg, self.record, self.backend, self.trainer
         prompt_tokens = max(count_tokens(tokenizer, p) for p in dataset["prompt"])
         effective = backend.effective(trainer)
         effective["max_prompt_tokens"] = prompt_tokens
         effective["max_seq_length"] = prompt_tokens + effective["max_completion_length"]
         record["effective"] = effective
-        if as_rank and effective.get("strategy") != cfg.trial.strategy:  # never credit one strategy's numbers to another
+        if self.as_rank and effective.get("strategy") != cfg.trial.strategy:  # never credit one strategy's numbers to another
             raise RuntimeError(
                 f"trial.strategy={cfg.trial.strategy} did not take effect: accelerate distributes this trainer "
                 f"as {effective.get('strategy')} (see docs/multi-gpu.md)"
             )
-        from .backends import trl as trl_backend
-
         # What the export (report/export.py) writes for TRL / Unsloth: read back from the built trainer.
         try:  # never fails the trial: without it the trial only cannot be exported (report/export.py says so)
             record["trainer_settings"] = getattr(backend, "settings", trl_backend.settings)(trainer, cfg, effective)
         except Exception as exc:  # noqa: BLE001
             print(f"[trial] trainer settings for the export not read: {type(exc).__name__}: {exc}", flush=True)
         record["vllm_pool_bytes"] = effective.get("vllm_pool_bytes")  # vLLM's up-front pool, when in process
-        memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
-        from .backends.readback import format_mismatch, lever_mismatch
-
+        self.memory.charge_pool(record["vllm_pool_bytes"])  # CPU: the card holds it beside training
         record["lever_mismatch"] = lever_mismatch(record["levers"], effective, worst_case_lengths=cfg.trial.worst_case_lengths)
         if record["lever_mismatch"]:
             print(
@@ -402,52 +415,91 @@ def main(
                 flush=True,
             )
         record["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-        from .models import warmup_record
-
         record["warmup"] = warmup_record(cfg, tokenizer)  # model.init=warm: the warm-up's steps, loss, seconds
-        inject_fault(cfg.trial.debug_fault)
-        memory.attach(trainer)
-        with memory.running():
-            trainer.train()
-        if hasattr(backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
-            backend.after_train(trainer, record)
-        record["status"] = "slow" if meter.stopped else "ok"
-        record["error"] = meter.stopped
-    except TrialStopped as exc:  # the parent's timeout, an interrupted sweep, or the parent died
-        record["status"], record["error"] = exc.status, exc.reason
-        print(f"[trial] stopped: {exc.reason}", flush=True)
-    except BaseException as exc:  # noqa: BLE001 - everything must end in metrics.json
-        oom, error_text = is_oom(exc), str(exc)  # the text, not the exception: its frames hold tensors
-        record["status"] = "oom" if oom else "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        if not oom:
-            traceback.print_exc()
-    finally:
+
+    def train(self) -> None:
+        """The trial.steps real GRPO steps under the meters; `slow` when early stop ended them."""
+        inject_fault(self.cfg.trial.debug_fault)
+        self.memory.attach(self.trainer)
+        with self.memory.running():
+            self.trainer.train()
+        if hasattr(self.backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
+            self.backend.after_train(self.trainer, self.record)
+        self.record.update(status="slow" if self.meter.stopped else "ok", error=self.meter.stopped)
+
+    def __enter__(self) -> TrialRun:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        oom_text = None
+        if isinstance(exc, TrialStopped):  # the parent's timeout, an interrupted sweep, or the parent died
+            self.record.update(status=exc.status, error=exc.reason)
+            print(f"[trial] stopped: {exc.reason}", flush=True)
+        elif exc is not None:  # everything must end in metrics.json
+            oom = is_oom(exc)
+            oom_text = str(exc) if oom else None  # the text, not the exception: its frames hold tensors
+            self.record.update(status="oom" if oom else "failed", error=f"{type(exc).__name__}: {exc}")
+            if not oom:
+                traceback.print_exception(exc)
+        if tb is not None:
+            traceback.clear_frames(tb)
+        del exc, tb
+        self.finish(oom_text)
+        return True
+
+    def finish(self, oom_text: str | None) -> None:
+        """Complete the record with what the meters measured (oom_text: the OOM's message, parsed
+        for its numbers), write metrics.json, then finish the W&B run and write it again."""
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop now waits for metrics.json and W&B
+        record = self.record
         if "grpo_sweep.trial.vllm_server" in sys.modules:  # backend.vllm_mode=server: stop it, whatever happened
             from .vllm_server import stop_all
 
             record.update(stop_all())
-        if not as_rank:  # a one-process trial (ranks.merge writes these for N processes)
+        if not self.as_rank:  # a one-process trial (ranks.merge writes these for N processes)
             record.update(world_size=1, strategy=None)
-        if meter is not None:
-            record.update(meter.summary())
-            record["history"] = meter.rows
-            record["first_step_begin_unix"] = meter.first_step_begin_unix
-        if reward_clock is not None:
-            record["reward_seconds_per_step"] = reward_clock.seconds_per_step()
-        if memory is not None:
-            record.update(memory.result(error_text if oom else None))
-            if not as_rank:
+        if self.meter is not None:
+            record.update(self.meter.summary())
+            record.update(history=self.meter.rows, first_step_begin_unix=self.meter.first_step_begin_unix)
+        if self.reward_clock is not None:
+            record["reward_seconds_per_step"] = self.reward_clock.seconds_per_step()
+        if self.memory is not None:
+            record.update(self.memory.result(oom_text))
+            if not self.as_rank:
                 record["rank_peak_memory_bytes"] = [record.get("peak_memory_bytes")]
-        write_metrics(run_path, record)
-        if wb is not None and record.get("wandb_run_id"):
-            record["wandb_finished"] = wb.finish(record)  # after metrics.json: a slow upload never costs the result
-            write_metrics(run_path, record)
+        write_metrics(self.run_path, record)
+        if self.wb is not None and record.get("wandb_run_id"):
+            record["wandb_finished"] = self.wb.finish(record)  # after metrics.json: a slow upload never costs the result
+            write_metrics(self.run_path, record)
         sys.stdout.flush()
         sys.stderr.flush()
-    if not as_rank and mp.parent_process() is not None:
-        end_now()
+
+
+def _prediction(cfg: Any, device: str, backend_name: str) -> dict:
+    """The estimator's prediction, to stand beside the measured peak; never fails the trial."""
+    try:
+        predicted = estimate(cfg, device=device, backend=backend_name)
+    except Exception as exc:  # noqa: BLE001
+        print(f"[trial] memory estimate failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"predicted_peak_bytes": None}
+    return {
+        "predicted_peak_bytes": predicted.total_bytes,
+        "predicted_peak_breakdown": predicted.components,
+        "logits_mode": predicted.assumptions["logits_mode"],
+        "logits_mode_trl_version": predicted.assumptions["logits_mode_trl_version"],
+        "predicted_generation_waves": predicted.assumptions.get("generation_waves"),
+    }
+
+
+def _say_cut_prompts(lengths: dict) -> None:
+    """One line when prompts were cut to max_prompt_length: TRL does not cut them, so the export differs."""
+    if lengths.get("cut"):
+        print(
+            f"[trial] {lengths['cut']} of {lengths['count']} prompts are longer than max_prompt_length="
+            f"{lengths['max_prompt_length']} tokens (the longest {lengths['max']}): cut to it here; TRL does not cut "
+            "them, so `trl grpo` on this data trains longer steps than these (the export says so)",
+            flush=True,
+        )
 
 
 def end_now() -> None:
