@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import handles
+
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
 
 
@@ -110,8 +112,6 @@ class ComposeCache:
         """The config `compose(overrides)` gives, or the exception it raises."""
         import copy
 
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
         try:
             composed, applied = self.split(overrides)
         except Exception:  # noqa: BLE001 - not an override Hydra can parse: Hydra's own error, from a full composition
@@ -127,7 +127,7 @@ class ComposeCache:
         if isinstance(base, Exception):
             raise base
         cfg = copy.deepcopy(base)
-        ConfigLoaderImpl._apply_overrides_to_config(applied, cfg)
+        handles.apply_overrides(applied, cfg)
         return cfg
 
     def _parse(self, override: str) -> Any:

@@ -35,7 +35,7 @@ from grpo_sweep.metrics import MetricsError, read_metrics
 from grpo_sweep.study.storage import SWEEP_JOURNAL, StorageError, StorageUnavailable, open_storage, study_names
 from grpo_sweep.units import budget_bytes
 
-from . import calibration, concessions, confirm, frontier, identity, neighbours, space
+from . import calibration, concessions, confirm, frontier, handles, identity, neighbours, space
 from .config import SweepError, SweeperSettingError, check_setting
 from .config import check as check_settings
 from .failures import systematic_failure
@@ -460,10 +460,9 @@ class GrpoOptunaSweeper(Sweeper):
         repository has the group) or where the sweep's own config chose one (hydra.runtime.choices);
         calling a group a value would be wrong, calling a value a group only costs a composition."""
         chosen = set(self.config.hydra.runtime.choices) if OmegaConf.select(self.config, "hydra.runtime.choices") else set()
-        repository = getattr(self.hydra_context.config_loader, "repository", None)
 
         def is_group(key: str) -> bool:
-            return key in chosen or repository is None or repository.group_exists(key)
+            return key in chosen or handles.group_exists(self.hydra_context, key) is not False
 
         return frontier.ComposeCache(self._compose, is_group)
 
@@ -562,7 +561,7 @@ class GrpoOptunaSweeper(Sweeper):
             if not launch:
                 return
             self._check_stop()
-            with Heartbeat(study, [t._trial_id for t, _ in launch], self.conf.heartbeat_interval):
+            with Heartbeat(study, [handles.trial_id(t) for t, _ in launch], self.conf.heartbeat_interval):
                 self._in_job = True
                 try:
                     returns = self.launcher.launch([o for _, o in launch], initial_job_idx=self.job_idx)
@@ -593,7 +592,7 @@ class GrpoOptunaSweeper(Sweeper):
                 if error:
                     trial.set_user_attr("error", error)
                 study.tell(trial, state=_state("FAIL"))
-                retry(study, study._storage.get_trial(trial._trial_id), self.conf.max_retry)
+                retry(study, handles.frozen_trial(study, trial), self.conf.max_retry)
             except Exception as err:  # noqa: BLE001 - best effort while shutting down
                 log.warning("Could not release trial %d: %s", trial.number, err)
 
@@ -608,7 +607,7 @@ class GrpoOptunaSweeper(Sweeper):
         for key, dist in self.distributions.items():
             if preset and not _fixed_in(trial, key):
                 continue  # a preset trial runs the preset's own value for levers outside the space
-            params[key] = trial._suggest(key, dist)
+            params[key] = handles.suggest(trial, key, dist)
         point = list(self.fixed)  # what `python train.py ...` needs to run this point again
         if preset:
             point.append(f"preset={preset}")
@@ -731,7 +730,7 @@ class GrpoOptunaSweeper(Sweeper):
             trial.report(value, step)
         outcome = for_sampler(outcome, self.conf.sampler, self.conf.direction)
         if record is None and getattr(ret, "status", None) is not None and ret.status.name == "FAILED":
-            outcome.attrs["error"] = f"job raised: {ret._return_value!r}"[:1000]
+            outcome.attrs["error"] = f"job raised: {handles.job_error(ret)!r}"[:1000]
         if out_dir:
             outcome.attrs.setdefault("run_dir", str(out_dir))
         return outcome
@@ -771,7 +770,7 @@ class GrpoOptunaSweeper(Sweeper):
 
     # ---------------------------------------------------------------- helpers
     def _compose(self, overrides: Sequence[str]) -> DictConfig:
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        cfg = handles.load_sweep_config(self.hydra_context, self.config, overrides)
         with read_write(cfg), open_dict(cfg):
             cfg.pop("hydra", None)
         return cfg
@@ -933,7 +932,7 @@ def _in_study(study: Any, params: dict) -> bool:
 
 def _fixed_params(trial: Any) -> dict:
     """The values the trial was enqueued with (Optuna keeps them in `fixed_params`)."""
-    return dict(trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
+    return handles.fixed_params(trial)
 
 
 def _fixed_in(trial: Any, key: str) -> bool:
