@@ -98,6 +98,7 @@ def sweep(
 
     from hydra_plugins.grpo_optuna_sweeper import confirm, neighbours
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
     from hydra_plugins.grpo_optuna_sweeper.outcome import (
         CONSTRAINT,
         for_sampler,
@@ -107,7 +108,6 @@ def sweep(
         timed_steps,
     )
     from hydra_plugins.grpo_optuna_sweeper.summary import best_finalist, best_trial, finalists
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
