@@ -1,6 +1,6 @@
 """The pre-screen's calibration (hydra_plugins.grpo_optuna_sweeper.calibration): pure functions over
 the study's finished trials, checked against numbers worked out by hand, and the sweeper's own
-_prescreen using them (a real Optuna study; no trial runs here: tests/test_calibration_sweep.py runs
+pre-screen (prescreen.Prescreen) using them (a real Optuna study; no trial runs here: tests/test_calibration_sweep.py runs
 real sweeps)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
   what `make mutation` found unguarded, docs/mutation.md).
 
 The studies here are real Optuna studies (a journal file), told what happened through the sweeper's
-own path (outcome.judge -> GrpoOptunaSweeper._tell); no trial runs, so every test takes seconds.
+own path (outcome.judge -> tell.tell); no trial runs, so every test takes seconds.
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def test_stop_message_by_hand():
         "Sweep stopped: trials 3, 4, 5 failed in a row for the same reason, not memory: failed: RuntimeError: boom\n"
         "  What to do: fix it\n  Run one alone: python train.py x=1"
     )
-    from hydra_plugins.grpo_optuna_sweeper.summary import stop_words
+    from hydra_plugins.grpo_optuna_sweeper.tables import stop_words
 
     assert stop_words(stop, 0) == stop.message()
     assert stop_words(stop, 2) == stop.message() + (

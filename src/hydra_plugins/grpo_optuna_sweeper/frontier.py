@@ -78,7 +78,7 @@ class ComposeCache:
     command line can be applied later, to a deep copy of the composition of the rest, by that very
     function: same code, same order, same config, same errors.
 
-    `compose(overrides) -> cfg` is the real composition (the sweeper's `_compose`, or
+    `compose(overrides) -> cfg` is the real composition (plan.Composer, or
     `compose_train_config` outside a Hydra app); `is_group(key)` says whether Hydra would read `key`
     as a config group (`repo.group_exists` in Hydra). Kept on the composed side (exact by
     construction): group overrides, sweeps, `hydra.*` keys, and every override before the last of
