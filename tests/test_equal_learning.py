@@ -64,6 +64,23 @@ def test_a_contradictory_split_is_one_line_before_any_model_loads(tmp_path):
     assert not (tmp_path / "run" / "metrics.json").exists()  # no trial started
 
 
+def test_the_plan_holds_the_split_and_is_frozen():
+    """build_plan holds completions_per_step as a fixed override (the accumulation derived from it),
+    keeps only the micro-batches that divide it, and what it returns cannot be changed afterwards."""
+    import dataclasses
+
+    with tiny_sweeper("per_device_train_batch_size=choice(1,3,4,8)", "gradient_accumulation_steps=2") as tiny:
+        plan = tiny.plan
+        assert plan.fixed[-2:] == ("completions_per_step=8", "gradient_accumulation_steps=null")
+        assert "gradient_accumulation_steps=2" not in plan.fixed
+        assert plan.distributions["per_device_train_batch_size"].choices == (1, 4, 8)  # 3 does not divide 8
+        assert (plan.n_trials, plan.objective, plan.concessions) == (8, "tokens_per_s", ())
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plan.n_trials = 1  # type: ignore[misc]
+        with pytest.raises(Exception, match="read-only"):
+            plan.settings.n_trials = 1
+
+
 def test_every_shipped_sweep_holds_its_recipe():
     """Each sweep file passes the recipe check, and its knobs only ever split the held total."""
     from grpo_sweep.config.compose import CONF_DIR
