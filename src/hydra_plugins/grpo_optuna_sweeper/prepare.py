@@ -1,15 +1,16 @@
 """One trial before it runs: its point suggested, composed and checked, and the pre-screen's verdict.
 
-`prepare` decides and returns a Prepared; it writes nothing to the trial. The caller records
-`Prepared.attrs` on the trial in one call (`apply`) whether the trial runs or not, so what a trial
-carries (its point, worker, levers, the recipe settings it changes, the predictions) is decided here
-and written in one place.
+`prepare` decides and returns a Prepared; the caller records `Prepared.attrs` on the trial in one
+call (`apply`) whether the trial runs or not. One exception, written by `prepare` itself before
+anything slow (composing, checking, estimating): who runs the trial and its point. A worker killed
+while it prepares leaves the trial RUNNING with no heartbeat yet, and a kill mid-append tears the
+journal's last record; with these written first, and not last, the next run still finds the
+trial's worker dead and releases it at once (workers.fail_dead_workers) instead of waiting out
+grace_period.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from .outcome import Outcome, stop_threshold
 from .plan import SweepPlan
 from .prescreen import Prescreen
 from .start import outside_space
+from .workers import this_worker
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,15 @@ def prepare(trial: Any, plan: SweepPlan, prescreen: Prescreen, compose: Any) -> 
         f"trial.number={trial.number}",
         f"hydra.sweep.subdir=trial_{trial.number:04d}",
     ]
-    overrides += _stop_override(trial, plan, attrs)
-    attrs["worker"] = f"{socket.gethostname()}:{os.getpid()}"
-    attrs[confirm.OVERRIDES_ATTR] = point
+    early: dict[str, Any] = {}
+    overrides += _stop_override(trial, plan, early)
+    early["worker"] = this_worker()
+    early[confirm.OVERRIDES_ATTR] = point
     if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is None:
         first = confirm.repeat_of(trial.study, trial, point)  # the same point again: its runs pool with the first's
         if first is not None:
-            attrs[confirm.REPEATS_ATTR] = first
+            early[confirm.REPEATS_ATTR] = first
+    Prepared([], early, None).apply(trial)  # before anything slow: see the module docstring
     cfg = None
     try:
         cfg = compose(overrides)

@@ -137,6 +137,11 @@ def worker_dead(worker: str | None, started: Any) -> bool:
     return started is not None and created > started.timestamp() + 1.0
 
 
+def this_worker() -> str:
+    """This worker as trials record it (user attribute `worker`): host:pid, read by worker_dead."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def fail_dead_workers(study: Any, max_retry: int) -> list[int]:
     """Fail (and re-enqueue) RUNNING trials whose worker is known dead (worker_dead). Returns their numbers."""
     from optuna.trial import TrialState
