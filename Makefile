@@ -86,8 +86,8 @@ MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SW
 	$(SWEEPER).progress.* $(SWEEPER).workers.x_duplicate_of* $(SWEEPER).workers.x_retry* \
 	$(SWEEPER).workers.x_fail_stale_trials* $(SWEEPER).summary.x__is_ok* $(SWEEPER).summary.x__feasible* \
 	$(SWEEPER).summary.x_best_trial* $(SWEEPER).summary.x_finalists* \
-	$(SWEEPER).summary.x_best_finalist* $(SWEEPER).summary.x_rows* $(SWEEPER).sweeper.xǁGrpoOptunaSweeperǁ_prescreen* \
-	$(SWEEPER).sweeper.xǁGrpoOptunaSweeperǁ_tell* grpo_sweep.study.best.* grpo_sweep.study.storage.x_* \
+	$(SWEEPER).summary.x_best_finalist* $(SWEEPER).summary.x_rows* $(SWEEPER).prescreen.xǁPrescreenǁverdict* \
+	$(SWEEPER).tell.x_tell* grpo_sweep.study.best.* grpo_sweep.study.storage.x_* \
 	grpo_sweep.memory.estimator.x_verdict* \
 	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid* \
 	grpo_sweep.memory.doctor.x_smallest_fix* grpo_sweep.memory.doctor.x_lever_rows* grpo_sweep.memory.doctor.x_allowed_shares* \

@@ -109,8 +109,8 @@ def optuna_strategy(
     from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
     from hydra_plugins.grpo_optuna_sweeper import neighbours
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
     from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, judge, prescreen_verdict
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()

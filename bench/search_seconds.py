@@ -98,6 +98,7 @@ def sweep(
 
     from hydra_plugins.grpo_optuna_sweeper import confirm, neighbours
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
     from hydra_plugins.grpo_optuna_sweeper.outcome import (
         CONSTRAINT,
         for_sampler,
@@ -107,7 +108,6 @@ def sweep(
         timed_steps,
     )
     from hydra_plugins.grpo_optuna_sweeper.summary import best_finalist, best_trial, finalists
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
@@ -138,7 +138,7 @@ def sweep(
     # its measured seconds, measure_frontier_s, else one compose per candidate).
     clock = land.get("frontier_s", compose_s * len(composed)) if frontier else 0.0
     found_s, counted, pick_no_confirm = None, 0, None
-    verdicts: dict = {}  # the sweeper's _move_verdicts: a neighbour move's candidate -> may it run
+    verdicts: dict = {}  # the sweeper's Prescreen.move_verdicts: a neighbour move's candidate -> may it run
     stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
 
     from hydra_plugins.grpo_optuna_sweeper import calibration
@@ -146,7 +146,7 @@ def sweep(
     oom_trials, false_prunes, observed = [0], [0], [0]
 
     def prescreen_of(point: dict):
-        """The sweeper's _prescreen on the landscape: the raw prediction and the fixed margin, or
+        """The sweeper's Prescreen.verdict on the landscape: the raw prediction and the fixed margin, or
         (calibrate) the correction the study's measured trials give (calibration.py)."""
         phases = {"training": point["predicted_peak_bytes"]}
         if not calibrate:
@@ -198,7 +198,7 @@ def sweep(
             pick_no_confirm = _picked(best_trial(study), land)
         if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
             allowed = (lambda params: _move_runs(land, params, prescreen_of)) if (calibrate and prescreen) else None
-            if allowed is not None:  # the sweeper's _learn: a new calibration re-judges the moves
+            if allowed is not None:  # the sweeper's Prescreen.learn: a new calibration re-judges the moves
                 learned = len(calibration.observations(t.user_attrs for t in study.get_trials(deepcopy=False)))
                 if learned != observed[0]:
                     verdicts.clear()
@@ -257,8 +257,8 @@ def _move_runs(land: dict, params: dict, prescreen_of) -> bool:
 def enqueue_neighbour(
     study, land: dict, seed: int, prescreen: bool, margin: float, verdicts: dict | None = None, allowed=None
 ) -> int:
-    """The sweeper's _enqueue_neighbour on a landscape (neighbours.enqueue); returns how many candidate
-    points it checked that `verdicts` (the sweeper's _move_verdicts: point -> may run) did not hold
+    """The sweeper's start.enqueue_neighbour on a landscape (neighbours.enqueue); returns how many candidate
+    points it checked that `verdicts` (the sweeper's Prescreen.move_verdicts: point -> may run) did not hold
     yet, each a composition and an estimate the sweeper pays for once."""
     from hydra_plugins.grpo_optuna_sweeper import neighbours
 
@@ -440,7 +440,7 @@ def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) ->
     """Seconds the sweeper's frontier start spends ranking the candidates of `land` (every point, or
     frontier.MAX_CANDIDATES drawn from a larger space) before its first trial: the config of each point from frontier.ComposeCache (one Hydra composition per distinct
     group choice, each point a copy with its value overrides applied), checked (validate_here;
-    `cuda=True` for a GPU landscape replayed here) and estimated, as the sweeper's `_enqueue_frontier`
+    `cuda=True` for a GPU landscape replayed here) and estimated, as the sweeper's `start.enqueue_frontier`
     does it, outside a Hydra app (compose_train_config). The whole time, not a per-point median."""
     import time
 

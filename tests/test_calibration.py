@@ -1,6 +1,6 @@
 """The pre-screen's calibration (hydra_plugins.grpo_optuna_sweeper.calibration): pure functions over
 the study's finished trials, checked against numbers worked out by hand, and the sweeper's own
-_prescreen using them (a real Optuna study; no trial runs here: tests/test_calibration_sweep.py runs
+pre-screen (prescreen.Prescreen) using them (a real Optuna study; no trial runs here: tests/test_calibration_sweep.py runs
 real sweeps)."""
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def test_calibration_moves_the_verdict_both_ways_by_hand():
 
 
 def test_the_sweepers_prescreen_learns_from_the_study(tmp_path):
-    """GrpoOptunaSweeper._learn / _prescreen on a real study: three measured trials over-predicted by
+    """Prescreen.learn / verdict on a real study: three measured trials over-predicted by
     20 % turn a point the margin prunes into one that runs, with raw, calibrated and correction in
     its user attributes (trials.csv's columns) and in the trial's override (metrics.json)."""
     from conftest import compose
-    from test_sweeper_promises import _study, _sweeper
+    from test_sweeper_promises import _prescreen, _study, _sweeper
 
     from grpo_sweep.memory.estimator import estimate
     from grpo_sweep.units import budget_bytes
@@ -113,24 +113,24 @@ def test_the_sweepers_prescreen_learns_from_the_study(tmp_path):
     cfg = compose([*point, f"gpu.memory_gib={gib!r}"])
     sweeper = _sweeper(tmp_path, prescreen_margin=0.10)
     study = _study(sweeper)
-    sweeper._learn(study)
-    assert sweeper._prescreen(study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
+    sweeper.prescreen.learn(study)
+    assert _prescreen(sweeper, study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
     for _ in range(3):  # measured trials of the same backend: 0.8 x their prediction
         t = study.ask()
         for key, value in _attrs(int(0.8 * est.phases["training"]), est.phases["training"], gen=est.phases["generation"]).items():
             t.set_user_attr(key, value)
         study.tell(t, 1.0)
-    sweeper._learn(study)
+    sweeper.prescreen.learn(study)
     trial = study.ask()
-    assert sweeper._prescreen(trial, cfg, budget_bytes(cfg)) is None
+    assert _prescreen(sweeper, trial, cfg, budget_bytes(cfg)) is None
     attrs = trial.user_attrs
     assert attrs["predicted_peak_bytes"] == predicted and attrs["prescreen_calibration_trials"] == 3
     assert attrs["prescreen_correction"] == pytest.approx(0.8, rel=1e-3)
     assert attrs["predicted_calibrated_bytes"] == pytest.approx(0.8 * predicted, rel=1e-3)
     # hydra.sweeper.prescreen_calibrate=0: the fixed margin only.
     fixed = _sweeper(tmp_path / "fixed", prescreen_margin=0.10, prescreen_calibrate=0)
-    fixed._learn(study)
-    assert fixed._prescreen(study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
+    fixed.prescreen.learn(study)
+    assert _prescreen(fixed, study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
 
 
 def test_the_report_figure_and_table_show_raw_and_calibrated(tmp_path):

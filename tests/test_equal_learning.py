@@ -66,19 +66,36 @@ def test_a_contradictory_split_is_one_line_before_any_model_loads(tmp_path):
     assert not (tmp_path / "run" / "metrics.json").exists()  # no trial started
 
 
+def test_the_plan_holds_the_split_and_is_frozen():
+    """build_plan holds completions_per_step as a fixed override (the accumulation derived from it),
+    keeps only the micro-batches that divide it, and what it returns cannot be changed afterwards."""
+    import dataclasses
+
+    with tiny_sweeper("per_device_train_batch_size=choice(1,3,4,8)", "gradient_accumulation_steps=2") as tiny:
+        plan = tiny.plan
+        assert plan.fixed[-2:] == ("completions_per_step=8", "gradient_accumulation_steps=null")
+        assert "gradient_accumulation_steps=2" not in plan.fixed
+        assert plan.distributions["per_device_train_batch_size"].choices == (1, 4, 8)  # 3 does not divide 8
+        assert (plan.n_trials, plan.objective, plan.concessions) == (8, "tokens_per_s", ())
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plan.n_trials = 1  # type: ignore[misc]
+        with pytest.raises(Exception, match="read-only"):
+            plan.settings.n_trials = 1
+
+
 def test_every_shipped_sweep_holds_its_recipe():
     """Each sweep file passes the recipe check, and its knobs only ever split the held total."""
     from grpo_sweep.config.compose import CONF_DIR
 
     for path in sorted((CONF_DIR / "sweeps").glob("*.yaml")):
-        with tiny_sweeper(sweep=f"+sweeps={path.stem}") as sweeper:
-            sweeper._hold_recipe()
-            cps = sweeper.recipe["completions_per_step"]
-            dist = sweeper.distributions.get("per_device_train_batch_size")
+        with tiny_sweeper(sweep=f"+sweeps={path.stem}") as tiny:
+            plan = tiny.plan
+            cps = plan.recipe["completions_per_step"]
+            dist = plan.distributions.get("per_device_train_batch_size")
             assert dist is not None and all(cps % b == 0 for b in dist.choices), path.stem
-            if not sweeper.concessions:
-                assert not sweeper.concession_params, path.stem
-            assert "gradient_accumulation_steps" not in sweeper.distributions
+            if not plan.concessions:
+                assert not plan.concession_params, path.stem
+            assert "gradient_accumulation_steps" not in plan.distributions
 
 
 @pytest.mark.parametrize(
@@ -302,25 +319,34 @@ def test_any_held_recipe_starts_any_shipped_sweep(sweep, caplog):
     frontier) that the held recipe makes impossible are dropped with a log line, and every point
     queued is one the sweep can run: asked and prepared, none fails and nothing raises."""
     import logging
+    from dataclasses import replace
 
     import optuna
 
+    from hydra_plugins.grpo_optuna_sweeper.prepare import prepare
+    from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with caplog.at_level(logging.INFO), tiny_sweeper("completions_per_step=6", sweep=f"+sweeps={sweep}") as sweeper:
-        sweeper.objective = "tokens_per_s"
-        sweeper._hold_recipe()
-        sweeper.n_trials = sweeper.n_search = sweeper.conf.n_trials
+    with caplog.at_level(logging.INFO), tiny_sweeper("completions_per_step=6", sweep=f"+sweeps={sweep}") as tiny:
+        plan = replace(tiny.plan, objective="tokens_per_s", n_search=tiny.plan.settings.n_trials)
+        plan = replace(plan, n_trials=plan.n_search)
         study = optuna.create_study(direction="maximize")
-        sweeper._learn(study)
-        sweeper._enqueue_start(study)
+        tiny.prescreen.learn(study)
+        enqueue_start(study, plan, tiny.prescreen, tiny.compose)
         queued = sum(t.state.name == "WAITING" for t in study.trials)
+
+        def prepared(trial):  # as the loop prepares a trial: its attributes recorded on it
+            ready = prepare(trial, plan, tiny.prescreen, tiny.compose)
+            ready.apply(trial)
+            return ready.outcome
+
         for _ in range(queued):
-            _, outcome = sweeper._prepare(study.ask())
+            outcome = prepared(study.ask())
             assert outcome is None, (outcome.state, outcome.attrs)  # None: it would be launched
         # A point an earlier run of the study queued under another held recipe: bookkeeping, not a failure.
         study.enqueue_trial({"per_device_train_batch_size": 8})
-        _, outcome = sweeper._prepare(study.ask())
-        if "per_device_train_batch_size" in sweeper.distributions:
+        outcome = prepared(study.ask())
+        if "per_device_train_batch_size" in plan.distributions:
             assert outcome.attrs["status"] == "surplus" and "start point dropped" in outcome.attrs["error"]
     if sweep == "tiny_cpu":  # its enqueued micro-batch 8 does not divide 6
         assert (
@@ -340,17 +366,15 @@ def test_the_split_is_a_knob_under_dapo_and_recipe_under_bnpo():
     assert recipe_of(compose(["loss_type=bnpo", "per_device_train_batch_size=2"]))["per_device_train_batch_size"] == 2
     assert "per_device_train_batch_size" not in recipe_of(compose([]))
     assert recipe_of(compose([]))["loss_type"] == "dapo"
-    with tiny_sweeper() as sweeper:
-        sweeper._hold_recipe()  # dapo (the default): the split is searched
-        assert "per_device_train_batch_size" in sweeper.distributions and not sweeper.concession_params
-    with tiny_sweeper("loss_type=bnpo") as sweeper:
-        # Exception: Hydra's plugin discovery may import the sweeper's modules again (another class object)
-        with pytest.raises(Exception, match=r"per_device_train_batch_size: bnpo normalises each micro-batch"):
-            sweeper._hold_recipe()
-    with tiny_sweeper("loss_type=bnpo") as sweeper:
-        sweeper.concessions = ["per_device_train_batch_size"]  # declared: searched, and priced as a concession
-        sweeper._hold_recipe()
-        assert sweeper.concession_params == {"per_device_train_batch_size": {"per_device_train_batch_size"}}
+    with tiny_sweeper() as tiny:  # dapo (the default): the split is searched
+        assert "per_device_train_batch_size" in tiny.plan.distributions and not tiny.plan.concession_params
+    # Exception: Hydra's plugin discovery may import the sweeper's modules again (another class object)
+    with pytest.raises(Exception, match=r"per_device_train_batch_size: bnpo normalises each micro-batch"):
+        with tiny_sweeper("loss_type=bnpo"):
+            pass
+    # declared: searched, and priced as a concession
+    with tiny_sweeper("loss_type=bnpo", concessions=["per_device_train_batch_size"]) as tiny:
+        assert tiny.plan.concession_params == {"per_device_train_batch_size": {"per_device_train_batch_size"}}
 
 
 def test_loss_type_is_recipe_and_checked_before_any_model_loads():
@@ -365,13 +389,12 @@ def test_trl_to_vllm_is_recipe_while_the_importance_sampling_correction_is_on():
     assert recipe_of(compose(["backend=trl"]))["vllm_importance_sampling_correction"] is True  # TRL's default
     assert kind_in("backend", recipe_of(compose([]))) == RECIPE
     assert kind_in("backend", {"vllm_importance_sampling_correction": False}) == KNOB
-    with tiny_sweeper("backend=choice(trl,trl_vllm)") as sweeper:  # a sweep searching the engine must declare it
-        with pytest.raises(Exception, match=r"hydra.sweeper.params.backend: changes the recipe \(backend: the correction"):
-            sweeper._hold_recipe()
-    with tiny_sweeper("backend=choice(trl,trl_vllm)") as sweeper:
-        sweeper.concessions = ["backend"]  # declared: searched
-        sweeper._hold_recipe()
-        assert sweeper.concession_params == {"backend": {"backend"}}
+    # A sweep searching the engine must declare it.
+    with pytest.raises(Exception, match=r"hydra.sweeper.params.backend: changes the recipe \(backend: the correction"):
+        with tiny_sweeper("backend=choice(trl,trl_vllm)"):
+            pass
+    with tiny_sweeper("backend=choice(trl,trl_vllm)", concessions=["backend"]) as tiny:  # declared: searched
+        assert tiny.plan.concession_params == {"backend": {"backend"}}
 
 
 def test_loss_type_reaches_trls_grpo_config(tmp_path):
@@ -460,12 +483,11 @@ def test_trainer_knob_kinds_and_their_invalid_values():
     ):
         with pytest.raises(ConfigError, match=line):
             validate(compose([override]))
-    with tiny_sweeper("optim=choice(adamw_torch,adamw_torch_fused)") as sweeper:
-        sweeper._hold_recipe()  # two AdamW implementations: searched as knobs
-        assert "optim" not in sweeper.concession_params
-    with tiny_sweeper("optim=choice(adamw_torch,adamw_8bit)") as sweeper:
-        with pytest.raises(Exception, match=r"hydra.sweeper.params.optim: changes the recipe \(optim: .*8-bit ones are recipe"):
-            sweeper._hold_recipe()
+    with tiny_sweeper("optim=choice(adamw_torch,adamw_torch_fused)") as tiny:  # two AdamW implementations: knobs
+        assert "optim" not in tiny.plan.concession_params
+    with pytest.raises(Exception, match=r"hydra.sweeper.params.optim: changes the recipe \(optim: .*8-bit ones are recipe"):
+        with tiny_sweeper("optim=choice(adamw_torch,adamw_8bit)"):
+            pass
 
 
 def test_the_importance_sampling_correction_is_a_recipe_override_that_reaches_grpo_config(tmp_path):

@@ -1,21 +1,23 @@
 """The frontier start's composition cache (frontier.ComposeCache) gives the config a fresh Hydra
-composition gives, one composition per group choice, inside the real sweeper with real Hydra."""
+composition gives, one composition per group choice, with the sweep's own plan and real Hydra."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import random
+from dataclasses import replace
 
 import pytest
 from omegaconf import OmegaConf
 from test_sweeper_helpers import SWEEP, tiny_sweeper
 
 from hydra_plugins.grpo_optuna_sweeper import frontier, space
+from hydra_plugins.grpo_optuna_sweeper.start import enqueue_frontier
 
 
-def _overrides(sweeper, params: dict) -> list[str]:
-    return [*sweeper.fixed, *(space.to_override(k, v) for k, v in params.items())]
+def _overrides(tiny, params: dict) -> list[str]:
+    return [*tiny.plan.fixed, *(space.to_override(k, v) for k, v in params.items())]
 
 
 def _same(cached_compose, fresh_compose, overrides: list[str]):
@@ -36,16 +38,16 @@ def _same(cached_compose, fresh_compose, overrides: list[str]):
 def test_cached_config_equals_a_fresh_compose_over_the_tiny_space():
     from grpo_sweep.memory.estimator import estimate
 
-    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as sweeper:  # a space with a group (lora) in it
-        grid = space.grid_choices(sweeper.distributions)
+    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as tiny:  # a space with a group (lora) in it
+        grid = space.grid_choices(tiny.plan.distributions)
         assert set(grid["lora"]) == {"qv", "all_linear"}  # the group lever, both choices below
         every = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
         sample = random.Random(0).sample(every, 14)
         for lora in grid["lora"]:  # the corners of the value levers under each group choice
             sample += [p for p in every if p["lora"] == lora and p["lora_rank"] in (8, 32) and p["max_seq_length"] != 128][:4]
-        cache = sweeper._compose_cache()
+        cache = tiny.compose.cache()
         for params in sample:
-            cached, fresh = _same(cache.config, sweeper._compose, _overrides(sweeper, params))
+            cached, fresh = _same(cache.config, tiny.compose, _overrides(tiny, params))
             assert cached.lora_rank == params["lora_rank"] and cached.max_seq_length == params["max_seq_length"]
             assert estimate(cached).total_bytes == estimate(fresh).total_bytes
         assert cache.compositions == 2  # one per lora choice, however many points
@@ -71,11 +73,11 @@ def test_cached_config_equals_a_fresh_compose_over_the_tiny_space():
     ],
 )
 def test_cached_config_matches_hydra_for_every_override_kind(extra):
-    with tiny_sweeper() as sweeper:
-        cache = sweeper._compose_cache()
+    with tiny_sweeper() as tiny:
+        cache = tiny.compose.cache()
         for lora in ("qv", "all_linear"):
-            overrides = [*sweeper.fixed, f"lora={lora}", "lora_rank=16", *extra]
-            _same(cache.config, sweeper._compose, overrides)
+            overrides = [*tiny.plan.fixed, f"lora={lora}", "lora_rank=16", *extra]
+            _same(cache.config, tiny.compose, overrides)
 
 
 def test_split_keeps_groups_and_hydra_keys_on_the_composed_side():
@@ -92,22 +94,27 @@ def test_frontier_start_composes_once_per_group_choice_and_skips_a_missing_key(c
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as sweeper:
+    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as tiny:
         composed = []
-        real = sweeper._compose
-        sweeper._compose = lambda overrides: composed.append(overrides) or real(overrides)
+        counting = frontier.ComposeCache(
+            lambda overrides: composed.append(overrides) or tiny.compose(overrides), tiny.compose.is_group
+        )
         study = optuna.create_study(direction="maximize")
         with caplog.at_level(logging.INFO):
-            sweeper._enqueue_frontier(study, 3)
+            enqueue_frontier(study, tiny.plan, tiny.prescreen, counting, 3)
         assert len(composed) == 2  # 72 candidates, 2 lora choices
         picks = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
         assert len(picks) == 3 and "Frontier start: enqueued 3 of " in caplog.text
 
-    with tiny_sweeper("no_such_lever=choice(1,2)") as sweeper:  # every candidate fails to compose
+    # Every candidate fails to compose. (build_plan refuses a parameter the config lacks before any
+    # trial, while holding the recipe; the frontier is handed one here to show it never raises.)
+    with tiny_sweeper() as tiny:
+        missing = optuna.distributions.CategoricalDistribution([1, 2])
+        plan = replace(tiny.plan, distributions={**tiny.plan.distributions, "no_such_lever": missing})
         study = optuna.create_study(direction="maximize")
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            sweeper._enqueue_frontier(study, 3)  # skipped, as before the cache: the sweep goes on
+            enqueue_frontier(study, plan, tiny.prescreen, tiny.compose.cache(), 3)  # skipped: the sweep goes on
         assert study.get_trials() == [] and "Frontier start: enqueued" not in caplog.text
         assert "Frontier start skipped: none of the space's points could be composed, checked and estimated" in caplog.text
 
@@ -133,10 +140,10 @@ def test_cache_outside_a_hydra_app_equals_compose_train_config():
 
 
 def test_an_override_hydra_cannot_parse_raises_hydras_error():
-    with tiny_sweeper() as sweeper:
-        cache = sweeper._compose_cache()
+    with tiny_sweeper() as tiny:
+        cache = tiny.compose.cache()
         for bad in (["lora_rank=[1,"], ["lora_rank=8", "=3"]):
-            _same(cache.config, sweeper._compose, [*sweeper.fixed, "lora=qv", *bad])
+            _same(cache.config, tiny.compose, [*tiny.plan.fixed, "lora=qv", *bad])
 
 
 @pytest.mark.parametrize("sweep", ["gemma3_1b_l4", "qwen2_5_0_5b_t4", "tiny_cpu_vllm"])

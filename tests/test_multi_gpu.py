@@ -489,7 +489,7 @@ def test_submitit_slurm_gets_a_gpu_per_rank_from_the_sweeper(overrides, gpus):
 
     from grpo_sweep.config.compose import CONF_DIR
     from grpo_sweep.config.schema import register
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import slurm_resources
+    from hydra_plugins.grpo_optuna_sweeper.launch_config import slurm_resources
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

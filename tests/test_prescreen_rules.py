@@ -221,21 +221,27 @@ def test_doctor_says_holding_the_batch_is_speed_not_memory():
 def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_frontier_sees_them():
     """The pre-screen records a trial's predicted waves and the throughput model's tokens/s (the report's
     `model tok/s` and `gen. waves` columns); the frontier start counts a fit in N waves 1/N as full."""
+    from dataclasses import replace
+
     import optuna
     from test_sweeper_helpers import tiny_sweeper
 
     from hydra_plugins.grpo_optuna_sweeper import frontier
+    from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
+    from hydra_plugins.grpo_optuna_sweeper.start import enqueue_frontier
 
     shares = "gpu_memory_utilization=choice(0.13,0.15)"
     fixed = [*SEED, "preset=seed_baseline", "backend.name=trl_vllm", "gradient_checkpointing=false", "expandable_segments=false"]
-    with tiny_sweeper(*fixed, shares, sweep="+sweeps=gemma3_1b_l4") as sweeper:
-        sweeper.distributions = {"gpu_memory_utilization": sweeper.distributions["gpu_memory_utilization"]}
+    with tiny_sweeper(*fixed, shares, sweep="+sweeps=gemma3_1b_l4") as tiny:
+        plan = replace(tiny.plan, distributions={"gpu_memory_utilization": tiny.plan.distributions["gpu_memory_utilization"]})
         study = optuna.create_study(direction="maximize")
         for share in (0.13, 0.15):
             trial = study.ask()
-            cfg = sweeper._compose([*sweeper.fixed, f"gpu_memory_utilization={share}"])
+            cfg = tiny.compose([*plan.fixed, f"gpu_memory_utilization={share}"])
             validate_here(cfg, cuda=True)
-            assert sweeper._prescreen(trial, cfg, None) is None  # both fit
+            attrs: dict = {}
+            assert tiny.prescreen.verdict(cfg, None, attrs) is None  # both fit
+            Prepared([], attrs, None).apply(trial)
             attrs = trial.user_attrs
             assert attrs["generation_waves"] == (2 if share == 0.13 else 1)
             assert attrs["predicted_tokens_per_s"] == pytest.approx(relative_step_time(cfg)["tokens_per_s"])
@@ -243,9 +249,9 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
         real_pick = frontier.pick
         frontier.pick = lambda fullness, count, seed: picked.extend(fullness) or real_pick(fullness, count, seed)
         try:
-            sweeper._enqueue_frontier(optuna.create_study(direction="maximize"), 2)
+            enqueue_frontier(optuna.create_study(direction="maximize"), plan, tiny.prescreen, tiny.compose.cache(), 2)
         finally:
             frontier.pick = real_pick
         full = {p["gpu_memory_utilization"]: f for p, f in picked}
-        raw = {s: estimate(sweeper._compose([*sweeper.fixed, f"gpu_memory_utilization={s}"])).total_bytes for s in (0.13, 0.15)}
+        raw = {s: estimate(tiny.compose([*plan.fixed, f"gpu_memory_utilization={s}"])).total_bytes for s in (0.13, 0.15)}
         assert full[0.13] / full[0.15] == pytest.approx(raw[0.13] / raw[0.15] / 2)  # 2 waves: half as full

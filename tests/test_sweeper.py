@@ -105,8 +105,8 @@ def test_every_sampler_choice_learns_from_constraints(name):
     sweeper tells it (GPSampler needs scipy, a dependency of ours, not of optuna's)."""
     import optuna
 
+    from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
     from hydra_plugins.grpo_optuna_sweeper.outcome import tell_constraint
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     space = {
         "batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8]),
@@ -128,7 +128,7 @@ def test_n_startup_trials_reaches_tpe_and_bad_values_are_refused():
     the third ask already follows the told values (the fit region), with 10 it is still random."""
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
+    from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
 
     space = {"x": optuna.distributions.IntDistribution(0, 1000)}
 
@@ -157,8 +157,8 @@ def test_gp_learns_from_prescreened_points():
     15 asks after start-up; told COMPLETE at the worst value with the predicted deficit, 2 of 15."""
     import optuna
 
+    from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
     from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, prescreen_verdict, tell_constraint
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import build_sampler
 
     space = {
         "batch": optuna.distributions.CategoricalDistribution([1, 2, 4, 8, 16]),

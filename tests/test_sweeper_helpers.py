@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from conftest import ROOT, train_here
 
@@ -26,9 +27,11 @@ SMALL = [
 
 
 @contextlib.contextmanager
-def tiny_sweeper(*params: str, sweep: str = SWEEP):
-    """The sweeper of `python train.py -m +sweeps=tiny_cpu [params]` (or another `sweep`) as Hydra sets it
-    up (the master config, Hydra's config loader), without launching anything."""
+def tiny_sweeper(*params: str, sweep: str = SWEEP, **settings):
+    """The sweep of `python train.py -m +sweeps=tiny_cpu [params]` (or another `sweep`) as the sweeper
+    sets it up, without launching anything: its plan (plan.build_plan on the master config, with
+    `settings` in place of those hydra.sweeper values), its composer (Hydra's config loader) and a
+    fresh pre-screen. A plan the sweeper refuses raises here, as the sweep would."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext
@@ -36,21 +39,18 @@ def tiny_sweeper(*params: str, sweep: str = SWEEP):
 
     from grpo_sweep.config.compose import CONF_DIR
     from grpo_sweep.config.schema import register
-    from hydra_plugins.grpo_optuna_sweeper import space
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import GrpoOptunaSweeper
+    from hydra_plugins.grpo_optuna_sweeper.plan import Composer, build_plan
+    from hydra_plugins.grpo_optuna_sweeper.prescreen import Prescreen
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         master = compose("train", overrides=[sweep], return_hydra_config=True)
         conf = OmegaConf.to_container(master.hydra.sweeper, resolve=True)
         conf.pop("_target_")
-        sweeper = GrpoOptunaSweeper(**conf)
-        sweeper.hydra_context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=None)
-        sweeper.config = master
-        space_conf = [f"{k}={v}" for k, v in sweeper.params.items()] + [sweep, *params]
-        sweeper.distributions, fixed = space.parse_space(space_conf)
-        sweeper.fixed = list(fixed.values())
-        yield sweeper
+        conf.update(settings)
+        composer = Composer(HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=None), master)
+        plan = build_plan(OmegaConf.create(conf), master, [sweep, *params], composer)
+        yield SimpleNamespace(plan=plan, compose=composer, prescreen=Prescreen(plan.settings))
 
 
 def sweep_cmd(

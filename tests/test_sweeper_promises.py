@@ -11,7 +11,7 @@
   what `make mutation` found unguarded, docs/mutation.md).
 
 The studies here are real Optuna studies (a journal file), told what happened through the sweeper's
-own path (outcome.judge -> GrpoOptunaSweeper._tell); no trial runs, so every test takes seconds.
+own path (outcome.judge -> tell.tell); no trial runs, so every test takes seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import math
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -35,21 +36,52 @@ BUDGET = 1 * GIB  # the simulated card (gpu=cpu_sim, gpu.memory_gib=1)
 
 
 def _sweeper(tmp_path: Path, *, direction: str = "maximize", objective: str = "tokens_per_s", **conf):
-    """The real sweeper object, set up as sweep() would be, without Hydra's launcher."""
+    """The sweeper's parts as sweep() sets them up (a plan built directly, its pre-screen, its
+    progress), without Hydra's launcher."""
     from omegaconf import OmegaConf
 
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.plan import SweepPlan
+    from hydra_plugins.grpo_optuna_sweeper.prescreen import Prescreen
     from hydra_plugins.grpo_optuna_sweeper.progress import Progress
-    from hydra_plugins.grpo_optuna_sweeper.sweeper import GrpoOptunaSweeper
 
     base = OmegaConf.to_container(OmegaConf.structured(GrpoOptunaSweeperConf))
     base.update(direction=direction, objective=objective, study_name="promises", **conf)
-    sweeper = GrpoOptunaSweeper(**base)
-    sweeper.objective, sweeper.n_trials, sweeper.fixed = objective, 8, ["+sweeps=tiny_cpu"]
-    sweeper.sweep_dir, sweeper.storage_url = tmp_path, f"journal:{tmp_path / 'study.journal'}"
-    sweeper.progress = Progress(sweeper.n_trials, datetime.datetime.now())
-    sweeper.stopped = None
-    return sweeper
+    settings = OmegaConf.create(base)
+    OmegaConf.set_readonly(settings, True)
+    plan = SweepPlan(
+        settings=settings,
+        distributions={},
+        fixed=("+sweeps=tiny_cpu",),
+        recipe={},
+        concessions=(),
+        concession_params={},
+        may_change=frozenset(),
+        n_trials=8,
+        n_search=8,
+        confirm_top=0,
+        objective=objective,
+        sweep_dir=tmp_path,
+        storage_url=f"journal:{tmp_path / 'study.journal'}",
+    )
+    return SimpleNamespace(plan=plan, prescreen=Prescreen(settings), progress=Progress(plan.n_trials, datetime.datetime.now()))
+
+
+def _tell(sweeper, study, trial, outcome):
+    """The loop's tell: the outcome recorded on the trial and told to the study."""
+    from hydra_plugins.grpo_optuna_sweeper.tell import tell
+
+    tell(study, trial, outcome, sweeper.plan.objective, sweeper.progress)
+
+
+def _prescreen(sweeper, trial, cfg, budget):
+    """The pre-screen's verdict on a point, its predictions recorded on the trial as prepare's are."""
+    from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
+
+    attrs: dict = {}
+    verdict = sweeper.prescreen.verdict(cfg, budget, attrs)
+    Prepared([], attrs, verdict).apply(trial)
+    return verdict
 
 
 def _study(sweeper):
@@ -57,8 +89,10 @@ def _study(sweeper):
 
     from grpo_sweep.study.storage import open_storage
 
-    sweeper.sweep_dir.mkdir(parents=True, exist_ok=True)  # as sweep() does before the storage opens
-    return optuna.create_study(study_name="promises", storage=open_storage(sweeper.storage_url), direction=sweeper.conf.direction)
+    sweeper.plan.sweep_dir.mkdir(parents=True, exist_ok=True)  # as sweep() does before the storage opens
+    return optuna.create_study(
+        study_name="promises", storage=open_storage(sweeper.plan.storage_url), direction=sweeper.plan.settings.direction
+    )
 
 
 def _tell_record(sweeper, study, record: dict | None, *, headroom: float | None, number_attrs: dict | None = None):
@@ -70,8 +104,14 @@ def _tell_record(sweeper, study, record: dict | None, *, headroom: float | None,
     trial.set_user_attr("budget_bytes", BUDGET)
     for key, value in (number_attrs or {}).items():
         trial.set_user_attr(key, value)
-    outcome = judge(record, objective=sweeper.objective, direction=sweeper.conf.direction, budget_bytes=BUDGET, headroom=headroom)
-    sweeper._tell(study, trial, outcome)
+    outcome = judge(
+        record,
+        objective=sweeper.plan.objective,
+        direction=sweeper.plan.settings.direction,
+        budget_bytes=BUDGET,
+        headroom=headroom,
+    )
+    _tell(sweeper, study, trial, outcome)
     return trial.number
 
 
@@ -113,7 +153,9 @@ def test_winner_is_feasible_within_headroom_everywhere(tmp_path, direction, caps
     assert memory_constraint(frozen[oom]) == pytest.approx(0.2 * GIB + 0.5 * GIB)  # past the allowed half
     assert best_trial(study).number == fits
 
-    summary = sweeper._write_report(study)
+    from hydra_plugins.grpo_optuna_sweeper.report import write_report
+
+    summary = write_report(study, sweeper.plan, compose=None)
     printed = capsys.readouterr().out
     assert summary["best_trial"] == fits
     best_yaml = yaml.safe_load((tmp_path / "best.yaml").read_text())
@@ -162,7 +204,7 @@ def test_prescreen_margin_boundary_on_a_real_estimate(tmp_path):
         cfg = compose([*point, f"gpu.memory_gib={gib!r}"])
         assert estimate(cfg).total_bytes == predicted  # the card's size does not move this prediction
         trial = study.ask()
-        verdict = sweeper._prescreen(trial, cfg, budget_bytes(cfg))
+        verdict = _prescreen(sweeper, trial, cfg, budget_bytes(cfg))
         assert (verdict.state if verdict else None) == expected, (scale, gib)
         assert trial.user_attrs["predicted_peak_bytes"] == int(predicted)
         if verdict is not None:
@@ -183,18 +225,18 @@ def test_prescreen_switches_and_fallbacks(tmp_path):
     assert estimate(tiny).budget_bytes is None
     off = _sweeper(tmp_path / "off", prescreen=False)
     trial = _study(off).ask()
-    assert off._prescreen(trial, tiny, 1.0) is None and "predicted_peak_bytes" not in trial.user_attrs
+    assert _prescreen(off, trial, tiny, 1.0) is None and "predicted_peak_bytes" not in trial.user_attrs
     on = _sweeper(tmp_path / "on", prescreen_margin=0.0)
     study = _study(on)
     trial = study.ask()
-    pruned = on._prescreen(trial, tiny, predicted / 2)  # the sweeper's own budget: half the prediction
+    pruned = _prescreen(on, trial, tiny, predicted / 2)  # the sweeper's own budget: half the prediction
     assert (pruned.state, pruned.constraint) == ("PRUNED", pytest.approx(predicted / 2))
     assert trial.user_attrs["predicted_peak_bytes"] == predicted
-    assert on._prescreen(study.ask(), tiny, None) is None  # no budget anywhere: run it
+    assert _prescreen(on, study.ask(), tiny, None) is None  # no budget anywhere: run it
     broken = OmegaConf.create(OmegaConf.to_container(tiny))
     del broken["model"]
     trial = study.ask()
-    assert on._prescreen(trial, broken, 1.0) is None
+    assert _prescreen(on, trial, broken, 1.0) is None
     assert "model" in trial.user_attrs["predicted_error"] and "predicted_peak_bytes" not in trial.user_attrs
 
 
@@ -222,6 +264,7 @@ def test_heartbeat_keeps_a_live_trial_and_retries_a_dead_one(tmp_path, kind):
     import optuna
 
     from grpo_sweep.study.storage import open_storage
+    from hydra_plugins.grpo_optuna_sweeper import handles
     from hydra_plugins.grpo_optuna_sweeper.workers import Heartbeat, fail_stale_trials, retry
 
     grace = 2
@@ -232,9 +275,9 @@ def test_heartbeat_keeps_a_live_trial_and_retries_a_dead_one(tmp_path, kind):
     study = optuna.create_study(study_name="promises", storage=storage, direction="maximize")
     space = {"lora_rank": optuna.distributions.CategoricalDistribution([8, 16])}
     live, dead = study.ask(space), study.ask(space)
-    with Heartbeat(study, [dead._trial_id], interval=1):
+    with Heartbeat(study, [handles.trial_id(dead)], interval=1):
         pass  # the dead worker beat once, then died
-    with Heartbeat(study, [live._trial_id], interval=0.25):
+    with Heartbeat(study, [handles.trial_id(live)], interval=0.25):
         deadline = time.monotonic() + 30
         failed: list[int] = []
         while not failed and time.monotonic() < deadline:
@@ -269,7 +312,7 @@ def test_optuna_dashboard_shows_oom_trials_as_infeasible(tmp_path):
     study = _study(sweeper)
     ok = _tell_record(sweeper, study, _ok(200.0, 0.4), headroom=None)
     oom = _tell_record(sweeper, study, dict(OOM), headroom=None)
-    app = wsgi(open_storage(sweeper.storage_url, create=False))
+    app = wsgi(open_storage(sweeper.plan.storage_url, create=False))
     status: list[str] = []
     environ = {
         "REQUEST_METHOD": "GET",
@@ -341,7 +384,7 @@ def test_stop_message_by_hand():
         "Sweep stopped: trials 3, 4, 5 failed in a row for the same reason, not memory: failed: RuntimeError: boom\n"
         "  What to do: fix it\n  Run one alone: python train.py x=1"
     )
-    from hydra_plugins.grpo_optuna_sweeper.summary import stop_words
+    from hydra_plugins.grpo_optuna_sweeper.tables import stop_words
 
     assert stop_words(stop, 0) == stop.message()
     assert stop_words(stop, 2) == stop.message() + (
@@ -381,7 +424,7 @@ def test_systematic_failure_edges(tmp_path):
         _fail(sweeper, study, "RuntimeError: boom")
     assert systematic_failure(study, since, 3, command_line) is not None
     assert systematic_failure(study, since, -1, command_line) is None
-    sweeper._tell(study, study.ask(), prescreen_verdict(2.0 * GIB, GIB, 0.1))
+    _tell(sweeper, study, study.ask(), prescreen_verdict(2.0 * GIB, GIB, 0.1))
     assert study.trials[-1].state.name == "PRUNED"
     _fail(sweeper, study, "RuntimeError: boom")
     assert systematic_failure(study, since, 3, command_line) is None
@@ -416,8 +459,8 @@ def test_failure_reasons_and_advice_by_hand(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
-    sweeper._tell(study, b, judge(_tell_failure, **common))
-    sweeper._tell(study, a, judge(_ok(1.0, 0.1), **common))
+    _tell(sweeper, study, b, judge(_tell_failure, **common))
+    _tell(sweeper, study, a, judge(_ok(1.0, 0.1), **common))
     assert systematic_failure(study, sweeper.progress.started, 1, command_line) is None  # the last to finish ran ok
     # A trial that finished at the very moment the worker started belongs to this run.
     last = _fail(sweeper, study, "RuntimeError: boom")
@@ -436,12 +479,12 @@ def test_why_no_best_is_nothing_fits_only_for_memory_verdicts(tmp_path):
     study = _study(gp)
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
     slow = {"status": "slow", "tokens_per_s": 3.0, "peak_memory_bytes": GIB, "memory_source": "cpu-rss"}
-    gp._tell(study, study.ask(), for_sampler(judge(slow, **common), "gp", "maximize"))
+    _tell(gp, study, study.ask(), for_sampler(judge(slow, **common), "gp", "maximize"))
     assert study.trials[0].state.name == "COMPLETE" and memory_constraint(study.trials[0]) == 0.0
     assert why_no_best(study) == "No trial ran ok (1 slow): not a memory verdict."
     tpe = _sweeper(tmp_path / "tpe")
     study = _study(tpe)
-    tpe._tell(study, study.ask(), prescreen_verdict(1001.0, 1000.0, 0.0))  # one byte over
+    _tell(tpe, study, study.ask(), prescreen_verdict(1001.0, 1000.0, 0.0))  # one byte over
     assert study.trials[0].state.name == "PRUNED"
     assert why_no_best(study) == nothing_fits
 
@@ -523,9 +566,12 @@ def test_start_points_never_overflow_the_search_phase(caplog):
     point the search never reaches would stay WAITING, and the confirmation phase would run it in
     place of a confirmation run. The points left out are named; a resumed sweep queues nothing twice."""
     import logging
+    from dataclasses import replace
 
     import optuna
     from test_sweeper_helpers import tiny_sweeper
+
+    from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     points = [{"max_seq_length": 64, "per_device_train_batch_size": b, "lora_rank": r} for b in (2, 4) for r in (8, 16)]
@@ -533,40 +579,42 @@ def test_start_points_never_overflow_the_search_phase(caplog):
     def waiting(study):
         return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]
 
-    with tiny_sweeper() as sweeper:
-        sweeper.conf.enqueue = points
-        sweeper.conf.frontier_start = 5
-        sweeper.n_trials, sweeper.n_search = 9, 3  # e.g. 3 search trials + 3 finalists x 2 runs
+    def start(tiny, **changes):
+        """enqueue_start on a fresh study (or `study`), the plan changed as the sweep's counts would."""
+        enqueue_start(study, replace(tiny.plan, **changes), tiny.prescreen, tiny.compose)
+
+    with tiny_sweeper(enqueue=points, frontier_start=5) as tiny:
+        search = {"n_trials": 9, "n_search": 3}  # e.g. 3 search trials + 3 finalists x 2 runs
         study = optuna.create_study(direction="maximize")
         with caplog.at_level(logging.INFO):
-            sweeper._enqueue_start(study)
+            start(tiny, **search)
         assert waiting(study) == points[:3]
         assert "no room left for enqueue[3]=" in caplog.text and "n_trials=9 less 6 confirmation runs" in caplog.text
         assert "Frontier start" not in caplog.text  # no room for it either
-        sweeper._enqueue_start(study)  # a resumed sweep, or a second worker: nothing queued twice
+        start(tiny, **search)  # a resumed sweep, or a second worker: nothing queued twice
         assert waiting(study) == points[:3]
 
         # Room for every point and two frontier points.
-        sweeper.n_search = 6
         study = optuna.create_study(direction="maximize")
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            sweeper._enqueue_start(study)
+            start(tiny, n_trials=9, n_search=6)
         queued = waiting(study)
         assert queued[:4] == points and len(queued) == 6 and "not queued" not in caplog.text
 
-        # Warm start: the presets first, while there is room; one left out is named. (A preset the held
-        # recipe cannot run is dropped, named: both train 4 completions per step on 1024 tokens.)
-        sweeper.fixed += ["completions_per_step=4", "max_seq_length=1024"]
-        sweeper.conf.warm_start, sweeper.conf.enqueue = True, []
-        sweeper.n_search = 1
+    # Warm start: the presets first, while there is room; one left out is named. (A preset the held
+    # recipe cannot run is dropped, named: both train 4 completions per step on 1024 tokens, and the
+    # recipe settings the presets change are declared concessions.)
+    presets_change = ["lora_rank", "max_prompt_length", "load_in_4bit"]
+    held = ("completions_per_step=4", "max_seq_length=1024")
+    with tiny_sweeper(*held, warm_start=True, enqueue=[], frontier_start=5, concessions=presets_change) as tiny:
         study = optuna.create_study(direction="maximize")
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            sweeper._enqueue_start(study)
+            start(tiny, n_trials=9, n_search=1)
         presets = [t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)]
-        assert presets == [sweeper.conf.presets[0]]
-        assert f"preset={sweeper.conf.presets[1]} not queued" in caplog.text
+        assert presets == [tiny.plan.settings.presets[0]]
+        assert f"preset={tiny.plan.settings.presets[1]} not queued" in caplog.text
 
 
 @pytest.mark.slow
@@ -868,7 +916,7 @@ def test_trials_csv_rows_by_hand(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
-    sweeper._tell(study, trial, judge(record, **common))
+    _tell(sweeper, study, trial, judge(record, **common))
     columns, (row,) = rows(study)
     assert columns[:5] == ["number", "state", "status", "feasible", "objective"]
     assert columns[5:12] == [
@@ -933,5 +981,5 @@ def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
 
     gp = _sweeper(tmp_path / "gp", sampler="gp")
     cfg = compose(["+sweeps=tiny_cpu", "gpu.memory_gib=0.001"])
-    verdict = gp._prescreen(_study(gp).ask(), cfg, budget_bytes(cfg))
+    verdict = _prescreen(gp, _study(gp).ask(), cfg, budget_bytes(cfg))
     assert (verdict.state, verdict.value) == ("COMPLETE", 0.0) and verdict.constraint > 0

@@ -51,17 +51,23 @@ def search_trials(study: Any) -> list:
     return [t for t in study.get_trials(deepcopy=False) if is_ok(t) and t.user_attrs.get(CONFIRMS_ATTR) is None]
 
 
-def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
-    """When an earlier trial ran the same point (the same overrides), record on `trial` the config's
-    first trial (user attr `repeats`) and return it: its runs pool with that config's."""
+def repeat_of(study: Any, trial: Any, point: list[str]) -> int | None:
+    """The first trial of the config `point` belongs to, when an earlier trial ran the same point
+    (the same overrides): the trial's runs pool with that config's. None: a new config."""
     for other in study.get_trials(deepcopy=False):
         if other.number >= trial.number:
             break
         if other.user_attrs.get(OVERRIDES_ATTR) == point and other.user_attrs.get("status") != "surplus":
-            first = best_rule.config_group(other.user_attrs, other.number)
-            trial.set_user_attr(REPEATS_ATTR, first)
-            return first
+            return best_rule.config_group(other.user_attrs, other.number)
     return None
+
+
+def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
+    """repeat_of, recorded on `trial` (user attr `repeats`) when there is one."""
+    first = repeat_of(study, trial, point)
+    if first is not None:
+        trial.set_user_attr(REPEATS_ATTR, first)
+    return first
 
 
 def plan(study: Any, top: int, repeats: int, log: Any) -> list[dict]:

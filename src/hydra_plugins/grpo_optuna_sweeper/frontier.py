@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import handles
+
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
 
 
@@ -76,7 +78,7 @@ class ComposeCache:
     command line can be applied later, to a deep copy of the composition of the rest, by that very
     function: same code, same order, same config, same errors.
 
-    `compose(overrides) -> cfg` is the real composition (the sweeper's `_compose`, or
+    `compose(overrides) -> cfg` is the real composition (plan.Composer, or
     `compose_train_config` outside a Hydra app); `is_group(key)` says whether Hydra would read `key`
     as a config group (`repo.group_exists` in Hydra). Kept on the composed side (exact by
     construction): group overrides, sweeps, `hydra.*` keys, and every override before the last of
@@ -110,8 +112,6 @@ class ComposeCache:
         """The config `compose(overrides)` gives, or the exception it raises."""
         import copy
 
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
         try:
             composed, applied = self.split(overrides)
         except Exception:  # noqa: BLE001 - not an override Hydra can parse: Hydra's own error, from a full composition
@@ -127,7 +127,7 @@ class ComposeCache:
         if isinstance(base, Exception):
             raise base
         cfg = copy.deepcopy(base)
-        ConfigLoaderImpl._apply_overrides_to_config(applied, cfg)
+        handles.apply_overrides(applied, cfg)
         return cfg
 
     def _parse(self, override: str) -> Any:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from grpo_sweep.memory.oom_message import parse_oom_message
 
+from . import handles
+
 CONSTRAINT = "memory_over_budget_bytes"
 # The memory constraint is stored in the list form `system_attrs["constraints"] = [bytes over]`:
 # optuna-dashboard (0.21) reads only that form (not the named `constraints:<name>` one Optuna 5's
@@ -185,7 +187,7 @@ def prescreen_verdict(
 def tell_constraint(trial, value: float) -> None:
     """Record the memory constraint (bytes over the allowed memory; > 0 infeasible) on an Optuna
     trial, in the one form both Optuna's samplers and optuna-dashboard read (see above)."""
-    trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS, [float(value)])
+    trial.storage.set_trial_system_attr(handles.trial_id(trial), DASHBOARD_CONSTRAINTS, [float(value)])
 
 
 def memory_constraint(frozen) -> float | None:

@@ -58,3 +58,30 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def counts(study: Any) -> tuple[int, list[int]]:
+    """(trials that count toward n_trials, numbers of RUNNING trials).
+
+    Counted: COMPLETE, PRUNED, and FAIL unless the failure was retried (a killed worker's or an
+    interrupted trial: its re-run counts instead) or the trial was a surplus never run.
+    """
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
+    counted = 0
+    for t in trials:
+        finished = t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        failed_for_good = t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus"
+        if finished or failed_for_good:
+            counted += 1
+    running = sorted(t.number for t in trials if t.state == TrialState.RUNNING)
+    return counted, running
+
+
+def room(study: Any, target: int) -> int:
+    """Trials still to start before the study counts `target`: not counted, running or queued yet."""
+    counted, running = counts(study)
+    waiting = sum(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
+    return target - counted - len(running) - waiting

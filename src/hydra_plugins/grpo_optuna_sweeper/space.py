@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import handles
+
 
 def parse_space(arguments: list[str], is_integer: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Split overrides into Optuna distributions (sweeps) and fixed overrides ({key: "key=value"}).
@@ -83,17 +85,15 @@ def grid_choices(distributions: dict[str, Any], purpose: str = "sampler=grid") -
 
 def to_override(key: str, value: Any) -> str:
     """`key=value` in Hydra's grammar (None -> null, True -> true, strings quoted when needed)."""
-    from hydra.core.override_parser.types import Override
-
     if isinstance(value, bool) or value is None:
         return f"{key}={'null' if value is None else str(value).lower()}"
-    return f"{key}={Override._get_value_element_as_str(value)}"
+    return f"{key}={handles.override_value(value)}"
 
 
 def representable(dist: Any, value: Any) -> bool:
     """Whether `value` lies in `dist` (a preset's lever may be outside the sweep's range)."""
     try:
-        return bool(dist._contains(dist.to_internal_repr(value)))
+        return handles.contains(dist, value)
     except (ValueError, TypeError):
         return False
 

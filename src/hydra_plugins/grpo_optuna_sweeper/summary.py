@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
 import shlex
 from pathlib import Path
@@ -18,10 +17,10 @@ from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
-from grpo_sweep.units import GIB
 
 from .concessions import describe, fmt
 from .failures import NOTHING_FITS, why_no_best
+from .tables import finalist_table, stop_words, table
 
 FIRST_COLUMNS = [
     "number",
@@ -183,79 +182,6 @@ def vs_presets(study: Any, best: Any) -> dict:
     return out
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
-    return str(value)
-
-
-def ranks_text(attrs: dict) -> str:
-    """`2 x ddp` for a trial of 2 processes, `1` for one."""
-    n = attrs.get("world_size") or 1
-    return f"{n} x {attrs.get('strategy')}" if n > 1 else "1"
-
-
-def rank_peaks_text(attrs: dict) -> str:
-    peaks = attrs.get("rank_peak_memory_bytes") or []
-    return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
-
-
-def table(study: Any, objective: str, top_k: int) -> str:
-    ok = best_rule.ranked(
-        [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
-    )
-    keys = sorted({k for t in ok[:top_k] for k in t.params})
-    multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
-    header = [
-        "rank",
-        "trial",
-        objective,
-        "peak GiB",
-        "pred GiB",
-        *(["ranks", "per-rank GiB"] if multi else []),
-        "reward",
-        "reward change",
-        *keys,
-    ]
-    lines = [header]
-    for rank, t in enumerate(ok[:top_k], 1):
-        peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
-        lines.append(
-            [
-                str(rank),
-                str(t.number),
-                _fmt(t.value),
-                f"{peak / GIB:.2f}" if peak else "-",
-                f"{pred / GIB:.2f}" if pred else "-",
-                *([ranks_text(t.user_attrs), rank_peaks_text(t.user_attrs)] if multi else []),
-                *[
-                    _fmt(t.user_attrs.get(k)) if t.user_attrs.get(k) is not None else "-"
-                    for k in ("reward_mean", "reward_change")
-                ],
-                *[_fmt(t.params.get(k, "")) for k in keys],
-            ]
-        )
-    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
-
-
-def finalist_table(summary: dict, objective: str) -> str:
-    """The confirmed finalists: every run, the median and the spread, and the noise verdict."""
-    if not summary.get("finalists"):
-        return ""
-    heading = "Confirmed finalists" if summary.get("finalists_from") == "confirmation" else "Configs run more than once"
-    lines = [f"\n{heading} (median of runs wins; {objective}):"]
-    for f in summary["finalists"]:
-        spread = f"{f['spread']:.0%}" if f["spread"] is not None else "-"
-        runs = ", ".join(f"{v:.4g}" for v in f["runs"])
-        lines.append(f"  trial {f['trial']}: median {f['median']:.4g}  runs [{runs}]  spread {spread}")
-    if summary.get("noise_note"):
-        lines.append(f"  Note: {summary['noise_note']}")
-    elif summary.get("top_two_within_noise") is False:
-        lines.append("  The winner's runs are all above the runner-up's: a clear winner on this machine.")
-    return "\n".join(lines)
-
-
 def write_summary(
     study: Any,
     sweep_dir: Path,
@@ -336,7 +262,10 @@ def write_summary(
         if stopped is None or NOTHING_FITS not in why:  # a stopped sweep ends with its reason, not a memory verdict
             print(why)
     else:
-        print(table(study, objective, top_k))
+        ok = best_rule.ranked(
+            [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
+        )
+        print(table(ok, objective, top_k))
         print(finalist_table(summary, objective))
         if recipe:
             print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
@@ -375,17 +304,6 @@ def write_summary(
     if stopped is not None:
         print(stop_words(stopped, states.get("WAITING", 0)))
     return summary
-
-
-def stop_words(stopped: Any, waiting: int) -> str:
-    """A stopped sweep's last lines: the failure, what to do, and what its queued points wait for."""
-    words = stopped.message()
-    if waiting:
-        words += (
-            f"\n  {waiting} queued trial{'s' if waiting > 1 else ''} left WAITING: the same command, run again once"
-            " fixed, resumes the study and runs them first"
-        )
-    return words
 
 
 def export_best(run_dir: str | None, sweep_dir: Path, study_name: str, held: dict | None = None) -> dict:

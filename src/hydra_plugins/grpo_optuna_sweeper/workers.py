@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from . import handles
 from .confirm import CONFIRMS_ATTR
 
 HEARTBEAT_ATTR = "grpo_sweep:heartbeat"
@@ -81,7 +82,7 @@ def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int
     import optuna
     from optuna.trial import TrialState
 
-    storage = study._storage
+    storage = handles.storage_of(study)
     if not _is_journal_storage(storage):  # RDB: Optuna's own heartbeat machinery
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -106,13 +107,13 @@ def _fail_and_retry(study: Any, trial: Any, max_retry: int, status: str | None =
     import optuna
     from optuna.trial import TrialState
 
-    storage = study._storage
+    storage = handles.storage_of(study)
     try:
         if status is not None:
-            storage.set_trial_user_attr(trial._trial_id, "status", status)
-        if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            storage.set_trial_user_attr(handles.trial_id(trial), "status", status)
+        if not storage.set_trial_state_values(handles.trial_id(trial), state=TrialState.FAIL):
             return False
-        retry(study, storage.get_trial(trial._trial_id), max_retry)
+        retry(study, storage.get_trial(handles.trial_id(trial)), max_retry)
         return True
     except optuna.exceptions.UpdateFinishedTrialError:
         return False  # another worker got there first
@@ -134,6 +135,11 @@ def worker_dead(worker: str | None, started: Any) -> bool:
     except psutil.Error:
         return False
     return started is not None and created > started.timestamp() + 1.0
+
+
+def this_worker() -> str:
+    """This worker as trials record it (user attribute `worker`): host:pid, read by worker_dead."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def fail_dead_workers(study: Any, max_retry: int) -> list[int]:
@@ -166,7 +172,7 @@ class Heartbeat:
     def __init__(self, study: Any, trial_ids: list[int], interval: int):
         from grpo_sweep.study.storage import without_retry
 
-        storage = study._storage
+        storage = handles.storage_of(study)
         if _is_journal_storage(storage):  # a beat is tried once: a missed one is harmless, a blocked thread is not
             beat = without_retry(storage, "set_trial_system_attr")
             self._beat_one = lambda tid: beat(tid, HEARTBEAT_ATTR, time.time())

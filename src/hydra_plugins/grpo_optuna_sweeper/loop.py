@@ -1,0 +1,205 @@
+"""The sweep loop: ask Optuna for points, run them as Hydra jobs, tell the study what happened.
+
+One process or many: every worker runs the same loop against the same storage, asks only while the
+study holds fewer than `n_trials` finished-or-running trials, and waits for other workers' trials
+before writing the report, so a study finishes with exactly `n_trials` counted trials however many
+workers shared it and however often it was interrupted and re-run.
+
+Phases: the search (n_search trials, a neighbour move queued on its turns), then the confirmation
+runs of the finalists (confirm.py), then the report. SIGINT/SIGTERM stop it: at once while a job
+runs (the trial is killed with it), else at the next safe point; the trials asked and not told are
+failed and re-enqueued, and the report is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+from grpo_sweep.study.storage import StorageUnavailable
+
+from . import confirm, handles, neighbours
+from .failures import systematic_failure
+from .plan import Composer, SweepPlan
+from .prepare import prepare
+from .prescreen import Prescreen
+from .progress import Progress, counts
+from .report import write_report
+from .start import enqueue_neighbour
+from .tell import judge_job, state, tell
+from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_trials, retry, waiting_line
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM. A BaseException, like KeyboardInterrupt: Hydra's run_job turns any Exception
+    raised inside a job into a failed JobReturn, and an interruption must stop the sweep instead."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Loop:
+    def __init__(
+        self, study: Any, plan: SweepPlan, prescreen: Prescreen, launcher: Any, compose: Composer, progress: Progress
+    ) -> None:
+        self.study, self.plan, self.prescreen = study, plan, prescreen
+        self.launcher, self.compose, self.progress = launcher, compose, progress
+        self.moves = compose.cache()  # the neighbour moves' compositions, one per group choice
+        self.job_idx = 0  # Hydra's job index of the next launch
+        self.stopped: Any = None  # failures.Stop: a systematic failure ended the sweep
+        self.stop_signal: int | None = None  # a signal received outside a job: stop at the next safe point
+        self.in_job = False  # a job runs now: a signal stops at once
+
+    def run(self) -> Any:
+        """The search phase, the confirmation phase, the report (returned). Exits 1 after a systematic
+        failure, 128 + the signal's number when interrupted (the report written either way)."""
+        plan = self.plan
+        previous = {
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_signal),
+            signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal),
+        }
+        try:
+            self._phase(plan.n_search)
+            if self.stopped is None and plan.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
+                runs = confirm.plan(self.study, plan.confirm_top, plan.settings.confirm_repeats, log)
+                self._phase(plan.n_search + len(runs))
+            if self.stopped is not None:  # the summary ends with the failure's words
+                self._report()
+                raise SystemExit(1)
+        except Interrupted as stop:
+            log.warning("Sweep interrupted by %s: its running trials are FAIL and re-enqueued", stop)
+            self._report(quiet=True)
+            raise SystemExit(128 + stop.signum) from None
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return self._report()
+
+    def _report(self, quiet: bool = False) -> Any:
+        return write_report(self.study, self.plan, self.compose, quiet=quiet, stopped=self.stopped)
+
+    def _on_signal(self, signum, _frame):
+        """Stop now while a job runs (the trial is killed with it); else at the next safe point, so a
+        storage write (a journal append under its lock file) is never cut in half."""
+        self.stop_signal = signum
+        if self.in_job:
+            raise Interrupted(signum)
+
+    def _check_stop(self) -> None:
+        if self.stop_signal is not None:
+            raise Interrupted(self.stop_signal)
+
+    def _phase(self, target: int) -> None:
+        """Run trials until the study counts `target` (the search phase, then its confirmation runs)."""
+        study, settings = self.study, self.plan.settings
+        waited = False
+        while True:
+            self._check_stop()
+            dead = fail_dead_workers(study, settings.max_retry)  # at once: no grace period to wait out
+            stale = fail_stale_trials(study, self.plan.grace_period, settings.max_retry)
+            if stale:
+                log.warning("Trials %s stopped beating (worker gone): FAIL, re-enqueued", stale)
+            if dead:
+                log.warning("Trials %s belonged to a worker of this host that is gone (its pid): FAIL, re-enqueued", dead)
+            counted, running = counts(study)
+            self.prescreen.learn(study)  # every trial told so far (other workers' too) calibrates the next verdicts
+            room = target - counted - len(running)
+            if room <= 0:
+                if not running:
+                    return
+                if not waited:
+                    log.info("%d/%d trials done; %s", counted, target, waiting_line(study, running))
+                    waited = True
+                time.sleep(min(5.0, settings.heartbeat_interval))
+                continue
+            size = min(settings.n_jobs, room)
+            turn = counted + len(running)  # the study's count when this batch's first trial is told
+            every, startup = settings.neighbour_every, settings.n_startup_trials
+            if target == self.plan.n_search and any(neighbours.due(turn + i, startup, every) for i in range(size)):
+                enqueue_neighbour(study, self.plan, self.prescreen, self.moves)  # never in place of a confirmation run
+            batch = [study.ask() for _ in range(size)]
+            self._run_batch(batch, target)
+            self.stopped = self._systematic_failure()
+            if self.stopped is not None:
+                return
+
+    def _systematic_failure(self) -> Any:
+        from .summary import command_line
+
+        return systematic_failure(self.study, self.progress.started, self.plan.settings.max_failures_in_a_row, command_line)
+
+    def _tell(self, trial: Any, outcome: Any) -> None:
+        tell(self.study, trial, outcome, self.plan.objective, self.progress)
+
+    def _run_batch(self, batch: list, target: int) -> None:
+        study = self.study
+        pending = list(batch)  # asked but not yet told: failed and re-enqueued if we are interrupted
+        try:
+            counted, running = counts(study)
+            allowed = target - counted
+            launch = []
+            for trial in batch:
+                # Another worker asked at the same moment. (A trial missing from `running`: the storage's
+                # view lags behind our own ask; it ranks after every running trial.)
+                rank = running.index(trial.number) if trial.number in running else len(running)
+                if rank >= allowed:
+                    trial.set_user_attr("status", "surplus")
+                    study.tell(trial, state=state("FAIL"))
+                    pending.remove(trial)
+                    continue
+                copied = duplicate_of(study, trial)
+                if copied is not None:  # a start point queued by two workers at once
+                    trial.set_user_attr("status", "surplus")
+                    trial.set_user_attr("error", f"duplicate of trial {copied} (queued by two workers at once): not run")
+                    study.tell(trial, state=state("FAIL"))
+                    pending.remove(trial)
+                    continue
+                prepared = prepare(trial, self.plan, self.prescreen, self.compose)
+                prepared.apply(trial)
+                if prepared.outcome is not None:
+                    self._tell(trial, prepared.outcome)
+                    pending.remove(trial)
+                else:
+                    launch.append((trial, prepared.overrides))
+            if not launch:
+                return
+            self._check_stop()
+            with Heartbeat(study, [handles.trial_id(t) for t, _ in launch], self.plan.settings.heartbeat_interval):
+                self.in_job = True
+                try:
+                    returns = self.launcher.launch([o for _, o in launch], initial_job_idx=self.job_idx)
+                finally:
+                    self.in_job = False
+            self.job_idx += len(launch)
+            for (trial, _), ret in zip(launch, returns):
+                self._tell(trial, judge_job(trial, ret, self.plan.settings, self.plan.objective))
+                pending.remove(trial)
+        except Interrupted:
+            self._abandon(pending, "interrupted")
+            raise
+        except StorageUnavailable:
+            # The storage is away: nothing can be told. The next run (or another worker) releases these
+            # trials at once: same host, this pid gone (workers.fail_dead_workers).
+            log.error("Trials %s left RUNNING: the storage is unavailable", [t.number for t in pending])
+            raise
+        except BaseException as err:  # any other death: the trials are released before the sweeper exits
+            self._abandon(pending, "worker_error", f"the sweeper failed: {type(err).__name__}: {err}"[:1000])
+            raise
+
+    def _abandon(self, trials: list, why: str, error: str | None = None) -> None:
+        """FAIL and re-enqueue the trials this worker asked and did not tell (best effort, where the
+        storage still allows it): a re-run or another worker runs them again."""
+        for trial in trials:
+            try:
+                trial.set_user_attr("status", why)
+                if error:
+                    trial.set_user_attr("error", error)
+                self.study.tell(trial, state=state("FAIL"))
+                retry(self.study, handles.frozen_trial(self.study, trial), self.plan.settings.max_retry)
+            except Exception as err:  # noqa: BLE001 - best effort while shutting down
+                log.warning("Could not release trial %d: %s", trial.number, err)

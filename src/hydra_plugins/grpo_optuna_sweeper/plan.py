@@ -1,0 +1,175 @@
+"""The sweep's plan: what a sweep decides from its config before the storage opens, frozen.
+
+`build_plan` is the one place that reads hydra.sweeper and the search space: the settings checked,
+the space parsed, the recipe held (equal learning, concessions.py), completions_per_step held and
+the micro-batches shrunk to its divisors, and the counts (search trials, confirmation finalists).
+Everything after it (the study, the start points, each trial, the loop, the report) reads the plan
+and never changes it, so no step depends on another having run first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from grpo_sweep.config.schema import SCHEMA_KEYS
+from grpo_sweep.levers import recipe_of
+from grpo_sweep.study.storage import SWEEP_JOURNAL
+
+from . import concessions, confirm, frontier, handles, space
+from .config import SweeperSettingError
+from .config import check as check_settings
+
+log = logging.getLogger(__name__)
+
+# The split of the held completions_per_step: the accumulation is derived from it and the micro-batch.
+SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    settings: Any  # the hydra.sweeper node, read-only (config.GrpoOptunaSweeperConf)
+    distributions: dict[str, Any]  # search parameter -> Optuna distribution (micro-batches: divisors only)
+    fixed: tuple[str, ...]  # the overrides every trial gets (the held completions_per_step among them)
+    recipe: dict[str, Any]  # what every trial trains (levers.recipe_of the base config)
+    concessions: tuple[str, ...]  # hydra.sweeper.concessions: the recipe settings a trial may change
+    concession_params: dict[str, frozenset[str]]  # search parameter -> the recipe settings it changes
+    may_change: frozenset[str]  # every recipe setting a trial may change (the concessions and their parameters')
+    n_trials: int  # trials the study counts at its end (a grid: at most its size)
+    n_search: int  # of those, the search phase's (n_trials less the confirmation runs)
+    confirm_top: int  # finalists confirmed (0: off; confirm.effective_top)
+    objective: str  # the metric optimised (metrics.json key)
+    sweep_dir: Path
+    storage_url: str
+
+    @property
+    def grace_period(self) -> int:
+        """Seconds a running trial may go without a heartbeat before another worker fails it."""
+        return self.settings.grace_period or 4 * self.settings.heartbeat_interval
+
+
+def storage_url(settings: Any, sweep_dir: Path) -> str:
+    """hydra.sweeper.storage, or the journal file in the sweep directory."""
+    return settings.storage or f"journal:{sweep_dir / SWEEP_JOURNAL}"
+
+
+class Composer:
+    """A job's config for a list of overrides, as Hydra composes it for the launcher (without its
+    `hydra` node), and the composition cache over it (frontier.ComposeCache)."""
+
+    def __init__(self, hydra_context: Any, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+        runtime = OmegaConf.select(config, "hydra.runtime.choices")
+        self.chosen = frozenset(config.hydra.runtime.choices) if runtime else frozenset()
+
+    def __call__(self, overrides: Sequence[str]) -> DictConfig:
+        cfg = handles.load_sweep_config(self.hydra_context, self.config, list(overrides))
+        with read_write(cfg), open_dict(cfg):
+            cfg.pop("hydra", None)
+        return cfg
+
+    def is_group(self, key: str) -> bool:
+        """Whether `key` is a config group: the sweep's own config chose one there, or Hydra's
+        repository has the group. Calling a group a value would be wrong, calling a value a group
+        only costs a composition: unknown (no repository) is a group."""
+        return key in self.chosen or handles.group_exists(self.hydra_context, key) is not False
+
+    def cache(self) -> frontier.ComposeCache:
+        """One composition per distinct set of group choices (frontier.ComposeCache)."""
+        return frontier.ComposeCache(self, self.is_group)
+
+
+def build_plan(
+    settings: Any, config: DictConfig, arguments: Sequence[str], compose: Callable[[list[str]], DictConfig]
+) -> SweepPlan:
+    """The plan for `python train.py -m <arguments>`: `settings` the hydra.sweeper node, `config` the
+    sweep's master config, `compose` a job's config for overrides (Composer). A bad setting, a bad
+    range or a recipe change not declared is one line (SweeperSettingError, concessions), before the
+    storage opens and before any model loads."""
+    check_settings(settings)
+    params = [f"{k}={v}" for k, v in (settings.get("params") or {}).items()] + list(arguments)
+
+    def is_integer(key: str) -> bool:  # an `interval` over an integer lever samples integers
+        value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    try:
+        distributions, fixed = space.parse_space(params, is_integer=is_integer)
+        if settings.sampler == "grid":
+            space.grid_choices(distributions)  # a continuous interval cannot be a grid
+    except ValueError as err:
+        raise SweeperSettingError(str(err)) from None
+    declared = tuple(str(c) for c in (settings.get("concessions") or []))
+    recipe, concession_params, fixed_held, distributions = _hold_recipe(declared, distributions, list(fixed.values()), compose)
+    n_trials = settings.n_trials
+    if settings.sampler == "grid":
+        size = 1
+        for values in space.grid_choices(distributions).values():
+            size *= len(values)
+        n_trials = min(n_trials, size)
+    top = confirm.effective_top(n_trials, settings.confirm_top, settings.confirm_repeats, settings.sampler)
+    if settings.confirm_top and not top:
+        log.info(confirm.off_reason(n_trials, settings.confirm_top, settings.confirm_repeats, settings.sampler))
+    sweep_dir = Path(config.hydra.sweep.dir).absolute()
+    frozen = OmegaConf.create(OmegaConf.to_container(settings, resolve=True))
+    OmegaConf.set_readonly(frozen, True)
+    return SweepPlan(
+        settings=frozen,
+        distributions=distributions,
+        fixed=tuple(fixed_held),
+        recipe=recipe,
+        concessions=declared,
+        concession_params={k: frozenset(v) for k, v in concession_params.items()},
+        may_change=frozenset(declared).union(*concession_params.values()),
+        n_trials=n_trials,
+        n_search=n_trials - top * settings.confirm_repeats,
+        confirm_top=top,
+        objective=settings.objective or config.get("objective") or "tokens_per_s",
+        sweep_dir=sweep_dir,
+        storage_url=storage_url(settings, sweep_dir),
+    )
+
+
+def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str], compose: Callable) -> tuple:
+    """Equal learning (concessions.py): the recipe is the sweep's base config (every trial trains it),
+    completions_per_step is held (the split batch x accumulation is the knob), and a search parameter
+    that changes a recipe setting must be listed in hydra.sweeper.concessions.
+    Returns (recipe, concession_params, fixed, distributions)."""
+    recipe = recipe_of(compose(fixed))
+    concessions.check_list(list(declared), {k for k in distributions if k not in SCHEMA_KEYS}, recipe)
+
+    def changes(key: str) -> set[str]:
+        if key in SCHEMA_KEYS:
+            changed = concessions.setting_changes(key, recipe)
+            if key in SPLIT:
+                changed.add(concessions.CPS)
+            return changed
+        out: set[str] = set()  # a config group: what each of its choices changes
+        for value in space.grid_choices({key: distributions[key]})[key]:
+            cfg = compose([*fixed, space.to_override(key, value)])
+            out.update(concessions.diff(recipe, recipe_of(cfg)))
+        return out
+
+    concession_params = concessions.check_space(distributions, list(declared), changes, recipe)
+    cps = recipe[concessions.CPS]
+    if concessions.CPS not in declared:
+        held = {concessions.CPS: cps, "gradient_accumulation_steps": None}  # the accumulation is derived
+        fixed = [o for o in fixed if o.split("=", 1)[0].lstrip("+~") not in held]
+        fixed += [space.to_override(k, v) for k, v in held.items()]
+        totals = [cps]
+    else:
+        dist = distributions.get(concessions.CPS)
+        totals = list(space.grid_choices({concessions.CPS: dist})[concessions.CPS]) if dist is not None else []
+    if totals:
+        distributions = concessions.divisors_only(distributions, totals, log)
+    log.info(
+        "Recipe held: %s%s",
+        " ".join(f"{k}={concessions.fmt(v)}" for k, v in recipe.items() if v is not None),
+        f"; concessions allowed: {', '.join(declared)}" if declared else " (knobs only)",
+    )
+    return recipe, concession_params, fixed, distributions

@@ -1,0 +1,111 @@
+"""One trial before it runs: its point suggested, composed and checked, and the pre-screen's verdict.
+
+`prepare` decides and returns a Prepared; the caller records `Prepared.attrs` on the trial in one
+call (`apply`) whether the trial runs or not. One exception, written by `prepare` itself before
+anything slow (composing, checking, estimating): who runs the trial and its point. A worker killed
+while it prepares leaves the trial RUNNING with no heartbeat yet, and a kill mid-append tears the
+journal's last record; with these written first, and not last, the next run still finds the
+trial's worker dead and releases it at once (workers.fail_dead_workers) instead of waiting out
+grace_period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_sweep.config.local import validate_here
+from grpo_sweep.levers import recipe_of, requested_levers
+from grpo_sweep.units import budget_bytes
+
+from . import calibration, concessions, confirm, handles, space
+from .outcome import Outcome, stop_threshold
+from .plan import SweepPlan
+from .prescreen import Prescreen
+from .start import outside_space
+from .workers import this_worker
+
+
+@dataclass(frozen=True)
+class Prepared:
+    overrides: list[str]  # the job's command line (the point, and the trial's own settings)
+    attrs: dict[str, Any]  # user attributes to record on the trial
+    outcome: Outcome | None  # what to tell instead of running it (invalid, pruned, dropped); None: run it
+
+    def apply(self, trial: Any) -> None:
+        for key, value in self.attrs.items():
+            trial.set_user_attr(key, value)
+
+
+def prepare(trial: Any, plan: SweepPlan, prescreen: Prescreen, compose: Any) -> Prepared:
+    """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
+    attrs: dict[str, Any] = {}
+    preset = trial.user_attrs.get("preset")
+    enqueued = handles.fixed_params(trial)
+    outside = None if preset else outside_space(plan, enqueued)
+    if outside:  # queued by an earlier run of this study under another held recipe: not a point of this search
+        return Prepared([], attrs, Outcome("FAIL", attrs={"status": "surplus", "error": f"start point dropped: {outside}"}))
+    params = {}
+    for key, dist in plan.distributions.items():
+        if preset and key not in enqueued:
+            continue  # a preset trial runs the preset's own value for levers outside the space
+        params[key] = handles.suggest(trial, key, dist)
+    point = list(plan.fixed)  # what `python train.py ...` needs to run this point again
+    if preset:
+        point.append(f"preset={preset}")
+    point += [space.to_override(k, v) for k, v in params.items()]
+    overrides = point + [
+        space.to_override("trial.study", plan.settings.study_name),
+        f"trial.number={trial.number}",
+        f"hydra.sweep.subdir=trial_{trial.number:04d}",
+    ]
+    early: dict[str, Any] = {}
+    overrides += _stop_override(trial, plan, early)
+    early["worker"] = this_worker()
+    early[confirm.OVERRIDES_ATTR] = point
+    if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is None:
+        first = confirm.repeat_of(trial.study, trial, point)  # the same point again: its runs pool with the first's
+        if first is not None:
+            early[confirm.REPEATS_ATTR] = first
+    Prepared([], early, None).apply(trial)  # before anything slow: see the module docstring
+    cfg = None
+    try:
+        cfg = compose(overrides)
+        validate_here(cfg)  # resolves the split (gradient_accumulation_steps from completions_per_step)
+    except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
+        if cfg is not None:
+            attrs["levers"] = requested_levers(cfg)
+        return Prepared(overrides, attrs, Outcome("FAIL", attrs={"status": "invalid", "error": str(err)[:1000]}))
+    attrs["levers"] = requested_levers(cfg)
+    recipe = recipe_of(cfg)
+    taken = concessions.diff(plan.recipe, recipe)
+    attrs[concessions.TAKEN_ATTR] = taken
+    attrs[concessions.CPS] = recipe[concessions.CPS]
+    undeclared = sorted(set(taken) - plan.may_change)
+    if undeclared:
+        error = f"changes the recipe's {', '.join(undeclared)}, not in hydra.sweeper.concessions: not run"
+        return Prepared(overrides, attrs, Outcome("FAIL", attrs={"status": "invalid", "error": error}))
+    budget = budget_bytes(cfg)
+    if budget is not None:
+        attrs["budget_bytes"] = budget
+    outcome = prescreen.verdict(cfg, budget, attrs)
+    if outcome is None and "predicted_calibrated_bytes" in attrs:  # metrics.json records what the pre-screen used
+        keys = calibration.Calibrated.attr_keys()
+        overrides.append("++" + space.to_override("trial.prescreen", {k: attrs[k] for k in keys if k in attrs}))
+    return Prepared(overrides, attrs, outcome)
+
+
+def _stop_override(trial: Any, plan: SweepPlan, attrs: dict) -> list[str]:
+    """`trial.stop_below=<tokens/s>` (stop_below x the best feasible so far) for a search trial;
+    never for a confirmation run (it must run to its end) or before any trial is feasible."""
+    if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is not None:
+        return []
+    from .summary import best_finalist
+
+    settings = plan.settings
+    best = best_finalist(trial.study) if settings.stop_below else None
+    threshold = stop_threshold(best.median if best else None, settings.stop_below, plan.objective, settings.direction)
+    if threshold is None:
+        return []
+    attrs["stop_below"] = threshold
+    return [f"trial.stop_below={threshold:.6g}"]

@@ -1,0 +1,200 @@
+"""What the sweep queues besides the sampler's points: the start points (the presets, the `enqueue`
+points, the frontier) and, every few search trials, a neighbour move of the best config so far.
+
+Every function reads the frozen plan; `configs` is a frontier.ComposeCache (plan.Composer.cache):
+one Hydra composition per distinct set of group choices, however many points are ranked.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from grpo_sweep.config.local import validate_here
+from grpo_sweep.levers import recipe_of
+from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.units import budget_bytes
+
+from . import concessions, frontier, neighbours, space
+from .outcome import allowed_bytes
+from .plan import Composer, SweepPlan
+from .prescreen import Prescreen
+from .progress import room
+
+log = logging.getLogger(__name__)
+
+
+def enqueue_start(study: Any, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
+    """Queue the start points: the presets (warm_start), the `enqueue` points, then the frontier.
+
+    Never more than the search phase has room for (n_search less what the study already counts,
+    runs or queues): a queued point the search never reaches would stay WAITING, and the
+    confirmation phase would then run it in place of a confirmation run. The points left out are
+    named in a warning (raise hydra.sweeper.n_trials to run them)."""
+    settings = plan.settings
+    if settings.warm_start:
+        _enqueue_presets(study, plan, compose)
+    left_out = []
+    for i, point in enumerate(settings.enqueue):
+        params = OmegaConf.to_container(point)
+        outside = outside_space(plan, params)
+        if outside:  # the held recipe (or the space) leaves no room for it: dropped, never a failed trial
+            log.info("Start point enqueue[%d]=%s dropped: %s", i, params, outside)
+            continue
+        if room(study, plan.n_search) <= 0 and not _in_study(study, params):
+            left_out.append(f"enqueue[{i}]={params}")
+            continue
+        study.enqueue_trial(params, skip_if_exists=True)
+    if left_out:
+        log.warning(
+            "Start points not queued: the search phase has %d trials (n_trials=%d less %d confirmation runs) "
+            "and no room left for %s; raise hydra.sweeper.n_trials to run them",
+            plan.n_search,
+            plan.n_trials,
+            plan.n_trials - plan.n_search,
+            ", ".join(left_out),
+        )
+    frontier_count = min(settings.frontier_start, room(study, plan.n_search))
+    if frontier_count > 0:
+        enqueue_frontier(study, plan, prescreen, compose.cache(), frontier_count)
+
+
+def outside_space(plan: SweepPlan, params: dict) -> str | None:
+    """Why a start point cannot be asked in this search space (a value the held recipe's divisors
+    or the space's range leave out), or None when every one of its values is in it."""
+    for key, value in params.items():
+        dist = plan.distributions.get(key)
+        if dist is not None and not space.representable(dist, value):
+            return f"{key}={value} is not in the space this sweep searches ({space.describe(dist)})"
+    return None
+
+
+def _in_study(study: Any, params: dict) -> bool:
+    """Whether a trial of the study already has `params` (queued, running or run: enqueue_trial's
+    skip_if_exists skips it, so it needs no room)."""
+    return params in neighbours.points(study.get_trials(deepcopy=False))
+
+
+def _enqueue_presets(study: Any, plan: SweepPlan, compose: Composer) -> None:
+    """Queue each seed preset once per study, with its levers as parameters where they fit the space
+    (while the search phase has room: see enqueue_start)."""
+    queued = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
+    for preset in plan.settings.presets:
+        if preset in queued:
+            continue
+        if room(study, plan.n_search) <= 0:
+            log.warning(
+                "Warm start: preset=%s not queued: the search phase's %d trials are already taken; "
+                "raise hydra.sweeper.n_trials to run it",
+                preset,
+                plan.n_search,
+            )
+            continue
+        cfg = compose([*plan.fixed, f"preset={preset}"])
+        undeclared = sorted(set(concessions.diff(plan.recipe, recipe_of(cfg))) - plan.may_change)
+        if undeclared:
+            log.warning(
+                "Warm start: preset=%s not queued: it changes the recipe's %s, not in hydra.sweeper.concessions",
+                preset,
+                ", ".join(undeclared),
+            )
+            continue
+        try:
+            validate_here(cfg)  # e.g. its micro-batch does not divide the held completions_per_step
+        except Exception as err:  # noqa: BLE001 - a preset the held recipe cannot run is not queued
+            log.info("Warm start: preset=%s not queued: %s", preset, str(err).splitlines()[0])
+            continue
+        params = {}
+        for key, dist in plan.distributions.items():
+            value = OmegaConf.select(cfg, key, default=None)
+            if value is not None and space.representable(dist, value):
+                params[key] = value
+        study.enqueue_trial(params, user_attrs={"preset": preset})
+        log.info("Warm start: enqueued preset=%s", preset)
+
+
+def enqueue_frontier(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
+    """Queue (once per study) the `count` points predicted to fill the allowed memory best (frontier.py)."""
+    settings = plan.settings
+    if any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
+        return
+    if settings.sampler == "grid" or not plan.distributions:
+        return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
+    try:
+        choices = space.grid_choices(plan.distributions, purpose="the frontier start")
+    except ValueError as why:  # on by default: a continuous space is not an error
+        log.info("Frontier start skipped: %s", why)
+        return
+    fullness = []
+    for params in frontier.candidates(choices, settings.seed):
+        try:
+            cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
+            validate_here(cfg)
+            est = estimate(cfg)
+        except Exception:  # noqa: BLE001 - a point that cannot be composed or estimated is not a pick
+            continue
+        budget = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
+        limit = allowed_bytes(budget, settings.headroom)
+        if limit is None:
+            log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
+            return
+        # The calibrated prediction (raw until the study has measured trials: a resumed study's count).
+        predicted = prescreen.calibrated(est).calibrated_bytes if settings.prescreen else est.total_bytes
+        full = predicted / limit
+        # A fit whose generation runs in N waves (vLLM's KV cache holds fewer sequences than the batch) is
+        # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
+        waves = est.assumptions.get("generation_waves") or 1
+        fullness.append((params, full / waves if full <= 1 else full))
+    if not fullness:
+        log.info(
+            "Frontier start skipped: none of the space's points could be composed, checked and estimated "
+            "(each is refused as it would be when run: see the first trials' errors)"
+        )
+        return
+    picks = frontier.pick(fullness, count, settings.seed)
+    if not picks:
+        log.info(
+            "Frontier start: none of the %d candidates is predicted to fit the allowed memory; "
+            "the search starts from sampled points",
+            len(fullness),
+        )
+        return
+    for params in picks:
+        study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
+    log.info(
+        "Frontier start: enqueued %d of %d candidates, fullest predicted fit first: %s",
+        len(picks),
+        len(fullness),
+        "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
+    )
+
+
+def enqueue_neighbour(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
+    """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
+    point that composes, passes validate_here and is not pruned by the pre-screen."""
+    if plan.settings.sampler == "grid" or not plan.distributions:
+        return
+    try:
+        choices = space.grid_choices(plan.distributions)
+    except ValueError:
+        return  # a continuous space: no steps to take
+    verdicts = prescreen.move_verdicts
+
+    def runs(point: dict) -> bool:  # what prepare would launch: it composes, passes the checks, is not pruned
+        key = neighbours.point_key(point)
+        if key not in verdicts:
+            try:
+                cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in point.items())])
+                validate_here(cfg)
+                verdicts[key] = prescreen.verdict(cfg, budget_bytes(cfg)) is None
+            except Exception:  # noqa: BLE001 - a point that cannot be composed or checked is not a move
+                verdicts[key] = False
+        return verdicts[key]
+
+    move = neighbours.enqueue(study, choices, runs, plan.settings.seed)
+    if move is not None:
+        moved = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in move["moved"].items())
+        repair = " (a repair: one of the two alone would not pass the pre-screen)" if len(move["moved"]) > 1 else ""
+        log.info("Neighbour move: trial %d's config (the best so far with a move left) with %s%s", move["from"], moved, repair)

@@ -1,0 +1,91 @@
+"""The text a finished sweep prints: the top trials, the confirmed finalists, a stopped sweep's last
+lines (summary.write_summary prints them; best.yaml and trials.csv hold the same numbers)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from grpo_sweep.units import GIB
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def ranks_text(attrs: dict) -> str:
+    """`2 x ddp` for a trial of 2 processes, `1` for one."""
+    n = attrs.get("world_size") or 1
+    return f"{n} x {attrs.get('strategy')}" if n > 1 else "1"
+
+
+def rank_peaks_text(attrs: dict) -> str:
+    peaks = attrs.get("rank_peak_memory_bytes") or []
+    return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
+
+
+def table(ok: list, objective: str, top_k: int) -> str:
+    """The top `top_k` of `ok` (the study's ok trials, best first) as aligned text."""
+    keys = sorted({k for t in ok[:top_k] for k in t.params})
+    multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
+    header = [
+        "rank",
+        "trial",
+        objective,
+        "peak GiB",
+        "pred GiB",
+        *(["ranks", "per-rank GiB"] if multi else []),
+        "reward",
+        "reward change",
+        *keys,
+    ]
+    lines = [header]
+    for rank, t in enumerate(ok[:top_k], 1):
+        peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
+        lines.append(
+            [
+                str(rank),
+                str(t.number),
+                _fmt(t.value),
+                f"{peak / GIB:.2f}" if peak else "-",
+                f"{pred / GIB:.2f}" if pred else "-",
+                *([ranks_text(t.user_attrs), rank_peaks_text(t.user_attrs)] if multi else []),
+                *[
+                    _fmt(t.user_attrs.get(k)) if t.user_attrs.get(k) is not None else "-"
+                    for k in ("reward_mean", "reward_change")
+                ],
+                *[_fmt(t.params.get(k, "")) for k in keys],
+            ]
+        )
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
+
+
+def finalist_table(summary: dict, objective: str) -> str:
+    """The confirmed finalists: every run, the median and the spread, and the noise verdict."""
+    if not summary.get("finalists"):
+        return ""
+    heading = "Confirmed finalists" if summary.get("finalists_from") == "confirmation" else "Configs run more than once"
+    lines = [f"\n{heading} (median of runs wins; {objective}):"]
+    for f in summary["finalists"]:
+        spread = f"{f['spread']:.0%}" if f["spread"] is not None else "-"
+        runs = ", ".join(f"{v:.4g}" for v in f["runs"])
+        lines.append(f"  trial {f['trial']}: median {f['median']:.4g}  runs [{runs}]  spread {spread}")
+    if summary.get("noise_note"):
+        lines.append(f"  Note: {summary['noise_note']}")
+    elif summary.get("top_two_within_noise") is False:
+        lines.append("  The winner's runs are all above the runner-up's: a clear winner on this machine.")
+    return "\n".join(lines)
+
+
+def stop_words(stopped: Any, waiting: int) -> str:
+    """A stopped sweep's last lines: the failure, what to do, and what its queued points wait for."""
+    words = stopped.message()
+    if waiting:
+        words += (
+            f"\n  {waiting} queued trial{'s' if waiting > 1 else ''} left WAITING: the same command, run again once"
+            " fixed, resumes the study and runs them first"
+        )
+    return words
