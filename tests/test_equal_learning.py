@@ -626,3 +626,120 @@ def test_the_learning_check_compares_trials_of_one_recipe_and_seed():
     card = [(n, rec(0.5, 0.7 * (1 + d), device="cuda"), 0) for n, d in enumerate((0, 0.005, -0.004))]
     assert departures(card) == {} and list(departures(card, tolerance=1e-4)) == [1, 2]
     assert fingerprint({"history": [{"grad_norm": float("nan"), "reward": 0.5}]}) == {"reward@1": 0.5}
+
+
+# Settings of parallelism, offload and the generation engine's code (levers.KINDS): knobs, each with its source.
+PARALLEL_AND_ENGINE_KNOBS = {
+    "backend.vllm_model_impl": "vLLM 0.31",
+    "backend.vllm_mode": "TRL 1.16",
+    "backend.vllm_tensor_parallel_size": "vLLM 0.31",
+    "backend.unsloth_grpo_mini_batch": "unsloth_zoo/rl_replacements.py",
+    "backend.unsloth_logit_chunk_multiplier": "unsloth_zoo/rl_replacements.py",
+    "trial.num_processes": "config.schema.split_of",
+    "trial.strategy": "transformers 5.17",
+    "trial.offload": "DeepSpeed",
+    "ds3_gather_for_generation": "TRL 1.16",
+}
+
+
+def test_parallel_offload_and_engine_code_settings_are_knobs_with_their_sources():
+    for key, source in PARALLEL_AND_ENGINE_KNOBS.items():
+        assert key in SCHEMA_KEYS and kind_of(key) == KNOB and source in KINDS[key].why, key
+    plain = recipe_of(compose([]))
+    changed = compose(["ds3_gather_for_generation=false", "trial.offload=true", "backend.vllm_model_impl=auto"])
+    assert recipe_of(changed) == plain  # none of them is part of what is learned
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["trial.offload=true"],
+            r"^trial\.offload=true: needs trial\.strategy=fsdp, zero2 or zero3 .*strategy=ddp, num_processes=1",
+        ),
+        (
+            ["trial.num_processes=2", "trial.strategy=zero2", "ds3_gather_for_generation=false"],
+            r"^ds3_gather_for_generation=false: applies only under trial\.strategy=zero3 .*strategy=zero2",
+        ),
+        (
+            ["backend=trl_vllm", "trial.num_processes=2", "trial.strategy=zero3", "ds3_gather_for_generation=false"],
+            r"^ds3_gather_for_generation=false: not with vLLM generation",
+        ),
+        (
+            ["backend=trl_vllm", "backend.vllm_model_impl=transformers"],
+            r"^backend\.vllm_model_impl=transformers: not in colocate mode",
+        ),
+        (
+            ["backend=trl_vllm", "backend.vllm_model_impl=jax"],
+            r"^backend\.vllm_model_impl=jax: must be one of null, auto, vllm, transformers$",
+        ),
+        (["backend=trl", "backend.vllm_model_impl=vllm"], r"^backend\.vllm_model_impl=vllm: needs backend=trl_vllm"),
+        (["backend=trl", "backend.unsloth_grpo_mini_batch=4"], r"^backend\.unsloth_grpo_mini_batch=4: needs backend=unsloth"),
+        (
+            ["backend=unsloth", "backend.unsloth_logit_chunk_multiplier=0"],
+            r"^backend\.unsloth_logit_chunk_multiplier=0: must be an integer >= 1",
+        ),
+    ],
+)
+def test_parallel_offload_and_engine_code_settings_refused_in_one_line(overrides, line):
+    with pytest.raises(ConfigError, match=line):
+        validate(compose(overrides), cuda=True, installed=lambda _: True)
+
+
+def test_offload_gather_and_engine_code_reach_trl_deepspeed_fsdp_and_vllm():
+    """trial.offload -> DeepSpeed's offload_optimizer (+ offload_param under ZeRO-3) or FSDP2's cpu_offload;
+    ds3_gather_for_generation=false -> GRPOConfig; backend.vllm_model_impl -> TRL's colocate argument or
+    `trl vllm-serve --vllm_model_impl`; the Unsloth chunk settings -> Unsloth's GRPOConfig. Defaults pass nothing."""
+    from grpo_sweep.report.export import engine_notes
+    from grpo_sweep.trial.backends import trl as trl_backend
+    from grpo_sweep.trial.backends import trl_vllm, unsloth
+    from grpo_sweep.trial.vllm_server import command
+
+    def args(*overrides):
+        cfg = validate(compose(list(overrides)), cuda=True, installed=lambda _: True)
+        return trl_backend.grpo_args(cfg, on_cuda=True, output_dir="/o")
+
+    ranks = ["trial.num_processes=2"]
+    zero3 = args(*ranks, "trial.strategy=zero3", "trial.offload=true", "ds3_gather_for_generation=false")
+    zero = zero3["deepspeed"]["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True} and zero["offload_param"]["device"] == "cpu"
+    assert zero3["ds3_gather_for_generation"] is False
+    zero2 = args(*ranks, "trial.strategy=zero2", "trial.offload=true")["deepspeed"]["zero_optimization"]
+    assert "offload_optimizer" in zero2 and "offload_param" not in zero2
+    assert args(*ranks, "trial.strategy=fsdp", "trial.offload=true")["fsdp_config"]["cpu_offload"] is True
+    plain = args(*ranks, "trial.strategy=zero3")
+    assert "offload_optimizer" not in plain["deepspeed"]["zero_optimization"] and "ds3_gather_for_generation" not in plain
+
+    colocate = compose(["backend=trl_vllm", "backend.vllm_model_impl=auto"])
+    assert trl_vllm.vllm_args(colocate, device_util=0.5)["vllm_model_impl"] == "auto"
+    assert "vllm_model_impl" not in trl_vllm.vllm_args(compose(["backend=trl_vllm"]), device_util=0.5)
+    server = compose(["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_model_impl=transformers"])
+    assert "--model-impl transformers" in " ".join(command(server, "/m", 1, on_cuda=False))
+    (line,) = engine_notes({"backend": {"vllm_mode": "server", "vllm_model_impl": "transformers"}}, {})
+    assert "--vllm_model_impl transformers" in line
+    assert engine_notes({"backend": {"vllm_model_impl": "auto"}}, {}) == []  # colocate: GRPOConfig.vllm_model_impl
+
+    chunks = compose(["backend=unsloth", "backend.unsloth_grpo_mini_batch=2", "backend.unsloth_logit_chunk_multiplier=8"])
+    out = unsloth.grpo_unsloth_args(chunks, on_cuda=True, output_dir="/o")
+    assert (out["unsloth_grpo_mini_batch"], out["unsloth_logit_chunk_multiplier"]) == (2, 8)
+    assert not set(unsloth.UNSLOTH_LOSS_SETTINGS) & set(
+        unsloth.grpo_unsloth_args(compose(["backend=unsloth"]), on_cuda=True, output_dir="/o")
+    )
+
+
+def test_offload_and_generation_without_the_gather_have_their_memory_terms():
+    """rank_terms: offload takes the sharded optimiser state and parameters off the card; ZeRO-3 without
+    ds3_gather_for_generation no longer holds the whole model during HF generation."""
+    from grpo_sweep.memory.estimator import estimate
+
+    base = ["gpu=l4_24g", "model=qwen2_5_0_5b", "backend=trl", "trial.num_processes=2", "trial.strategy=zero3"]
+
+    def est(*extra):
+        return estimate(validate(compose([*base, *extra]), cuda=True, installed=lambda _: True))
+
+    plain, offload, sharded = est(), est("trial.offload=true"), est("ds3_gather_for_generation=false")
+    assert plain.components["optimizer_state"] > 0 and plain.components["weights"] > 0
+    assert offload.components["optimizer_state"] == 0 and offload.components["weights"] == 0
+    assert offload.total_bytes < plain.total_bytes
+    full = plain.components["gathered_params"]  # generation holds every weight with the gather
+    assert sharded.components["gathered_params"] < full and sharded.total_bytes < plain.total_bytes

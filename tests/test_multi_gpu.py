@@ -415,6 +415,7 @@ SERVER_ENGINE = {
     "enforce_eager": True,
     "kv_cache_memory_bytes": 4 * 2**20,
     "kv_cache_dtype": "auto",
+    "model_impl": "transformers",  # transformers' modeling code inside vLLM: server mode only (schema.check_vllm_engine)
 }
 
 

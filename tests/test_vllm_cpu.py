@@ -100,6 +100,7 @@ def test_trl_vllm_trials_on_a_simulated_card(tmp_path):
         "enforce_eager": True,
         "kv_cache_memory_bytes": plan["kv_cache_bytes"],
         "kv_cache_dtype": "auto",
+        "model_impl": "vllm",  # TRL's default, passed by TRL's colocate LLM(...)
     }
     assert fits["vllm_max_running_requests"] == 1 and fits["vllm_max_waiting_requests"] >= 1
     # Its own rendezvous port (vllm_util.own_rendezvous_port), not TRL's shared 29500.

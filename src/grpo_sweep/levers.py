@@ -160,6 +160,55 @@ KINDS: dict[str, Kind] = {
         "fp8 stores the keys and values attention reads quantised (vllm/config/cache.py cache_dtype): the "
         "sampled distribution changes",
     ),
+    "backend.vllm_model_impl": Kind(
+        KNOB,
+        "the model code vLLM runs (its own, or transformers' modeling code inside vLLM): the same weights and "
+        "maths, other kernels (vLLM 0.31 vllm/config/model.py model_impl; TRL 1.16 trl/trainer/grpo_config.py "
+        "vllm_model_impl)",
+    ),
+    "backend.vllm_mode": Kind(
+        KNOB,
+        "vLLM inside the training processes (colocate) or in its own on other devices (server): the same engine "
+        "and sampling settings (TRL 1.16 trl/trainer/grpo_config.py vllm_mode)",
+    ),
+    "backend.vllm_tensor_parallel_size": Kind(
+        KNOB,
+        "vLLM shards each layer's weights over N devices: the same model and samples (vLLM 0.31 "
+        "vllm/config/parallel.py tensor_parallel_size; TRL 1.16 trl/scripts/vllm_serve.py tensor_parallel_size)",
+    ),
+    "backend.unsloth_grpo_mini_batch": Kind(
+        KNOB,
+        "rows per chunk when Unsloth computes the hidden states of the loss: the same per-token losses, summed "
+        "the same way, a lower peak (unsloth/models/rl.py UnslothGRPOConfig; unsloth_zoo/rl_replacements.py "
+        "grpo_accumulated_loss)",
+    ),
+    "backend.unsloth_logit_chunk_multiplier": Kind(
+        KNOB,
+        "chunks of the vocabulary the loss's log-softmax runs in: the same log-probabilities, a lower peak "
+        "(unsloth/models/rl.py UnslothGRPOConfig; unsloth_zoo/rl_replacements.py grpo_accumulated_loss)",
+    ),
+    "trial.num_processes": Kind(
+        KNOB,
+        "ranks one optimiser step is split across: completions_per_step is held and each rank's accumulation "
+        "derived (config.schema.split_of), the same gradient all-reduced",
+    ),
+    "trial.strategy": Kind(
+        KNOB,
+        "how the ranks hold the model (DDP replicas, FSDP or DeepSpeed ZeRO shards): the same update "
+        "(transformers 5.17 training_args.py fsdp, deepspeed)",
+    ),
+    "trial.offload": Kind(
+        KNOB,
+        "optimiser state (zero2) and parameters too (zero3, fsdp) kept in host memory: the same AdamW update, run "
+        "on the host (DeepSpeed zero offload_optimizer/offload_param, DeepSpeedCPUAdam; torch FSDP2 "
+        "CPUOffloadPolicy)",
+    ),
+    "ds3_gather_for_generation": Kind(
+        KNOB,
+        "under ZeRO-3, gather the whole model for HF generation (true) or generate from the shards (false): the "
+        "same model samples, slower without the gather (TRL 1.16 trl/trainer/grpo_config.py "
+        "ds3_gather_for_generation)",
+    ),
     "backend": Kind(
         KNOB,
         "the generation engine (HF generate or vLLM): same sampling settings, other speed "

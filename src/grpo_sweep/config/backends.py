@@ -91,6 +91,14 @@ def runs_vllm(name: str) -> bool:
     return name in BACKENDS and BACKENDS[name].runs_vllm
 
 
+def generates_with_vllm(cfg, backend: str) -> bool:
+    """Whether the trial generates with a vLLM pool on the card: trl_vllm always; unsloth with
+    `backend.fast_inference` (default true; false = HF generation, no pool: trial/backends/unsloth.py)."""
+    if not runs_vllm(backend):
+        return False
+    return backend != "unsloth" or bool(cfg.backend.get("fast_inference", True))
+
+
 def start_method(name: str, requested: str, cuda: bool) -> str:
     """The multiprocessing start method for a trial of backend `name` (already resolved).
 
@@ -134,10 +142,14 @@ VLLM_ENGINE_SETTINGS: dict[str, str] = {
     "vllm_enforce_eager": "enforce_eager",
     "vllm_kv_cache_memory_bytes": "kv_cache_memory_bytes",
     "vllm_kv_cache_dtype": "kv_cache_dtype",
+    "vllm_model_impl": "model_impl",
 }
 # backend.vllm_kv_cache_dtype: "auto" is the model's dtype; the fp8 ones quantise the KV cache (vllm/config/cache.py
 # CacheDType; the CUDA attention backends and, with AVX-512 or AMX, vLLM-CPU's store them).
 VLLM_KV_CACHE_DTYPES: tuple[str | None, ...] = (None, "auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# backend.vllm_model_impl: vLLM's own model code, or transformers' modeling code run by vLLM (vllm/config/model.py
+# ModelImpl; "auto" prefers vLLM's own). null: TRL's "vllm".
+VLLM_MODEL_IMPLS: tuple[str | None, ...] = (None, "auto", "vllm", "transformers")
 
 
 def vllm_engine_settings(cfg) -> dict:

@@ -117,6 +117,11 @@ class BackendConfig:
     vllm_enforce_eager: bool | None = None  # null: true on CPU (grpo-sweep's choice), vLLM's false on CUDA
     vllm_kv_cache_memory_bytes: int | None = None  # the KV cache in bytes instead of what gpu_memory_utilization leaves
     vllm_kv_cache_dtype: str | None = None  # null/auto: the model's dtype; fp8*: quantised (recipe; CUDA here)
+    vllm_model_impl: str | None = None  # vLLM's own model code or transformers' (null: TRL's "vllm")
+    # unsloth only (UnslothGRPOConfig): rows per chunk of the loss's hidden states, vocabulary chunks of its
+    # log-softmax; null: Unsloth sizes both from the free memory (unsloth_zoo rl_replacements.py).
+    unsloth_grpo_mini_batch: int | None = None
+    unsloth_logit_chunk_multiplier: int | None = None
     # unsloth only: true = vLLM generation (from_pretrained(fast_inference=True), a vLLM pool on the
     # card); false = HF generation, no pool. The trial and the estimator both read it.
     fast_inference: bool = True
@@ -177,6 +182,8 @@ class TrialConfig:
     # fsdp (everything sharded), zero2 / zero3 (DeepSpeed). 1: today's single process (docs/multi-gpu.md).
     num_processes: int = 1
     strategy: str = "ddp"
+    # fsdp, zero2, zero3: the optimiser state (zero2) and the parameters too (zero3, fsdp) in host memory.
+    offload: bool = False
     # backend.vllm_mode=server: the CUDA devices the vLLM server runs on (CUDA_VISIBLE_DEVICES of the
     # server); the training ranks should use the others. Ignored on CPU.
     vllm_devices: list = field(default_factory=list)
@@ -229,6 +236,9 @@ class TrainConfig:
     # PyTorch's CUDA allocator grows segments instead of caching fixed blocks (less fragmentation):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|False, set in the trial before CUDA starts.
     expandable_segments: bool = False
+    # trial.strategy=zero3 only (TRL GRPOConfig): gather the whole model for HF generation (TRL's default);
+    # false generates from the shards, slower, for models whose weights do not fit one card.
+    ds3_gather_for_generation: bool = True
     seed: int = 0
     objective: str = "tokens_per_s"
 
@@ -404,6 +414,7 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_processes(cfg, cuda=cuda, installed=installed)
     check_vllm_server(cfg)
     check_vllm_engine(cfg, cuda=cuda)
+    check_unsloth_settings(cfg)
     if cfg.model.source == "hub" and not cfg.model.hub_id:
         raise ConfigError(f"model.hub_id: required when model.source=hub (model={cfg.model.name})")
     if cfg.model.tokenizer == "hub" and not cfg.model.hub_id:
@@ -524,6 +535,7 @@ def check_vllm_engine(cfg: Any, *, cuda: bool | None) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"backend.{key}={value}: must be an integer >= 1, or null (vLLM decides)")
     _one_of(cfg, "backend.vllm_kv_cache_dtype", backends.VLLM_KV_CACHE_DTYPES)
+    _one_of(cfg, "backend.vllm_model_impl", backends.VLLM_MODEL_IMPLS)
     given = backends.vllm_engine_settings(cfg)
     if given and backend.name != "trl_vllm":
         key = next(k for k, a in backends.VLLM_ENGINE_SETTINGS.items() if a in given)
@@ -541,6 +553,13 @@ def check_vllm_engine(cfg: Any, *, cuda: bool | None) -> None:
         raise ConfigError(
             f"backend.vllm_max_num_batched_tokens={tokens}: must be >= {named} (vLLM 0.31 "
             "vllm/config/scheduler.py verify_max_model_len: every running sequence decodes a token per step), or null"
+        )
+    if backend.get("vllm_model_impl") == "transformers" and backend.get("vllm_mode", "colocate") == "colocate":
+        raise ConfigError(
+            "backend.vllm_model_impl=transformers: not in colocate mode (allowed there: null, auto, vllm). vLLM's "
+            "transformers backend decorates transformers' model classes in the process it runs in "
+            "(vllm/compilation/decorators.py support_torch_compile), the trainer's model with them, whose forward "
+            "then fails ('LlamaModel' object has no attribute 'do_not_compile', vLLM 0.31); use backend.vllm_mode=server"
         )
     dtype = backend.get("vllm_kv_cache_dtype")
     if dtype not in (None, "auto") and cuda is False:
@@ -576,6 +595,37 @@ def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], b
         if installed is not None and not installed("deepspeed"):
             raise ConfigError(
                 f"trial.strategy={strategy}: needs the package deepspeed, which is not installed (pip install deepspeed)"
+            )
+    if cfg.trial.get("offload") and (n < 2 or strategy == "ddp"):
+        raise ConfigError(
+            f"trial.offload=true: needs trial.strategy=fsdp, zero2 or zero3 with trial.num_processes >= 2 (got "
+            f"strategy={strategy}, num_processes={n}): only sharded training keeps state in host memory; use false"
+        )
+    if cfg.get("ds3_gather_for_generation", True) is False:
+        if n < 2 or strategy != "zero3":
+            raise ConfigError(
+                f"ds3_gather_for_generation=false: applies only under trial.strategy=zero3 with trial.num_processes >= 2 "
+                f"(got strategy={strategy}, num_processes={n}); use true (TRL's default)"
+            )
+        if backends.generates_with_vllm(cfg, cfg.backend.name):
+            raise ConfigError(
+                "ds3_gather_for_generation=false: not with vLLM generation (TRL 1.16 trl/trainer/grpo_config.py: "
+                "vLLM needs the gathered weights); use backend=trl, or true"
+            )
+
+
+def check_unsloth_settings(cfg: Any) -> None:
+    """backend.unsloth_grpo_mini_batch and backend.unsloth_logit_chunk_multiplier: integers >= 1 or null, Unsloth only."""
+    for key in ("unsloth_grpo_mini_batch", "unsloth_logit_chunk_multiplier"):
+        value = cfg.backend.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"backend.{key}={value}: must be an integer >= 1, or null (Unsloth sizes it)")
+        if cfg.backend.name != "unsloth":
+            raise ConfigError(
+                f"backend.{key}={value}: needs backend=unsloth (got backend={cfg.backend.name}); "
+                "it is a setting of Unsloth's GRPO loss, use null"
             )
 
 

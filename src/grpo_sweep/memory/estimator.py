@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import backends
+from ..config.backends import generates_with_vllm
 from ..config.model_arch import arch_of
 from ..config.schema import processes_of, split_of
 from ..units import GIB as GiB
@@ -446,14 +447,6 @@ def continuous_batching_bytes(cfg: Any, s: Shapes, budget: int | None, resident:
     return int(max(budget - resident, 0) * percent)
 
 
-def generates_with_vllm(cfg: Any, backend: str) -> bool:
-    """Whether the trial generates with a vLLM pool on the card: trl_vllm always; unsloth with
-    `backend.fast_inference` (default true; false = HF generation, no pool: trial/backends/unsloth.py)."""
-    if not backends.runs_vllm(backend):
-        return False
-    return backend != "unsloth" or bool(cfg.backend.get("fast_inference", True))
-
-
 def vllm_pool_bytes(utilization: float, budget: int) -> int:
     """vLLM reserves `gpu_memory_utilization x total memory` at start-up for its weights, activations,
     CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py `determine_available_memory`); colocated
@@ -604,7 +597,17 @@ def _shard(nbytes: int, n: int) -> int:
     return -(-int(nbytes) // n)
 
 
-def rank_terms(s: Shapes, n: int, strategy: str, phase: str, comps: dict, *, hf_generate: bool = True) -> dict:
+def rank_terms(
+    s: Shapes,
+    n: int,
+    strategy: str,
+    phase: str,
+    comps: dict,
+    *,
+    hf_generate: bool = True,
+    offload: bool = False,
+    gather: bool = True,
+) -> dict:
     """The largest rank's components for `phase` (training | generation) of a trial with `n`
     processes under `strategy`, from the single-process components `comps`. Sources:
 
@@ -622,7 +625,12 @@ def rank_terms(s: Shapes, n: int, strategy: str, phase: str, comps: dict, *, hf_
     - zero3 (DeepSpeed ZeRO stage 3): sharded like fsdp; parameters are fetched per module, with a
       prefetch bucket of 0.9 x hidden_size^2 elements (TRL's `prepare_deepspeed`): the largest module
       (a layer or the embedding) + that bucket. TRL's `ds3_gather_for_generation=True` (the default)
-      gathers the whole model for HF `generate`: generation holds every weight.
+      gathers the whole model for HF `generate`: generation holds every weight; false generates from the
+      shards, fetching module by module as in training.
+    - trial.offload (fsdp, zero2, zero3): DeepSpeed's `offload_optimizer` keeps the optimiser state (and
+      the fp32 master copy) in host memory, `offload_param` (zero3) the parameter shards; FSDP2's
+      CPUOffloadPolicy keeps parameter, gradient and optimiser shards there. The card still holds what
+      a step gathers (`gathered_params`) and, under ZeRO, the gradient partitions before they are copied.
     Activations, logits and inputs are per micro-batch: the same on every rank. n == 1 changes nothing.
     """
     out = dict(comps)
@@ -630,7 +638,7 @@ def rank_terms(s: Shapes, n: int, strategy: str, phase: str, comps: dict, *, hf_
         return out
     trains = phase == "training"
     grads = gradient_bytes(s)
-    gathers_all = phase == "generation" and hf_generate  # ZeRO-3 + HF generate: the whole model
+    gathers_all = phase == "generation" and hf_generate and gather  # ZeRO-3 + HF generate: the whole model
     if strategy == "ddp":
         out["ddp_buckets"] = grads
         return out
@@ -641,14 +649,16 @@ def rank_terms(s: Shapes, n: int, strategy: str, phase: str, comps: dict, *, hf_
         # DeepSpeed's bf16 optimiser keeps an fp32 master copy beside AdamW's two fp32 moments:
         # 12 bytes per trainable parameter (the engine casts the model, adapters included, to bf16).
         optimizer = 12 * trainable_param_count(s)
-    out["optimizer_state"] = _shard(optimizer, n)
+    out["optimizer_state"] = 0 if offload else _shard(optimizer, n)
     if strategy == "zero2":
         out["ddp_buckets"] = min(grads, s.H * s.H * (4 if not s.full else s.wb)) if trains else 0
         return out
     # fsdp, zero3: parameters sharded too
     full_weights = out["weights"]
-    out["weights"] = _shard(out["weights"], n)
-    out["lora_params"] = _shard(out["lora_params"], n)
+    out["weights"] = 0 if offload else _shard(out["weights"], n)
+    out["lora_params"] = 0 if offload else _shard(out["lora_params"], n)
+    if offload and strategy == "fsdp":
+        out["gradients"] = 0
     layer = layer_param_count(s) * s.wb
     root = root_param_count(s) * s.wb
     if strategy == "fsdp":
@@ -715,6 +725,8 @@ class _Modelled:
     server: bool  # backend.vllm_mode=server: vLLM in its own process on its own devices
     world: int  # trial.num_processes
     strategy: str  # trial.strategy
+    offload: bool  # trial.offload: sharded state in host memory (fsdp, zero2, zero3)
+    gather: bool  # ds3_gather_for_generation: ZeRO-3 gathers the whole model for HF generation
     engine: dict  # backend.vllm_* engine settings as vLLM takes them (trl_vllm only; config/backends.py)
     continuous_batching: bool  # use_transformers_continuous_batching: HF generation's paged pool
 
@@ -743,6 +755,8 @@ def _modelled(cfg: Any, logits_mode: str | None, device: str | None, backend: st
         server=vllm and backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "server",
         world=world,
         strategy=strategy,
+        offload=bool((cfg.get("trial") or {}).get("offload", False)),
+        gather=bool(cfg.get("ds3_gather_for_generation", True)),
         engine=backends.vllm_engine_settings(cfg) if backend == "trl_vllm" else {},
         continuous_batching=bool(cfg.get("use_transformers_continuous_batching")),
     )
@@ -794,7 +808,10 @@ def _single_process_phases(cfg: Any, m: _Modelled, pool: int) -> dict[str, dict[
 
 def _rank_phases(m: _Modelled, single: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """Each phase's components on the largest rank (`rank_terms`); both phases list the same keys."""
-    phases = {p: rank_terms(m.s, m.world, m.strategy, p, c, hf_generate=not m.vllm) for p, c in single.items()}
+    phases = {
+        p: rank_terms(m.s, m.world, m.strategy, p, c, hf_generate=not m.vllm, offload=m.offload, gather=m.gather)
+        for p, c in single.items()
+    }
     train, gen = phases["training"], phases["generation"]
     for key in set(train) | set(gen):
         train.setdefault(key, 0)

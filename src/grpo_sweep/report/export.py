@@ -98,12 +98,19 @@ def engine_notes(config: dict, settings: dict) -> list[str]:
     has no pass-through (grpo-sweep set them over TRL's LLM(...) call: trial/backends/trl_vllm.py)."""
     backend = config.get("backend") or {}
     given = {arg: backend[key] for key, arg in VLLM_ENGINE_SETTINGS.items() if backend.get(key) is not None}
+    server = backend.get("vllm_mode", "colocate") == "server"
+    if not server:
+        given.pop("model_impl", None)  # colocate: GRPOConfig.vllm_model_impl, written with the config
     if not given:
         return []
-    flags = " ".join(f"--{arg.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for arg, v in given.items())
+    # `trl vllm-serve` names model_impl itself (--vllm_model_impl) and passes the other flags on to `vllm serve`
+    flags = " ".join(
+        f"--{'vllm_model_impl' if arg == 'model_impl' else arg.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}"
+        for arg, v in given.items()
+    )
     model = settings.get("model_name_or_path") or "<your model>"
     line = f"vLLM engine settings of this trial: serve them with `trl vllm-serve --model {model} {flags}`"
-    if backend.get("vllm_mode", "colocate") == "server":
+    if server:
         return [line + " (with vllm_mode: server, as it ran)"]
     return [
         line + " and vllm_mode: server; TRL's colocate mode cannot pass them "

@@ -53,6 +53,7 @@ def command(cfg: Any, model_path: str, port: int, *, on_cuda: bool, kv_cache_byt
         enforce_eager=engine.get("enforce_eager", not on_cuda),  # CPU: eager unless asked (inductor: ~1 min a start)
         enable_prefix_caching=engine.get("enable_prefix_caching"),
         kv_cache_dtype=engine.get("kv_cache_dtype", "auto"),
+        vllm_model_impl=engine.get("model_impl", "vllm"),
     )
     extra = [f"--{arg.replace('_', '-')}={engine[arg]}" for arg in ("max_num_seqs", "max_num_batched_tokens") if arg in engine]
     if kv_cache_bytes is not None:

@@ -72,6 +72,8 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     for key in ("torch_empty_cache_steps", "pad_to_multiple_of"):  # null: upstream's default, not passed
         if cfg.get(key) is not None:
             args[key] = cfg[key]
+    if cfg.get("ds3_gather_for_generation", True) is False:  # true is TRL's default: passed only when off
+        args["ds3_gather_for_generation"] = False
     if cfg.task.get("reward_weights") is not None:  # task.reward_weights (config/user_task.py checks them)
         args["reward_weights"] = [float(w) for w in cfg.task.reward_weights]
     extra = cfg.trial.get("grpo_config") or {}
@@ -153,6 +155,7 @@ def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
     if processes_of(cfg) <= 1:
         return {}
     strategy = cfg.trial.get("strategy", "ddp")
+    offload = bool(cfg.trial.get("offload", False))  # validated: only with fsdp, zero2 or zero3
     if strategy == "ddp":
         # LoRA trains every adapter each step: no unused parameters to search for (a full pass per step otherwise).
         return {"ddp_find_unused_parameters": False}
@@ -166,12 +169,18 @@ def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
                 "cpu_ram_efficient_loading": False,
                 "state_dict_type": "FULL_STATE_DICT",
                 "activation_checkpointing": False,
+                # trial.offload: parameters, gradients and optimiser state in host memory (FSDP2 CPUOffloadPolicy)
+                **({"cpu_offload": True} if offload else {}),
             },
         }
     stage = 2 if strategy == "zero2" else 3
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"}
     if stage == 3:
         zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto")
+    if offload:  # trial.offload: the optimiser state (and under ZeRO-3 the parameters) in pinned host memory
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
         "deepspeed": {
             "zero_optimization": zero,
@@ -361,7 +370,14 @@ EXPORTED_ARGS = (
     "vllm_gpu_memory_utilization",
     "vllm_max_model_length",
     "vllm_enable_sleep_mode",
+    "vllm_tensor_parallel_size",
+    "vllm_model_impl",
+    "ds3_gather_for_generation",
 )
+
+
+# EXPORTED_ARGS left out of the export at TRL 1.16's default value (trl/trainer/grpo_config.py).
+_UNWRITTEN_DEFAULTS = {"vllm_tensor_parallel_size": 1, "vllm_model_impl": "vllm", "ds3_gather_for_generation": True}
 
 
 def settings(trainer, cfg: Any, effective: dict) -> dict:
@@ -384,6 +400,9 @@ def settings(trainer, cfg: Any, effective: dict) -> dict:
     for key in ("reward_weights", "gradient_checkpointing_kwargs", "torch_empty_cache_steps", "pad_to_multiple_of"):
         if not grpo.get(key):  # unset: TRL's own default, not written (pad_to_multiple_of's "auto" read back as None)
             grpo.pop(key, None)
+    for key, default in _UNWRITTEN_DEFAULTS.items():  # TRL's defaults: an exported config names only what differs
+        if key in grpo and grpo[key] == default:
+            grpo.pop(key)
     extra = cfg.trial.get("grpo_config") or {}
     extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
     grpo.update({k: getattr(args, k, v) for k, v in extra.items()})

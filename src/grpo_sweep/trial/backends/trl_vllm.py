@@ -47,6 +47,8 @@ def vllm_args(cfg: Any, *, device_util: float) -> dict:
         vllm_gpu_memory_utilization=device_util,
         vllm_max_model_length=cfg.max_seq_length,
         vllm_enable_sleep_mode=bool(cfg.backend.vllm_enable_sleep_mode),
+        # backend.vllm_model_impl: TRL passes it to its LLM(...) (null: TRL's "vllm")
+        **({"vllm_model_impl": cfg.backend.vllm_model_impl} if cfg.backend.get("vllm_model_impl") else {}),
     )
 
 
@@ -378,6 +380,7 @@ ENGINE_FIELDS: dict[str, tuple[str, str]] = {
     "enforce_eager": ("model_config", "enforce_eager"),
     "kv_cache_memory_bytes": ("cache_config", "kv_cache_memory_bytes"),
     "kv_cache_dtype": ("cache_config", "cache_dtype"),
+    "model_impl": ("model_config", "model_impl"),
 }
 
 
@@ -388,7 +391,10 @@ def engine_settings(vllm_config) -> dict:
     def get(node, name):
         return node.get(name) if isinstance(node, dict) else getattr(node, name, None)
 
-    return {key: get(get(vllm_config, section) or {}, name) for key, (section, name) in ENGINE_FIELDS.items()}
+    def plain(value):  # an enum (vLLM's ModelImpl) as its string
+        return getattr(value, "value", value)
+
+    return {key: plain(get(get(vllm_config, section) or {}, name)) for key, (section, name) in ENGINE_FIELDS.items()}
 
 
 def engine(llm) -> dict:

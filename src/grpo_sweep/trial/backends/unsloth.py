@@ -87,7 +87,15 @@ def grpo_unsloth_args(cfg: Any, *, on_cuda: bool, output_dir: str, fast_inferenc
         args.update(use_vllm=False)
     args.update(gradient_checkpointing=False)
     args.pop("gradient_checkpointing_kwargs", None)  # Unsloth's own, through get_peft_model
+    for key in UNSLOTH_LOSS_SETTINGS:  # UnslothGRPOConfig fields; null: Unsloth sizes them from the free memory
+        if cfg.backend.get(key) is not None:
+            args[key] = int(cfg.backend[key])
     return args
+
+
+# backend.* settings passed by name to Unsloth's GRPOConfig (unsloth/models/rl.py UnslothGRPOConfig; read by
+# unsloth_zoo/rl_replacements.py grpo_accumulated_loss).
+UNSLOTH_LOSS_SETTINGS = ("unsloth_grpo_mini_batch", "unsloth_logit_chunk_multiplier")
 
 
 def build_trainer(cfg: Any, ctx: Any):
