@@ -33,7 +33,9 @@ else can. A user sweeps to find the fastest way to train *their* recipe; a trial
 something else answers another question, however fast it ran. So the winner is the best config none
 of whose runs changed the learning, and each flagged config that ranked above it is named with what
 differed. Only when every config that competes is flagged (two trials that disagree, with no third to
-say which departs) does the best one win, and it is then named as flagged.
+say which departs) does the best one win, and it is then named as flagged. The rule applies where the
+sweep's results are read (its summary, the report); during the search, the best so far (progress, early
+stop, neighbour moves) is by value, as the flags need the finished trials' records.
 """
 
 from __future__ import annotations
