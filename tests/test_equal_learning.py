@@ -640,7 +640,10 @@ def _checked_trial(number, tokens_per_s, grad_norm_1, recipe=1):
         "peak_memory_bytes": 2**20,
         "recipe": {"completions_per_step": recipe},
         "device": "cpu",
-        "history": [{"grad_norm": grad_norm_1, "entropy": 1.0}, {"grad_norm": 0.5}],
+        "history": [
+            {"step": 1, "grad_norm": grad_norm_1, "entropy": 1.0, "reward": 0.5},
+            {"step": 2, "grad_norm": 0.5, "reward": 0.6},
+        ],
     }
     return Trial(name=f"trial {number}", record=record, config={"seed": 0}, number=number)
 
@@ -665,6 +668,7 @@ def test_a_trial_that_changed_the_learning_never_wins_silently(tmp_path):
     assert "<p id=changed-learning>Best trial 2 changed the learning: grad_norm@1 0.75 vs 0.7 (+7.14%)" in page
     assert "Best feasible trial: <b>trial 1</b>" in page
     assert "<table id=changed-learning-trials>" in page and '<tr class="feasible changed"' in page
+    assert "Except where the learning check found otherwise: trial 2 changed the learning" in page
 
     alone = learning_check(trials[1:])  # 0.7 and 0.75: neither is the reference
     assert sorted(alone[1]) == [1, 2] and alone[0].winner_flagged and alone[0].ranked[0].item.number == 2

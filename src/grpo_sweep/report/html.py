@@ -270,10 +270,11 @@ def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
     )
 
 
-def same_recipe_note(trials: list[Trial]) -> str:
+def same_recipe_note(trials: list[Trial], flagged: dict | None = None) -> str:
     """Said under the reward curves when every trial that logged a reward trained one recipe
     (metrics.json `recipe`): the knobs change speed and memory only, so the curves agree, and when
-    they agree exactly the lines lie on one another."""
+    they agree exactly the lines lie on one another. flagged: the trials that changed the learning
+    (learning.check_trials), named as the exception the check found."""
     logged = [t for t in trials if any("reward" in r for r in t.record.get("history") or [])]
     recipes = {repr(sorted((t.record.get("recipe") or {}).items())) for t in logged}
     if len(logged) < 2 or len(recipes) != 1 or not logged[0].record.get("recipe"):
@@ -285,9 +286,13 @@ def same_recipe_note(trials: list[Trial]) -> str:
         else "so their curves differ only by sampling noise"
     )
     seed = " with the same seed" if len({t.config.get("seed") for t in logged}) == 1 else ""
+    but = ""
+    if flagged:
+        names = ", ".join(t.name for t in logged if key_of(t) in flagged)
+        but = f" Except where the learning check found otherwise: {names} changed the learning (see Equal learning)."
     return (
         f"<p id=same-recipe>All {len(logged)} trials that logged a reward trained the same recipe{seed}: the searched "
-        f"settings change speed and memory, not what is learned, {how}.</p>"
+        f"settings change speed and memory, not what is learned, {how}.{_e(but)}</p>"
     )
 
 
@@ -422,7 +427,9 @@ def write_report(
         "<h2>Each lever's measured effect</h2>"
         + effects_table(lever_effects(trials), objective)
         + _figure(effects_png, "lever effects", "No lever varied across trials."),
-        "<h2>Reward curves</h2>" + _figure(rewards, "reward curves", "No trial logged a reward.") + same_recipe_note(trials),
+        "<h2>Reward curves</h2>"
+        + _figure(rewards, "reward curves", "No trial logged a reward.")
+        + same_recipe_note(trials, flagged),
         "<h2>Predicted vs measured peak</h2>"
         + _figure(predicted, "predicted vs measured peak", "No trial has a memory prediction (predicted_peak_bytes)."),
     ]
