@@ -670,6 +670,13 @@ def test_a_trial_that_changed_the_learning_never_wins_silently(tmp_path):
     assert "<table id=changed-learning-trials>" in page and '<tr class="feasible changed"' in page
     assert "Except where the learning check found otherwise: trial 2 changed the learning" in page
 
+    repeats = [_checked_trial(n, 150.0, 0.75) for n in (3, 4)]  # trial 2's config confirmed: one vote, not three
+    for t in repeats:
+        t.record["confirms"] = 2
+    verdict, flagged = learning_check([*trials, *repeats])
+    assert sorted(flagged) == [2, 3, 4] and verdict.ranked[0].item.number == 1
+    assert "(the median of 3 configs of this recipe and seed" in flagged[2].text
+
     alone = learning_check(trials[1:])  # 0.7 and 0.75: neither is the reference
     assert sorted(alone[1]) == [1, 2] and alone[0].winner_flagged and alone[0].ranked[0].item.number == 2
     winner, other = verdict_lines(*alone, key_of, lambda k: f"trial {k}")  # the winner's line, then the rest

@@ -46,6 +46,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..study import best as best_rule
+
 # (history row, key): the numbers compared, each from the step TRL logged it at (1-based)
 FINGERPRINT: tuple[tuple[int, str], ...] = (
     (1, "grad_norm"),
@@ -90,7 +92,7 @@ class Departure:
     """What one trial's fingerprint changed: each key beyond the tolerance, against its group's median."""
 
     keys: list[dict]  # {key, value, reference, relative (None when compared absolutely)}
-    group_size: int  # trials of this recipe and seed compared
+    group_size: int  # configs of this recipe and seed compared (each config one vote, however many runs)
     tolerance: float  # relative
 
     @property
@@ -99,7 +101,7 @@ class Departure:
             f"{k['key']} {k['value']:.6g} vs {k['reference']:.6g} ({_rel(k['value'], k['reference'])})" for k in self.keys
         )
         return (
-            f"changed the learning: {differed} (the median of {self.group_size} trials of this recipe "
+            f"changed the learning: {differed} (the median of {self.group_size} configs of this recipe "
             f"and seed; tolerance {self.tolerance:g} relative)"
         )
 
@@ -107,12 +109,19 @@ class Departure:
         return {"differed": self.keys, "compared_with": self.group_size, "tolerance": self.tolerance, "text": self.text}
 
 
-def compare(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: float | None = None) -> dict[Hashable, Departure]:
+def compare(
+    trials: Iterable[tuple[Hashable, Mapping, object]],
+    tolerance: float | None = None,
+    config: Callable[[Hashable, Mapping], Hashable] | None = None,
+) -> dict[Hashable, Departure]:
     """The trials whose fingerprint departs from the others of their recipe and seed, each with what differed.
 
     `trials`: (key, metrics record, seed). Only trials that trained (a `history`) are compared.
-    The reference is each key's median over the group: of three or more, the one that departs is
-    named; of two that disagree, both are. `tolerance` None: tolerance_for each trial."""
+    The reference is each key's median over the group's configs, each config one vote (the median of
+    its runs): a config run again (confirmation) repeats its own numbers, so its runs must not outvote
+    the other configs. `config(key, record)`: the config a run belongs to; None: each trial its own.
+    Of three configs or more, the one that departs is named; of two that disagree, both are.
+    `tolerance` None: tolerance_for each trial."""
     groups: dict[str, list[tuple[Hashable, Mapping, dict]]] = {}
     for number, record, seed in trials:
         fp = fingerprint(record)
@@ -120,10 +129,13 @@ def compare(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: float
             groups.setdefault(_group_key(record, seed), []).append((number, record, fp))
     out: dict[Hashable, Departure] = {}
     for members in groups.values():
-        if len(members) < 2:
+        votes: dict[Hashable, list[dict]] = {}
+        for number, record, fp in members:
+            votes.setdefault(config(number, record) if config else number, []).append(fp)
+        if len(votes) < 2:
             continue
         keys = set.intersection(*(set(fp) for _, _, fp in members))
-        reference = {k: statistics.median(fp[k] for _, _, fp in members) for k in keys}
+        reference = {k: statistics.median(statistics.median(fp[k] for fp in runs) for runs in votes.values()) for k in keys}
         for number, record, fp in members:
             tol = tolerance if tolerance is not None else tolerance_for(record)
             differed = []
@@ -133,7 +145,7 @@ def compare(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: float
                     relative = (value - ref) / abs(ref) if abs(ref) >= FLOOR else None
                     differed.append({"key": k, "value": value, "reference": ref, "relative": relative})
             if differed:
-                out[number] = Departure(differed, len(members), tol)
+                out[number] = Departure(differed, len(votes), tol)
     return out
 
 
@@ -144,11 +156,13 @@ def departures(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: fl
 
 def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> dict[Hashable, Departure]:
     """`compare` over the report's trials (report.trials.Trial: `record`, `config`, `number`, `name`, `status`):
-    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`.
+    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`,
+    a config's runs (study.best.config_group: repeats and confirmation runs) one vote.
     The one place the sweep's summary and the report read the flags from."""
     return compare(
         ((key_of(t), t.record, (t.config or {}).get("seed")) for t in trials if t.status == "ok"),
         tolerance,
+        config=lambda key, record: best_rule.config_group(record, key),
     )
 
 
