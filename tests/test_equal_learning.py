@@ -743,3 +743,154 @@ def test_offload_and_generation_without_the_gather_have_their_memory_terms():
     assert offload.total_bytes < plain.total_bytes
     full = plain.components["gathered_params"]  # generation holds every weight with the gather
     assert sharded.components["gathered_params"] < full and sharded.total_bytes < plain.total_bytes
+
+
+# --- the flag wherever results are shown, and the winner rule -------------------------------------------
+
+
+def _checked_trial(number, tokens_per_s, grad_norm_1, recipe=1):
+    from grpo_sweep.report.trials import Trial
+
+    record = {
+        "status": "ok",
+        "tokens_per_s": tokens_per_s,
+        "peak_memory_bytes": 2**20,
+        "recipe": {"completions_per_step": recipe},
+        "device": "cpu",
+        "history": [
+            {"step": 1, "grad_norm": grad_norm_1, "entropy": 1.0, "reward": 0.5},
+            {"step": 2, "grad_norm": 0.5, "reward": 0.6},
+        ],
+    }
+    return Trial(name=f"trial {number}", record=record, config={"seed": 0}, number=number)
+
+
+def test_a_trial_that_changed_the_learning_never_wins_silently(tmp_path):
+    """report/learning.py's winner rule on report trials: the fastest trial departs, so the winner is the
+    fastest that did not, and report.html says which and why; two that disagree with no third: the best
+    wins, flagged; the sweep's tolerance (hydra.sweeper.learning_tolerance, on each trial) is the one used."""
+    from grpo_sweep.report.html import write_report
+    from grpo_sweep.report.learning import key_of, verdict_lines
+    from grpo_sweep.report.trials import learning_check
+
+    trials = [_checked_trial(0, 100.0, 0.7), _checked_trial(1, 120.0, 0.7), _checked_trial(2, 150.0, 0.75)]
+    verdict, flagged = learning_check(trials)
+    assert list(flagged) == [2] and flagged[2].keys[0]["key"] == "grad_norm@1"
+    assert verdict.ranked[0].item.number == 1 and [f.item.number for f in verdict.passed_over] == [2]
+    assert not verdict.winner_flagged
+    (line,) = verdict_lines(verdict, flagged, key_of, lambda k: f"trial {k}")
+    assert line.startswith("best trial 2 changed the learning: grad_norm@1 0.75 vs 0.7 (+7.14%)"), line
+    assert line.endswith("; the best that did not: trial 1 (the winner)"), line
+    page = write_report(trials, tmp_path, title="flagged").read_text()
+    assert "<p id=changed-learning>Best trial 2 changed the learning: grad_norm@1 0.75 vs 0.7 (+7.14%)" in page
+    assert "Best feasible trial: <b>trial 1</b>" in page
+    assert "<table id=changed-learning-trials>" in page and '<tr class="feasible changed"' in page
+    assert "Except where the learning check found otherwise: trial 2 changed the learning" in page
+
+    repeats = [_checked_trial(n, 150.0, 0.75) for n in (3, 4)]  # trial 2's config confirmed: one vote, not three
+    for t in repeats:
+        t.record["confirms"] = 2
+    verdict, flagged = learning_check([*trials, *repeats])
+    assert sorted(flagged) == [2, 3, 4] and verdict.ranked[0].item.number == 1
+    assert "(the median of 3 configs of this recipe and seed" in flagged[2].text
+
+    alone = learning_check(trials[1:])  # 0.7 and 0.75: neither is the reference
+    assert sorted(alone[1]) == [1, 2] and alone[0].winner_flagged and alone[0].ranked[0].item.number == 2
+    winner, other = verdict_lines(*alone, key_of, lambda k: f"trial {k}")  # the winner's line, then the rest
+    assert winner.startswith("the winner trial 2 changed the learning") and "every config that competed is flagged" in winner
+    assert other.startswith("trial 1 changed the learning: grad_norm@1 0.7 vs 0.725 (-3.45%)"), other
+
+    other_recipe = [*trials[:2], _checked_trial(2, 150.0, 0.75, recipe=2)]  # alone in its group: nothing to compare
+    assert learning_check(other_recipe)[1] == {} and learning_check(other_recipe)[0].ranked[0].item.number == 2
+    for t in trials:
+        t.learning_tolerance = 0.1  # 7 % is within it
+    assert learning_check(trials)[1] == {} and learning_check(trials)[0].ranked[0].item.number == 2
+
+
+def test_the_debug_perturbation_is_hidden_and_checked():
+    """+trial.debug_perturb: a test switch, not a setting: only with `+`, in no kind table or lever doc,
+    and a bad value is one line."""
+    from hydra.errors import HydraException
+
+    from grpo_sweep.config.schema import DEBUG_KEYS
+
+    assert validate(compose(["+trial.debug_perturb=1e-3"])).trial.get("debug_perturb") == 1e-3
+    with pytest.raises(ConfigError, match=r"^trial.debug_perturb=2: must be a number in \(0, 1\)"):
+        validate(compose(["+trial.debug_perturb=2"]))
+    with pytest.raises(HydraException, match="debug_perturb"):
+        compose(["trial.debug_perturb=1e-3"])
+    levers_doc = (Path(__file__).resolve().parents[1] / "docs" / "levers.md").read_text()
+    for key in DEBUG_KEYS:
+        assert key not in SCHEMA_KEYS and key not in KINDS and key.split(".")[-1] not in levers_doc
+
+
+@pytest.mark.slow
+def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_path):
+    """A real tiny_cpu study: micro-batches 2 and 4 (the split under dapo: the same learning), then the
+    same study resumed with a third trial, micro-batch 1, carrying +trial.debug_perturb (its LoRA weights
+    nudged before the first step). The objective is the peak (minimised), so the perturbed trial, the
+    smallest micro-batch, is certainly the best by value: it is flagged in the printed table, best.yaml,
+    report.html and `grpo-sweep report`, with its numbers, and never wins: the winner is trial 0. Over 20 s:
+    two real sweeps, three real trials."""
+    from conftest import cli
+
+    sweep_dir = tmp_path / "sweep"
+    same = [
+        "hydra.sweeper.confirm_top=0",
+        "hydra.sweeper.stop_below=0",
+        "hydra.sweeper.prescreen=false",
+        "hydra.sweeper.objective=peak_memory_bytes",
+        "hydra.sweeper.direction=minimize",
+    ]
+    first = run_here(
+        sweep_cmd(
+            sweep_dir,
+            "hydra.sweeper.n_trials=2",
+            *same,
+            "hydra.sweeper.enqueue=[{per_device_train_batch_size:2,gradient_checkpointing:false},"
+            "{per_device_train_batch_size:4,gradient_checkpointing:false}]",
+        )
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "Learning checked: none of the 2 ok trials changed the learning" in first.stdout
+    assert "changed_the_learning" not in yaml.safe_load((sweep_dir / "best.yaml").read_text())
+    result = run_here(
+        sweep_cmd(
+            sweep_dir,
+            "hydra.sweeper.n_trials=3",
+            *same,
+            "hydra.sweeper.enqueue=[{per_device_train_batch_size:1,gradient_checkpointing:false}]",
+            "+trial.debug_perturb=1e-3",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = load_study(f"journal:{sweep_dir / 'study.journal'}")
+    assert [t.params["per_device_train_batch_size"] for t in study.trials] == [2, 4, 1]
+    peaks = [t.value for t in study.trials]
+    assert peaks[2] < min(peaks[:2])  # the perturbed trial is the best by value
+
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
+    assert best["best_trial"] != 2
+    changed = best["changed_the_learning"]
+    assert [t["trial"] for t in changed["trials"]] == [2] and changed["passed_over"] == [2]
+    assert changed["winner_flagged"] is False and changed["tolerance"] is None
+    assert changed["trials"][0]["tolerance"] == 1e-4  # float32 on CPU
+    differed = {d["key"]: d for d in changed["trials"][0]["differed"]}
+    assert "grad_norm@1" in differed and abs(differed["grad_norm@1"]["relative"]) > 1e-3, differed
+
+    out = result.stdout
+    header = next(line for line in out.splitlines() if line.startswith("rank"))
+    assert "learning" in header.split()
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line[:1].isdigit() and len(line.split()) > 8}
+    assert "CHANGED" in rows["2"] and "same" in rows["0"] and "same" in rows["1"], rows
+    said = f"{changed['trials'][0]['text']}; the best that did not: trial {best['best_trial']} (the winner)"
+    assert f"Best trial 2 {said}" in out
+
+    html = (sweep_dir / "report.html").read_text()
+    assert "<h2>Equal learning</h2>" in html and f"<p id=changed-learning>Best trial 2 {said}" in html
+    assert f"Best feasible trial: <b>trial {best['best_trial']}</b>" in html
+    assert html.count('class="feasible changed"') == 1 and html.count('class="feasible best"') == 1
+
+    report = cli("report", str(sweep_dir), "--out", str(tmp_path / "again"))
+    assert report.returncode == 0, report.stderr
+    assert f"best: trial {best['best_trial']} " in report.stdout and f"best trial 2 {said}" in report.stdout

@@ -36,6 +36,7 @@ BAD = {
     "stop_below": (50, "a number in [0, 1]"),  # 50 % typed as a percentage
     "confirm_top": (1, "0 (off) or an integer >= 2"),
     "confirm_repeats": (-2, "an integer >= 0"),
+    "learning_tolerance": (0, "a number in (0, 1) (relative: 1e-4 = 0.01 %), or null: per precision"),
 }
 
 
@@ -51,6 +52,7 @@ def test_the_defaults_and_the_edges_pass():
         "confirm_top": [0],
         "seed": [None, 0],
         "grace_period": [None],
+        "learning_tolerance": [None, 1e-3],
     }
     for key, values in edges.items():
         for value in values:

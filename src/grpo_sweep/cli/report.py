@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..metrics import METRICS_FILE
 from ..report.build import build, counts
-from ..report.trials import finalists, load_dir, overrides, trials_from_study, wandb_group
+from ..report.learning import key_of, verdict_lines
+from ..report.trials import learning_check, load_dir, overrides, trials_from_study, wandb_group
 from ..study.storage import SQLITE_SUFFIXES, SWEEP_JOURNAL, StorageError, is_journal, load_study
 
 
@@ -80,11 +81,15 @@ def cli(argv: list[str]) -> int:
         return 1
     path = build(trials, out, title=title, study=study)
     print(f"report: {path}  ({counts(trials)})")
-    ranked = finalists(trials)
+    verdict, flagged = learning_check(trials)
+    ranked = verdict.ranked
     if ranked:
         best = ranked[0].item
         runs = f" (median of {len(ranked[0].runs)} runs)" if len(ranked[0].runs) > 1 else ""
         print(f"best: {best.name}  {best.objective_name} {ranked[0].median:.1f}{runs}\n  {overrides(best)}")
+    names = {key_of(t): t.name for t in trials}
+    for line in verdict_lines(verdict, flagged, key_of, lambda k: names.get(k, str(k))):
+        print(f"  {line}")
     if args.wandb:
         from ..report.wandb_report import build_and_save
 

@@ -647,6 +647,16 @@ def _schema_keys(node: type, prefix: str = "") -> dict[str, bool]:
 
 SCHEMA_KEYS: dict[str, bool] = _schema_keys(TrainConfig)
 
+# Test switches, not settings: no schema field (so Hydra takes them only as `+trial.<name>=...`), never in
+# levers.KINDS or the docs' tables. trial.debug_perturb: a deliberately non-neutral knob (the trial's
+# trainable weights nudged before the first step, trial/worker.py) for the learning check's test.
+DEBUG_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "trial.debug_perturb": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
+        "a number in (0, 1): the scale of the noise added to the trainable weights",
+    ),
+}
+
 
 def check_known_keys(cfg: Any) -> None:
     """Reject a key the schema does not declare, with the closest known key.
@@ -659,6 +669,11 @@ def check_known_keys(cfg: Any) -> None:
     def walk(node: Any, prefix: str) -> None:
         for key in node.keys() if isinstance(node, DictConfig) else ():
             dotted = prefix + str(key)
+            if dotted in DEBUG_KEYS:
+                rule, allowed = DEBUG_KEYS[dotted]
+                if not rule(node[key]):
+                    raise ConfigError(f"{dotted}={node[key]}: must be {allowed}")
+                continue
             if dotted not in SCHEMA_KEYS:
                 value = OmegaConf.select(node, str(key), throw_on_missing=False)
                 shown = OmegaConf.to_container(value) if isinstance(value, DictConfig) else value

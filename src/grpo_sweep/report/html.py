@@ -15,7 +15,8 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from . import figures as figs
-from .trials import REPORT_FILE, Trial, budget_gib, finalists, lever_effects, lever_label, overrides
+from .learning import Departure, Verdict, key_of, verdict_lines
+from .trials import REPORT_FILE, Trial, budget_gib, learning_check, lever_effects, lever_label, overrides
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
@@ -27,6 +28,7 @@ td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-a
 tr.feasible td.status{color:#2a9d8f} tr.over_headroom td.status{color:#219ebc}
 tr.oom td.status{color:#e63946} tr.pruned td.status{color:#777} tr.slow td.status{color:#b5838d}
 tr.failed td.status{color:#d27d2d} tr.best{background:#fff8d6}
+tr.changed td.learning,#changed-learning{color:#c1121f}
 .wide{overflow-x:auto} pre{background:#f6f6f6;padding:.6rem;white-space:pre-wrap}
 """
 
@@ -95,8 +97,9 @@ def _lever_getter(name: str):
     return lambda t: t.levers.get(name)
 
 
-def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
-    """(key, header, getter) for the trials table; optional columns only when some trial has them."""
+def _columns(trials: list[Trial], flagged: dict | None = None) -> list[tuple[str, str, callable]]:
+    """(key, header, getter) for the trials table; optional columns only when some trial has them.
+    flagged: the trials that changed the learning (learning.check_trials): a `learning` column."""
     objective = trials[0].objective_name
     cols = [
         ("number", "#", lambda t: t.number),
@@ -124,6 +127,8 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     if all(t.number is None for t in trials):
         cols.pop(0)  # a plain multirun has no Optuna trial numbers
     cols += [c for c in optional if any(c[2](t) is not None for t in trials)]
+    if flagged:
+        cols.append(("learning", "learning", lambda t: flagged[key_of(t)].text if key_of(t) in flagged else None))
     if any((t.record.get("world_size") or 1) > 1 for t in trials):  # trials of N processes (trial.num_processes)
         cols += [
             ("world_size", "ranks", lambda t: t.record.get("world_size")),
@@ -147,11 +152,10 @@ def _columns(trials: list[Trial]) -> list[tuple[str, str, callable]]:
     return cols
 
 
-def trials_table(trials: list[Trial], best: Trial | None) -> str:
-    cols = _columns(trials)
-    head = "".join(
-        f'<th data-key="{_e(k)}" class="{"l" if k in ("name", "status", "error") else ""}">{_e(h)}</th>' for k, h, _ in cols
-    )
+def trials_table(trials: list[Trial], best: Trial | None, flagged: dict | None = None) -> str:
+    cols = _columns(trials, flagged)
+    left = ("name", "status", "error", "learning")
+    head = "".join(f'<th data-key="{_e(k)}" class="{"l" if k in left else ""}">{_e(h)}</th>' for k, h, _ in cols)
     rows = []
     for t in trials:
         cells = []
@@ -160,10 +164,10 @@ def trials_table(trials: list[Trial], best: Trial | None) -> str:
             digits = 3 if key.endswith("gib") or key.startswith("reward") or key == "step_time_s" else 1
             digits = 1 if key == "reward_share_pct" else digits
             raw = "" if value is None else (value if not isinstance(value, (list, tuple)) else len(value))
-            cls = "l " + key if key in ("name", "status", "error") else key
+            cls = "l " + key if key in left else key
             tip = f' title="{_e(t.record.get("error"))}"' if key == "error" and value else ""
             cells.append(f'<td class="{cls}" data-v="{_e(raw)}"{tip}>{_e(_fmt(value, digits))}</td>')
-        extra = " best" if t is best else ""
+        extra = (" best" if t is best else "") + (" changed" if flagged and key_of(t) in flagged else "")
         rows.append(f'<tr class="{t.category}{extra}" data-status="{_e(t.status)}">{"".join(cells)}</tr>')
     return (
         f'<div class="wide"><table id="trials" class="sortable"><thead><tr>{head}</tr></thead>'
@@ -266,10 +270,11 @@ def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
     )
 
 
-def same_recipe_note(trials: list[Trial]) -> str:
+def same_recipe_note(trials: list[Trial], flagged: dict | None = None) -> str:
     """Said under the reward curves when every trial that logged a reward trained one recipe
     (metrics.json `recipe`): the knobs change speed and memory only, so the curves agree, and when
-    they agree exactly the lines lie on one another."""
+    they agree exactly the lines lie on one another. flagged: the trials that changed the learning
+    (learning.check_trials), named as the exception the check found."""
     logged = [t for t in trials if any("reward" in r for r in t.record.get("history") or [])]
     recipes = {repr(sorted((t.record.get("recipe") or {}).items())) for t in logged}
     if len(logged) < 2 or len(recipes) != 1 or not logged[0].record.get("recipe"):
@@ -281,9 +286,13 @@ def same_recipe_note(trials: list[Trial]) -> str:
         else "so their curves differ only by sampling noise"
     )
     seed = " with the same seed" if len({t.config.get("seed") for t in logged}) == 1 else ""
+    but = ""
+    if flagged:
+        names = ", ".join(t.name for t in logged if key_of(t) in flagged)
+        but = f" Except where the learning check found otherwise: {names} changed the learning (see Equal learning)."
     return (
         f"<p id=same-recipe>All {len(logged)} trials that logged a reward trained the same recipe{seed}: the searched "
-        f"settings change speed and memory, not what is learned, {how}.</p>"
+        f"settings change speed and memory, not what is learned, {how}.{_e(but)}</p>"
     )
 
 
@@ -338,6 +347,34 @@ def concessions_html(tags: dict, objective: str) -> str:
     return html
 
 
+def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, Departure]) -> str:
+    """The Equal learning section: which trials changed the learning (their first steps' numbers against
+    the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
+    winner (learning.winner_first)."""
+    compared = [t for t in trials if t.status == "ok" and t.record.get("history")]
+    tolerance = trials[0].learning_tolerance if trials else None
+    at = f"tolerance {tolerance:g} relative" if tolerance is not None else "tolerance per precision: float32 1e-4, bf16 2e-2"
+    if not flagged:
+        if len(compared) < 2:
+            return ""
+        return (
+            f"<p id=same-learning>No trial changed the learning: the {len(compared)} ok trials took the same first "
+            f"steps as the others of their recipe and seed ({_e(at)}).</p>"
+        )
+    rows = "".join(f"<tr><td class=l>{_e(_label(trials, k))}</td><td class=l>{_e(d.text)}</td></tr>" for k, d in flagged.items())
+    return (
+        f"<p>{len(flagged)} of {len(compared)} ok trials changed the learning: their first steps' numbers depart from "
+        f"the others of their recipe and seed ({_e(at)}). A knob must not change what is learned: such a trial "
+        "trained something else, and wins only when no other config can.</p>"
+        f"<table id=changed-learning-trials><thead><tr><th class=l>trial</th><th class=l>what differed</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+
+
+def _label(trials: list[Trial], key: object) -> str:
+    return next((t.name for t in trials if key_of(t) == key), str(key))
+
+
 def write_report(
     trials: list[Trial],
     out: Path,
@@ -348,7 +385,8 @@ def write_report(
     concessions: dict | None = None,
 ) -> Path:
     out = Path(out)
-    ranked = finalists(trials)  # the median-of-runs rule: ranked[0].item is best_trial(trials)
+    verdict, flagged = learning_check(trials)  # the median-of-runs rule, then the learning check's winner rule
+    ranked = verdict.ranked  # ranked[0].item is best_trial(trials)
     best = ranked[0].item if ranked else None
     budget = budget_gib(trials)
     objective = trials[0].objective_name
@@ -369,6 +407,9 @@ def write_report(
             f"{_e(reward_text(best.record))}{_e(reward_time_text(best.record))}.</p>"
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
+        said = verdict_lines(verdict, flagged, key_of, lambda k: _label(trials, k), rest=False)
+        if said:
+            best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
         best_html += finalists_html(ranked, objective, confirmed=any(t.record.get("finalist") for t in trials))
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
@@ -378,6 +419,7 @@ def write_report(
         + "</p>",
         "<h2>Best config</h2>" + best_html,
         *(["<h2>Concessions</h2>" + concessions_html(concessions, objective)] if concessions else []),
+        *([f"<h2>Equal learning</h2>{learned}"] if (learned := learning_html(trials, verdict, flagged)) else []),
         "<h2>Throughput vs peak memory</h2>"
         + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
         + '<p class="note">OOM trials sit at budget + deficit (what they needed) when both are known, '
@@ -385,7 +427,9 @@ def write_report(
         "<h2>Each lever's measured effect</h2>"
         + effects_table(lever_effects(trials), objective)
         + _figure(effects_png, "lever effects", "No lever varied across trials."),
-        "<h2>Reward curves</h2>" + _figure(rewards, "reward curves", "No trial logged a reward.") + same_recipe_note(trials),
+        "<h2>Reward curves</h2>"
+        + _figure(rewards, "reward curves", "No trial logged a reward.")
+        + same_recipe_note(trials, flagged),
         "<h2>Predicted vs measured peak</h2>"
         + _figure(predicted, "predicted vs measured peak", "No trial has a memory prediction (predicted_peak_bytes)."),
     ]
@@ -394,7 +438,7 @@ def write_report(
             "<h2>Parameter importances (Optuna)</h2>"
             + _figure(imp_png, "parameter importances", f"Not available: {importance_note}")
         )
-    sections.append("<h2>Trials</h2><p class=note>Click a column header to sort.</p>" + trials_table(trials, best))
+    sections.append("<h2>Trials</h2><p class=note>Click a column header to sort.</p>" + trials_table(trials, best, flagged))
     page = (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style>"
         f"</head><body>{''.join(sections)}<script>{JS}</script></body></html>"

@@ -21,14 +21,32 @@ The tolerance is relative. Measured on CPU in float32, knob trials of `+sweeps=t
 split, checkpointing on and off, eager and sdpa attention) agreed to 1e-6 relative in every key;
 FP32_TOLERANCE leaves two orders of magnitude above that. bf16 rounds at 2^-8 (3.9e-3) per
 operation, and a different micro-batch reorders the sums: BF16_TOLERANCE is 5 roundings. A sweep
-sets its own with hydra.sweeper.learning_tolerance.
+sets its own with hydra.sweeper.learning_tolerance (null: these, per trial precision); the study keeps
+it (user attr `learning_tolerance`) for `grpo-sweep report`.
+
+Which trials are compared: those that finished `ok` (the ones that can win), by their metrics.json
+`recipe` and their config's `seed`. The flag is shown wherever results are: the sweep's table, best.yaml
+(`changed_the_learning:`), report.html and `grpo-sweep report`.
+
+The winner rule (`winner_first`): a flagged trial never wins silently, and it wins only when nothing
+else can. A user sweeps to find the fastest way to train *their* recipe; a trial that trained
+something else answers another question, however fast it ran. So the winner is the best config none
+of whose runs changed the learning, and each flagged config that ranked above it is named with what
+differed. Only when every config that competes is flagged (two trials that disagree, with no third to
+say which departs) does the best one win, and it is then named as flagged. The rule applies where the
+sweep's results are read (its summary, the report); during the search, the best so far (progress, early
+stop, neighbour moves) is by value, as the flags need the finished trials' records.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..study import best as best_rule
 
 # (history row, key): the numbers compared, each from the step TRL logged it at (1-based)
 FINGERPRINT: tuple[tuple[int, str], ...] = (
@@ -69,36 +87,153 @@ def _group_key(record: Mapping, seed) -> str:
     return repr((sorted((k, repr(v)) for k, v in recipe.items()), seed))
 
 
-def departures(trials: Iterable[tuple[int, Mapping, object]], tolerance: float | None = None) -> dict[int, str]:
+@dataclass(frozen=True)
+class Departure:
+    """What one trial's fingerprint changed: each key beyond the tolerance, against its group's median."""
+
+    keys: list[dict]  # {key, value, reference, relative (None when compared absolutely)}
+    group_size: int  # configs of this recipe and seed compared (each config one vote, however many runs)
+    tolerance: float  # relative
+
+    @property
+    def text(self) -> str:
+        differed = "; ".join(
+            f"{k['key']} {k['value']:.6g} vs {k['reference']:.6g} ({_rel(k['value'], k['reference'])})" for k in self.keys
+        )
+        return (
+            f"changed the learning: {differed} (the median of {self.group_size} configs of this recipe "
+            f"and seed; tolerance {self.tolerance:g} relative)"
+        )
+
+    def as_dict(self) -> dict:
+        return {"differed": self.keys, "compared_with": self.group_size, "tolerance": self.tolerance, "text": self.text}
+
+
+def compare(
+    trials: Iterable[tuple[Hashable, Mapping, object]],
+    tolerance: float | None = None,
+    config: Callable[[Hashable, Mapping], Hashable] | None = None,
+) -> dict[Hashable, Departure]:
     """The trials whose fingerprint departs from the others of their recipe and seed, each with what differed.
 
-    `trials`: (number, metrics record, seed). Only trials that trained (a `history`) are compared.
-    The reference is each key's median over the group: of three or more, the one that departs is
-    named; of two that disagree, both are. `tolerance` None: tolerance_for each trial."""
-    groups: dict[str, list[tuple[int, Mapping, dict]]] = {}
+    `trials`: (key, metrics record, seed). Only trials that trained (a `history`) are compared.
+    The reference is each key's median over the group's configs, each config one vote (the median of
+    its runs): a config run again (confirmation) repeats its own numbers, so its runs must not outvote
+    the other configs. `config(key, record)`: the config a run belongs to; None: each trial its own.
+    Of three configs or more, the one that departs is named; of two that disagree, both are.
+    `tolerance` None: tolerance_for each trial."""
+    groups: dict[str, list[tuple[Hashable, Mapping, dict]]] = {}
     for number, record, seed in trials:
         fp = fingerprint(record)
         if fp:
             groups.setdefault(_group_key(record, seed), []).append((number, record, fp))
-    out: dict[int, str] = {}
+    out: dict[Hashable, Departure] = {}
     for members in groups.values():
-        if len(members) < 2:
+        votes: dict[Hashable, list[dict]] = {}
+        for number, record, fp in members:
+            votes.setdefault(config(number, record) if config else number, []).append(fp)
+        if len(votes) < 2:
             continue
         keys = set.intersection(*(set(fp) for _, _, fp in members))
-        reference = {k: statistics.median(fp[k] for _, _, fp in members) for k in keys}
+        reference = {k: statistics.median(statistics.median(fp[k] for fp in runs) for runs in votes.values()) for k in keys}
         for number, record, fp in members:
             tol = tolerance if tolerance is not None else tolerance_for(record)
             differed = []
             for k in sorted(keys):
                 ref, value = reference[k], fp[k]
                 if abs(value - ref) > tol * max(abs(ref), FLOOR):
-                    differed.append(f"{k} {value:.6g} vs {ref:.6g} ({_rel(value, ref)})")
+                    relative = (value - ref) / abs(ref) if abs(ref) >= FLOOR else None
+                    differed.append({"key": k, "value": value, "reference": ref, "relative": relative})
             if differed:
-                out[number] = (
-                    f"changed the learning: {'; '.join(differed)} (the median of {len(members)} trials of this recipe "
-                    f"and seed; tolerance {tol:g} relative)"
-                )
+                out[number] = Departure(differed, len(votes), tol)
     return out
+
+
+def departures(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: float | None = None) -> dict[Hashable, str]:
+    """`compare`, each departure as one line with its numbers."""
+    return {number: d.text for number, d in compare(trials, tolerance).items()}
+
+
+def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> dict[Hashable, Departure]:
+    """`compare` over the report's trials (report.trials.Trial: `record`, `config`, `number`, `name`, `status`):
+    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`,
+    a config's runs (study.best.config_group: repeats and confirmation runs) one vote.
+    The one place the sweep's summary and the report read the flags from."""
+    return compare(
+        ((key_of(t), t.record, (t.config or {}).get("seed")) for t in trials if t.status == "ok"),
+        tolerance,
+        config=lambda key, record: best_rule.config_group(record, key),
+    )
+
+
+def key_of(trial: Any) -> Hashable:
+    """A report trial's key in `check_trials`: its Optuna number, else its name."""
+    return trial.number if trial.number is not None else trial.name
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The winner rule applied (module docstring): `ranked` the finalists with the winner first,
+    `passed_over` the flagged configs that ranked above it, `winner_flagged` when every competing
+    config was flagged and the best won anyway."""
+
+    ranked: list
+    passed_over: list = field(default_factory=list)
+    winner_flagged: bool = False
+
+
+def winner_first(ranked: list, flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hashable]) -> Verdict:
+    """`ranked` (study.best.finalists, best first) with the best config none of whose runs (`members`,
+    by `key`) is in `flagged` moved first; the others keep their order. Every config flagged: unchanged,
+    the best wins flagged."""
+
+    def is_flagged(finalist: Any) -> bool:
+        return any(key(m) in flagged for m in finalist.members)
+
+    clean = next((i for i, f in enumerate(ranked) if not is_flagged(f)), None)
+    if clean is None:
+        return Verdict(list(ranked), [], bool(ranked))
+    return Verdict([ranked[clean], *ranked[:clean], *ranked[clean + 1 :]], list(ranked[:clean]), False)
+
+
+def flagged_runs(finalist: Any, flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hashable]) -> list:
+    """(key, Departure) of each run of a config that changed the learning."""
+    return [(key(m), flagged[key(m)]) for m in finalist.members if key(m) in flagged]
+
+
+def verdict_lines(
+    verdict: Verdict,
+    flagged: Mapping[Hashable, Departure],
+    key: Callable[[Any], Hashable],
+    label: Callable[[Hashable], str],
+    rest: bool = True,
+) -> list[str]:
+    """What the summary and the report say about the learning check, one line each with its numbers:
+    every flagged config that ranked above the winner, the winner itself when it is flagged, and (rest)
+    every other flagged trial. `label(key)`: "trial 7"."""
+    if not flagged:
+        return []
+    said: set[Hashable] = set()
+
+    def runs(finalist: Any) -> str:
+        found = flagged_runs(finalist, flagged, key)
+        said.update(k for k, _ in found)
+        return "; ".join(f"{label(k)} {d.text}" for k, d in found)
+
+    lines = []
+    if verdict.ranked:
+        clean = label(key(verdict.ranked[0].item))
+        for i, f in enumerate(verdict.passed_over):
+            lead = "best" if i == 0 else "also above the winner:"
+            lines.append(f"{lead} {runs(f)}; the best that did not: {clean} (the winner)")
+        if verdict.winner_flagged:
+            lines.append(
+                f"the winner {runs(verdict.ranked[0])}. It wins only because every config that competed is flagged: "
+                "no trial of its recipe and seed agrees with it, so none is known to have trained the recipe"
+            )
+    if rest:
+        lines += [f"{label(k)} {d.text}" for k, d in flagged.items() if k not in said]
+    return lines
 
 
 def _rel(value: float, ref: float) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, KINDS, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
+from .learning import Departure, Verdict, check_trials, key_of, winner_first
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
 CATEGORIES = ("feasible", "over_headroom", "oom", "slow", "pruned", "failed")
@@ -46,6 +47,8 @@ class Trial:
     # From a study: the value Optuna was told, and the objective's name the sweeper recorded.
     value: float | None = None
     objective_key: str | None = None
+    # hydra.sweeper.learning_tolerance of the sweep that ran it (None: per precision, report/learning.py)
+    learning_tolerance: float | None = None
 
     @property
     def status(self) -> str:
@@ -103,7 +106,7 @@ def sweep_settings(root: Path) -> dict:
 
     cfg = OmegaConf.load(path)
     sweeper = OmegaConf.select(cfg, "hydra.sweeper", default=None) or {}
-    out = {}
+    out = {"learning_tolerance": sweeper.get("learning_tolerance")}
     if sweeper.get("direction"):
         out["direction"] = best_rule.normalize_direction(sweeper.get("direction"))
     objective = sweeper.get("objective") or cfg.get("objective")
@@ -114,7 +117,8 @@ def sweep_settings(root: Path) -> dict:
 
 def load_dir(root: Path) -> list[Trial]:
     """Every trial under a multirun (or sweep) directory: each directory holding a metrics.json."""
-    direction = sweep_settings(root).get("direction", "maximize")
+    settings = sweep_settings(root)
+    direction, tolerance = settings.get("direction", "maximize"), settings.get("learning_tolerance")
     trials = []
     for path in sorted(Path(root).rglob(METRICS_FILE), key=_natural_key):
         run_dir = path.parent
@@ -125,7 +129,17 @@ def load_dir(root: Path) -> list[Trial]:
         config = _load_config(run_dir)
         number = (config.get("trial") or {}).get("number")
         name = str(run_dir.relative_to(root)) if run_dir != Path(root) else run_dir.name
-        trials.append(Trial(name=name, record=record, config=config, number=number, run_dir=str(run_dir), direction=direction))
+        trials.append(
+            Trial(
+                name=name,
+                record=record,
+                config=config,
+                number=number,
+                run_dir=str(run_dir),
+                direction=direction,
+                learning_tolerance=tolerance,
+            )
+        )
     return trials
 
 
@@ -165,6 +179,7 @@ def trials_from_study(study) -> list[Trial]:
                 direction=best_rule.normalize_direction(study.direction),
                 value=ft.value if ft.state.name == "COMPLETE" else None,
                 objective_key=study.user_attrs.get("objective"),
+                learning_tolerance=study.user_attrs.get("learning_tolerance"),  # the sweep's, recorded at its end
             )
         )
     return trials
@@ -216,18 +231,28 @@ def best_trial(trials: list[Trial]) -> Trial | None:
 def finalists(trials: list[Trial]) -> list:
     """Each config's runs (a repeat or a confirmation run, record keys `repeats` / `confirms`, joins
     the config's first trial), best median first; once the sweep's confirmation phase chose its
-    finalists (record key `finalist`), only they compete (grpo_sweep.study.best.finalists)."""
+    finalists (record key `finalist`), only they compete (grpo_sweep.study.best.finalists). The winner
+    is first under the learning check's rule (learning.winner_first: a trial that changed the learning
+    wins only when every competing config did)."""
+    return learning_check(trials)[0].ranked
+
+
+def learning_check(trials: list[Trial]) -> tuple[Verdict, dict[object, Departure]]:
+    """The trials that changed the learning (learning.check_trials, at the sweep's tolerance) and the
+    winner rule applied to the finalists."""
     if not trials:
-        return []
+        return Verdict([]), {}
+    flagged = check_trials(trials, trials[0].learning_tolerance)
     runs = [t for t in trials if t.category == "feasible" or best_rule.config_group(t.record, None) is not None]
     chosen = [t.number for t in trials if t.record.get("finalist")]
-    return best_rule.finalists(
+    ranked = best_rule.finalists(
         runs,
         value=lambda t: t.objective if t.category == "feasible" else None,
         group=lambda t: best_rule.config_group(t.record, t.number if t.number is not None else t.name),
         direction=trials[0].direction,
         compete=chosen or None,
     )
+    return winner_first(ranked, flagged, key_of), flagged
 
 
 def budget_gib(trials: list[Trial]) -> float | None:

@@ -171,6 +171,30 @@ def fault_callbacks(kind: str | None) -> list:
     return [SlowSteps()]
 
 
+def perturb_callbacks(scale: float | None, seed: int) -> list:
+    """+trial.debug_perturb=<scale> (a hidden test switch, config.schema.DEBUG_KEYS): before the first
+    step, every trainable weight gets Gaussian noise of that standard deviation, drawn from its own
+    generator (the trial's sampling stream is untouched). A deliberately non-neutral knob: the learning
+    check (report/learning.py) must flag the trial that carries it."""
+    if not scale:
+        return []
+    from transformers import TrainerCallback
+
+    class Perturb(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            import torch
+
+            generator = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.requires_grad:
+                        noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * scale
+                        param.add_(noise.to(device=param.device, dtype=param.dtype))
+            print(f"[trial] debug_perturb={scale}: trainable weights nudged", flush=True)
+
+    return [Perturb()]
+
+
 def tear_metrics(kind: str | None, run_dir: Path) -> None:
     """trial.debug_fault=bad_metrics: leave metrics.json torn (its first half), as a crash or a full
     disk mid-write would, after the trial's record was written (the parent calls it last)."""
@@ -373,7 +397,13 @@ class TrialRun:
             tokenizer=tokenizer,
             dataset=dataset,
             reward_funcs=reward_funcs,
-            callbacks=[self.meter, self.memory.callback(), self.reward_clock, *fault_callbacks(cfg.trial.debug_fault)],
+            callbacks=[
+                self.meter,
+                self.memory.callback(),
+                self.reward_clock,
+                *fault_callbacks(cfg.trial.debug_fault),
+                *perturb_callbacks(cfg.trial.get("debug_perturb"), cfg.seed),
+            ],
             run_dir=self.run_path,
             on_cuda=on_cuda,
         )

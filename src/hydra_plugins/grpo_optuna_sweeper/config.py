@@ -86,6 +86,11 @@ class GrpoOptunaSweeperConf:
     # n_trials - confirm_top x confirm_repeats trials. 0: off.
     confirm_top: int = 3
     confirm_repeats: int = 2
+    # Equal learning checked (grpo_sweep.report.learning): ok trials of one recipe and seed must take the
+    # same first optimiser steps (grad norms, entropy, reward, vLLM's sampling numbers); one that departs by
+    # more than this relative tolerance "changed the learning", is flagged in the table, best.yaml and
+    # report.html, and wins only when no other config can. null: per precision (float32 1e-4, bf16 2e-2).
+    learning_tolerance: float | None = None
 
 
 ConfigStore.instance().store(
@@ -139,6 +144,10 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
         "0 (off) or an integer >= 2 (one finalist confirmed cannot change the winner)",
     ),
     "confirm_repeats": (_integer(0), "an integer >= 0"),
+    "learning_tolerance": (
+        _optional(lambda v: _number(v) and 0 < v < 1),
+        "a number in (0, 1) (relative: 1e-4 = 0.01 %), or null: per precision (float32 1e-4, bf16 2e-2)",
+    ),
 }
 
 

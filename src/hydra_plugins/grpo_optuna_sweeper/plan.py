@@ -46,6 +46,9 @@ class SweepPlan:
     objective: str  # the metric optimised (metrics.json key)
     sweep_dir: Path
     storage_url: str
+    # hydra.sweeper.learning_tolerance: the relative departure that flags a trial as having changed the
+    # learning (grpo_sweep.report.learning); None: per trial precision
+    learning_tolerance: float | None = None
 
     @property
     def grace_period(self) -> int:
@@ -132,6 +135,7 @@ def build_plan(
         objective=settings.objective or config.get("objective") or "tokens_per_s",
         sweep_dir=sweep_dir,
         storage_url=storage_url(settings, sweep_dir),
+        learning_tolerance=settings.get("learning_tolerance"),
     )
 
 

@@ -16,14 +16,18 @@ from .plan import SweepPlan
 def write_report(study: Any, plan: SweepPlan, compose: Any, quiet: bool = False, stopped: Any = None) -> Any:
     """`stopped`: the failures.Stop that ended the sweep (the summary ends with its words), or None.
     `compose`: a job's config for overrides (plan.Composer), to price the concessions."""
-    from .summary import write_summary
+    from .summary import learning_verdict, write_summary
 
-    tags = price_tags(study, plan, compose) if plan.concessions or _any_taken(study) else None
+    study.set_user_attr("learning_tolerance", plan.learning_tolerance)  # for report.html and `grpo-sweep report`
+    learning = learning_verdict(study, plan.learning_tolerance)
+    tags = price_tags(study, plan, compose, learning[0].ranked) if plan.concessions or _any_taken(study) else None
     return write_summary(
         study,
         plan.sweep_dir,
         recipe=plan.recipe,
         price_tags=tags,
+        learning=learning,
+        learning_tolerance=plan.learning_tolerance,
         storage_url=plan.storage_url,
         objective=identity.objective_of(study, plan.objective),  # the one the study was created with
         fixed=list(plan.fixed),
@@ -38,9 +42,10 @@ def _any_taken(study: Any) -> bool:
     return any(t.user_attrs.get(concessions.TAKEN_ATTR) for t in study.get_trials(deepcopy=False))
 
 
-def price_tags(study: Any, plan: SweepPlan, compose: Any) -> dict | None:
+def price_tags(study: Any, plan: SweepPlan, compose: Any, ranked: list | None = None) -> dict | None:
     """concessions.price_tags for this study: what the winner gave up and what it bought. Never fails
-    the sweep (the trials and best.yaml matter more): on an error it says why instead."""
+    the sweep (the trials and best.yaml matter more): on an error it says why instead. ranked: the
+    finalists, winner first, as the summary ranks them (summary.learning_verdict); None: summary.finalists."""
     from grpo_sweep.memory.throughput import relative_step_time
 
     from .summary import _is_ok, finalists
@@ -73,7 +78,7 @@ def price_tags(study: Any, plan: SweepPlan, compose: Any) -> dict | None:
         return out
 
     try:
-        ranked = finalists(study)
+        ranked = finalists(study) if ranked is None else ranked
         winner = ranked[0] if ranked else None
         median = {m.number: float(f.median) for f in ranked for m in f.members}  # a trial counts by its config
         tags = concessions.price_tags(

@@ -15,6 +15,8 @@ from typing import Any
 
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
+from grpo_sweep.report.learning import check_trials, verdict_lines, winner_first
+from grpo_sweep.report.trials import trials_from_study
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
 
@@ -75,6 +77,39 @@ def finalists(study: Any) -> list:
 def best_finalist(study: Any) -> Any | None:
     ranked = finalists(study)
     return ranked[0] if ranked else None
+
+
+def learning_verdict(study: Any, tolerance: float | None) -> tuple[Any, dict]:
+    """(learning.Verdict, flagged): the trials that changed the learning (grpo_sweep.report.learning,
+    read from their metrics.json as the report reads them) and the winner rule applied to `finalists`:
+    a flagged config wins only when every competing config is flagged. tolerance: hydra.sweeper.learning_tolerance."""
+    flagged = check_trials(trials_from_study(study), tolerance)
+    return winner_first(finalists(study), flagged, key=lambda t: t.number), flagged
+
+
+def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> dict:
+    """best.yaml's `changed_the_learning`: each flagged trial with its numbers, the flagged configs that
+    ranked above the winner, and whether the winner itself is flagged; {} when none is flagged."""
+    if not flagged:
+        return {}
+    return {
+        "changed_the_learning": {
+            "tolerance": tolerance,  # null: per precision (float32 1e-4, bf16 2e-2)
+            "trials": [{"trial": n, **d.as_dict()} for n, d in sorted(flagged.items())],
+            "passed_over": [f.item.number for f in verdict.passed_over],  # flagged, ranked above the winner
+            "winner_flagged": verdict.winner_flagged,
+        }
+    }
+
+
+def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
+    """The printout's words on the learning check: what it did to the winner, and every flagged trial."""
+    if not flagged:
+        if compared < 2:
+            return ""
+        return f"\nLearning checked: none of the {compared} ok trials changed the learning (compared by recipe and seed)"
+    said = verdict_lines(verdict, flagged, lambda t: t.number, lambda n: f"trial {n}")
+    return "\nLearning checked:\n" + "\n".join(f"  {line[0].upper()}{line[1:]}" for line in said)
 
 
 def noise_summary(ranked: list, chosen: bool = True) -> dict:
@@ -195,10 +230,13 @@ def write_summary(
     stopped: Any | None = None,
     recipe: dict | None = None,
     price_tags: dict | None = None,
+    learning: tuple[Any, dict] | None = None,
+    learning_tolerance: float | None = None,
 ) -> dict:
     """`stopped`: a failures.Stop when a systematic failure ended the sweep (said, and in the dict).
     recipe: the recipe every trial held (best.yaml `recipe:`); price_tags: concessions.price_tags, what
-    the winner gave up and what it bought (best.yaml `concessions:`, printed), when concessions were searched."""
+    the winner gave up and what it bought (best.yaml `concessions:`, printed), when concessions were searched.
+    learning: learning_verdict(study, learning_tolerance), when the caller has it already."""
     import yaml
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -209,7 +247,8 @@ def write_summary(
     writer.writerows(data)
     _atomic_write(sweep_dir / "trials.csv", buf.getvalue())
 
-    ranked_finalists = finalists(study)
+    verdict, flagged = learning or learning_verdict(study, learning_tolerance)
+    ranked_finalists = verdict.ranked  # finalists(study), the winner first under the learning check's rule
     best = ranked_finalists[0].item if ranked_finalists else None
     states: dict[str, int] = {}
     for row in data:
@@ -229,6 +268,7 @@ def write_summary(
         summary["concessions"] = {k: v for k, v in price_tags.items() if k != "recipe"}
     if stopped is not None:
         summary["stopped"] = stopped.as_dict()
+    summary.update(learning_summary(verdict, flagged, learning_tolerance))
     if best is not None:
         attrs = best.user_attrs
         summary.update(
@@ -265,8 +305,10 @@ def write_summary(
         ok = best_rule.ranked(
             [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
         )
-        print(table(ok, objective, top_k))
+        print(table(ok, objective, top_k, changed=set(flagged)))
         print(finalist_table(summary, objective))
+        if said := learning_lines(verdict, flagged, len(ok)):
+            print(said)
         if recipe:
             print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
         if price_tags:

@@ -26,8 +26,9 @@ def rank_peaks_text(attrs: dict) -> str:
     return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
 
 
-def table(ok: list, objective: str, top_k: int) -> str:
-    """The top `top_k` of `ok` (the study's ok trials, best first) as aligned text."""
+def table(ok: list, objective: str, top_k: int, changed: set | None = None) -> str:
+    """The top `top_k` of `ok` (the study's ok trials, best first) as aligned text. changed: the numbers
+    of the trials that changed the learning (grpo_sweep.report.learning): a `learning` column when any."""
     keys = sorted({k for t in ok[:top_k] for k in t.params})
     multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
     header = [
@@ -39,6 +40,7 @@ def table(ok: list, objective: str, top_k: int) -> str:
         *(["ranks", "per-rank GiB"] if multi else []),
         "reward",
         "reward change",
+        *(["learning"] if changed else []),
         *keys,
     ]
     lines = [header]
@@ -56,6 +58,7 @@ def table(ok: list, objective: str, top_k: int) -> str:
                     _fmt(t.user_attrs.get(k)) if t.user_attrs.get(k) is not None else "-"
                     for k in ("reward_mean", "reward_change")
                 ],
+                *([("CHANGED" if t.number in changed else "same")] if changed else []),
                 *[_fmt(t.params.get(k, "")) for k in keys],
             ]
         )
