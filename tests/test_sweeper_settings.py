@@ -36,6 +36,7 @@ BAD = {
     "stop_below": (50, "a number in [0, 1]"),  # 50 % typed as a percentage
     "confirm_top": (1, "0 (off) or an integer >= 2"),
     "confirm_repeats": (-2, "an integer >= 0"),
+    "confirm_budget": (0, "a number in (0, 1] (a share of the sweep's seconds"),
 }
 
 
@@ -49,6 +50,7 @@ def test_the_defaults_and_the_edges_pass():
         "stop_below": [None, 0, 1],
         "headroom": [None, 1, 0.5],
         "confirm_top": [0],
+        "confirm_budget": [1, 0.05],
         "seed": [None, 0],
         "grace_period": [None],
     }

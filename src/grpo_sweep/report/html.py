@@ -15,7 +15,7 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from . import figures as figs
-from .trials import REPORT_FILE, Trial, budget_gib, finalists, lever_effects, lever_label, overrides
+from .trials import REPORT_FILE, Trial, budget_gib, lever_effects, lever_label, overrides, verdict
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
@@ -227,12 +227,15 @@ def _figure(path: Path | None, alt: str, missing: str) -> str:
     return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
 
 
-def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
+def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool) -> str:
     """The Finalists: the configs the confirmation phase compared (hydra.sweeper.confirm_top), the
-    winner first, each with its runs, median and spread, and whether the top two are within each
-    other's noise. Without a confirmation phase, a note saying so and what the winner rests on."""
+    winner first, each with its runs, median and spread, and whether the winner is separated from the
+    others at the noise the study measured, or ties with them (and then why it won the tie). Without a
+    confirmation phase, a note saying so and what the winner rests on."""
+    ranked = ruling.ranked
     if not ranked:
         return ""
+    tie = tie_html(ruling)
     if not confirmed:
         winner = ranked[0]
         runs = len(winner.runs)
@@ -241,7 +244,7 @@ def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
         return (
             "<p id=finalists-note>No confirmation phase ran (hydra.sweeper.confirm_top is 0, or the sweep had too few "
             "trials for one): every config competed on the median of its own runs, and the winner, "
-            f"{_e(winner.item.name)}, rests on {runs} run{'s' if runs > 1 else ''}.{also}</p>"
+            f"{_e(winner.item.name)}, rests on {runs} run{'s' if runs > 1 else ''}.{also}</p>{tie}"
         )
     rows = []
     for f in ranked:
@@ -249,20 +252,40 @@ def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
         spread = f"{f.spread:.0%}" if f.spread is not None else "-"
         rows.append(f"<tr><td class=l>{_e(f.item.name)}</td><td>{f.median:.1f}</td><td class=l>{runs}</td><td>{spread}</td></tr>")
     note = ""
-    if len(ranked) >= 2:
-        overlap = best_rule.within_noise(ranked[0], ranked[1])
-        if overlap:
-            note = (
-                f"<p id=noise-note>{_e(ranked[0].item.name)} and {_e(ranked[1].item.name)} are within each "
-                "other's noise: their runs overlap, so either is as fast as this machine can tell.</p>"
-            )
-        elif overlap is False:
-            note = "<p id=noise-note>The winner's runs all lie above the runner-up's: a clear winner on this machine.</p>"
+    if not ruling.tie and len(ruling.by_median) >= 2 and best_rule.within_noise(ruling.by_median[0], ruling.by_median[1], ruling.sigma) is False:
+        note = (
+            f"<p id=noise-note>The winner is separated from the runner-up at the noise this study measured "
+            f"({ruling.sigma:.1%} of a run): a clear winner on this machine.</p>"
+        )
+    elif ruling.sigma is None:
+        note = "<p id=noise-note>No config ran twice: this study measured no noise, so no lead is known to be real.</p>"
     return (
         f"<h3>Finalists: the configs confirmation compared (the best median of {_e(objective)} wins)</h3>"
         "<table id=finalists><thead><tr>"
         "<th class=l>config (first run)</th><th>median</th><th class=l>runs</th><th>spread</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>{note}"
+        f"<tbody>{''.join(rows)}</tbody></table>{note}{tie}"
+    )
+
+
+def tie_html(ruling: best_rule.Verdict) -> str:
+    """A tie within noise: the configs, their medians and headroom, and the winner's reason."""
+    if not ruling.tie:
+        return ""
+    rows = []
+    for f in ruling.tie:
+        peak, share = ruling.memory(f)
+        room = f"{1 - share:.0%}" if share is not None else "-"
+        mark = " (wins)" if f is ruling.winner else ""
+        rows.append(
+            f"<tr><td class=l>{_e(f.item.name)}{mark}</td><td>{f.median:.1f}</td><td>{len(f.runs)}</td>"
+            f"<td>{_mib(peak)}</td><td>{room}</td></tr>"
+        )
+    return (
+        f"<p id=tie-note>Tie: {', '.join(_e(f.item.name) for f in ruling.tie)} are within each other's noise "
+        f"({ruling.sigma:.1%} of a run, measured on this study): none is faster as far as this machine can tell. "
+        f"{_e(ruling.winner.item.name)} wins the tie with the most memory headroom, the safer config for a long run.</p>"
+        "<table id=tie><thead><tr><th class=l>config</th><th>median</th><th>runs</th><th>peak MiB</th>"
+        f"<th>headroom</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -348,7 +371,8 @@ def write_report(
     concessions: dict | None = None,
 ) -> Path:
     out = Path(out)
-    ranked = finalists(trials)  # the median-of-runs rule: ranked[0].item is best_trial(trials)
+    ruling = verdict(trials)  # the median-of-runs rule and its tie: ranked[0].item is best_trial(trials)
+    ranked = ruling.ranked
     best = ranked[0].item if ranked else None
     budget = budget_gib(trials)
     objective = trials[0].objective_name
@@ -369,7 +393,7 @@ def write_report(
             f"{_e(reward_text(best.record))}{_e(reward_time_text(best.record))}.</p>"
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
-        best_html += finalists_html(ranked, objective, confirmed=any(t.record.get("finalist") for t in trials))
+        best_html += finalists_html(ruling, objective, confirmed=any(t.record.get("finalist") for t in trials))
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
     sections = [

@@ -81,11 +81,14 @@ class GrpoOptunaSweeperConf:
     # and partial throughput kept. A fraction in [0, 1]; null or 0: off. 0.5 from
     # bench/search_efficiency.py (docs/performance.md).
     stop_below: float | None = 0.5
-    # Confirmation: the top confirm_top feasible configs run confirm_repeats more times, interleaved,
-    # and the winner is the best median. Counted in n_trials: the search gets
-    # n_trials - confirm_top x confirm_repeats trials. 0: off.
+    # Confirmation (confirm.py): the top confirm_top feasible configs run again, in rounds, while the
+    # leader is within the noise the study measured of another finalist; each at most confirm_repeats
+    # more times, and only while confirmation's seconds stay within confirm_budget of the sweep's. The
+    # winner is the best median; from a tie within noise, the config with the most memory headroom.
+    # Counted in n_trials: the search gets n_trials - confirm_top x confirm_repeats trials. 0: off.
     confirm_top: int = 3
     confirm_repeats: int = 2
+    confirm_budget: float = 0.25  # a share of the sweep's seconds (every trial's, confirmation's included)
 
 
 ConfigStore.instance().store(
@@ -139,6 +142,10 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
         "0 (off) or an integer >= 2 (one finalist confirmed cannot change the winner)",
     ),
     "confirm_repeats": (_integer(0), "an integer >= 0"),
+    "confirm_budget": (
+        lambda v: _number(v) and 0 < v <= 1,
+        "a number in (0, 1] (a share of the sweep's seconds: 0.25 = a quarter; 1: no limit)",
+    ),
 }
 
 

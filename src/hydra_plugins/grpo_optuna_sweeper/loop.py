@@ -6,7 +6,7 @@ before writing the report, so a study finishes with exactly `n_trials` counted t
 workers shared it and however often it was interrupted and re-run.
 
 Phases: the search (n_search trials, a neighbour move queued on its turns), then the confirmation
-runs of the finalists (confirm.py), then the report. SIGINT/SIGTERM stop it: at once while a job
+rounds of the finalists while they are within each other's noise (confirm.py), then the report. SIGINT/SIGTERM stop it: at once while a job
 runs (the trial is killed with it), else at the next safe point; the trials asked and not told are
 failed and re-enqueued, and the report is written.
 """
@@ -66,8 +66,7 @@ class Loop:
         try:
             self._phase(plan.n_search)
             if self.stopped is None and plan.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
-                runs = confirm.plan(self.study, plan.confirm_top, plan.settings.confirm_repeats, log)
-                self._phase(plan.n_search + len(runs))
+                self._confirm()
             if self.stopped is not None:  # the summary ends with the failure's words
                 self._report()
                 raise SystemExit(1)
@@ -79,6 +78,18 @@ class Loop:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self._report()
+
+    def _confirm(self) -> None:
+        """The confirmation rounds (confirm.py): the queued runs first (a resumed sweep's, another
+        worker's), then the next round, until the leader is separated or the budget is spent."""
+        plan, settings = self.plan, self.plan.settings
+        confirm.choose(self.study, plan.confirm_top, log)
+        while True:
+            self._phase(plan.n_search + confirm.planned(self.study))
+            if self.stopped is not None:
+                return
+            if not confirm.next_round(self.study, settings.confirm_repeats, settings.confirm_budget, log):
+                return
 
     def _report(self, quiet: bool = False) -> Any:
         return write_report(self.study, self.plan, self.compose, quiet=quiet, stopped=self.stopped)

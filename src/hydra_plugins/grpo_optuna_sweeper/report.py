@@ -43,7 +43,7 @@ def price_tags(study: Any, plan: SweepPlan, compose: Any) -> dict | None:
     the sweep (the trials and best.yaml matter more): on an error it says why instead."""
     from grpo_sweep.memory.throughput import relative_step_time
 
-    from .summary import _is_ok, finalists
+    from .summary import _is_ok, verdict
 
     def predict(overrides: list[str]) -> tuple[Any, Any]:
         cfg = compose(overrides)
@@ -73,7 +73,7 @@ def price_tags(study: Any, plan: SweepPlan, compose: Any) -> dict | None:
         return out
 
     try:
-        ranked = finalists(study)
+        ranked = verdict(study).ranked
         winner = ranked[0] if ranked else None
         median = {m.number: float(f.median) for f in ranked for m in f.members}  # a trial counts by its config
         tags = concessions.price_tags(
