@@ -236,7 +236,8 @@ def sweep(
         confirm.choose(study, top, replay_log)
         seconds_of = lambda t: trial_s.get(t.number)  # noqa: E731 - the landscape's seconds, not the replay's clock
         while confirm.next_round(study, confirm_repeats, confirm_budget, replay_log, seconds_of=seconds_of):
-            while confirm.planned(study) > sum(t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None for t in study.trials):
+            ran = sum(t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None and t.state.name != "WAITING" for t in study.trials)
+            for _ in range(confirm.planned(study) - ran):
                 trial = study.ask(space)
                 run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
     ranked = verdict(study).ranked if constrained else []  # best.yaml's winner: the best median, a tie to the safer
