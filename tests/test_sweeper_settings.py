@@ -36,6 +36,7 @@ BAD = {
     "stop_below": (50, "a number in [0, 1]"),  # 50 % typed as a percentage
     "confirm_top": (1, "0 (off) or an integer >= 2"),
     "confirm_repeats": (-2, "an integer >= 0"),
+    "soak_steps": (-1, "an integer >= 0 (steps the winner runs after the sweep; 0: off)"),
     "confirm_budget": (0, "a number in (0, 1] (a share of the sweep's seconds"),
 }
 

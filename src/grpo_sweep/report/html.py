@@ -289,6 +289,28 @@ def tie_html(ruling: best_rule.Verdict) -> str:
     )
 
 
+def soak_html(soak: dict) -> str:
+    """The Soak section: the winner run hydra.sweeper.soak_steps more steps (the sweeper's soak.py),
+    whether its peak grew over them, and every step's own peak."""
+    def _mib1(n) -> str:  # a tiny model's step peaks differ by tenths of a MiB
+        return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
+
+    head = f"trial {_e(soak.get('trial'))}'s config, {_e(soak.get('steps'))} steps"
+    if soak.get("status") != "ok":
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>"
+    if soak.get("grew") is None:
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>"
+    verdict = "Memory grew" if soak["grew"] else "Memory held"
+    note = (
+        f"<p id=soak-note>Soak of {head}: <b>{verdict}</b>. Step {_e(soak['first_timed_step'])} peaked at "
+        f"{_mib1(soak['first_peak_bytes'])} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
+        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: more than {soak['grew_share']:.0%} above "
+        f"step {_e(soak['first_timed_step'])}).</p>"
+    )
+    rows = "".join(f"<tr><td>{_e(step)}</td><td>{_mib1(peak)}</td></tr>" for step, peak in soak.get("step_peaks") or [])
+    return note + f"<table id=soak><thead><tr><th>step</th><th>peak MiB</th></tr></thead><tbody>{rows}</tbody></table>"
+
+
 def same_recipe_note(trials: list[Trial]) -> str:
     """Said under the reward curves when every trial that logged a reward trained one recipe
     (metrics.json `recipe`): the knobs change speed and memory only, so the curves agree, and when
@@ -369,6 +391,7 @@ def write_report(
     importances: dict | None = None,
     importance_note: str | None = None,
     concessions: dict | None = None,
+    soak: dict | None = None,
 ) -> Path:
     out = Path(out)
     ruling = verdict(trials)  # the median-of-runs rule and its tie: ranked[0].item is best_trial(trials)
@@ -402,6 +425,7 @@ def write_report(
         + "</p>",
         "<h2>Best config</h2>" + best_html,
         *(["<h2>Concessions</h2>" + concessions_html(concessions, objective)] if concessions else []),
+        *(["<h2>Soak</h2>" + soak_html(soak)] if soak else []),
         "<h2>Throughput vs peak memory</h2>"
         + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
         + '<p class="note">OOM trials sit at budget + deficit (what they needed) when both are known, '

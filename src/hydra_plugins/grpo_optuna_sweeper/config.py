@@ -89,6 +89,10 @@ class GrpoOptunaSweeperConf:
     confirm_top: int = 3
     confirm_repeats: int = 2
     confirm_budget: float = 0.25  # a share of the sweep's seconds (every trial's, confirmation's included)
+    # Soak (soak.py): after the sweep, the winner runs this many steps with every step's own peak
+    # measured; best.yaml (`soak:`) and the report say whether memory grew. Not a trial: it counts
+    # nowhere and cannot change the winner. 0: off.
+    soak_steps: int = 0
 
 
 ConfigStore.instance().store(
@@ -142,6 +146,7 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
         "0 (off) or an integer >= 2 (one finalist confirmed cannot change the winner)",
     ),
     "confirm_repeats": (_integer(0), "an integer >= 0"),
+    "soak_steps": (_integer(0), "an integer >= 0 (steps the winner runs after the sweep; 0: off)"),
     "confirm_budget": (
         lambda v: _number(v) and 0 < v <= 1,
         "a number in (0, 1] (a share of the sweep's seconds: 0.25 = a quarter; 1: no limit)",

@@ -20,6 +20,8 @@ from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
 from .failures import NOTHING_FITS, why_no_best
+from .soak import SOAK_ATTR
+from .soak import words as soak_words
 from .tables import finalist_table, stop_words, table
 
 FIRST_COLUMNS = [
@@ -298,6 +300,9 @@ def write_summary(
                 **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
             }
         )
+        soaked = study.user_attrs.get(SOAK_ATTR)
+        if soaked:
+            summary["soak"] = {k: v for k, v in soaked.items() if k not in ("worker", "started_unix")}
         confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
         if confirmation:
             summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
@@ -339,6 +344,8 @@ def write_summary(
                 print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
             else:
                 print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
+        if summary.get("soak"):
+            print(soak_words(summary["soak"]))
         print(f"Run it:\n  {summary['command']}")
         exported = summary.get("export") or {}
         if exported.get("files"):
