@@ -335,7 +335,13 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
     assert _round(study, space, {}, log) == [] and study.user_attrs["confirmation"]["stopped"] == "runs"
     assert best_trial(study).number == 3  # b=4: median 176 against b=2's 180, but 40 % of the budget free
     summary = write_summary(
-        study, tmp_path, storage_url=f"journal:{tmp_path / 'study.journal'}", objective="tokens_per_s", fixed=[], top_k=5, headroom=None
+        study,
+        tmp_path,
+        storage_url=f"journal:{tmp_path / 'study.journal'}",
+        objective="tokens_per_s",
+        fixed=[],
+        top_k=5,
+        headroom=None,
     )
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["best_trial"] == summary["best_trial"] == 3 and best["best_value"] == 176.0
@@ -345,7 +351,10 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
     assert best["confirmation"]["runs"] == 5 and best["noise"]["configs"] == 3
     out = capsys.readouterr().out
     tie_lines = [line for line in out.splitlines() if line.startswith("Tie:")]
-    assert tie_lines == [best["tie_note"]] and "trial 3 wins with the most memory headroom (40% headroom vs 10% headroom)" in tie_lines[0]
+    assert (
+        tie_lines == [best["tie_note"]]
+        and "trial 3 wins with the most memory headroom (40% headroom vs 10% headroom)" in tie_lines[0]
+    )
     assert "stopped: every finalist within the leader's noise has 1 + confirm_repeats = 3 runs" in out
     report = (tmp_path / "report.html").read_text()
     assert "id=tie-note" in report and "trial 3 wins the tie with the most memory headroom" in report

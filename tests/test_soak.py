@@ -18,9 +18,16 @@ MIB = 2**20
 def test_the_trend_says_whether_memory_grew():
     """Grew: the last quarter's largest step peak more than 2 % above the first timed step's (step 2;
     step 1 creates the optimiser state and may peak higher). The slope: least squares over the timed steps."""
-    flat = [{"step": 1, "step_peak_memory_bytes": 120 * MIB}] + [{"step": s, "step_peak_memory_bytes": 100 * MIB} for s in range(2, 10)]
+    flat = [{"step": 1, "step_peak_memory_bytes": 120 * MIB}] + [
+        {"step": s, "step_peak_memory_bytes": 100 * MIB} for s in range(2, 10)
+    ]
     out = soak.trend(flat)
-    assert (out["grew"], out["first_timed_step"], out["first_peak_bytes"], out["last_peak_bytes"]) == (False, 2, 100 * MIB, 100 * MIB)
+    assert (out["grew"], out["first_timed_step"], out["first_peak_bytes"], out["last_peak_bytes"]) == (
+        False,
+        2,
+        100 * MIB,
+        100 * MIB,
+    )
     assert out["slope_bytes_per_step"] == 0 and out["step_peaks"][0] == [1, 120 * MIB]
     creep = [{"step": s, "step_peak_memory_bytes": (100 + s) * MIB} for s in range(1, 10)]  # 1 MiB a step
     out = soak.trend(creep)
@@ -33,7 +40,13 @@ def test_the_trend_says_whether_memory_grew():
     line = soak.words({"status": "ok", "trial": 3, "steps": 9, **soak.trend(creep)})
     assert line.startswith("Soak of trial 3, 9 steps: memory GREW: step 2 peaked at 102.0 MiB, the last steps at 109.0 MiB")
     assert soak.words({"status": "oom", "trial": 3, "error": "OutOfMemoryError"}) == "Soak of trial 3: oom (OutOfMemoryError)"
-    assert soak.overrides(["a=1"], "s", 50) == ["a=1", "trial.study=s", "trial.steps=50", "trial.soak=true", "hydra.sweep.subdir=soak"]
+    assert soak.overrides(["a=1"], "s", 50) == [
+        "a=1",
+        "trial.study=s",
+        "trial.steps=50",
+        "trial.soak=true",
+        "hydra.sweep.subdir=soak",
+    ]
 
 
 @pytest.mark.slow

@@ -252,7 +252,11 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
         spread = f"{f.spread:.0%}" if f.spread is not None else "-"
         rows.append(f"<tr><td class=l>{_e(f.item.name)}</td><td>{f.median:.1f}</td><td class=l>{runs}</td><td>{spread}</td></tr>")
     note = ""
-    if not ruling.tie and len(ruling.by_median) >= 2 and best_rule.within_noise(ruling.by_median[0], ruling.by_median[1], ruling.sigma) is False:
+    if (
+        not ruling.tie
+        and len(ruling.by_median) >= 2
+        and best_rule.within_noise(ruling.by_median[0], ruling.by_median[1], ruling.sigma) is False
+    ):
         note = (
             f"<p id=noise-note>The winner is separated from the runner-up at the noise this study measured "
             f"({ruling.sigma:.1%} of a run): a clear winner on this machine.</p>"
@@ -292,6 +296,7 @@ def tie_html(ruling: best_rule.Verdict) -> str:
 def soak_html(soak: dict) -> str:
     """The Soak section: the winner run hydra.sweeper.soak_steps more steps (the sweeper's soak.py),
     whether its peak grew over them, and every step's own peak."""
+
     def _mib1(n) -> str:  # a tiny model's step peaks differ by tenths of a MiB
         return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
 

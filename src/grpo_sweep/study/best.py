@@ -178,7 +178,9 @@ def within_noise(a: Finalist, b: Finalist, sigma: float | None) -> bool | None:
     return lo_a <= hi_b and lo_b <= hi_a
 
 
-def memory_used(f: Finalist, peak_of: Callable[[T], object], budget_of: Callable[[T], object]) -> tuple[float | None, float | None]:
+def memory_used(
+    f: Finalist, peak_of: Callable[[T], object], budget_of: Callable[[T], object]
+) -> tuple[float | None, float | None]:
     """(the config's largest peak over its runs in bytes, that peak's share of the budget); None where unknown."""
     peaks = [p for m in f.members if _finite(p := peak_of(m))]
     budgets = [b for m in f.members if _finite(b := budget_of(m)) and b > 0]

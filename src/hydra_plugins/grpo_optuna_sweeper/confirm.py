@@ -169,9 +169,12 @@ def next_round(
     elif not wanted:
         stop, why = "runs", f"every finalist within the leader's noise has 1 + confirm_repeats = {1 + repeats} runs"
     elif not runs:
-        stop, why = "budget", (
-            f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
-            f"({spent_s:.0f} of {sweep_s:.0f} s spent)"
+        stop, why = (
+            "budget",
+            (
+                f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
+                f"({spent_s:.0f} of {sweep_s:.0f} s spent)"
+            ),
         )
     else:
         stop = why = None

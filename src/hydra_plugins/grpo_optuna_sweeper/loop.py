@@ -97,19 +97,29 @@ class Loop:
     def _soak(self, steps: int) -> None:
         """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
         from .summary import best_trial
-        from .workers import this_worker
+        from .workers import this_worker, worker_dead
 
         study = self.study
         winner = best_trial(study)
         if winner is None:
             log.info("Soak skipped: no feasible config to soak")
             return
-        if not soak.due(study, winner, steps):
+        if not soak.due(study, winner, steps, worker_dead):
             return
-        record = {"trial": winner.number, "steps": steps, "status": "running", "worker": this_worker(), "started_unix": time.time()}
+        record = {
+            "trial": winner.number,
+            "steps": steps,
+            "status": "running",
+            "worker": this_worker(),
+            "started_unix": time.time(),
+        }
         study.set_user_attr(soak.SOAK_ATTR, record)
-        overrides = soak.overrides(list(winner.user_attrs.get(confirm.OVERRIDES_ATTR) or []), self.plan.settings.study_name, steps)
-        log.info("Soak: trial %d's config runs %d steps, each step's peak measured (not a trial of the study)", winner.number, steps)
+        overrides = soak.overrides(
+            list(winner.user_attrs.get(confirm.OVERRIDES_ATTR) or []), self.plan.settings.study_name, steps
+        )
+        log.info(
+            "Soak: trial %d's config runs %d steps, each step's peak measured (not a trial of the study)", winner.number, steps
+        )
         self._check_stop()
         self.in_job = True
         try:

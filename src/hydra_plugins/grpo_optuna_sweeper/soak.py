@@ -16,6 +16,7 @@ The slope is the least-squares fit of the timed steps' peaks, in bytes per step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import space
@@ -39,7 +40,9 @@ def overrides(point: list[str], study_name: str, steps: int) -> list[str]:
 
 def trend(history: list[dict]) -> dict:
     """The per-step peaks of a soak's history, their slope and whether they grew (see the module docstring)."""
-    peaks = [(int(r["step"]), int(r["step_peak_memory_bytes"])) for r in history or [] if r.get("step_peak_memory_bytes") is not None]
+    peaks = [
+        (int(r["step"]), int(r["step_peak_memory_bytes"])) for r in history or [] if r.get("step_peak_memory_bytes") is not None
+    ]
     out: dict[str, Any] = {"step_peaks": [[s, p] for s, p in peaks], "grew_share": GREW_SHARE}
     timed = [(s, p) for s, p in peaks if s >= FIRST_TIMED_STEP] or peaks
     if len(timed) < 2:
@@ -79,13 +82,11 @@ def words(soak: dict) -> str:
     )
 
 
-def due(study: Any, winner: Any, steps: int) -> bool:
+def due(study: Any, winner: Any, steps: int, worker_dead: Callable[[Any, Any], bool]) -> bool:
     """Whether this worker should soak `winner`: no soak of it for `steps` is recorded, or the one
-    recorded was cut short (its worker gone: workers.worker_dead). A soak another live worker runs
-    is left to it; one that finished is never run again (a resumed sweep reuses it)."""
+    recorded was cut short (its worker gone: workers.worker_dead, passed in). A soak another live
+    worker runs is left to it; one that finished is never run again (a resumed sweep reuses it)."""
     import datetime
-
-    from .workers import worker_dead
 
     done = study.user_attrs.get(SOAK_ATTR) or {}
     if done.get("trial") != winner.number or done.get("steps") != steps:

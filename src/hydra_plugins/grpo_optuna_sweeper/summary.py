@@ -139,6 +139,7 @@ def tie_row(ruling: best_rule.Verdict, f: Any) -> dict:
 
 def tie_line(ruling: best_rule.Verdict) -> str:
     """The one line that says a tie was settled by memory headroom."""
+
     def headroom(f: Any) -> str:
         peak, share = ruling.memory(f)
         if share is not None:
