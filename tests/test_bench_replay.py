@@ -50,7 +50,7 @@ def test_replay_uses_the_recorded_grid_and_the_sweepers_rules():
 
 def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
     """bench/search_seconds.py: slow trials PRUNED with intermediate values, confirmation runs enqueued by
-    the sweeper's confirm.plan, the pick named by the summary's median-of-runs rule, every trial charged."""
+    the sweeper's confirm.next_round, the pick named by the summary's median-of-runs rule, every trial charged."""
     import landscapes
     import search_seconds as ss
 
