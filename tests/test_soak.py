@@ -81,3 +81,30 @@ def test_a_soak_records_per_step_peaks_and_leaves_the_winner(tmp_path):
     assert best["soak"]["grew"] == found["grew"] and best["soak"]["run_dir"] == str(tmp_path / "soak")
     assert soak.words(found) in result.stdout
     assert "id=soak-note" in (tmp_path / "report.html").read_text()
+
+
+def test_a_soak_trial_measures_each_steps_own_peak():
+    """trial.soak=true: the CPU tracker runs on every step (not only the first two), and each step's
+    peak starts again at the step's start: a later, smaller step shows its own peak, not the trial's."""
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import compose
+
+    from grpo_sweep.trial.measure.memory_meter import MemoryMeter
+
+    assert MemoryMeter(compose(["gpu=cpu"]), on_cuda=False).track_steps == 2  # without a soak: two measured steps
+    meter = MemoryMeter(compose(["gpu=cpu", "trial.soak=true"]), on_cuda=False)
+    assert meter.per_step and meter.track_steps is None
+    hook = meter.callback()  # the trainer calls it at each step's start
+    with meter.running():
+        hook.on_step_begin(None, SimpleNamespace(global_step=0), None)
+        big = torch.zeros(1 << 20)  # 4 MiB
+        del big
+        first = meter.step_peak()
+        hook.on_step_begin(None, SimpleNamespace(global_step=1), None)
+        small = torch.zeros(1 << 10)  # 4 KiB
+        del small
+        second = meter.step_peak()
+    assert (first, second) == (4 * MIB, 4096)
+    assert meter.probe()[0] == 4 * MIB  # the trial's peak is still the largest step's
