@@ -358,6 +358,7 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
     assert "stopped: every finalist within the leader's noise has 1 + confirm_repeats = 3 runs" in out
     report = (tmp_path / "report.html").read_text()
     assert "id=tie-note" in report and "trial 3 wins the tie with the most memory headroom" in report
+    assert "<p id=confirmation-note>Confirmation: 5 runs in 2 rounds" in report and "stopped: every finalist" in report
     assert "<b>trial 3</b>" in report
 
 

@@ -271,6 +271,18 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
     )
 
 
+def confirmation_html(state: dict) -> str:
+    """What the sweeper's confirmation rounds spent and why they stopped (its study attr `confirmation`)."""
+    if not state.get("stopped"):
+        return ""
+    sweep_s = state.get("sweep_s") or 0.0
+    share = f", {state.get('spent_s', 0.0):.0f} s of the sweep's {sweep_s:.0f} s" if sweep_s else ""
+    return (
+        f"<p id=confirmation-note>Confirmation: {len(state.get('runs') or [])} runs in {state.get('rounds', 0)} "
+        f"rounds{share}; stopped: {_e(state.get('why'))}.</p>"
+    )
+
+
 def tie_html(ruling: best_rule.Verdict) -> str:
     """A tie within noise: the configs, their medians and headroom, and the winner's reason."""
     if not ruling.tie:
@@ -397,6 +409,7 @@ def write_report(
     importance_note: str | None = None,
     concessions: dict | None = None,
     soak: dict | None = None,
+    confirmation: dict | None = None,
 ) -> Path:
     out = Path(out)
     ruling = verdict(trials)  # the median-of-runs rule and its tie: ranked[0].item is best_trial(trials)
@@ -422,6 +435,7 @@ def write_report(
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
         best_html += finalists_html(ruling, objective, confirmed=any(t.record.get("finalist") for t in trials))
+        best_html += confirmation_html(confirmation or {})
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
     sections = [
