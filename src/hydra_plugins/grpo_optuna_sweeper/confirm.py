@@ -164,7 +164,9 @@ def next_round(
         queued_s += cost
         first = best_rule.config_group(f.item.user_attrs, f.item.number)
         runs.append({"confirms": first, "params": dict(f.item.params), "preset": f.item.user_attrs.get("preset")})
-    if ruling.leader is None or not open_:
+    if ruling.leader is None:
+        stop, why = "no value", "no finalist has a run that finished within memory"
+    elif not open_:
         stop, why = "separated", "the leader's interval is clear of every other finalist's at the measured noise"
     elif not wanted:
         stop, why = "runs", f"every finalist within the leader's noise has 1 + confirm_repeats = {1 + repeats} runs"
