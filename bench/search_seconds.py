@@ -3,8 +3,9 @@
 Replays the sweep on a landscape (bench/landscapes.py: the tiny CPU grid measured for real, and a
 model of the seed's Gemma 3 1B / L4 space) with the sweeper's own pieces: build_sampler, judge,
 for_sampler, the pre-screen, stop_threshold/timed_steps (early stop: PRUNED with the per-step
-throughputs as intermediate values), confirm.plan (the confirmation runs, enqueued in the study)
-and summary.finalists (the median-of-runs winner, grpo_sweep.study.best). Each run of a point
+throughputs as intermediate values), confirm.choose / next_round (the confirmation rounds, enqueued in the study while the finalists
+are within noise and confirm_budget of the replay's seconds is left) and summary.verdict (the
+median-of-runs winner, a tie to the safer config, grpo_sweep.study.best). Each run of a point
 shows one noisy throughput (one of its measured runs, or true x exp(N(0, sigma)) on a model) and costs
 its seconds: start + every step it ran (an early-stopped trial: up to its first timed step), an OOM its time until it failed.
 
@@ -13,7 +14,7 @@ Per seed:
   its end (an early-stopped good point does not count), plus, for ours, the confirmation runs its
   sweep spends at the end (charged in full);
 - the pick: a sweep of N_TRIALS trials (counted as the sweeper counts: pruned and invalid too),
-  with confirmation (search N_TRIALS - 3 x 2, then 3 finalists x 2 more runs; best median wins) and
+  with confirmation (search N_TRIALS - 3 x 2, then up to 3 finalists x 2 more runs while within noise; best median wins) and
   without (N_TRIALS search trials; best single run wins); judged by the picked point's true value.
 Strategies: ours (pre-screen + early stop + confirmation), tpe_unconstrained (hydra-optuna-sweeper:
 OOM = failed trial, every trial to its end), random (uniform without replacement, every trial to
@@ -79,6 +80,7 @@ def sweep(
     stop_below: float | None,
     confirm_top: int,
     confirm_repeats: int = 2,
+    confirm_budget: float = 0.25,
     prescreen: bool = True,
     constrained: bool = True,
     until_found: bool = False,
@@ -107,7 +109,7 @@ def sweep(
         stop_threshold,
         timed_steps,
     )
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_finalist, best_trial, finalists
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_finalist, best_trial, verdict
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
@@ -144,6 +146,7 @@ def sweep(
     from hydra_plugins.grpo_optuna_sweeper import calibration
 
     oom_trials, false_prunes, observed = [0], [0], [0]
+    trial_s: dict[int, float] = {}  # each trial's seconds on the landscape: what confirmation's budget counts
 
     def prescreen_of(point: dict):
         """The sweeper's Prescreen.verdict on the landscape: the raw prediction and the fixed margin, or
@@ -161,6 +164,7 @@ def sweep(
         nonlocal clock, found_s
         record, seconds = run_point(land, point, rng, threshold)
         clock += seconds
+        trial_s[trial.number] = seconds
         oom_trials[0] += record["status"] == "oom"
         if calibrate:  # what the sweeper's trial attrs hold for calibration.observation
             trial.set_user_attr("predicted_phases", {"training": point["predicted_peak_bytes"]})
@@ -228,11 +232,15 @@ def sweep(
         pick_no_confirm = _picked(best_trial(study), land)
     search_s = clock
     if top and not until_found:
-        runs = confirm.plan(study, top, confirm_repeats, logging.getLogger("replay"))
-        for _ in runs:
-            trial = study.ask(space)
-            run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
-    ranked = finalists(study) if constrained else []
+        replay_log = logging.getLogger("replay")
+        confirm.choose(study, top, replay_log)
+        seconds_of = lambda t: trial_s.get(t.number)  # noqa: E731 - the landscape's seconds, not the replay's clock
+        while confirm.next_round(study, confirm_repeats, confirm_budget, replay_log, seconds_of=seconds_of):
+            ran = sum(t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None and t.state.name != "WAITING" for t in study.trials)
+            for _ in range(confirm.planned(study) - ran):
+                trial = study.ask(space)
+                run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
+    ranked = verdict(study).ranked if constrained else []  # best.yaml's winner: the best median, a tie to the safer
     pick = _picked(ranked[0].item, land) if ranked else pick_no_confirm
     return {
         "found_s": found_s,

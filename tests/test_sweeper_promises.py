@@ -959,7 +959,7 @@ def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
     assert best_trial(study).number == a
     single = _tell_record(sweeper, study, _ok(1000.0, 0.5), headroom=None)
     assert best_trial(study).number == single  # before confirmation chose finalists, every config competes
-    study.set_user_attr("confirmation", {"finalists": [a, b], "runs": []})  # what confirm.plan records
+    study.set_user_attr("confirmation", {"finalists": [a, b], "runs": []})  # what confirm.choose records
     assert best_trial(study).number == a and single != oom_only  # never confirmed: not a finalist
 
 

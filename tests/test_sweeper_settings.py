@@ -37,6 +37,8 @@ BAD = {
     "confirm_top": (1, "0 (off) or an integer >= 2"),
     "confirm_repeats": (-2, "an integer >= 0"),
     "learning_tolerance": (0, "a number in (0, 1) (relative: 1e-4 = 0.01 %), or null: per precision"),
+    "soak_steps": (-1, "an integer >= 0 (steps the winner runs after the sweep; 0: off)"),
+    "confirm_budget": (0, "a number in (0, 1] (a share of the sweep's seconds"),
 }
 
 
@@ -50,6 +52,7 @@ def test_the_defaults_and_the_edges_pass():
         "stop_below": [None, 0, 1],
         "headroom": [None, 1, 0.5],
         "confirm_top": [0],
+        "confirm_budget": [1, 0.05],
         "seed": [None, 0],
         "grace_period": [None],
         "learning_tolerance": [None, 1e-3],

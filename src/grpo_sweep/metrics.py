@@ -50,7 +50,8 @@ class TrialMetrics(TypedDict, total=False):
     throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
     history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, reward_std,
     #   reward/<function> (each reward function's mean), loss, grad_norm, kl, entropy, completion_length,
-    #   sampling_logp_diff and is_ratio (vLLM generated), peak_memory_bytes; report/learning.py fingerprints them
+    #   sampling_logp_diff and is_ratio (vLLM generated), peak_memory_bytes (the peak so far),
+    #   step_peak_memory_bytes (trial.soak: the step's own peak); report/learning.py fingerprints them
     first_step_begin_unix: float | None  # wall clock at the first step's start
     start_latency_s: float | None  # trial requested -> first GRPO step started
     wall_time_s: float  # the whole trial process, start to exit

@@ -178,6 +178,10 @@ class TrialConfig:
     # Early stop: after the first timed step (once the peak is measured) a trial below this many
     # tokens/s stops with status `slow`. Set by the sweeper (hydra.sweeper.stop_below x best so far).
     stop_below: float | None = None
+    # A soak run (the sweeper's hydra.sweeper.soak_steps): every step's own peak is measured (the CPU
+    # tracker on every step; CUDA: the allocator's peak restarted at each step), in the history rows'
+    # step_peak_memory_bytes, so a peak that grows over the steps shows.
+    soak: bool = False
     # Processes (ranks, one per GPU) one trial trains with, and how they share the model: ddp (replicas),
     # fsdp (everything sharded), zero2 / zero3 (DeepSpeed). 1: today's single process (docs/multi-gpu.md).
     num_processes: int = 1

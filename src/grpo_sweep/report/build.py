@@ -19,7 +19,18 @@ def build(trials: list[Trial], out: Path, *, title: str, study: Any = None) -> P
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tags = study.user_attrs.get("price_tags") if study is not None else None  # the sweeper's concessions.price_tags
-    return write_report(trials, out, title=title, importances=importances, importance_note=note, concessions=tags)
+    soak = study.user_attrs.get("soak") if study is not None else None  # the sweeper's soak of the winner
+    confirmation = study.user_attrs.get("confirmation") if study is not None else None  # what its rounds spent
+    return write_report(
+        trials,
+        out,
+        title=title,
+        importances=importances,
+        importance_note=note,
+        concessions=tags,
+        soak=soak,
+        confirmation=confirmation,
+    )
 
 
 def build_for_study(study: Any, out: Path) -> tuple[Path, list[Trial]]:

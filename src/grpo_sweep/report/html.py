@@ -16,7 +16,7 @@ from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from . import figures as figs
 from .learning import Departure, Verdict, key_of, verdict_lines
-from .trials import REPORT_FILE, Trial, budget_gib, learning_check, lever_effects, lever_label, overrides
+from .trials import REPORT_FILE, Trial, budget_gib, learning_check, lever_effects, lever_label, overrides, verdict
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
@@ -231,12 +231,15 @@ def _figure(path: Path | None, alt: str, missing: str) -> str:
     return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
 
 
-def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
+def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool) -> str:
     """The Finalists: the configs the confirmation phase compared (hydra.sweeper.confirm_top), the
-    winner first, each with its runs, median and spread, and whether the top two are within each
-    other's noise. Without a confirmation phase, a note saying so and what the winner rests on."""
+    winner first, each with its runs, median and spread, and whether the winner is separated from the
+    others at the noise the study measured, or ties with them (and then why it won the tie). Without a
+    confirmation phase, a note saying so and what the winner rests on."""
+    ranked = ruling.ranked
     if not ranked:
         return ""
+    tie = tie_html(ruling)
     if not confirmed:
         winner = ranked[0]
         runs = len(winner.runs)
@@ -245,7 +248,7 @@ def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
         return (
             "<p id=finalists-note>No confirmation phase ran (hydra.sweeper.confirm_top is 0, or the sweep had too few "
             "trials for one): every config competed on the median of its own runs, and the winner, "
-            f"{_e(winner.item.name)}, rests on {runs} run{'s' if runs > 1 else ''}.{also}</p>"
+            f"{_e(winner.item.name)}, rests on {runs} run{'s' if runs > 1 else ''}.{also}</p>{tie}"
         )
     rows = []
     for f in ranked:
@@ -253,21 +256,80 @@ def finalists_html(ranked: list, objective: str, *, confirmed: bool) -> str:
         spread = f"{f.spread:.0%}" if f.spread is not None else "-"
         rows.append(f"<tr><td class=l>{_e(f.item.name)}</td><td>{f.median:.1f}</td><td class=l>{runs}</td><td>{spread}</td></tr>")
     note = ""
-    if len(ranked) >= 2:
-        overlap = best_rule.within_noise(ranked[0], ranked[1])
-        if overlap:
-            note = (
-                f"<p id=noise-note>{_e(ranked[0].item.name)} and {_e(ranked[1].item.name)} are within each "
-                "other's noise: their runs overlap, so either is as fast as this machine can tell.</p>"
-            )
-        elif overlap is False:
-            note = "<p id=noise-note>The winner's runs all lie above the runner-up's: a clear winner on this machine.</p>"
+    if (
+        not ruling.tie
+        and len(ruling.by_median) >= 2
+        and best_rule.within_noise(ruling.by_median[0], ruling.by_median[1], ruling.sigma) is False
+    ):
+        note = (
+            f"<p id=noise-note>The winner is separated from the runner-up at the noise this study measured "
+            f"({ruling.sigma:.1%} of a run): a clear winner on this machine.</p>"
+        )
+    elif ruling.sigma is None:
+        note = "<p id=noise-note>No config ran twice: this study measured no noise, so no lead is known to be real.</p>"
     return (
         f"<h3>Finalists: the configs confirmation compared (the best median of {_e(objective)} wins)</h3>"
         "<table id=finalists><thead><tr>"
         "<th class=l>config (first run)</th><th>median</th><th class=l>runs</th><th>spread</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>{note}"
+        f"<tbody>{''.join(rows)}</tbody></table>{note}{tie}"
     )
+
+
+def confirmation_html(state: dict) -> str:
+    """What the sweeper's confirmation rounds spent and why they stopped (its study attr `confirmation`)."""
+    if not state.get("stopped"):
+        return ""
+    sweep_s = state.get("sweep_s") or 0.0
+    share = f", {state.get('spent_s', 0.0):.0f} s of the sweep's {sweep_s:.0f} s" if sweep_s else ""
+    return (
+        f"<p id=confirmation-note>Confirmation: {len(state.get('runs') or [])} runs in {state.get('rounds', 0)} "
+        f"rounds{share}; stopped: {_e(state.get('why'))}.</p>"
+    )
+
+
+def tie_html(ruling: best_rule.Verdict) -> str:
+    """A tie within noise: the configs, their medians and headroom, and the winner's reason."""
+    if not ruling.tie:
+        return ""
+    rows = []
+    for f in ruling.tie:
+        peak, share = ruling.memory(f)
+        room = f"{1 - share:.0%}" if share is not None else "-"
+        mark = " (wins)" if f is ruling.winner else ""
+        rows.append(
+            f"<tr><td class=l>{_e(f.item.name)}{mark}</td><td>{f.median:.1f}</td><td>{len(f.runs)}</td>"
+            f"<td>{_mib(peak)}</td><td>{room}</td></tr>"
+        )
+    return (
+        f"<p id=tie-note>Tie: {', '.join(_e(f.item.name) for f in ruling.tie)} are within each other's noise "
+        f"({ruling.sigma:.1%} of a run, measured on this study): none is faster as far as this machine can tell. "
+        f"{_e(ruling.winner.item.name)} wins the tie with the most memory headroom, the safer config for a long run.</p>"
+        "<table id=tie><thead><tr><th class=l>config</th><th>median</th><th>runs</th><th>peak MiB</th>"
+        f"<th>headroom</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def soak_html(soak: dict) -> str:
+    """The Soak section: the winner run hydra.sweeper.soak_steps more steps (the sweeper's soak.py),
+    whether its peak grew over them, and every step's own peak."""
+
+    def _mib1(n) -> str:  # a tiny model's step peaks differ by tenths of a MiB
+        return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
+
+    head = f"trial {_e(soak.get('trial'))}'s config, {_e(soak.get('steps'))} steps"
+    if soak.get("status") != "ok":
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>"
+    if soak.get("grew") is None:
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>"
+    verdict = "Memory grew" if soak["grew"] else "Memory held"
+    note = (
+        f"<p id=soak-note>Soak of {head}: <b>{verdict}</b>. Step {_e(soak['first_timed_step'])} peaked at "
+        f"{_mib1(soak['first_peak_bytes'])} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
+        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: more than {soak['grew_share']:.0%} above "
+        f"step {_e(soak['first_timed_step'])}).</p>"
+    )
+    rows = "".join(f"<tr><td>{_e(step)}</td><td>{_mib1(peak)}</td></tr>" for step, peak in soak.get("step_peaks") or [])
+    return note + f"<table id=soak><thead><tr><th>step</th><th>peak MiB</th></tr></thead><tbody>{rows}</tbody></table>"
 
 
 def same_recipe_note(trials: list[Trial], flagged: dict | None = None) -> str:
@@ -383,10 +445,13 @@ def write_report(
     importances: dict | None = None,
     importance_note: str | None = None,
     concessions: dict | None = None,
+    soak: dict | None = None,
+    confirmation: dict | None = None,
 ) -> Path:
     out = Path(out)
-    verdict, flagged = learning_check(trials)  # the median-of-runs rule, then the learning check's winner rule
-    ranked = verdict.ranked  # ranked[0].item is best_trial(trials)
+    ruling = verdict(trials)  # the median-of-runs rule, its noise and tie
+    learned, flagged = learning_check(trials)  # then the learning check's winner rule
+    ranked = learned.ranked  # ranked[0].item is best_trial(trials)
     best = ranked[0].item if ranked else None
     budget = budget_gib(trials)
     objective = trials[0].objective_name
@@ -407,10 +472,11 @@ def write_report(
             f"{_e(reward_text(best.record))}{_e(reward_time_text(best.record))}.</p>"
             f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
         )
-        said = verdict_lines(verdict, flagged, key_of, lambda k: _label(trials, k), rest=False)
+        said = verdict_lines(learned, flagged, key_of, lambda k: _label(trials, k), rest=False)
         if said:
             best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
-        best_html += finalists_html(ranked, objective, confirmed=any(t.record.get("finalist") for t in trials))
+        best_html += finalists_html(ruling, objective, confirmed=any(t.record.get("finalist") for t in trials))
+        best_html += confirmation_html(confirmation or {})
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
     sections = [
@@ -419,7 +485,8 @@ def write_report(
         + "</p>",
         "<h2>Best config</h2>" + best_html,
         *(["<h2>Concessions</h2>" + concessions_html(concessions, objective)] if concessions else []),
-        *([f"<h2>Equal learning</h2>{learned}"] if (learned := learning_html(trials, verdict, flagged)) else []),
+        *([f"<h2>Equal learning</h2>{learned}"] if (learned := learning_html(trials, learned, flagged)) else []),
+        *(["<h2>Soak</h2>" + soak_html(soak)] if soak else []),
         "<h2>Throughput vs peak memory</h2>"
         + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
         + '<p class="note">OOM trials sit at budget + deficit (what they needed) when both are known, '

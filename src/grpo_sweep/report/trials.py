@@ -222,37 +222,45 @@ def match_preset(levers: dict, presets: dict[str, dict]) -> str | None:
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:
-    """The feasible trial with the best objective in the study's direction; a config run more than
-    once counts by the median of its runs (grpo_sweep.study.best.finalists): its first run."""
-    ranked = finalists(trials)
-    return ranked[0].item if ranked else None
+    """The first run of the winning config (verdict): the best median of its runs, only the sweep's
+    confirmed finalists competing once it chose them, and from a tie within noise the safer config."""
+    winner = verdict(trials).winner
+    return winner.item if winner is not None else None
 
 
 def finalists(trials: list[Trial]) -> list:
     """Each config's runs (a repeat or a confirmation run, record keys `repeats` / `confirms`, joins
-    the config's first trial), best median first; once the sweep's confirmation phase chose its
-    finalists (record key `finalist`), only they compete (grpo_sweep.study.best.finalists). The winner
-    is first under the learning check's rule (learning.winner_first: a trial that changed the learning
-    wins only when every competing config did)."""
+    the config's first trial), the winner first and then by median; once the sweep's confirmation
+    phase chose its finalists (record key `finalist`), only they compete (grpo_sweep.study.best.decide:
+    a tie within noise goes to the config with the most memory headroom). Then the learning check's rule
+    (learning.winner_first): a trial that changed the learning wins only when every competing config did."""
     return learning_check(trials)[0].ranked
 
 
-def learning_check(trials: list[Trial]) -> tuple[Verdict, dict[object, Departure]]:
-    """The trials that changed the learning (learning.check_trials, at the sweep's tolerance) and the
-    winner rule applied to the finalists."""
+def verdict(trials: list[Trial]) -> best_rule.Verdict:
+    """grpo_sweep.study.best.decide over the trials: the noise measured, the leader, the tie, the winner."""
     if not trials:
-        return Verdict([]), {}
-    flagged = check_trials(trials, trials[0].learning_tolerance)
+        return best_rule.Verdict([], None, 0, [], None, {})
     runs = [t for t in trials if t.category == "feasible" or best_rule.config_group(t.record, None) is not None]
     chosen = [t.number for t in trials if t.record.get("finalist")]
-    ranked = best_rule.finalists(
+    return best_rule.decide(
         runs,
         value=lambda t: t.objective if t.category == "feasible" else None,
         group=lambda t: best_rule.config_group(t.record, t.number if t.number is not None else t.name),
         direction=trials[0].direction,
         compete=chosen or None,
+        peak_of=lambda t: t.record.get("peak_memory_bytes"),
+        budget_of=lambda t: t.record.get("budget_bytes"),
     )
-    return winner_first(ranked, flagged, key_of), flagged
+
+
+def learning_check(trials: list[Trial]) -> tuple[Verdict, dict[object, Departure]]:
+    """The trials that changed the learning (learning.check_trials, at the sweep's tolerance) and the
+    winner rule applied to the finalists `verdict` ranks."""
+    if not trials:
+        return Verdict([]), {}
+    flagged = check_trials(trials, trials[0].learning_tolerance)
+    return winner_first(verdict(trials).ranked, flagged, key_of), flagged
 
 
 def budget_gib(trials: list[Trial]) -> float | None:

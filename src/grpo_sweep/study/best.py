@@ -4,7 +4,9 @@ Used by the sweeper's summary (best.yaml, the final table) and by the report, so
 the same winner. A config run more than once (the sampler asked for it again, or the sweeper's
 confirm_top confirmed it) counts by the median over its runs (`finalists`, `best_of_runs`). What
 counts as feasible is the caller's to say (an Optuna trial's constraints, or a report row's
-category); the direction is always the study's own.
+category); the direction is always the study's own. The noise the study measured (`relative_noise`)
+says whether the leader is separated from the others (`within_noise`); when it is not, the configs
+within its noise tie and the one with the most memory headroom wins (`decide`, `Verdict`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _finite(value: object) -> TypeGuard[float]:
 # report read them through config_group, so both group the same way.
 CONFIRMS_ATTR = "confirms"  # a confirmation run: the config's first trial
 REPEATS_ATTR = "repeats"  # a search trial the sampler asked for again: the config's first trial
-PLAN_ATTR = "confirmation"  # study user attr: {"finalists": [first trials], "runs": [...]}
+PLAN_ATTR = "confirmation"  # study user attr: {"finalists": [first trials], "runs": [...], what it spent, why it stopped}
 
 
 def config_group(attrs: dict, number: object) -> object:
@@ -132,9 +134,128 @@ def best_of_runs(
     return ranked_groups[0] if ranked_groups else None
 
 
-def within_noise(a: Finalist, b: Finalist) -> bool | None:
-    """Whether two finalists' runs overlap (each one's range reaches into the other's); None when
-    either ran once only: one run says nothing about its noise."""
-    if len(a.runs) < 2 or len(b.runs) < 2:
+# --- noise and ties: the one rule the confirmation phase, the summary and the report share ---------
+# The noise is measured on the study itself: every config run more than once gives its runs' sample
+# variance relative to their mean, and those pool over configs by their degrees of freedom (n - 1
+# each), so two runs of three configs tell as much as four runs of one. With 2-3 runs per config a
+# single config's spread is itself very noisy; the pooled estimate is not, and the floor keeps one
+# lucky pair of equal runs from claiming a precision no shared machine has.
+NOISE_FLOOR = 0.02  # relative standard deviation never taken below 2 % of the median
+INTERVAL_Z = 2.0  # a config's interval: median +- 2 sigma / sqrt(runs) (about 95 % for normal noise)
+
+
+def relative_noise(groups: Iterable[Finalist]) -> tuple[float | None, int]:
+    """(the pooled relative standard deviation of runs of one config, floored at NOISE_FLOOR, or None
+    when no config ran twice; the number of configs it pools)."""
+    squares, dof, configs = 0.0, 0, 0
+    for f in groups:
+        if len(f.runs) < 2:
+            continue
+        mean = statistics.fmean(f.runs)
+        if not mean:
+            continue
+        squares += sum((v / mean - 1.0) ** 2 for v in f.runs)
+        dof += len(f.runs) - 1
+        configs += 1
+    if not dof:
+        return None, 0
+    return max(NOISE_FLOOR, math.sqrt(squares / dof)), configs
+
+
+def interval(f: Finalist, sigma: float) -> tuple[float, float]:
+    """The range a config's true median lies in at the measured noise: median +- Z sigma |median| / sqrt(n)."""
+    half = INTERVAL_Z * sigma * abs(f.median) / math.sqrt(len(f.runs))
+    return f.median - half, f.median + half
+
+
+def within_noise(a: Finalist, b: Finalist, sigma: float | None) -> bool | None:
+    """Whether two configs' intervals overlap (neither is separated from the other); None when the
+    study has measured no noise yet (no config ran twice): nothing can be said."""
+    if sigma is None:
         return None
-    return min(a.runs) <= max(b.runs) and min(b.runs) <= max(a.runs)
+    lo_a, hi_a = interval(a, sigma)
+    lo_b, hi_b = interval(b, sigma)
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
+def memory_used(
+    f: Finalist, peak_of: Callable[[T], object], budget_of: Callable[[T], object]
+) -> tuple[float | None, float | None]:
+    """(the config's largest peak over its runs in bytes, that peak's share of the budget); None where unknown."""
+    peaks = [p for m in f.members if _finite(p := peak_of(m))]
+    budgets = [b for m in f.members if _finite(b := budget_of(m)) and b > 0]
+    if not peaks:
+        return None, None
+    peak = max(peaks)
+    return peak, (peak / budgets[0] if budgets else None)
+
+
+@dataclass
+class Verdict(Generic[T]):
+    """Who wins, and how sure the study is. `by_median`: the configs best median first; `leader` its
+    first. `tie`: the leader and every config within its noise (empty when the leader is separated
+    or no noise is measured). `winner`: the leader, or, from a tie, the tied config with the most
+    memory headroom (the smallest share of the budget at its worst run's peak; bytes where no budget
+    is known): the configs are as fast as this machine can tell, so the safer one for a long run
+    wins. `ranked`: by_median with the winner moved first (what best.yaml and the report list)."""
+
+    by_median: list[Finalist[T]]
+    sigma: float | None
+    noise_configs: int
+    tie: list[Finalist[T]]
+    winner: Finalist[T] | None
+    used: dict[int, tuple[float | None, float | None]]  # id(finalist) -> memory_used
+
+    @property
+    def leader(self) -> Finalist[T] | None:
+        return self.by_median[0] if self.by_median else None
+
+    @property
+    def ranked(self) -> list[Finalist[T]]:
+        if self.winner is None:
+            return []
+        return [self.winner, *(f for f in self.by_median if f is not self.winner)]
+
+    def memory(self, f: Finalist[T]) -> tuple[float | None, float | None]:
+        """memory_used of one of the ranked configs: (worst peak bytes, its share of the budget)."""
+        return self.used.get(id(f), (None, None))
+
+    def unseparated(self) -> list[Finalist[T]]:
+        """The configs the leader is not yet separated from: within its noise, or unknown (no noise measured)."""
+        if self.leader is None:
+            return []
+        return [f for f in self.by_median[1:] if within_noise(self.leader, f, self.sigma) is not False]
+
+
+def decide(
+    items: Iterable[T],
+    *,
+    value: Callable[[T], float | None],
+    group: Callable[[T], object],
+    direction: object,
+    compete: Collection[object] | None = None,
+    peak_of: Callable[[T], object] = lambda _: None,
+    budget_of: Callable[[T], object] = lambda _: None,
+) -> Verdict[T]:
+    """The verdict over `items` (see Verdict): the noise measured on every config of the study, the
+    competing configs (`compete`, as in finalists) ranked, the tie around the leader, its winner."""
+    items = list(items)
+    every = finalists(items, value=value, group=group, direction=direction)
+    sigma, configs = relative_noise(every)
+    ranked_ = every if compete is None else finalists(items, value=value, group=group, direction=direction, compete=compete)
+    if not ranked_:
+        return Verdict([], sigma, configs, [], None, {})
+    used = {id(f): memory_used(f, peak_of, budget_of) for f in ranked_}
+    leader = ranked_[0]
+    tie = [f for f in ranked_ if f is leader or within_noise(leader, f, sigma)]
+    if len(tie) < 2:
+        return Verdict(ranked_, sigma, configs, [], leader, used)
+    by_share = all(used[id(f)][1] is not None for f in tie)
+
+    def risk(f: Finalist) -> float:
+        peak, share = used[id(f)]
+        known = share if by_share else peak
+        return known if known is not None else math.inf  # an unmeasured peak never counts as safer
+
+    winner = min(tie, key=lambda f: (risk(f), tie.index(f)))  # equal headroom: the better median
+    return Verdict(ranked_, sigma, configs, tie, winner, used)

@@ -392,6 +392,7 @@ class TrialRun:
             tracking=self.memory.tracking,
             stop_below=cfg.trial.get("stop_below"),  # set by the sweeper (hydra.sweeper.stop_below)
             first_timed_step=(self.memory.track_steps or 1) + 1,  # past the tracker's measuring steps
+            step_probe=self.memory.step_peak if self.memory.per_step else None,  # trial.soak
         )
         ctx = SimpleNamespace(
             tokenizer=tokenizer,

@@ -81,9 +81,11 @@ class GrpoOptunaSweeperConf:
     # and partial throughput kept. A fraction in [0, 1]; null or 0: off. 0.5 from
     # bench/search_efficiency.py (docs/performance.md).
     stop_below: float | None = 0.5
-    # Confirmation: the top confirm_top feasible configs run confirm_repeats more times, interleaved,
-    # and the winner is the best median. Counted in n_trials: the search gets
-    # n_trials - confirm_top x confirm_repeats trials. 0: off.
+    # Confirmation (confirm.py): the top confirm_top feasible configs run again, in rounds, while the
+    # leader is within the noise the study measured of another finalist; each at most confirm_repeats
+    # more times, and only while confirmation's seconds stay within confirm_budget of the sweep's. The
+    # winner is the best median; from a tie within noise, the config with the most memory headroom.
+    # Counted in n_trials: the search gets n_trials - confirm_top x confirm_repeats trials. 0: off.
     confirm_top: int = 3
     confirm_repeats: int = 2
     # Equal learning checked (grpo_sweep.report.learning): ok trials of one recipe and seed must take the
@@ -91,6 +93,11 @@ class GrpoOptunaSweeperConf:
     # more than this relative tolerance "changed the learning", is flagged in the table, best.yaml and
     # report.html, and wins only when no other config can. null: per precision (float32 1e-4, bf16 2e-2).
     learning_tolerance: float | None = None
+    confirm_budget: float = 0.25  # a share of the sweep's seconds (every trial's, confirmation's included)
+    # Soak (soak.py): after the sweep, the winner runs this many steps with every step's own peak
+    # measured; best.yaml (`soak:`) and the report say whether memory grew. Not a trial: it counts
+    # nowhere and cannot change the winner. 0: off.
+    soak_steps: int = 0
 
 
 ConfigStore.instance().store(
@@ -147,6 +154,11 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "learning_tolerance": (
         _optional(lambda v: _number(v) and 0 < v < 1),
         "a number in (0, 1) (relative: 1e-4 = 0.01 %), or null: per precision (float32 1e-4, bf16 2e-2)",
+    ),
+    "soak_steps": (_integer(0), "an integer >= 0 (steps the winner runs after the sweep; 0: off)"),
+    "confirm_budget": (
+        lambda v: _number(v) and 0 < v <= 1,
+        "a number in (0, 1] (a share of the sweep's seconds: 0.25 = a quarter; 1: no limit)",
     ),
 }
 

@@ -1,24 +1,35 @@
-"""Confirmation runs: the top feasible configs run again, interleaved, and the best median wins.
+"""Confirmation runs: the top feasible configs run again, only while the study cannot tell them apart.
 
 A CPU (or shared GPU) measurement of one run moves by 10-30 %, so the best single run is often a
 lucky one. Every run of a config counts: when the sampler asks for a point the study already ran,
 the trial runs it again and joins that config (user attr `repeats` = the config's first trial;
-mark_repeat). After the search phase the sweeper ranks the configs by the median of their runs,
-takes the `confirm_top` best feasible ones and tops each up to 1 + `confirm_repeats` runs,
-round-robin (A B C A B C: drift over the confirmation phase touches every finalist alike), as
-ordinary trials with the user attr `confirms` = the config's first trial. A finalist the search
-already ran that often needs no confirmation run. grpo_sweep.study.best.finalists then names the
-finalist with the best median.
+mark_repeat). After the search phase the sweeper ranks the configs by the median of their runs and
+takes the `confirm_top` best feasible ones as the finalists (choose). Then it runs rounds
+(next_round): each round runs once more the leader (the best median) and every finalist the leader
+is not yet separated from, as ordinary trials with the user attr `confirms` = the config's first
+trial, all of a round launched before the next is decided (drift touches every finalist alike).
+Separated means the two configs' intervals, at the noise the study measured (runs of one config,
+pooled; grpo_sweep.study.best.relative_noise), no longer overlap: a run that cannot change the
+winner is not run. Before any config ran twice no noise is known, and nothing is separated.
+
+Confirmation stops when the leader is separated from every other finalist, when every finalist still
+within its noise has 1 + `confirm_repeats` runs, or when the next run would take its seconds past
+`confirm_budget` of the sweep's seconds (every finished trial's, confirmation's included; a run is
+priced at the median seconds of its config's runs so far). The study records what it spent and why
+it stopped (study user attr `confirmation`). A leader never separated is a tie
+(grpo_sweep.study.best.decide: the configs within noise, the safer one wins).
 
 Budget: confirmation runs count in n_trials. The search phase gets n_trials - top x repeats trials;
 confirmation needs the search to keep at least two thirds of them (top is lowered to fit, and below
 two finalists it is off: one config confirmed cannot change the winner). The grid sampler runs every
-point once: no confirmation. Fewer than two feasible configs after the search, or finalists the
-search already repeated: fewer confirmation runs, and the study holds fewer than n_trials trials.
+point once: no confirmation. The runs confirmation does not need are not run: the study then holds
+fewer than n_trials trials.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 from grpo_sweep.study import best as best_rule
@@ -70,38 +81,127 @@ def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
     return first
 
 
-def plan(study: Any, top: int, repeats: int, log: Any) -> list[dict]:
-    """Enqueue the confirmation runs once per study (a resumed sweep finds the plan and reuses it);
-    returns them, one dict per run: {"confirms": first trial, "params": ..., "preset": name or None}."""
+def trial_seconds(trial: Any) -> float | None:
+    """A finished trial's seconds, from its start to its end as the study recorded them."""
+    start, end = trial.datetime_start, trial.datetime_complete
+    return (end - start).total_seconds() if start is not None and end is not None else None
+
+
+def choose(study: Any, top: int, log: Any) -> list:
+    """The finalists, chosen once per study (a resumed sweep finds them and reuses them): the `top`
+    configs with the best median after the search, their first trials recorded in the study's
+    `confirmation` attr."""
     existing = study.user_attrs.get(PLAN_ATTR)
     if existing is not None:
-        return existing["runs"]
+        return existing["finalists"]
     top_configs = best_rule.finalists(
         search_trials(study),
         value=lambda t: t.value,
         group=lambda t: best_rule.config_group(t.user_attrs, t.number),
         direction=study.direction,
     )[:top]
-    if len(top_configs) < 2:
-        top_configs = []
-    chosen = [best_rule.config_group(f.item.user_attrs, f.item.number) for f in top_configs]
+    chosen = [best_rule.config_group(f.item.user_attrs, f.item.number) for f in top_configs] if len(top_configs) >= 2 else []
+    state: dict = {"finalists": chosen, "runs": [], "rounds": 0, "spent_s": 0.0}
+    if not chosen:
+        state.update(stopped="one config", why="fewer than two feasible configs to compare")
+        log.info("Confirmation skipped: fewer than two feasible configs to compare")
+    else:
+        log.info(
+            "Confirmation: finalists %s (runs so far: %s), run again while within each other's noise",
+            ", ".join(str(first) for first in chosen),
+            ", ".join(str(len(f.members)) for f in top_configs),
+        )
+    study.set_user_attr(PLAN_ATTR, state)
+    return chosen
+
+
+def planned(study: Any) -> int:
+    """The confirmation runs queued so far (the loop's target is the search's trials plus these)."""
+    return len((study.user_attrs.get(PLAN_ATTR) or {}).get("runs") or [])
+
+
+def seconds_so_far(study: Any, seconds_of: Callable[[Any], float | None] = trial_seconds) -> tuple[float, float]:
+    """(the sweep's seconds: every finished trial's, the confirmation runs' seconds among them)."""
+    sweep = spent = 0.0
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name in ("WAITING", "RUNNING") or t.user_attrs.get("status") == "surplus":
+            continue
+        seconds = seconds_of(t) or 0.0
+        sweep += seconds
+        if t.user_attrs.get(CONFIRMS_ATTR) is not None:
+            spent += seconds
+    return sweep, spent
+
+
+def next_round(
+    study: Any, repeats: int, budget: float, log: Any, seconds_of: Callable[[Any], float | None] = trial_seconds
+) -> bool:
+    """Decide and queue the next round (see the module docstring); True when there are runs to run,
+    False once confirmation has stopped (the reason recorded in the study's `confirmation` attr)."""
+    from .summary import verdict
+
+    state = dict(study.user_attrs.get(PLAN_ATTR) or {})
+    if not state or state.get("stopped"):
+        return False
+    ruling = verdict(study)
+    sweep_s, spent_s = seconds_so_far(study, seconds_of)
+    state.update(
+        spent_s=spent_s,
+        sweep_s=sweep_s,
+        budget=budget,
+        sigma=ruling.sigma,
+        leader=best_rule.config_group(ruling.leader.item.user_attrs, ruling.leader.item.number) if ruling.leader else None,
+    )
+    open_ = ruling.unseparated()
+    wanted = [f for f in ([ruling.leader] + open_ if open_ else []) if len(f.members) < 1 + repeats]
     runs: list[dict] = []
-    for round_ in range(repeats):  # each finalist has run at least once: at most `repeats` more
-        for first, f in zip(chosen, top_configs):
-            if len(f.runs) + round_ < 1 + repeats:
-                runs.append({"confirms": first, "params": dict(f.item.params), "preset": f.item.user_attrs.get("preset")})
-    study.set_user_attr(PLAN_ATTR, {"finalists": chosen, "runs": runs})
+    queued_s = 0.0
+    for f in wanted:  # the leader first, then its closest contenders
+        costs = [s for m in f.members if (s := seconds_of(m)) is not None]
+        cost = statistics.median(costs) if costs else 0.0
+        if spent_s + queued_s + cost > budget * (sweep_s + queued_s + cost):
+            continue
+        queued_s += cost
+        first = best_rule.config_group(f.item.user_attrs, f.item.number)
+        runs.append({"confirms": first, "params": dict(f.item.params), "preset": f.item.user_attrs.get("preset")})
+    if ruling.leader is None:
+        stop, why = "no value", "no finalist has a run that finished within memory"
+    elif not open_:
+        stop, why = "separated", "the leader's interval is clear of every other finalist's at the measured noise"
+    elif not wanted:
+        stop, why = "runs", f"every finalist within the leader's noise has 1 + confirm_repeats = {1 + repeats} runs"
+    elif not runs:
+        stop, why = (
+            "budget",
+            (
+                f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
+                f"({spent_s:.0f} of {sweep_s:.0f} s spent)"
+            ),
+        )
+    else:
+        stop = why = None
+    current = study.user_attrs.get(PLAN_ATTR) or {}
+    if current.get("rounds", 0) != state.get("rounds", 0) or current.get("stopped"):
+        return not current.get("stopped")  # another worker decided this round first: its runs are the ones
+    if stop is not None:
+        state.update(stopped=stop, why=why)
+        study.set_user_attr(PLAN_ATTR, state)
+        log.info("Confirmation stopped after %d rounds (%.0f of %.0f s): %s", state.get("rounds", 0), spent_s, sweep_s, why)
+        return False
+    state["runs"] = list(state.get("runs") or []) + runs
+    state["rounds"] = state.get("rounds", 0) + 1
+    study.set_user_attr(PLAN_ATTR, state)
     for run in runs:
         attrs = {CONFIRMS_ATTR: run["confirms"], **({"preset": run["preset"]} if run["preset"] else {})}
         study.enqueue_trial(run["params"], user_attrs=attrs)
-    if chosen:
-        log.info(
-            "Confirmation: trials %s (runs so far: %s) topped up to %d runs each, interleaved (%d runs, counted in n_trials)",
-            ", ".join(str(first) for first in chosen),
-            ", ".join(str(len(f.runs)) for f in top_configs),
-            1 + repeats,
-            len(runs),
-        )
-    else:
-        log.info("Confirmation skipped: fewer than two feasible configs to compare")
-    return runs
+    log.info(
+        "Confirmation round %d: %s (noise %s); runs of trials %s queued (%.0f of %.0f s spent so far)",
+        state["rounds"],
+        f"trials {', '.join(str(best_rule.config_group(f.item.user_attrs, f.item.number)) for f in open_)} not yet "
+        f"separated from the leader, trial {state['leader']}",
+        f"{ruling.sigma:.1%}" if ruling.sigma is not None else "not measured yet",
+        ", ".join(str(r["confirms"]) for r in runs),
+        spent_s,
+        sweep_s,
+    )
+    return True

@@ -6,7 +6,8 @@ before writing the report, so a study finishes with exactly `n_trials` counted t
 workers shared it and however often it was interrupted and re-run.
 
 Phases: the search (n_search trials, a neighbour move queued on its turns), then the confirmation
-runs of the finalists (confirm.py), then the report. SIGINT/SIGTERM stop it: at once while a job
+rounds of the finalists while they are within each other's noise (confirm.py), then the winner's
+soak (soak.py, hydra.sweeper.soak_steps), then the report. SIGINT/SIGTERM stop it: at once while a job
 runs (the trial is killed with it), else at the next safe point; the trials asked and not told are
 failed and re-enqueued, and the report is written.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from grpo_sweep.study.storage import StorageUnavailable
 
-from . import confirm, handles, neighbours
+from . import confirm, handles, neighbours, soak
 from .failures import systematic_failure
 from .plan import Composer, SweepPlan
 from .prepare import prepare
@@ -66,8 +67,9 @@ class Loop:
         try:
             self._phase(plan.n_search)
             if self.stopped is None and plan.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
-                runs = confirm.plan(self.study, plan.confirm_top, plan.settings.confirm_repeats, log)
-                self._phase(plan.n_search + len(runs))
+                self._confirm()
+            if self.stopped is None and plan.settings.get("soak_steps"):
+                self._soak(plan.settings.soak_steps)
             if self.stopped is not None:  # the summary ends with the failure's words
                 self._report()
                 raise SystemExit(1)
@@ -79,6 +81,55 @@ class Loop:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self._report()
+
+    def _confirm(self) -> None:
+        """The confirmation rounds (confirm.py): the queued runs first (a resumed sweep's, another
+        worker's), then the next round, until the leader is separated or the budget is spent."""
+        plan, settings = self.plan, self.plan.settings
+        confirm.choose(self.study, plan.confirm_top, log)
+        while True:
+            self._phase(plan.n_search + confirm.planned(self.study))
+            if self.stopped is not None:
+                return
+            if not confirm.next_round(self.study, settings.confirm_repeats, settings.confirm_budget, log):
+                return
+
+    def _soak(self, steps: int) -> None:
+        """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
+        from .summary import best_trial
+        from .workers import this_worker, worker_dead
+
+        study = self.study
+        winner = best_trial(study)
+        if winner is None:
+            log.info("Soak skipped: no feasible config to soak")
+            return
+        if not soak.due(study, winner, steps, worker_dead):
+            return
+        record = {
+            "trial": winner.number,
+            "steps": steps,
+            "status": "running",
+            "worker": this_worker(),
+            "started_unix": time.time(),
+        }
+        study.set_user_attr(soak.SOAK_ATTR, record)
+        overrides = soak.overrides(
+            list(winner.user_attrs.get(confirm.OVERRIDES_ATTR) or []), self.plan.settings.study_name, steps
+        )
+        log.info(
+            "Soak: trial %d's config runs %d steps, each step's peak measured (not a trial of the study)", winner.number, steps
+        )
+        self._check_stop()
+        self.in_job = True
+        try:
+            (ret,) = self.launcher.launch([overrides], initial_job_idx=self.job_idx)
+        finally:
+            self.in_job = False
+        self.job_idx += 1
+        record = soak.finish(record, ret)
+        study.set_user_attr(soak.SOAK_ATTR, record)
+        log.info(soak.words(record))
 
     def _report(self, quiet: bool = False) -> Any:
         return write_report(self.study, self.plan, self.compose, quiet=quiet, stopped=self.stopped)

@@ -45,10 +45,10 @@ def _any_taken(study: Any) -> bool:
 def price_tags(study: Any, plan: SweepPlan, compose: Any, ranked: list | None = None) -> dict | None:
     """concessions.price_tags for this study: what the winner gave up and what it bought. Never fails
     the sweep (the trials and best.yaml matter more): on an error it says why instead. ranked: the
-    finalists, winner first, as the summary ranks them (summary.learning_verdict); None: summary.finalists."""
+    finalists, winner first, as the summary ranks them (summary.learning_verdict); None: summary.verdict's."""
     from grpo_sweep.memory.throughput import relative_step_time
 
-    from .summary import _is_ok, finalists
+    from .summary import _is_ok, verdict
 
     def predict(overrides: list[str]) -> tuple[Any, Any]:
         cfg = compose(overrides)
@@ -78,7 +78,7 @@ def price_tags(study: Any, plan: SweepPlan, compose: Any, ranked: list | None = 
         return out
 
     try:
-        ranked = finalists(study) if ranked is None else ranked
+        ranked = verdict(study).ranked if ranked is None else ranked
         winner = ranked[0] if ranked else None
         median = {m.number: float(f.median) for f in ranked for m in f.members}  # a trial counts by its config
         tags = concessions.price_tags(

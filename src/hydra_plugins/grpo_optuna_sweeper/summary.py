@@ -22,6 +22,8 @@ from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
 from .failures import NOTHING_FITS, why_no_best
+from .soak import SOAK_ATTR
+from .soak import words as soak_words
 from .tables import finalist_table, stop_words, table
 
 FIRST_COLUMNS = [
@@ -55,18 +57,20 @@ def _is_ok(trial: Any) -> bool:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The feasible trial with the best value in the study's direction; a config run more than once
-    counts by the median of its runs, and once confirmation chose its finalists only they compete
-    (grpo_sweep.study.best.finalists): the first run of the winning config."""
-    winner = best_finalist(study)
+    """The first run of the winning config (verdict): the best median of its runs, once confirmation
+    chose its finalists only they compete, and from a tie within noise the safer config."""
+    winner = verdict(study).winner
     return winner.item if winner is not None else None
+
+
+def _runs(study: Any) -> list:
+    return [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or best_rule.config_group(t.user_attrs, None) is not None]
 
 
 def finalists(study: Any) -> list:
     """Each config's runs (repeats and confirmation runs join the config's first trial), best median first."""
-    trials = [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or best_rule.config_group(t.user_attrs, None) is not None]
     return best_rule.finalists(
-        trials,
+        _runs(study),
         value=lambda t: t.value if _is_ok(t) else None,
         group=lambda t: best_rule.config_group(t.user_attrs, t.number),
         direction=study.direction,
@@ -74,17 +78,33 @@ def finalists(study: Any) -> list:
     )
 
 
+def verdict(study: Any) -> best_rule.Verdict:
+    """grpo_sweep.study.best.decide over the study: the noise it measured, the leader, the tie, the winner."""
+    return best_rule.decide(
+        _runs(study),
+        value=lambda t: t.value if _is_ok(t) else None,
+        group=lambda t: best_rule.config_group(t.user_attrs, t.number),
+        direction=study.direction,
+        compete=best_rule.competing(study.user_attrs),
+        peak_of=lambda t: t.user_attrs.get("peak_memory_bytes"),
+        budget_of=lambda t: t.user_attrs.get("budget_bytes"),
+    )
+
+
 def best_finalist(study: Any) -> Any | None:
+    """The config with the best median so far (the stop threshold and the progress line race against it)."""
     ranked = finalists(study)
     return ranked[0] if ranked else None
 
 
-def learning_verdict(study: Any, tolerance: float | None) -> tuple[Any, dict]:
+def learning_verdict(study: Any, tolerance: float | None, ruling: best_rule.Verdict | None = None) -> tuple[Any, dict]:
     """(learning.Verdict, flagged): the trials that changed the learning (grpo_sweep.report.learning,
-    read from their metrics.json as the report reads them) and the winner rule applied to `finalists`:
-    a flagged config wins only when every competing config is flagged. tolerance: hydra.sweeper.learning_tolerance."""
+    read from their metrics.json as the report reads them) and the winner rule applied to the configs
+    `verdict` ranks (`ruling`, when the caller has it): a flagged config wins only when every competing
+    config is flagged. tolerance: hydra.sweeper.learning_tolerance."""
     flagged = check_trials(trials_from_study(study), tolerance)
-    return winner_first(finalists(study), flagged, key=lambda t: t.number), flagged
+    ranked = (ruling or verdict(study)).ranked
+    return winner_first(ranked, flagged, key=lambda t: t.number), flagged
 
 
 def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> dict:
@@ -112,15 +132,18 @@ def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
     return "\nLearning checked:\n" + "\n".join(f"  {line[0].upper()}{line[1:]}" for line in said)
 
 
-def noise_summary(ranked: list, chosen: bool = True) -> dict:
-    """best.yaml's `finalists` (each config run more than once: its runs and spread) and whether the
-    top two overlap. chosen: the confirmation phase chose them (else the sampler repeated them)."""
+def noise_summary(ruling: best_rule.Verdict, chosen: bool = True) -> dict:
+    """best.yaml's `finalists` (each config run more than once: its runs and spread), the noise the
+    study measured, whether the top two are within it, and the `tie` when the leader is not
+    separated. chosen: the confirmation phase chose them (else the sampler repeated them)."""
+    ranked = ruling.ranked
+    out: dict = {}
+    if ruling.sigma is not None:
+        out["noise"] = {"relative_sd": float(ruling.sigma), "configs": ruling.noise_configs, "floor": best_rule.NOISE_FLOOR}
     confirmed = [f for f in ranked if len(f.members) > 1]
-    if not confirmed:
-        return {}
-    out = {
-        "finalists_from": "confirmation" if chosen else "repeated by the sampler",
-        "finalists": [
+    if confirmed:
+        out["finalists_from"] = "confirmation" if chosen else "repeated by the sampler"
+        out["finalists"] = [
             {
                 "trial": f.item.number,
                 "runs": [float(v) for v in f.runs],
@@ -129,17 +152,44 @@ def noise_summary(ranked: list, chosen: bool = True) -> dict:
                 "spread": float(f.spread) if f.spread is not None else None,
             }
             for f in confirmed
-        ],
-    }
-    if len(confirmed) >= 2:
-        overlap = best_rule.within_noise(confirmed[0], confirmed[1])
-        out["top_two_within_noise"] = overlap
-        if overlap:
-            out["noise_note"] = (
-                f"trials {confirmed[0].item.number} and {confirmed[1].item.number} are within each other's noise "
-                f"(medians {confirmed[0].median:.4g} vs {confirmed[1].median:.4g}): either is as fast as this machine can tell"
-            )
+        ]
+    by_median = ruling.by_median
+    if len(by_median) >= 2 and ruling.sigma is not None:
+        out["top_two_within_noise"] = bool(best_rule.within_noise(by_median[0], by_median[1], ruling.sigma))
+    if ruling.tie:
+        out["tie"] = [tie_row(ruling, f) for f in ruling.tie]
+        out["tie_note"] = tie_line(ruling)
     return out
+
+
+def tie_row(ruling: best_rule.Verdict, f: Any) -> dict:
+    peak, share = ruling.memory(f)
+    return {
+        "trial": f.item.number,
+        "median": float(f.median),
+        "runs": len(f.runs),
+        "peak_memory_bytes": int(peak) if peak is not None else None,
+        "headroom": round(1.0 - share, 4) if share is not None else None,
+        "winner": f is ruling.winner,
+    }
+
+
+def tie_line(ruling: best_rule.Verdict) -> str:
+    """The one line that says a tie was settled by memory headroom."""
+
+    def headroom(f: Any) -> str:
+        peak, share = ruling.memory(f)
+        if share is not None:
+            return f"{1 - share:.0%} headroom"
+        return f"peak {peak / 2**20:.0f} MiB" if peak is not None else "peak unknown"
+
+    winner, others = ruling.winner, [f for f in ruling.tie if f is not ruling.winner]
+    return (
+        f"Tie: trials {', '.join(str(f.item.number) for f in ruling.tie)} are within noise "
+        f"(medians {', '.join(f'{f.median:.4g}' for f in ruling.tie)}; noise {ruling.sigma:.1%}): trial "
+        f"{winner.item.number} wins with the most memory headroom ({headroom(winner)} vs "
+        f"{', '.join(headroom(f) for f in others)})"
+    )
 
 
 def _lever_names(trials: list) -> list[str]:
@@ -247,8 +297,9 @@ def write_summary(
     writer.writerows(data)
     _atomic_write(sweep_dir / "trials.csv", buf.getvalue())
 
-    verdict, flagged = learning or learning_verdict(study, learning_tolerance)
-    ranked_finalists = verdict.ranked  # finalists(study), the winner first under the learning check's rule
+    ruling = verdict(study)  # the median-of-runs rule, its noise and tie
+    learned, flagged = learning or learning_verdict(study, learning_tolerance, ruling)
+    ranked_finalists = learned.ranked  # the winner first under the learning check's rule
     best = ranked_finalists[0].item if ranked_finalists else None
     states: dict[str, int] = {}
     for row in data:
@@ -268,7 +319,7 @@ def write_summary(
         summary["concessions"] = {k: v for k, v in price_tags.items() if k != "recipe"}
     if stopped is not None:
         summary["stopped"] = stopped.as_dict()
-    summary.update(learning_summary(verdict, flagged, learning_tolerance))
+    summary.update(learning_summary(learned, flagged, learning_tolerance))
     if best is not None:
         attrs = best.user_attrs
         summary.update(
@@ -289,9 +340,17 @@ def write_summary(
                 "overrides": attrs.get("overrides"),
                 "command": command_line(best),
                 "vs_presets": vs_presets(study, best),
-                **noise_summary(ranked_finalists, chosen=best_rule.competing(study.user_attrs) is not None),
+                **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
             }
         )
+        soaked = study.user_attrs.get(SOAK_ATTR)
+        if soaked:
+            summary["soak"] = {k: v for k, v in soaked.items() if k not in ("worker", "started_unix")}
+        confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
+        if confirmation:
+            summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
+                "runs": len(confirmation.get("runs") or [])
+            }
         summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name, held=recipe)
         _atomic_write(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
     if quiet:
@@ -307,7 +366,9 @@ def write_summary(
         )
         print(table(ok, objective, top_k, changed=set(flagged)))
         print(finalist_table(summary, objective))
-        if said := learning_lines(verdict, flagged, len(ok)):
+        if summary.get("tie_note"):
+            print(summary["tie_note"])
+        if said := learning_lines(learned, flagged, len(ok)):
             print(said)
         if recipe:
             print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
@@ -328,6 +389,8 @@ def write_summary(
                 print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
             else:
                 print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
+        if summary.get("soak"):
+            print(soak_words(summary["soak"]))
         print(f"Run it:\n  {summary['command']}")
         exported = summary.get("export") or {}
         if exported.get("files"):

@@ -67,19 +67,26 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None) -> s
 
 
 def finalist_table(summary: dict, objective: str) -> str:
-    """The confirmed finalists: every run, the median and the spread, and the noise verdict."""
-    if not summary.get("finalists"):
-        return ""
-    heading = "Confirmed finalists" if summary.get("finalists_from") == "confirmation" else "Configs run more than once"
-    lines = [f"\n{heading} (median of runs wins; {objective}):"]
-    for f in summary["finalists"]:
-        spread = f"{f['spread']:.0%}" if f["spread"] is not None else "-"
-        runs = ", ".join(f"{v:.4g}" for v in f["runs"])
-        lines.append(f"  trial {f['trial']}: median {f['median']:.4g}  runs [{runs}]  spread {spread}")
-    if summary.get("noise_note"):
-        lines.append(f"  Note: {summary['noise_note']}")
-    elif summary.get("top_two_within_noise") is False:
-        lines.append("  The winner's runs are all above the runner-up's: a clear winner on this machine.")
+    """The confirmed finalists: every run, the median and the spread; what confirmation spent and why
+    it stopped; whether the winner is clear (a tie's line is summary.tie_line, printed after it)."""
+    lines = []
+    if summary.get("finalists"):
+        heading = "Confirmed finalists" if summary.get("finalists_from") == "confirmation" else "Configs run more than once"
+        lines.append(f"\n{heading} (median of runs wins; {objective}):")
+        for f in summary["finalists"]:
+            spread = f"{f['spread']:.0%}" if f["spread"] is not None else "-"
+            runs = ", ".join(f"{v:.4g}" for v in f["runs"])
+            lines.append(f"  trial {f['trial']}: median {f['median']:.4g}  runs [{runs}]  spread {spread}")
+    confirmation = summary.get("confirmation") or {}
+    if confirmation.get("stopped"):
+        sweep_s = confirmation.get("sweep_s") or 0.0
+        share = f" ({confirmation.get('spent_s', 0.0) / sweep_s:.0%} of the sweep's {sweep_s:.0f} s)" if sweep_s else ""
+        lines.append(
+            f"  Confirmation: {confirmation.get('runs', 0)} runs in {confirmation.get('rounds', 0)} rounds{share}; "
+            f"stopped: {confirmation.get('why')}"
+        )
+    if not summary.get("tie") and summary.get("top_two_within_noise") is False:
+        lines.append("  The winner is separated from the runner-up at the measured noise: a clear winner on this machine.")
     return "\n".join(lines)
 
 

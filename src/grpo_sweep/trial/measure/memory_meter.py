@@ -137,6 +137,11 @@ class MemoryMeter:
         self.nvml = None
         self._cuda_peak_phase = None
         self._cuda_seen = 0
+        # trial.soak: each step's own peak (step_peak). CUDA restarts the allocator's peak at each step,
+        # so the trial's peak is kept here across the restarts.
+        self.per_step = bool(cfg.trial.get("soak"))
+        self._cuda_before = 0  # the allocator's peak before the last restart
+        self._cuda_reserved_before = 0
         if on_cuda:
             import torch
 
@@ -156,7 +161,7 @@ class MemoryMeter:
                 training_budget = self.budget - self.vllm_share
                 oom_error = functools.partial(_with_vllm_share, share=self.vllm_share, card=cfg.gpu.name)
             self.tracker = TensorTracker(training_budget, self.phases, oom_error)
-            every_step = self.budget is not None or not cfg.trial.worst_case_lengths
+            every_step = self.budget is not None or not cfg.trial.worst_case_lengths or self.per_step
             self.track_steps = None if every_step else MEASURE_STEPS
 
     def charge_pool(self, pool_bytes: int | None) -> None:
@@ -168,7 +173,8 @@ class MemoryMeter:
         return self.tracker is not None and getattr(self.tracker, "active", False)
 
     def callback(self):
-        """A TrainerCallback that stops the tracker before the first step past the measuring ones."""
+        """A TrainerCallback that stops the tracker before the first step past the measuring ones, and
+        (trial.soak) restarts the step's own peak at each step's start."""
         meter = self
 
         class _StopTracking(TrainerCallback):
@@ -176,8 +182,26 @@ class MemoryMeter:
                 limit = meter.track_steps
                 if limit is not None and state.global_step >= limit and meter.tracking():
                     meter.tracker.stop()
+                if meter.per_step:
+                    meter._restart_step_peak()
 
         return _StopTracking()
+
+    def _restart_step_peak(self) -> None:
+        if self.tracker is not None:
+            self.tracker.step_peak = self.tracker.live
+            return
+        import torch
+
+        self._cuda_before = max(self._cuda_before, cuda_peak_bytes())
+        self._cuda_reserved_before = max(self._cuda_reserved_before, int(torch.cuda.max_memory_reserved()))
+        torch.cuda.reset_peak_memory_stats()
+
+    def step_peak(self) -> int:
+        """The peak since the current step began (trial.soak; StepMeter's step_peak_memory_bytes)."""
+        if self.tracker is not None:
+            return self.tracker.step_peak + (self.vllm_pool or 0)
+        return cuda_peak_bytes()
 
     @property
     def simulated(self) -> bool:
@@ -204,7 +228,7 @@ class MemoryMeter:
         """(peak bytes so far, source): the per-step reader StepMeter prints."""
         if self.tracker is not None:
             return self.tracker.peak, "cpu-tracker"
-        return cuda_peak_bytes(), "cuda"
+        return max(self._cuda_before, cuda_peak_bytes()), "cuda"
 
     def result(self, oom_text: str | None = None) -> dict:
         """The memory keys of metrics.json; given an OOM's message, its phase and parsed numbers."""
@@ -232,10 +256,11 @@ class MemoryMeter:
             self._cuda_phase_ended(self.phases.current)
             if self.nvml is not None:
                 self.nvml.stop()
+            peak = max(self._cuda_before, cuda_peak_bytes())  # across trial.soak's per-step restarts
             out.update(
-                peak_memory_bytes=cuda_peak_bytes(),
-                peak_allocated_bytes=cuda_peak_bytes(),
-                peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+                peak_memory_bytes=peak,
+                peak_allocated_bytes=peak,
+                peak_reserved_bytes=max(self._cuda_reserved_before, int(torch.cuda.max_memory_reserved())),
                 peak_phase=self._cuda_peak_phase,
                 nvml_peak_bytes=self.nvml.peak_bytes if self.nvml else None,
                 nvml_source=self.nvml.source if self.nvml else None,

@@ -56,7 +56,9 @@ class StepMeter(TrainerCallback):
         tracking=None,
         stop_below: float | None = None,
         first_timed_step: int = 2,
+        step_probe=None,
     ):
+        self.step_probe = step_probe  # () -> the step's own peak bytes (trial.soak); None: not recorded
         self.stop_below = stop_below  # tokens/s; None: never stop early
         self.first_timed_step = max(2, first_timed_step)  # never before the peak is measured
         self.stopped: str | None = None  # why training was stopped early (the worker's status `slow`)
@@ -101,6 +103,8 @@ class StepMeter(TrainerCallback):
         row["tokens_per_s"] = row["tokens"] / row["step_time_s"] if row["step_time_s"] > 0 else 0.0
         if self.memory_probe is not None:
             row["peak_memory_bytes"] = self.memory_probe()[0]
+        if self.step_probe is not None:
+            row["step_peak_memory_bytes"] = self.step_probe()
         self.rows.append(row)
         print(
             f"[trial] step {row['step']}/{self.total_steps}  {row['step_time_s']:.2f} s  "

@@ -147,6 +147,7 @@ class TensorTracker(TorchDispatchMode):
         self.live = 0
         self.by_category = dict.fromkeys(CATEGORIES, 0)
         self.peak = 0
+        self.step_peak = 0  # the peak since the step began (MemoryMeter restarts it at each step's start)
         self.peak_breakdown = dict.fromkeys(CATEGORIES, 0)
         self.peak_phase: str | None = None
         self.category_peaks = dict.fromkeys(CATEGORIES, 0)  # each category's own maximum
@@ -225,6 +226,8 @@ class TensorTracker(TorchDispatchMode):
         peaks = self.category_peaks
         for category, value in self.by_category.items():
             peaks[category] = max(peaks[category], value)
+        if self.live > self.step_peak:
+            self.step_peak = self.live
         if self.live > self.peak:
             self.peak = self.live
             self.peak_breakdown = dict(self.by_category)
