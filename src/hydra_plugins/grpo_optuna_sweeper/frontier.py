@@ -25,19 +25,19 @@ from . import handles
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
 
 
-def candidates(grid: dict[str, list], seed: int | None) -> Iterator[dict[str, Any]]:
-    """Every point of a discrete space, or MAX_CANDIDATES of them drawn at random when it is larger."""
+def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATES) -> Iterator[dict[str, Any]]:
+    """Every point of a discrete space, or `cap` of them drawn at random when it is larger."""
     names = list(grid)
     size = 1
     for values in grid.values():
         size *= len(values)
-    if size <= MAX_CANDIDATES:
+    if size <= cap:
         for values in itertools.product(*grid.values()):
             yield dict(zip(names, values))
         return
     rng = random.Random(seed)
     seen: set[tuple] = set()
-    while len(seen) < MAX_CANDIDATES:
+    while len(seen) < cap:
         values = tuple(rng.choice(grid[n]) for n in names)
         if values not in seen:
             seen.add(values)
