@@ -1,6 +1,9 @@
-"""Frontier start: the first trials are the points the estimator predicts fill the card best.
+"""The space's candidates (every point, or a seeded sample), ComposeCache (their configs at one
+composition per group choice), and the memory-first start (hydra.sweeper.start=memory): the first
+trials are the points the estimator predicts fill the card best. (The default start, `model`,
+ranks the same candidates by predicted speed: forecast.py, start.py.)
 
-Why: the objective is throughput under a memory wall, and work per step (batch x sequence,
+Why the memory-first start: the objective is throughput under a memory wall, and work per step (batch x sequence,
 LoRA size) buys throughput with memory, so the fastest config usually sits just below the wall.
 People search that way by hand (accelerate's `find_executable_batch_size` starts at the largest
 batch and halves on OOM). A sampler that starts from random points spends its first trials on

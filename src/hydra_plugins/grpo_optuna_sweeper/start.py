@@ -1,5 +1,6 @@
 """What the sweep queues besides the sampler's points: the start points (the presets, the `enqueue`
-points, the frontier) and, every few search trials, a neighbour move of the best config so far.
+points, then the model-first or memory-first start from the models' forecast, hydra.sweeper.start)
+and, every few search trials, a neighbour move of the best config so far.
 
 Every function reads the frozen plan; `configs` is a frontier.ComposeCache (plan.Composer.cache):
 one Hydra composition per distinct set of group choices, however many points are ranked.
