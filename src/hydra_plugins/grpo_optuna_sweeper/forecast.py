@@ -91,7 +91,7 @@ def _one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: frontier.
         params,
         predicted_bytes=float(predicted),
         limit_bytes=allowed_bytes(budget, plan.settings.headroom),
-        runs=prescreen.verdict(cfg, budget) is None,
+        runs=prescreen.verdict(cfg, budget, est=est) is None,
         tokens_per_s=predicted_tokens_per_s(cfg),
         waves=est.assumptions.get("generation_waves") or 1,
         vllm_starts=est.kv_cache_ok is not False and est.assumptions.get("vllm_startup_ok", True) is not False,

@@ -46,12 +46,13 @@ class Prescreen:
             return calibration.calibrate(est.phases, est.assumptions["backend"], [], margin)
         return calibration.calibrate(est.phases, est.assumptions["backend"], self.observations, margin, self.min_trials)
 
-    def verdict(self, cfg: Any, budget: float | None, attrs: dict | None = None) -> Outcome | None:
+    def verdict(self, cfg: Any, budget: float | None, attrs: dict | None = None, est: Any = None) -> Outcome | None:
         """The Outcome of a point that must not run (PRUNED; COMPLETE at the worst value for GP:
         outcome.for_sampler), None for one that may. `budget`: the bytes the point may use where the
         estimate names none. `attrs`: the trial's user attributes to record the prediction in (the
         report's predicted columns; the throughput model's tokens/s is recorded with the pre-screen
-        off too: the report ranks the trials by it); None to ask only (a neighbour move's candidate)."""
+        off too: the report ranks the trials by it); None to ask only (a neighbour move's candidate).
+        `est`: cfg's estimate when the caller has it already (forecast.py)."""
         if attrs is not None:
             speed = predicted_tokens_per_s(cfg)
             if speed is not None:  # the throughput model (waves charged): the report shows it beside the measured
@@ -59,7 +60,7 @@ class Prescreen:
         if not self.settings.prescreen:
             return None
         try:
-            est = estimate(cfg)
+            est = est if est is not None else estimate(cfg)
         except Exception as err:  # noqa: BLE001 - a failed estimate only means: run it and see
             if attrs is not None:
                 attrs["predicted_error"] = str(err)[:300]
