@@ -155,7 +155,7 @@ def test_plan_agrees_with_the_prescreen_and_imports_no_torch(sweep, fixed, cuda,
 
 def test_plan_names_the_cheapest_fix_when_nothing_fits(tmp_path):
     """A card too small for every point: the plan says so and hands over the doctor's smallest fix;
-    a bad start setting is one line, before anything is judged."""
+    a bad start setting or a continuous interval is one line, before anything is judged."""
     from grpo_sweep.cli import main
 
     data, stdout = _plan_in_a_fresh_interpreter(["+sweeps=tiny_cpu", "gpu.memory_gib=0.01"], tmp_path)
@@ -163,15 +163,23 @@ def test_plan_names_the_cheapest_fix_when_nothing_fits(tmp_path):
     cheapest = data["cheapest_concession"]
     assert cheapest["recipe_fits"] is False and cheapest["source"] == "doctor"
     assert "no point of the space is predicted to fit" in stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "plan", "+sweeps=tiny_cpu", "hydra.sweeper.start=fastest", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode != 0 and bad.stdout == ""
-    assert "hydra.sweeper.start='fastest': must be one of model, memory, none" in bad.stderr
+    for arg, line in [
+        ("hydra.sweeper.start=fastest", "hydra.sweeper.start='fastest': must be one of model, memory, none"),
+        (
+            "gpu_memory_utilization=interval(0.1,0.5)",
+            "hydra.sweeper.params.gpu_memory_utilization: grpo-sweep plan needs discrete values (choice or range), "
+            "not a continuous interval",
+        ),
+    ]:
+        bad = subprocess.run(
+            [sys.executable, "-m", "grpo_sweep.cli", "plan", "+sweeps=tiny_cpu", arg, "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert bad.returncode != 0 and bad.stdout == ""
+        assert line in bad.stderr and "Traceback" not in bad.stderr
     assert main(["plan", "--help"]) == 0
 
 

@@ -23,6 +23,7 @@ from grpo_sweep.memory.estimator import target_device
 from grpo_sweep.units import format_size
 
 from . import concessions, forecast, space
+from .config import SweeperSettingError
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
@@ -50,7 +51,10 @@ def run(plan: SweepPlan, compose: Composer) -> dict:
 def build(plan: SweepPlan, compose: Composer) -> dict:
     """The plan as data (`grpo-sweep plan --json`)."""
     settings = plan.settings
-    grid = space.grid_choices(plan.distributions, purpose="grpo-sweep plan") if plan.distributions else {}
+    try:
+        grid = space.grid_choices(plan.distributions, purpose="grpo-sweep plan") if plan.distributions else {}
+    except ValueError as err:  # a continuous interval: one line, as any bad sweep setting
+        raise SweeperSettingError(str(err)) from None
     size = 1
     for values in grid.values():
         size *= len(values)
