@@ -11,6 +11,7 @@ No `from __future__ import annotations`: Hydra's plugin scan loads this module o
 sys.modules, where a dataclass's string annotations cannot be looked up (config.py says the same).
 """
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,8 +107,6 @@ def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[F
     only in levers it does not price, e.g. prefix caching or the optimiser's kernel) are one pick:
     a second would spend a start trial on a difference the model has no view on. Which of them runs
     is the seed's, not the grid's order."""
-    import random
-
     fitting = [f for f in forecasts if f.fits and f.tokens_per_s is not None]
     random.Random(seed).shuffle(fitting)
     fitting.sort(key=lambda f: -f.tokens_per_s)

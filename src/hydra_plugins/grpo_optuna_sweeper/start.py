@@ -183,7 +183,8 @@ RANKING_KEPT = 20  # points of the predicted order kept on the study (the start'
 
 def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) -> dict:
     """The model's predicted order as the study records it: how many points it judged and predicted
-    to fit, and the first RANKING_KEPT with their predicted tokens/s, peak and allowed bytes."""
+    to fit, and the first RANKING_KEPT of its order (forecast.fastest_first: one point per distinct
+    prediction) with their predicted tokens/s, peak and allowed bytes."""
     return {
         "candidates": candidates,
         "fit": fit,
