@@ -104,7 +104,7 @@ def test_frontier_start_composes_once_per_group_choice_and_skips_a_missing_key(c
             enqueue_frontier(study, tiny.plan, tiny.prescreen, counting, 3)
         assert len(composed) == 2  # 72 candidates, 2 lora choices
         picks = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
-        assert len(picks) == 3 and "Frontier start: enqueued 3 of " in caplog.text
+        assert len(picks) == 3 and "Frontier start (model): enqueued 3 of " in caplog.text
 
     # Every candidate fails to compose. (build_plan refuses a parameter the config lacks before any
     # trial, while holding the recipe; the frontier is handed one here to show it never raises.)
@@ -115,7 +115,7 @@ def test_frontier_start_composes_once_per_group_choice_and_skips_a_missing_key(c
         caplog.clear()
         with caplog.at_level(logging.INFO):
             enqueue_frontier(study, plan, tiny.prescreen, tiny.compose.cache(), 3)  # skipped: the sweep goes on
-        assert study.get_trials() == [] and "Frontier start: enqueued" not in caplog.text
+        assert study.get_trials() == [] and "Frontier start (model): enqueued" not in caplog.text
         assert "Frontier start skipped: none of the space's points could be composed, checked and estimated" in caplog.text
 
 

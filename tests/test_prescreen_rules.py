@@ -232,7 +232,7 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
 
     shares = "gpu_memory_utilization=choice(0.13,0.15)"
     fixed = [*SEED, "preset=seed_baseline", "backend.name=trl_vllm", "gradient_checkpointing=false", "expandable_segments=false"]
-    with tiny_sweeper(*fixed, shares, sweep="+sweeps=gemma3_1b_l4") as tiny:
+    with tiny_sweeper(*fixed, shares, sweep="+sweeps=gemma3_1b_l4", start="memory") as tiny:  # the memory-first start
         plan = replace(tiny.plan, distributions={"gpu_memory_utilization": tiny.plan.distributions["gpu_memory_utilization"]})
         study = optuna.create_study(direction="maximize")
         for share in (0.13, 0.15):

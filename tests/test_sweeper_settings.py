@@ -25,6 +25,7 @@ BAD = {
     "prescreen_margin": (-0.1, "a number >= 0"),
     "prescreen_calibrate": (-1, "an integer >= 0 (measured trials before calibration replaces the margin; 0: off)"),
     "headroom": (1.2, "a number in (0, 1]"),
+    "start": ("fastest", "one of model, memory, none"),
     "frontier_start": (-5, "an integer >= 0 (0: off)"),
     "neighbour_every": (True, "an integer >= 0 (0: off)"),
     "heartbeat_interval": (0, "an integer >= 1 (seconds)"),

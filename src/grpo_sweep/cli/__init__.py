@@ -11,6 +11,7 @@ import sys
 # command -> (module, help); each module exposes `cli(argv: list[str]) -> int`.
 COMMANDS = {
     "estimate": ("grpo_sweep.cli.estimate", "predict peak memory for a config, without a GPU"),
+    "plan": ("grpo_sweep.cli.plan", "before a sweep: its space, what fits, the predicted fastest points"),
     "doctor": ("grpo_sweep.cli.doctor", "explain an OOM message and print overrides that fit"),
     "report": ("grpo_sweep.cli.report", "compare the trials of a multirun or an Optuna study"),
     "export": ("grpo_sweep.cli.export", "write a trial's config for trl grpo, GRPOConfig and Unsloth"),

@@ -16,7 +16,18 @@ from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from . import figures as figs
 from .learning import Departure, Verdict, key_of, verdict_lines
-from .trials import REPORT_FILE, Trial, budget_gib, learning_check, lever_effects, lever_label, overrides, verdict
+from .trials import (
+    REPORT_FILE,
+    Trial,
+    budget_gib,
+    learning_check,
+    lever_effects,
+    lever_label,
+    model_trust_line,
+    model_vs_measured,
+    overrides,
+    verdict,
+)
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
@@ -437,6 +448,25 @@ def _label(trials: list[Trial], key: object) -> str:
     return next((t.name for t in trials if key_of(t) == key), str(key))
 
 
+def model_rank_html(result: dict) -> str:
+    """The Model vs measured rank section: Spearman's rho of the throughput model's predicted order
+    against the measured one (trials.model_vs_measured), and each config's two ranks."""
+    html = f"<p id=model-rank>{_e(model_trust_line(result))}</p>"
+    if not result["rows"]:
+        return html
+    body = "".join(
+        f"<tr><td>{_e(r['trial'])}</td><td>{r['predicted_rank']:g}</td><td>{r['measured_rank']:g}</td>"
+        f"<td>{_fmt(r['predicted_tokens_per_s'])}</td><td>{_fmt(r['measured'], 2)}</td></tr>"
+        for r in result["rows"]
+    )
+    return (
+        html + "<table id=model-ranks><thead><tr><th>trial</th><th>predicted rank</th><th>measured rank</th>"
+        f"<th>model tok/s</th><th>measured</th></tr></thead><tbody>{body}</tbody></table>"
+        '<p class="note">The model ranks configs from datasheet speeds; its tokens/s is not a promise. '
+        "A low rho on your card says: trust the measured trials, and start the next sweep from them.</p>"
+    )
+
+
 def write_report(
     trials: list[Trial],
     out: Path,
@@ -499,6 +529,7 @@ def write_report(
         + same_recipe_note(trials, flagged),
         "<h2>Predicted vs measured peak</h2>"
         + _figure(predicted, "predicted vs measured peak", "No trial has a memory prediction (predicted_peak_bytes)."),
+        "<h2>Model vs measured rank</h2>" + model_rank_html(model_vs_measured(trials)),
     ]
     if importances is not None and (importances or importance_note):
         sections.append(

@@ -400,3 +400,84 @@ def wandb_group(trials: list[Trial], study_name: str | None, root: Path | None) 
     if study_name:
         return study_name
     return str(root) if root is not None else None
+
+
+# --- how far to trust the model --------------------------------------------------------------
+MIN_RANKED = 3  # configs needed before a rank correlation says anything
+
+
+def average_ranks(values: list[float], best_first: bool = True) -> list[float]:
+    """1-based ranks of `values` (the largest first when best_first), ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: -values[i] if best_first else values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation of two equally long rank lists (Pearson's r of the ranks, so ties
+    are handled); None with fewer than two items or when either list is all ties."""
+    n = len(a)
+    if n != len(b) or n < 2:
+        return None
+    ma, mb = sum(a) / n, sum(b) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    va, vb = sum((x - ma) ** 2 for x in a), sum((y - mb) ** 2 for y in b)
+    return None if va == 0 or vb == 0 else cov / math.sqrt(va * vb)
+
+
+def model_vs_measured(trials: list[Trial]) -> dict:
+    """The throughput model's predicted order against the measured one, over the feasible configs
+    that ran (each config once: its runs' median, grpo_sweep.study.best.finalists) and carry the
+    model's `predicted_tokens_per_s`. Both orders are best first: the model's by predicted tokens/s,
+    the measured by the objective in the study's direction. Returns {configs, rho (None with fewer
+    than MIN_RANKED configs: `why` says so), rows: [{trial, predicted_rank, measured_rank,
+    predicted_tokens_per_s, measured}] in measured order}."""
+    feasible = [t for t in trials if t.category == "feasible"]
+    direction = trials[0].direction if trials else "maximize"
+    groups = best_rule.finalists(
+        feasible,
+        value=lambda t: t.objective,
+        group=lambda t: best_rule.config_group(t.record, t.number if t.number is not None else t.name),
+        direction=direction,
+    )
+    priced = [g for g in groups if _finite(g.item.record.get("predicted_tokens_per_s"))]
+    if not priced:
+        return {"configs": 0, "rho": None, "rows": [], "why": "no feasible trial carries the model's predicted tokens/s"}
+    predicted = average_ranks([float(g.item.record["predicted_tokens_per_s"]) for g in priced])
+    measured = average_ranks([float(g.median) for g in priced], best_first=direction == "maximize")
+    rows = [
+        {
+            "trial": g.item.number if g.item.number is not None else g.item.name,
+            "predicted_rank": p,
+            "measured_rank": m,
+            "predicted_tokens_per_s": float(g.item.record["predicted_tokens_per_s"]),
+            "measured": g.median,
+        }
+        for g, p, m in zip(priced, predicted, measured)
+    ]
+    out: dict = {"configs": len(priced), "rho": None, "rows": rows}
+    if len(priced) < MIN_RANKED:
+        out["why"] = f"needs {MIN_RANKED} feasible configs with a prediction (this study has {len(priced)})"
+    else:
+        out["rho"] = spearman(predicted, measured)
+    return out
+
+
+def model_trust_line(result: dict) -> str:
+    """The one line the sweep's summary prints (and the report's section opens with)."""
+    if result["rho"] is None:
+        return f"Model vs measured rank: not computed ({result.get('why') or 'every prediction is equal'})"
+    rho = result["rho"]
+    word = "follows" if rho >= 0.7 else "roughly follows" if rho >= 0.3 else "does not follow"
+    return (
+        f"Model vs measured rank over {result['configs']} feasible configs: Spearman rho {rho:.2f} "
+        f"(1: the throughput model ordered them as measured; here the measured order {word} it)"
+    )

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
+STARTS = ("model", "memory", "none")  # hydra.sweeper.start
 
 
 @dataclass
@@ -55,10 +56,17 @@ class GrpoOptunaSweeperConf:
     # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study, and
     # (like the presets) only while the search phase has room: the rest are named in a warning.
     enqueue: list[dict[str, Any]] = field(default_factory=list)
-    # Frontier start: first run the N points the estimator predicts fill the allowed memory best,
-    # spread over the space (frontier.py); 0: off. Needs discrete parameters (choice / range);
-    # without them it is skipped with a log line.
+    # Start points: first run frontier_start points chosen from the models' forecast of every point
+    # (forecast.py; start.enqueue_frontier): `model`, the points the estimator and the throughput
+    # model predict fastest among those predicted to fit; `memory`, the points predicted to fill the
+    # allowed memory best, spread over the space (frontier.py); `none` (or frontier_start=0): off.
+    # Needs discrete parameters (choice / range); without them it is skipped with a log line.
+    start: str = "model"
     frontier_start: int = 5
+    # `grpo-sweep plan`: print the space's forecast (its size, the points predicted to fit, the
+    # fastest, the cheapest concession; preview.py) and stop before the study opens: no trial runs.
+    plan_only: bool = False
+    plan_json: str | None = None  # with plan_only: also write the forecast as JSON to this file
     # Neighbour moves: once n_startup_trials are counted, every N-th search trial is the best config so
     # far with one lever moved one step, a step that would not fit first, with a second lever moved to
     # make room (neighbours.py); 0: off. Needs discrete parameters.
@@ -134,6 +142,7 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
         _optional(lambda v: _number(v) and 0 < v <= 1),
         "a number in (0, 1] (a fraction of the budget), or null: all of it",
     ),
+    "start": (lambda v: v in STARTS, "one of " + ", ".join(STARTS)),
     "frontier_start": (_integer(0), "an integer >= 0 (0: off)"),
     "neighbour_every": (_integer(0), "an integer >= 0 (0: off)"),
     "heartbeat_interval": (_integer(1), "an integer >= 1 (seconds)"),

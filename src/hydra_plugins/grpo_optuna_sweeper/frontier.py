@@ -1,6 +1,9 @@
-"""Frontier start: the first trials are the points the estimator predicts fill the card best.
+"""The space's candidates (every point, or a seeded sample), ComposeCache (their configs at one
+composition per group choice), and the memory-first start (hydra.sweeper.start=memory): the first
+trials are the points the estimator predicts fill the card best. (The default start, `model`,
+ranks the same candidates by predicted speed: forecast.py, start.py.)
 
-Why: the objective is throughput under a memory wall, and work per step (batch x sequence,
+Why the memory-first start: the objective is throughput under a memory wall, and work per step (batch x sequence,
 LoRA size) buys throughput with memory, so the fastest config usually sits just below the wall.
 People search that way by hand (accelerate's `find_executable_batch_size` starts at the largest
 batch and halves on OOM). A sampler that starts from random points spends its first trials on
@@ -25,19 +28,19 @@ from . import handles
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
 
 
-def candidates(grid: dict[str, list], seed: int | None) -> Iterator[dict[str, Any]]:
-    """Every point of a discrete space, or MAX_CANDIDATES of them drawn at random when it is larger."""
+def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATES) -> Iterator[dict[str, Any]]:
+    """Every point of a discrete space, or `cap` of them drawn at random when it is larger."""
     names = list(grid)
     size = 1
     for values in grid.values():
         size *= len(values)
-    if size <= MAX_CANDIDATES:
+    if size <= cap:
         for values in itertools.product(*grid.values()):
             yield dict(zip(names, values))
         return
     rng = random.Random(seed)
     seen: set[tuple] = set()
-    while len(seen) < MAX_CANDIDATES:
+    while len(seen) < cap:
         values = tuple(rng.choice(grid[n]) for n in names)
         if values not in seen:
             seen.add(values)

@@ -46,15 +46,21 @@ class Prescreen:
             return calibration.calibrate(est.phases, est.assumptions["backend"], [], margin)
         return calibration.calibrate(est.phases, est.assumptions["backend"], self.observations, margin, self.min_trials)
 
-    def verdict(self, cfg: Any, budget: float | None, attrs: dict | None = None) -> Outcome | None:
+    def verdict(self, cfg: Any, budget: float | None, attrs: dict | None = None, est: Any = None) -> Outcome | None:
         """The Outcome of a point that must not run (PRUNED; COMPLETE at the worst value for GP:
         outcome.for_sampler), None for one that may. `budget`: the bytes the point may use where the
         estimate names none. `attrs`: the trial's user attributes to record the prediction in (the
-        report's predicted columns); None to ask only (a neighbour move's candidate)."""
+        report's predicted columns; the throughput model's tokens/s is recorded with the pre-screen
+        off too: the report ranks the trials by it); None to ask only (a neighbour move's candidate).
+        `est`: cfg's estimate when the caller has it already (forecast.py)."""
+        if attrs is not None:
+            speed = predicted_tokens_per_s(cfg)
+            if speed is not None:  # the throughput model (waves charged): the report shows it beside the measured
+                attrs["predicted_tokens_per_s"] = speed
         if not self.settings.prescreen:
             return None
         try:
-            est = estimate(cfg)
+            est = est if est is not None else estimate(cfg)
         except Exception as err:  # noqa: BLE001 - a failed estimate only means: run it and see
             if attrs is not None:
                 attrs["predicted_error"] = str(err)[:300]
@@ -64,9 +70,6 @@ class Prescreen:
             attrs.update(cal.attrs())
             attrs["predicted_phases"] = {p: int(v) for p, v in est.phases.items()}
             attrs["generation_waves"] = est.assumptions.get("generation_waves")
-            speed = predicted_tokens_per_s(cfg)
-            if speed is not None:  # the throughput model (waves charged): the report shows it beside the measured
-                attrs["predicted_tokens_per_s"] = speed
         limit = est.budget_bytes if est.budget_bytes is not None else budget
         verdict = prescreen_verdict(cal.calibrated_bytes, limit, cal.allowance, raw_bytes=cal.raw_bytes, trials=cal.trials)
         return for_sampler(verdict, self.settings.sampler, self.settings.direction)

@@ -1,5 +1,6 @@
 """What the sweep queues besides the sampler's points: the start points (the presets, the `enqueue`
-points, the frontier) and, every few search trials, a neighbour move of the best config so far.
+points, then the model-first or memory-first start from the models' forecast, hydra.sweeper.start)
+and, every few search trials, a neighbour move of the best config so far.
 
 Every function reads the frozen plan; `configs` is a frontier.ComposeCache (plan.Composer.cache):
 one Hydra composition per distinct set of group choices, however many points are ranked.
@@ -14,11 +15,9 @@ from omegaconf import OmegaConf
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of
-from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.units import budget_bytes
 
-from . import concessions, frontier, neighbours, space
-from .outcome import allowed_bytes
+from . import concessions, forecast, frontier, neighbours, space
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 from .progress import room
@@ -116,59 +115,89 @@ def _enqueue_presets(study: Any, plan: SweepPlan, compose: Composer) -> None:
 
 
 def enqueue_frontier(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
-    """Queue (once per study) the `count` points predicted to fill the allowed memory best (frontier.py)."""
+    """Queue (once per study) `count` start points from the models' forecast (forecast.py), as
+    hydra.sweeper.start says: `model`, the points predicted fastest among those predicted to fit;
+    `memory`, those predicted to fill the allowed memory best (frontier.pick); `none`, no start.
+    The model's ranking is recorded on the study (MODEL_RANKING_ATTR) whichever start runs, so the
+    report can set the measured order beside it."""
     settings = plan.settings
-    if any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
+    mode = settings.get("start", "model")
+    if mode == "none" or any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
         return
     if settings.sampler == "grid" or not plan.distributions:
         return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
     try:
-        choices = space.grid_choices(plan.distributions, purpose="the frontier start")
+        forecasts = forecast.forecast(plan, prescreen, configs, validate_here, purpose="the frontier start")
     except ValueError as why:  # on by default: a continuous space is not an error
         log.info("Frontier start skipped: %s", why)
         return
-    fullness = []
-    for params in frontier.candidates(choices, settings.seed):
-        try:
-            cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
-            validate_here(cfg)
-            est = estimate(cfg)
-        except Exception:  # noqa: BLE001 - a point that cannot be composed or estimated is not a pick
-            continue
-        budget = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
-        limit = allowed_bytes(budget, settings.headroom)
-        if limit is None:
-            log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
-            return
-        # The calibrated prediction (raw until the study has measured trials: a resumed study's count).
-        predicted = prescreen.calibrated(est).calibrated_bytes if settings.prescreen else est.total_bytes
-        full = predicted / limit
-        # A fit whose generation runs in N waves (vLLM's KV cache holds fewer sequences than the batch) is
-        # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
-        waves = est.assumptions.get("generation_waves") or 1
-        fullness.append((params, full / waves if full <= 1 else full))
-    if not fullness:
+    estimated = [f for f in forecasts if f.error is None]
+    if not estimated:
         log.info(
             "Frontier start skipped: none of the space's points could be composed, checked and estimated "
             "(each is refused as it would be when run: see the first trials' errors)"
         )
         return
-    picks = frontier.pick(fullness, count, settings.seed)
+    if all(f.limit_bytes is None for f in estimated):
+        log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
+        return
+    ranking = forecast.fastest_first(estimated, len(estimated), settings.seed)
+    study.set_user_attr(MODEL_RANKING_ATTR, ranking_attr(ranking, len(forecasts), sum(f.fits for f in estimated)))
+    if mode == "model" and not ranking:
+        why = "no point predicted to fit has a predicted speed" if any(f.fits for f in estimated) else ""
+        if why:  # a card without datasheet speeds: the memory start is the next best guess
+            log.info("Model start: %s (conf/gpu has no tflops_bf16/bandwidth_gbs); the memory-first start runs instead", why)
+            mode = "memory"
+    if mode == "model":
+        picks = [f.params for f in ranking[:count]]
+        words = "fastest predicted fit first"
+    else:
+        # A fit whose generation runs in N waves (vLLM's KV cache holds fewer sequences than the batch) is
+        # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
+        # (The memory start as it always ranked: by the peak alone, vLLM's start-up not asked.)
+        fullness = [(f.params, f.share / f.waves if f.share <= 1 else f.share) for f in estimated if f.share is not None]
+        picks = frontier.pick(fullness, count, settings.seed)
+        words = "fullest predicted fit first"
     if not picks:
         log.info(
             "Frontier start: none of the %d candidates is predicted to fit the allowed memory; "
             "the search starts from sampled points",
-            len(fullness),
+            len(estimated),
         )
         return
     for params in picks:
-        study.enqueue_trial(params, user_attrs={"frontier_start": True}, skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs={"frontier_start": True, "start": mode}, skip_if_exists=True)
     log.info(
-        "Frontier start: enqueued %d of %d candidates, fullest predicted fit first: %s",
+        "Frontier start (%s): enqueued %d of %d candidates, %s: %s",
+        mode,
         len(picks),
-        len(fullness),
+        len(estimated),
+        words,
         "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
     )
+
+
+MODEL_RANKING_ATTR = "model_ranking"  # study user attr: the model's predicted order (ranking_attr)
+RANKING_KEPT = 20  # points of the predicted order kept on the study (the start's picks are among the first)
+
+
+def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) -> dict:
+    """The model's predicted order as the study records it: how many points it judged and predicted
+    to fit, and the first RANKING_KEPT of its order (forecast.fastest_first: one point per distinct
+    prediction) with their predicted tokens/s, peak and allowed bytes."""
+    return {
+        "candidates": candidates,
+        "fit": fit,
+        "top": [
+            {
+                "params": f.params,
+                "predicted_tokens_per_s": f.tokens_per_s,
+                "predicted_peak_bytes": f.predicted_bytes,
+                "limit_bytes": f.limit_bytes,
+            }
+            for f in ranking[:RANKING_KEPT]
+        ],
+    }
 
 
 def enqueue_neighbour(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:

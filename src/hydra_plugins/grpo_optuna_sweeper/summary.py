@@ -430,9 +430,11 @@ def write_html_report(study: Any, sweep_dir: Path) -> Path | None:
     A report that cannot be drawn never costs the sweep its summary: it says why instead."""
     try:
         from grpo_sweep.report.build import build_for_study, counts
+        from grpo_sweep.report.trials import model_trust_line, model_vs_measured
 
         path, trials = build_for_study(study, sweep_dir)
         print(f"Report of {counts(trials)}")
+        print(model_trust_line(model_vs_measured(trials)))  # how far to trust the model's ranking on this card
         return path
     except Exception as err:  # noqa: BLE001 - the study and best.yaml are already written
         print(f"Report not written ({type(err).__name__}: {err}); run: grpo-sweep report {sweep_dir}")

@@ -1,7 +1,8 @@
 """Hydra's Sweeper interface over the sweep's parts, like Hydra's own Optuna plugin: a thin shell.
 
 `setup` takes what Hydra hands over (its context, the master config, the launcher); `sweep` builds
-the frozen plan (plan.py) before the storage opens, opens the study (opening.py), teaches the
+the frozen plan (plan.py) before the storage opens (with hydra.sweeper.plan_only it prints the
+plan's forecast, preview.py, and stops there), opens the study (opening.py), teaches the
 pre-screen what a resumed study measured (prescreen.py), queues the start points (start.py) and
 runs the loop (loop.py), which writes the report at its end.
 """
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.study.storage import StorageError, StorageUnavailable
 
-from . import identity
+from . import identity, preview
 from .config import SweepError
 from .launch_config import mask_storage_in, slurm_resources
 from .loop import Loop
@@ -67,6 +68,8 @@ class GrpoOptunaSweeper(Sweeper):
         compose = Composer(self.hydra_context, self.config)
         try:
             plan = build_plan(self.conf, self.config, arguments, compose)  # bad input stops here: one line
+            if plan.settings.plan_only:  # `grpo-sweep plan`: the forecast, before the storage opens; no trial
+                return preview.run(plan, compose)
             plan.sweep_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(self.config, plan.sweep_dir / "multirun.yaml")
             try:

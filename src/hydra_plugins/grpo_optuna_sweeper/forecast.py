@@ -1,0 +1,120 @@
+"""The models' forecast for each point of a discrete space, before any trial: the pre-screen's
+predicted peak and verdict, and the throughput model's tokens/s.
+
+One pass over the space that the start points (start.py: the model-first and the memory-first
+start) and `grpo-sweep plan` (preview.py) both read, so the start, the plan and the pre-screen
+judge every point by the same numbers: a point's peak is the pre-screen's (calibrated by what the
+study measured, raw with the fixed margin before that), its verdict is `Prescreen.verdict`, and its
+speed is `prescreen.predicted_tokens_per_s` (the throughput model, generation waves charged).
+
+No `from __future__ import annotations`: Hydra's plugin scan loads this module outside
+sys.modules, where a dataclass's string annotations cannot be looked up (config.py says the same).
+"""
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_sweep.levers import recipe_of
+from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.units import budget_bytes
+
+from . import concessions, frontier, space
+from .outcome import allowed_bytes
+from .plan import SweepPlan
+from .prescreen import Prescreen, predicted_tokens_per_s
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """One point as the models see it. `error`: why it could not be composed, checked or estimated
+    (then every prediction is None: it is refused as it would be when run)."""
+
+    params: dict[str, Any]
+    predicted_bytes: float | None = None  # the pre-screen's prediction (calibrated once it can be)
+    limit_bytes: float | None = None  # what the point may use: its budget x hydra.sweeper.headroom
+    runs: bool = False  # the pre-screen lets it run (its verdict is None)
+    tokens_per_s: float | None = None  # the throughput model's (None: a card without datasheet speeds)
+    waves: int = 1  # vLLM's generation waves (its KV cache holds fewer sequences than the batch)
+    vllm_starts: bool = True  # vLLM (if any) can start: its KV cache holds one sequence, its share is free
+    taken: dict[str, Any] = field(default_factory=dict)  # the recipe settings this point changes (concessions)
+    error: str | None = None
+
+    @property
+    def share(self) -> float | None:
+        """Predicted peak / allowed bytes (a fraction: with `gpu` a parameter each point has its own card)."""
+        if self.predicted_bytes is None or not self.limit_bytes:
+            return None
+        return self.predicted_bytes / self.limit_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Predicted to fit the allowed memory (no margin: the pre-screen's `runs` adds its allowance)
+        and, with vLLM, predicted to start (the estimator's `fits` rule)."""
+        share = self.share
+        return share is not None and share <= 1.0 and self.vllm_starts
+
+    @property
+    def headroom_bytes(self) -> float | None:
+        if self.predicted_bytes is None or self.limit_bytes is None:
+            return None
+        return self.limit_bytes - self.predicted_bytes
+
+
+def forecast(
+    plan: SweepPlan,
+    prescreen: Prescreen,
+    configs: frontier.ComposeCache,
+    check: Callable[[Any], None],
+    cap: int = frontier.MAX_CANDIDATES,
+    purpose: str = "the start points",
+) -> list[Forecast]:
+    """The forecast of every point of the plan's discrete space (`cap` drawn at random, with the
+    plan's seed, when it is larger). `check(cfg)` raises for a point that must not run: the sweep
+    checks with this machine's facts (validate_here, as each trial is checked), `grpo-sweep plan`
+    with the target card's (it may plan for an L4 on a laptop). A continuous parameter is a
+    ValueError naming it (`purpose` says what needed discrete values)."""
+    choices = space.grid_choices(plan.distributions, purpose=purpose)
+    return [_one(params, plan, prescreen, configs, check) for params in frontier.candidates(choices, plan.settings.seed, cap)]
+
+
+def _one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, check: Callable) -> Forecast:
+    try:
+        cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
+        check(cfg)
+        est = estimate(cfg)
+    except Exception as err:  # noqa: BLE001 - a point that cannot be composed, checked or estimated: said, never raised
+        return Forecast(params, error=(str(err).splitlines() or [type(err).__name__])[0][:300])
+    budget = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
+    predicted = prescreen.calibrated(est).calibrated_bytes if plan.settings.prescreen else est.total_bytes
+    return Forecast(
+        params,
+        predicted_bytes=float(predicted),
+        limit_bytes=allowed_bytes(budget, plan.settings.headroom),
+        runs=prescreen.verdict(cfg, budget, est=est) is None,
+        tokens_per_s=predicted_tokens_per_s(cfg),
+        waves=est.assumptions.get("generation_waves") or 1,
+        vllm_starts=est.kv_cache_ok is not False and est.assumptions.get("vllm_startup_ok", True) is not False,
+        taken=concessions.diff(plan.recipe, recipe_of(cfg)),
+    )
+
+
+def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[Forecast]:
+    """Up to k points predicted to fit, fastest predicted first, one per distinct prediction.
+
+    Points the throughput model cannot tell apart (the same predicted tokens/s to 0.1 %: they differ
+    only in levers it does not price, e.g. prefix caching or the optimiser's kernel) are one pick:
+    a second would spend a start trial on a difference the model has no view on. Which of them runs
+    is the seed's, not the grid's order."""
+    fitting = [f for f in forecasts if f.fits and f.tokens_per_s is not None]
+    random.Random(seed).shuffle(fitting)
+    fitting.sort(key=lambda f: -f.tokens_per_s)
+    chosen: list[Forecast] = []
+    for f in fitting:
+        if len(chosen) == k:
+            break
+        if chosen and f.tokens_per_s >= chosen[-1].tokens_per_s * 0.999:
+            continue  # sorted: only the last pick can be within 0.1 %
+        chosen.append(f)
+    return chosen

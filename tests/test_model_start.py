@@ -1,0 +1,238 @@
+"""The models' forecast before any trial: the model-first start (hydra.sweeper.start), `grpo-sweep
+plan` (its verdicts are the pre-screen's, it imports no torch), and how far the model's ranking held
+(Spearman's rho in the report)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT
+from test_sweeper_helpers import tiny_sweeper
+
+from grpo_sweep.config.schema import validate
+from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.memory.throughput import relative_step_time
+from grpo_sweep.units import budget_bytes
+from hydra_plugins.grpo_optuna_sweeper import forecast, frontier, space
+from hydra_plugins.grpo_optuna_sweeper.prescreen import Prescreen
+from hydra_plugins.grpo_optuna_sweeper.start import MODEL_RANKING_ATTR, enqueue_frontier
+
+VLLM_SWEEP = "+sweeps=tiny_cpu_vllm"
+PREFIX_FIXED = "backend.vllm_enable_prefix_caching=false"  # a lever the model does not price: 72 of the 144 points
+# The Gemma 3 1B / L4 sweep cut down to 72 points (the rest fixed on the command line, as a user
+# would): checked for the L4 (CUDA rules), estimated on this CPU-only machine.
+GPU_SWEEP = "+sweeps=gemma3_1b_l4"
+GPU_FIXED = [
+    "lora_rank=32",
+    "num_generations=4",
+    "load_in_4bit=false",
+    "lora=qv",
+    "attn_implementation=sdpa",
+    "optim=adamw_torch",
+    "expandable_segments=false",
+    "gradient_checkpointing_every_n_layers=1",
+]
+
+
+def _enqueued(study) -> list[dict]:
+    return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+
+
+def test_model_start_enqueues_the_predicted_fastest_fits_first():
+    """start=model queues the fastest predicted fits, fastest first, one per distinct prediction; each
+    pick, composed afresh, fits by the estimator (vLLM starts) and has the throughput model's speed;
+    start=memory queues the old fullest fits instead, start=none nothing."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tiny_sweeper(PREFIX_FIXED, sweep=VLLM_SWEEP) as tiny:
+        configs = tiny.compose.cache()
+        study = optuna.create_study(direction="maximize")
+        enqueue_frontier(study, tiny.plan, tiny.prescreen, configs, 4)
+        picks = _enqueued(study)
+        assert len(picks) == 4
+        assert all(t.user_attrs["start"] == "model" for t in study.get_trials(deepcopy=False))
+
+        forecasts = forecast.forecast(tiny.plan, tiny.prescreen, configs, lambda cfg: None)
+        fitting = sorted((f for f in forecasts if f.fits), key=lambda f: -f.tokens_per_s)
+        speeds = []
+        for params in picks:  # each pick afresh: a full Hydra composition, the estimator, the throughput model
+            cfg = tiny.compose([*tiny.plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
+            validate(cfg, cuda=False)
+            assert estimate(cfg).fits, params
+            speeds.append(relative_step_time(cfg)["tokens_per_s"])
+        assert speeds == sorted(speeds, reverse=True)
+        assert speeds[0] == pytest.approx(fitting[0].tokens_per_s)  # the fastest predicted fit runs first
+        for a, b in zip(speeds, speeds[1:]):
+            assert b < a * 0.999  # one pick per distinct prediction
+            # no predicted fit with a distinct speed between two consecutive picks was skipped
+            assert not [f for f in fitting if b * 1.001 < f.tokens_per_s < a * 0.999]
+        assert all(p["gpu_memory_utilization"] != 0.004 for p in picks)  # vLLM cannot start there: never a fit
+
+        ranking = study.user_attrs[MODEL_RANKING_ATTR]
+        assert ranking["candidates"] == 72 and ranking["fit"] == len(fitting)
+        assert [r["params"] for r in ranking["top"][:4]] == picks
+
+        memory = optuna.create_study(direction="maximize")
+        settings = {**tiny.plan.settings, "start": "memory"}
+        from dataclasses import replace
+
+        from omegaconf import OmegaConf
+
+        plan = replace(tiny.plan, settings=OmegaConf.create(settings))
+        enqueue_frontier(memory, plan, tiny.prescreen, configs, 4)
+        fullness = [(f.params, f.share / f.waves if f.share <= 1 else f.share) for f in forecasts if f.share is not None]
+        assert _enqueued(memory) == frontier.pick(fullness, 4, plan.settings.seed) != picks
+
+        none = optuna.create_study(direction="maximize")
+        plan = replace(tiny.plan, settings=OmegaConf.create({**settings, "start": "none"}))
+        enqueue_frontier(none, plan, tiny.prescreen, configs, 4)
+        assert none.get_trials() == []
+
+
+HEAVY = ("torch", "transformers", "trl", "peft", "vllm", "unsloth", "bitsandbytes")
+
+
+def _plan_in_a_fresh_interpreter(args: list[str], tmp_path) -> tuple[dict, str]:
+    """(grpo-sweep plan --json's data, stdout) of the app's plan-only run (cli.plan.command), run in a
+    fresh interpreter that says at exit which heavy packages it imported."""
+    from grpo_sweep.cli.plan import command
+
+    path = tmp_path / "plan.json"
+    argv = command(args, path)
+    assert argv[1:3] == ["-m", "grpo_sweep"]
+    code = textwrap.dedent(f"""
+        import atexit, runpy, sys
+        atexit.register(lambda: print("HEAVY", sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))
+        sys.argv = ["grpo_sweep", *{argv[3:]!r}]
+        runpy.run_module("grpo_sweep", run_name="__main__")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(path.read_text()), done.stdout
+
+
+@pytest.mark.parametrize(
+    "sweep,fixed,cuda",
+    [(VLLM_SWEEP, [], False), (GPU_SWEEP, GPU_FIXED, True)],
+    ids=["tiny_cpu_vllm", "gemma3_1b_l4"],
+)
+def test_plan_agrees_with_the_prescreen_and_imports_no_torch(sweep, fixed, cuda, tmp_path):
+    """`grpo-sweep plan --json`: every point of the space judged, and the pre-screen's own verdict on
+    a point (a full Hydra composition, checked for the target card, Prescreen.verdict as a trial gets
+    it) is the plan's, for a seeded sample of its points and every pruned one; nothing heavy imported."""
+    data, stdout = _plan_in_a_fresh_interpreter([sweep, *fixed], tmp_path)
+    assert "HEAVY []" in stdout, stdout[-2000:]
+    assert f"Plan for sweep {data['sweep']}: {data['space']['size']} points" in stdout
+    points = data["points"]
+    assert len(points) == data["space"]["size"] == data["judged"] and not data["sampled"]
+    judged = [p for p in points if "error" not in p]
+    assert data["prescreen"]["runs"] == sum(p["prescreen"] == "run" for p in judged)
+    assert data["prescreen"]["pruned"] == sum(p["prescreen"] == "pruned" for p in judged)
+    assert data["fit"] == sum(p["fits"] for p in judged)
+    pruned = [p for p in judged if p["prescreen"] == "pruned"]
+    sample = pruned[:6] + random.Random(0).sample([p for p in judged if p["prescreen"] == "run"], 6)
+    with tiny_sweeper(*fixed, sweep=sweep) as tiny:
+        prescreen = Prescreen(tiny.plan.settings)
+        for p in sample:
+            cfg = tiny.compose([*tiny.plan.fixed, *(space.to_override(k, v) for k, v in p["params"].items())])
+            validate(cfg, cuda=cuda)
+            verdict = prescreen.verdict(cfg, budget_bytes(cfg))
+            assert ("run" if verdict is None else "pruned") == p["prescreen"], p
+            assert estimate(cfg).total_bytes == pytest.approx(p["predicted_peak_bytes"])
+    fastest = data["fastest"]
+    assert fastest and [r["rank"] for r in fastest] == list(range(1, len(fastest) + 1))
+    speeds = [r["predicted_tokens_per_s"] for r in fastest]
+    assert speeds == sorted(speeds, reverse=True)
+    assert all(r["headroom_bytes"] == pytest.approx(r["limit_bytes"] - r["predicted_peak_bytes"]) for r in fastest)
+    assert data["cheapest_concession"] == {"recipe_fits": True}
+
+
+def test_plan_names_the_cheapest_fix_when_nothing_fits(tmp_path):
+    """A card too small for every point: the plan says so and hands over the doctor's smallest fix;
+    a bad start setting or a continuous interval is one line, before anything is judged."""
+    from grpo_sweep.cli import main
+
+    data, stdout = _plan_in_a_fresh_interpreter(["+sweeps=tiny_cpu", "gpu.memory_gib=0.01"], tmp_path)
+    assert data["fit"] == 0 and data["prescreen"]["runs"] == 0
+    cheapest = data["cheapest_concession"]
+    assert cheapest["recipe_fits"] is False and cheapest["source"] == "doctor"
+    assert "no point of the space is predicted to fit" in stdout
+    for arg, line in [
+        ("hydra.sweeper.start=fastest", "hydra.sweeper.start='fastest': must be one of model, memory, none"),
+        (
+            "gpu_memory_utilization=interval(0.1,0.5)",
+            "hydra.sweeper.params.gpu_memory_utilization: grpo-sweep plan needs discrete values (choice or range), "
+            "not a continuous interval",
+        ),
+    ]:
+        bad = subprocess.run(
+            [sys.executable, "-m", "grpo_sweep.cli", "plan", "+sweeps=tiny_cpu", arg, "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert bad.returncode != 0 and bad.stdout == ""
+        assert line in bad.stderr and "Traceback" not in bad.stderr
+    assert main(["plan", "--help"]) == 0
+
+
+def test_spearman_matches_scipy_and_handles_ties():
+    from scipy.stats import spearmanr
+
+    from grpo_sweep.report.trials import average_ranks, spearman
+
+    rng = random.Random(3)
+    for _ in range(20):
+        a = [rng.choice([1.0, 2.0, 3.0, 4.0, 5.0]) for _ in range(7)]
+        b = [rng.random() for _ in range(7)]
+        ours = spearman(average_ranks(a), average_ranks(b))
+        theirs = spearmanr(a, b).statistic
+        assert ours == pytest.approx(theirs) if ours is not None else theirs != theirs  # all ties: NaN there
+    assert average_ranks([3.0, 1.0, 2.0, 2.0]) == [1.0, 4.0, 2.5, 2.5]
+    assert average_ranks([3.0, 1.0], best_first=False) == [2.0, 1.0]
+    assert spearman([1.0], [1.0]) is None
+
+
+def test_report_shows_predicted_against_measured_rank(tmp_path):
+    """A real Optuna study: feasible configs with the model's tokens/s (a confirmation run pooled with
+    its config), an OOM left out; report.html and the summary's line give rho and each config's ranks."""
+    import optuna
+
+    from grpo_sweep.report.build import build_for_study
+    from grpo_sweep.report.trials import model_trust_line, model_vs_measured, trials_from_study
+
+    dist = {"per_device_train_batch_size": optuna.distributions.CategoricalDistribution([1, 2, 4, 8])}
+    study = optuna.create_study(direction="maximize", storage=f"sqlite:///{tmp_path / 's.db'}")
+    rows = [(1, 100.0, 90.0), (2, 200.0, 150.0), (4, 300.0, 140.0)]  # batch, predicted, measured: 2 and 4 swap
+    for batch, predicted, measured in rows:
+        attrs = {"status": "ok", "tokens_per_s": measured, "predicted_tokens_per_s": predicted}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"per_device_train_batch_size": batch}, distributions=dist, value=measured, user_attrs=attrs
+            )
+        )
+    confirm = {"status": "ok", "tokens_per_s": 150.0, "predicted_tokens_per_s": 300.0, "confirms": 2}  # config 4's second run
+    study.add_trial(
+        optuna.trial.create_trial(params={"per_device_train_batch_size": 4}, distributions=dist, value=150.0, user_attrs=confirm)
+    )
+    oom = {"status": "oom", "predicted_tokens_per_s": 400.0}
+    study.add_trial(
+        optuna.trial.create_trial(params={"per_device_train_batch_size": 8}, distributions=dist, value=0.0, user_attrs=oom)
+    )
+    result = model_vs_measured(trials_from_study(study))
+    assert result["configs"] == 3  # the OOM is not ranked; trial 3 pooled with trial 2
+    by_trial = {r["trial"]: (r["predicted_rank"], r["measured_rank"]) for r in result["rows"]}
+    assert by_trial == {0: (3.0, 3.0), 1: (2.0, 1.0), 2: (1.0, 2.0)}  # config 4: median(140, 150) = 145 < 150
+    assert result["rho"] == pytest.approx(0.5)
+    line = model_trust_line(result)
+    assert "Spearman rho 0.50" in line and "3 feasible configs" in line
+    path, _ = build_for_study(study, tmp_path)
+    html = path.read_text()
+    assert "Model vs measured rank" in html and "Spearman rho 0.50" in html and "id=model-ranks" in html
