@@ -420,7 +420,7 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
     accumulation: a knob), optim, attn_implementation, checkpointing every 2nd layer (still so after TRL
     turned it off and on around each generation), torch_empty_cache_steps, pad_to_multiple_of, transformers'
     continuous batching (a small paged cache: sized by default from the host's RAM, its first generation takes
-    about a minute on CPU) and the fp32 LM head (recipe; random untied weights: TRL 1.16 refuses it tied
+    about a minute on CPU), torch_compile (the compiled wrapper built, and TorchDynamo's frames counted: none) and the fp32 LM head (recipe; random untied weights: TRL 1.16 refuses it tied
     under LoRA). Over 20 s: one real trial with gradient checkpointing."""
     from conftest import FAST, load_metrics
     from trl.scripts.grpo import make_parser
@@ -440,6 +440,7 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
         "use_transformers_continuous_batching=true",
         "+trial.grpo_config={transformers_continuous_batching_config:{num_blocks:64,max_batch_tokens:256}}",
         "cast_lm_head_to_fp32=true",
+        "torch_compile=true",
         "model.init=random",
         "model.arch.tie_word_embeddings=false",
     ]
@@ -451,7 +452,11 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
     assert (grpo["steps_per_generation"], m["effective"]["generation_batch_size"]) == (1, 4)
     assert m["trainer_settings"]["attn_implementation"] == "eager"
     assert "generation_batch_size" not in grpo  # the export's config: TRL refuses both set
-    assert grpo["optim"] == "adamw_torch_fused" and grpo["torch_compile"] is False
+    assert grpo["optim"] == "adamw_torch_fused" and grpo["torch_compile"] is True
+    # torch_compile wraps the model (an OptimizedModule), and TRL 1.16's GRPO steps never call the wrapper:
+    # TorchDynamo sees no frame. Recorded, so a user sees the setting did nothing; no shipped sweep searches it.
+    assert m["effective"]["compiled_model"] == "OptimizedModule"
+    assert m["effective"]["dynamo_frames_seen"] == m["effective"]["compiled_frames"] == 0
     assert m["recipe"]["optimiser_steps_per_generation"] == 1 and m["recipe"]["optim"] == "adamw"
     assert grpo["gradient_checkpointing_kwargs"] == {"every_n_layers": 2}
     assert m["effective"]["checkpointed_layers_after_train"] == 1  # layer 0 of the tiny model's 2

@@ -294,6 +294,14 @@ def after_train(trainer, record: dict) -> None:
     if record.get("effective") is not None and trainer.args.gradient_checkpointing:
         # after the steps, so after every time TRL turned checkpointing off and on again around generation
         record["effective"]["checkpointed_layers_after_train"] = checkpointed_layers(trainer.model)
+    if record.get("effective") is not None and trainer.args.torch_compile:
+        # Frames TorchDynamo saw and compiled in this process, and the wrapper the Trainer built: measured on CPU,
+        # TRL 1.16's GRPO steps never call the compiled wrapper (an OptimizedModule, 0 frames seen).
+        from torch._dynamo.utils import counters
+
+        record["effective"]["compiled_frames"] = int(counters["frames"]["ok"])
+        record["effective"]["dynamo_frames_seen"] = int(counters["frames"]["total"])
+        record["effective"]["compiled_model"] = type(getattr(trainer, "model_wrapped", None)).__name__
 
 
 def effective(trainer) -> dict:
