@@ -251,7 +251,15 @@ def tiny_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
     root = tmp_path_factory.mktemp("tiny_sweep")
     result = run_here(
-        sweep_cmd(root, "hydra.sweeper.n_trials=6", "hydra.sweeper.prescreen=false", enqueue=True, frontier=True, neighbours=True)
+        sweep_cmd(
+            root,
+            "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.prescreen=false",
+            enqueue=True,
+            frontier=True,
+            neighbours=True,
+            file_space=True,
+        )
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root, result

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import pytest
 from conftest import compose, load_metrics, train_here
-from test_sweeper_helpers import load_study, read_csv, run_here, sweep_cmd
+from test_sweeper_helpers import SPLIT_SPACE, load_study, read_csv, run_here, sweep_cmd
 
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.metrics import KEYS
 from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
 
-# tiny_cpu holds its recipe (8 completions per step, 128 tokens) and searches the split and checkpointing.
+# tiny_cpu's recipe (8 completions per step, 128 tokens) and card; the sweeps search the split and checkpointing.
 SMALL = [(1, "false"), (2, "false"), (1, "true")]  # (per_device_train_batch_size, gradient_checkpointing)
 X = (4, "false")
 
@@ -40,7 +40,12 @@ def _overrides(point: tuple) -> list[str]:
 def _sweep(tmp_path, card_gib: float, *extra: str):
     points = ",".join(_point(*p) for p in [*SMALL, X])
     cmd = sweep_cmd(
-        tmp_path, "hydra.sweeper.n_trials=4", f"hydra.sweeper.enqueue=[{points}]", f"gpu.memory_gib={card_gib!r}", *extra
+        tmp_path,
+        *SPLIT_SPACE,
+        "hydra.sweeper.n_trials=4",
+        f"hydra.sweeper.enqueue=[{points}]",
+        f"gpu.memory_gib={card_gib!r}",
+        *extra,
     )
     result = run_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

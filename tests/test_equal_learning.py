@@ -155,7 +155,7 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tiny_sweep, tmp_path):
     copy = tmp_path / "sweep"
     copy.mkdir()
     shutil.copy(sweep_dir / "study.journal", copy / "study.journal")
-    other = run_here(sweep_cmd(copy, "hydra.sweeper.n_trials=6", "max_seq_length=96"))  # another recipe
+    other = run_here(sweep_cmd(copy, "hydra.sweeper.n_trials=6", "max_seq_length=96", file_space=True))  # another recipe
     assert other.returncode != 0
     first = other.stderr.strip().splitlines()[0]
     assert "is another search: recipe max_seq_length: the study has 128, this sweep 96." in first, other.stderr[-2000:]
@@ -174,7 +174,7 @@ def test_a_concessions_sweep_prices_what_the_winner_gave_up(tmp_path):
         "{per_device_train_batch_size:2,max_seq_length:128,lora_rank:32,lora:all_linear}]"
     )
     args = ["hydra.sweeper.n_trials=2", "hydra.sweeper.confirm_top=0", "hydra.sweeper.stop_below=0"]
-    result = run_here([*sweep_cmd(sweep_dir, *args, sweep="tiny_cpu_concessions"), points])
+    result = run_here([*sweep_cmd(sweep_dir, *args, sweep="tiny_cpu_concessions", file_space=True), points])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {int(r["number"]): r for r in read_csv(sweep_dir / "trials.csv")}
     metrics = {n: json.loads((Path(r["run_dir"]) / "metrics.json").read_text()) for n, r in rows.items()}

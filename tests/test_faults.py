@@ -396,7 +396,10 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
             ["lora_rank=choice(8,16,32,64)"],
             ["parameter lora_rank: the study has choice(8, 16, 32), this sweep choice(8, 16, 32, 64)"],
         ),
-        "added parameter": ([], ["parameter gradient_checkpointing added (choice(False, True))"]),
+        "added parameter": (
+            ["gradient_checkpointing=choice(false,true)"],
+            ["parameter gradient_checkpointing added (choice(False, True))"],
+        ),
         "direction": (["hydra.sweeper.direction=minimize"], ['direction: the study has "maximize", this sweep "minimize"']),
         "objective": (
             ["hydra.sweeper.objective=samples_per_s"],

@@ -583,7 +583,7 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
     # 4 completions per step, held: one process accumulates 2 micro-batches of 2, two processes 1 each
     held = [o for o in SMALL if not o.startswith("completions_per_step=")] + ["completions_per_step=4"]
-    result = run_here(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *held, sweep="procs_cpu"))
+    result = run_here(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *held, sweep="procs_cpu", file_space=True))
     tmp_path = sweep_dir
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))

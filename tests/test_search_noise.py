@@ -12,7 +12,7 @@ import math
 import pytest
 import yaml
 from conftest import IN_PROCESS_TRIALS, compose, load_metrics
-from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd
+from test_sweeper_helpers import SMALL, SPLIT_SPACE, counted, load_study, run_here, sweep_cmd
 
 from grpo_sweep.metrics import KEYS, STATUSES
 from grpo_sweep.study import best as best_rule
@@ -419,6 +419,7 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
         "hydra.sweeper.enqueue=[{per_device_train_batch_size:8},{per_device_train_batch_size:2},{per_device_train_batch_size:4}]",
         "trial.steps=3",
         "max_seq_length=64",
+        *SPLIT_SPACE,
         "per_device_train_batch_size=choice(2,4,8)",
     ]
     result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
@@ -457,6 +458,7 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
             "hydra.sweeper.confirm_budget=1",
             "hydra.sweeper.stop_below=null",
             "hydra.sweeper.prescreen=false",
+            *SPLIT_SPACE,
             "max_seq_length=64,128",
             "per_device_train_batch_size=2,4",
             "completions_per_step=4",

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from test_sweeper_helpers import (
     SMALL,
+    SPLIT_SPACE,
     counted,
     load_study,
     read_csv,
@@ -365,7 +366,7 @@ def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
 def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     """SIGTERM mid-trial, then the same command: finished trials kept, the count reached, nothing run twice. Over 20 s: two
     sweeps (the interrupted one in its own process, the resume)."""
-    cmd = sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", "max_seq_length=64", "lora=qv")
+    cmd = sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", *SPLIT_SPACE, "max_seq_length=64", "lora=qv")
     journal = f"journal:{tmp_path / 'study.journal'}"
     proc = start(cmd, tmp_path / "first.log")
     try:
@@ -421,7 +422,7 @@ def test_hydra_discovers_the_plugin_and_the_sweeps():
 @pytest.mark.slow
 def test_estimator_prescreen_prunes_without_running(tmp_path):
     """A point the estimator puts far over a 1 MiB card is PRUNED, its prediction recorded, nothing run."""
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", "gpu.memory_gib=0.001"))
+    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", *SPLIT_SPACE, "gpu.memory_gib=0.001"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED"]
@@ -515,6 +516,7 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
             "hydra.sweeper.n_trials=2",
             "hydra.sweeper.warm_start=true",
             "hydra.sweeper.presets=[seed_optimized]",
+            *SPLIT_SPACE,
             "load_in_4bit=false",
             "max_seq_length=64",
             "max_prompt_length=32",

@@ -14,8 +14,12 @@ from types import SimpleNamespace
 from conftest import ROOT, train_here
 
 SWEEP = "+sweeps=tiny_cpu"
-# Each trial: two optimiser steps of 2 completions of 64 tokens; every tiny_cpu knob fixed (an empty space)
-# unless a test sweeps more.
+# A test names its whole search space: sweep_cmd clears tiny_cpu's own list (hydra.sweeper.params=null),
+# so what tiny_cpu.yaml searches for `make sweep` can grow without changing any test's study.
+NO_FILE_SPACE = "hydra.sweeper.params=null"
+# tiny_cpu's split and checkpointing, for a test that searches them on tiny_cpu's card and recipe.
+SPLIT_SPACE = ("per_device_train_batch_size=choice(1,2,4,8)", "gradient_checkpointing=choice(false,true)")
+# Each trial: two optimiser steps of 2 completions of 64 tokens; an empty space unless a test sweeps more.
 SMALL = [
     "max_seq_length=64",
     "per_device_train_batch_size=2",
@@ -60,12 +64,15 @@ def sweep_cmd(
     enqueue: bool = False,
     frontier: bool = False,
     neighbours: bool = False,
+    file_space: bool = False,
 ) -> list[str]:
-    """The user's command; without tiny_cpu's enqueued probe points unless `enqueue`, without the
-    frontier start unless `frontier` and without neighbour moves unless `neighbours` (tests pick
-    their own points: the frontier's fullest fits are the slowest trials, and a test of workers or
-    resume does not need them)."""
-    extra = [] if enqueue else ["hydra.sweeper.enqueue=[]"]
+    """The user's command; without the sweep file's search space unless `file_space` (the test's own
+    `key=choice(...)` arguments are its whole space: NO_FILE_SPACE), without tiny_cpu's enqueued probe
+    points unless `enqueue`, without the frontier start unless `frontier` and without neighbour moves
+    unless `neighbours` (tests pick their own points: the frontier's fullest fits are the slowest
+    trials, and a test of workers or resume does not need them)."""
+    extra = [] if file_space else [NO_FILE_SPACE]
+    extra += [] if enqueue else ["hydra.sweeper.enqueue=[]"]
     extra += [] if frontier else ["hydra.sweeper.frontier_start=0"]
     extra += [] if neighbours else ["hydra.sweeper.neighbour_every=0"]
     return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}", *extra, *args]

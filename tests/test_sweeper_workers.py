@@ -16,6 +16,7 @@ import yaml
 from conftest import new_database
 from test_sweeper_helpers import (
     SMALL,
+    SPLIT_SPACE,
     counted,
     load_study,
     read_csv,
@@ -87,6 +88,7 @@ def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_stora
         f"hydra.sweeper.storage={storage}",
         f"hydra.sweeper.study_name={name}",
         "hydra.sweeper.n_trials=3",
+        *SPLIT_SPACE,
         "max_seq_length=64",
         "lora=qv",
         "lora_rank=8",
@@ -201,6 +203,7 @@ def test_joblib_launcher_runs_trials_in_parallel_processes(tmp_path):
             "hydra.launcher.n_jobs=2",
             "hydra.sweeper.n_jobs=2",
             "hydra.sweeper.n_trials=2",
+            *SPLIT_SPACE,
             *SMALL[:1],
             "lora=qv",
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, compose, load_metrics, run_train, train_here
-from test_sweeper_helpers import load_study, run_here, sweep_cmd
+from test_sweeper_helpers import SPLIT_SPACE, load_study, run_here, sweep_cmd
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.schema import ConfigError
@@ -189,6 +189,7 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
     data = write_data(tmp_path, chat=False)
     cmd = sweep_cmd(
         tmp_path / "sweep",
+        *SPLIT_SPACE,
         *dataset_overrides(data, "my_rewards.broken"),
         "model.init=random",
         "hydra.sweeper.n_trials=6",
@@ -234,6 +235,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = sweep_cmd(
         sweep_dir,
+        *SPLIT_SPACE,
         *dataset_overrides(data, "my_rewards.contains_solution", "my_rewards.brevity"),
         "task.reward_weights=[1.0,0.25]",
         "model=hub",
@@ -483,7 +485,7 @@ def test_a_study_resumed_with_other_data_or_rewards_is_refused_naming_the_differ
     sweep = tmp_path / "sweep"
 
     def sweep_with(path, *rewards, n=1):
-        overrides = [*dataset_overrides(path, *rewards), "model.init=random", f"hydra.sweeper.n_trials={n}"]
+        overrides = [*SPLIT_SPACE, *dataset_overrides(path, *rewards), "model.init=random", f"hydra.sweeper.n_trials={n}"]
         return run_here(sweep_cmd(sweep, *overrides, "hydra.sweeper.prescreen=false"), cwd=tmp_path)
 
     first = sweep_with(data, "my_rewards.contains_solution")
