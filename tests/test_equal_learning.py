@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import compose, train_here
-from test_sweeper_helpers import load_study, read_csv, run_here, sweep_cmd, tiny_sweeper
+from test_sweeper_helpers import SPLIT_SPACE, load_study, read_csv, run_here, sweep_cmd, tiny_sweeper
 
 from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError, validate
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, KINDS, KNOB, LEVER_NAMES, RECIPE, kind_of, recipe_of
@@ -852,6 +852,7 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
             sweep_dir,
             "hydra.sweeper.n_trials=2",
             *same,
+            *SPLIT_SPACE,
             "hydra.sweeper.enqueue=[{per_device_train_batch_size:2,gradient_checkpointing:false},"
             "{per_device_train_batch_size:4,gradient_checkpointing:false}]",
         )
@@ -864,6 +865,7 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
             sweep_dir,
             "hydra.sweeper.n_trials=3",
             *same,
+            *SPLIT_SPACE,
             "hydra.sweeper.enqueue=[{per_device_train_batch_size:1,gradient_checkpointing:false}]",
             "+trial.debug_perturb=1e-3",
         )
