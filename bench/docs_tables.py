@@ -70,7 +70,7 @@ def _pick(s: dict, suffix: str) -> tuple[str, bool]:
 # hold the recipe (conf/sweeps/*.yaml); the "old" spaces let the recipe vary too, so a larger
 # effective batch counted as speed there (docs/equal-learning-bench.md).
 RECIPE_HELD = (
-    ("_recipe_held_tiny_knobs", "tiny_cpu, recipe held, knobs only (the shipped `make sweep`)"),
+    ("_recipe_held_tiny_knobs", "tiny_cpu, recipe held, knobs only (the split: `make sweep` before attention joined its space)"),
     ("_recipe_held_tiny", "tiny_cpu, recipe held, with concessions"),
     ("_recipe_held_gemma_knobs", "Gemma 3 1B / L4 model, recipe held, knobs only"),
     ("_recipe_held_gemma_concessions", "Gemma 3 1B / L4 model, recipe held, with concessions"),
