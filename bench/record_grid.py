@@ -7,6 +7,8 @@ are not part of the grid. Writes bench/data/grid_tiny_cpu.json with how it was m
 
 Usage: python bench/record_grid.py [--budget-gib 0.1] [--repeats 5] [--conditions "what else ran"]
        python bench/record_grid.py --top-up 12 10   # 10 more runs of the 12 best points (see top_up)
+       python bench/record_grid.py --sweep tiny_cpu_vllm [--repeats 3]   # a shipped sweep's whole space
+                                                    # (bench/data/landscape_<sweep>.json; resumable)
 
 Every run keeps its wall time (process start to exit; an OOM's until it failed and wrote
 metrics.json), its start latency and every step's seconds: bench/search_seconds.py charges each
@@ -194,6 +196,93 @@ def top_up(count: int, more: int, budget_gib: float = DEFAULT_BUDGET_GIB, condit
     print(f"wrote {DATA} (topped up {count} points x {more} runs; drift {entry['drift']})")
 
 
+# ------------------------------------------------------------------------------ a shipped sweep's space
+
+SWEEPS = ROOT / "src" / "grpo_sweep" / "conf" / "sweeps"
+SWEEP_REPEATS = 3  # runs per point that fits: the median, and a spread per point
+
+
+def sweep_points(name: str) -> list[dict]:
+    """Every point of a shipped sweep's knob space (sweeps/<name>.yaml `hydra.sweeper.params`, each a
+    `choice(...)`), in the file's order: the landscape the sweeper searches, at the recipe the file holds."""
+    import yaml
+
+    params = yaml.safe_load((SWEEPS / f"{name}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    axes = {}
+    for key, spec in params.items():
+        spec = str(spec).strip()
+        if not (spec.startswith("choice(") and spec.endswith(")")):
+            raise SystemExit(f"{name}: {key}={spec}: a landscape records choice(...) spaces only")
+        axes[key] = [yaml.safe_load(v.strip()) for v in spec[len("choice(") : -1].split(",")]
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def landscape_path(name: str) -> Path:
+    return ROOT / "bench" / "data" / f"landscape_{name}.json"
+
+
+def record_sweep(name: str, repeats: int = SWEEP_REPEATS, conditions: str = "") -> None:
+    """Every point of sweeps/<name>.yaml's space run for real (`+sweeps=<name>` and the point's values),
+    `repeats` runs of each point that fits, in separate passes (forward, backward, shuffled), OOM and
+    refused points once. The file is rewritten after every run and a rerun of the same command resumes
+    where it stopped: nothing recorded is lost to a kill, and a recording can span several sessions."""
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.trial.parent import run_trial
+
+    points = sweep_points(name)
+    path = landscape_path(name)
+    data = json.loads(path.read_text()) if path.exists() else None
+    if data is None or [r["levers"] for r in data["points"]] != points:
+        data = {
+            "how": f"python bench/record_grid.py --sweep {name} --repeats {repeats}: real GRPO trials of every point of "
+            f"sweeps/{name}.yaml's space (+sweeps={name} and the point), {repeats} runs of each point that fits in "
+            "separate passes (forward, backward, shuffled), OOM or refused points once; tokens_per_s the median",
+            "sweep": name,
+            "repeats": repeats,
+            "sessions": [],
+            "points": [{"levers": p, "status": None, "tokens_per_s_runs": [], "runs": []} for p in points],
+        }
+    data["sessions"].append({"started_at": measured_at(), "conditions": conditions})
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for attempt in range(repeats):
+            order = list(range(len(points)))
+            if attempt % 3 == 1:
+                order.reverse()
+            elif attempt % 3 == 2:
+                random.Random(attempt).shuffle(order)
+            for i in order:
+                row = data["points"][i]
+                if len(row["runs"]) > attempt or (row["status"] not in (None, "ok")):
+                    continue  # run in an earlier session, or did not fit: once is enough
+                overrides = [
+                    f"+sweeps={name}",
+                    *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in points[i].items()),
+                ]
+                record = run_trial(compose_train_config(overrides), Path(tmp) / f"{attempt}_{i}")
+                row["runs"].append({**run_record(record), "status": record["status"]})
+                row["tokens_per_s_runs"].append(record.get("tokens_per_s"))
+                row.update(
+                    status=record["status"] if row["status"] in (None, "ok") else row["status"],
+                    peak_memory_bytes=record.get("peak_memory_bytes"),
+                    predicted_peak_bytes=record.get("predicted_peak_bytes"),
+                    error=(record.get("error") or "")[:300] or None,
+                )
+                ok = [r for r in row["tokens_per_s_runs"] if r is not None]
+                row["tokens_per_s"] = statistics.median(ok) if ok else None
+                data["wall_time_s"] = data.get("wall_time_s", 0.0) + (record.get("wall_time_s") or 0.0)
+                tmp_path = path.with_suffix(".json.tmp")
+                tmp_path.write_text(json.dumps(data, indent=1) + "\n")
+                tmp_path.replace(path)  # whole or not at all
+                print(
+                    f"[{name}] pass {attempt + 1}/{repeats} {points[i]} {record['status']} "
+                    f"{record.get('tokens_per_s') or 0:.0f} tok/s {record.get('wall_time_s') or 0:.1f} s",
+                    flush=True,
+                )
+    fits = sum(1 for r in data["points"] if r["status"] == "ok")
+    print(f"wrote {path} ({len(points)} points, {fits} fit; {time.time() - started:.0f} s this session)")
+
+
 def drift(points: list[dict], more: int) -> dict:
     """How the machine moved between the recording and the top-up: per topped-up point, the median of
     its `more` new runs over the median of its earlier ones; the median and range over the points."""
@@ -209,8 +298,11 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="runs per point that fits (median kept)")
     parser.add_argument("--top-up", nargs=2, type=int, metavar=("COUNT", "MORE"), help="rerun the COUNT best points MORE times")
     parser.add_argument("--conditions", default="", help="what else ran on the machine, kept with the data")
+    parser.add_argument("--sweep", help="record every point of sweeps/<SWEEP>.yaml's space instead (resumable)")
     cli = parser.parse_args()
-    if cli.top_up:
+    if cli.sweep:
+        record_sweep(cli.sweep, cli.repeats if cli.repeats != DEFAULT_REPEATS else SWEEP_REPEATS, cli.conditions)
+    elif cli.top_up:
         top_up(cli.top_up[0], cli.top_up[1], cli.budget_gib, cli.conditions)
     else:
         main(cli.budget_gib, cli.repeats, cli.conditions)
