@@ -63,6 +63,17 @@ def grid_points() -> list[dict]:
     return points
 
 
+def pass_order(n: int, attempt: int) -> list[int]:
+    """The order of pass `attempt` over n points: forward, backward, shuffled, and again (drift over a
+    recording touches every point alike)."""
+    order = list(range(n))
+    if attempt % 3 == 1:
+        order.reverse()
+    elif attempt % 3 == 2:
+        random.Random(attempt).shuffle(order)
+    return order
+
+
 def overrides_for(levers: dict, budget_gib: float) -> list[str]:
     """A grid point's trial: the fixed overrides, the simulated budget and its levers."""
     return [*FIXED, f"gpu.memory_gib={budget_gib}", *(f"{k}={v}" for k, v in levers.items())]
@@ -99,12 +110,7 @@ def main(budget_gib: float, repeats: int = DEFAULT_REPEATS, conditions: str = ""
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for attempt in range(repeats):
-            order = list(range(len(points)))
-            if attempt % 3 == 1:
-                order.reverse()
-            elif attempt % 3 == 2:
-                random.Random(attempt).shuffle(order)
-            for i in order:
+            for i in pass_order(len(points), attempt):
                 row = rows[i]
                 if attempt and row["status"] != "ok":
                     continue
@@ -246,12 +252,7 @@ def record_sweep(name: str, repeats: int = SWEEP_REPEATS, conditions: str = "") 
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for attempt in range(repeats):
-            order = list(range(len(points)))
-            if attempt % 3 == 1:
-                order.reverse()
-            elif attempt % 3 == 2:
-                random.Random(attempt).shuffle(order)
-            for i in order:
+            for i in pass_order(len(points), attempt):
                 row = data["points"][i]
                 if len(row["runs"]) > attempt or (row["status"] not in (None, "ok")):
                     continue  # run in an earlier session, or did not fit: once is enough
