@@ -290,7 +290,16 @@ def test_ctrl_c_of_a_two_process_run_is_one_quiet_line(tmp_path):
     log = tmp_path / "train.log"
     cmd = _two_ranks_hanging(run_dir)
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            # a terminal's Ctrl-C: SIGINT at its default, whatever this test process inherited (a suite started
+            # in the background of a non-interactive shell ignores SIGINT, and so would train.py: exec keeps it)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         wait_for(lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2)), timeout=300, every=0.5)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130

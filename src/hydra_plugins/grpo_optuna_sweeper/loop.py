@@ -30,7 +30,7 @@ from .progress import Progress, counts
 from .report import write_report
 from .start import enqueue_neighbour
 from .tell import judge_job, state, tell
-from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_trials, retry, waiting_line
+from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_trials, retry, this_worker, waiting_line
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Loop:
     def _soak(self, steps: int) -> None:
         """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
         from .summary import best_trial
-        from .workers import this_worker, worker_dead
+        from .workers import worker_dead
 
         study = self.study
         winner = best_trial(study)
@@ -174,6 +174,8 @@ class Loop:
             if target == self.plan.n_search and any(neighbours.due(turn + i, startup, every) for i in range(size)):
                 enqueue_neighbour(study, self.plan, self.prescreen, self.moves)  # never in place of a confirmation run
             batch = [study.ask() for _ in range(size)]
+            for trial in batch:  # at once: a kill from here on leaves a RUNNING trial worker_dead recognises
+                trial.set_user_attr("worker", this_worker())
             self._run_batch(batch, target)
             self.stopped = self._systematic_failure()
             if self.stopped is not None:
