@@ -55,7 +55,7 @@ lint: install typecheck
 
 # mypy ([tool.mypy] in pyproject.toml) over these packages and what they import. Part of `make lint`,
 # never of `make test`: a test run does not need mypy installed.
-TYPECHECKED := grpo_sweep.config grpo_sweep.memory grpo_sweep.study
+TYPECHECKED := grpo_sweep.config grpo_sweep.memory grpo_sweep.study hydra_plugins.grpo_optuna_sweeper
 typecheck: install
 	$(PY) -m mypy $(foreach p,$(TYPECHECKED),-p $(p))
 

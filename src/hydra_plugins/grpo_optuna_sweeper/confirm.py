@@ -19,7 +19,13 @@ search already repeated: fewer confirmation runs, and the study holds fewer than
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from logging import Logger
+
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
 
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.best import CONFIRMS_ATTR, PLAN_ATTR, REPEATS_ATTR
@@ -44,14 +50,14 @@ def off_reason(n_trials: int, top: int, repeats: int, sampler: str) -> str:
     )
 
 
-def search_trials(study: Any) -> list:
+def search_trials(study: Study) -> list[FrozenTrial]:
     """The study's feasible ok trials that are not confirmation runs (the search's own results)."""
     from .summary import _is_ok as is_ok
 
     return [t for t in study.get_trials(deepcopy=False) if is_ok(t) and t.user_attrs.get(CONFIRMS_ATTR) is None]
 
 
-def repeat_of(study: Any, trial: Any, point: list[str]) -> int | None:
+def repeat_of(study: Study, trial: Trial, point: list[str]) -> int | None:
     """The first trial of the config `point` belongs to, when an earlier trial ran the same point
     (the same overrides): the trial's runs pool with that config's. None: a new config."""
     for other in study.get_trials(deepcopy=False):
@@ -62,7 +68,7 @@ def repeat_of(study: Any, trial: Any, point: list[str]) -> int | None:
     return None
 
 
-def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
+def mark_repeat(study: Study, trial: Trial, point: list[str]) -> int | None:
     """repeat_of, recorded on `trial` (user attr `repeats`) when there is one."""
     first = repeat_of(study, trial, point)
     if first is not None:
@@ -70,7 +76,7 @@ def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
     return first
 
 
-def plan(study: Any, top: int, repeats: int, log: Any) -> list[dict]:
+def plan(study: Study, top: int, repeats: int, log: Logger) -> list[dict]:
     """Enqueue the confirmation runs once per study (a resumed sweep finds the plan and reuses it);
     returns them, one dict per run: {"confirms": first trial, "params": ..., "preset": name or None}."""
     existing = study.user_attrs.get(PLAN_ATTR)

@@ -8,7 +8,7 @@ one Hydra composition per distinct set of group choices, however many points are
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from omegaconf import OmegaConf
 
@@ -23,10 +23,13 @@ from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 from .progress import room
 
+if TYPE_CHECKING:
+    from optuna import Study
+
 log = logging.getLogger(__name__)
 
 
-def enqueue_start(study: Any, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
+def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
     """Queue the start points: the presets (warm_start), the `enqueue` points, then the frontier.
 
     Never more than the search phase has room for (n_search less what the study already counts,
@@ -38,7 +41,7 @@ def enqueue_start(study: Any, plan: SweepPlan, prescreen: Prescreen, compose: Co
         _enqueue_presets(study, plan, compose)
     left_out = []
     for i, point in enumerate(settings.enqueue):
-        params = OmegaConf.to_container(point)
+        params = cast(dict, OmegaConf.to_container(point))  # an `enqueue` entry is a mapping (config.check)
         outside = outside_space(plan, params)
         if outside:  # the held recipe (or the space) leaves no room for it: dropped, never a failed trial
             log.info("Start point enqueue[%d]=%s dropped: %s", i, params, outside)
@@ -71,13 +74,13 @@ def outside_space(plan: SweepPlan, params: dict) -> str | None:
     return None
 
 
-def _in_study(study: Any, params: dict) -> bool:
+def _in_study(study: Study, params: dict) -> bool:
     """Whether a trial of the study already has `params` (queued, running or run: enqueue_trial's
     skip_if_exists skips it, so it needs no room)."""
     return params in neighbours.points(study.get_trials(deepcopy=False))
 
 
-def _enqueue_presets(study: Any, plan: SweepPlan, compose: Composer) -> None:
+def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
     """Queue each seed preset once per study, with its levers as parameters where they fit the space
     (while the search phase has room: see enqueue_start)."""
     queued = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
@@ -115,7 +118,7 @@ def _enqueue_presets(study: Any, plan: SweepPlan, compose: Composer) -> None:
         log.info("Warm start: enqueued preset=%s", preset)
 
 
-def enqueue_frontier(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
+def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
     """Queue (once per study) the `count` points predicted to fill the allowed memory best (frontier.py)."""
     settings = plan.settings
     if any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
@@ -171,7 +174,7 @@ def enqueue_frontier(study: Any, plan: SweepPlan, prescreen: Prescreen, configs:
     )
 
 
-def enqueue_neighbour(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
+def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
     """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
     point that composes, passes validate_here and is not pruned by the pre-screen."""
     if plan.settings.sampler == "grid" or not plan.distributions:
