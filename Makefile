@@ -91,7 +91,8 @@ MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SW
 	grpo_sweep.memory.estimator.x_verdict* \
 	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid* \
 	grpo_sweep.memory.doctor.x_smallest_fix* grpo_sweep.memory.doctor.x_lever_rows* grpo_sweep.memory.doctor.x_allowed_shares* \
-	grpo_sweep.memory.doctor.x_unexplained_bytes* grpo_sweep.memory.doctor.x_observed_need* grpo_sweep.memory.doctor.xǁ_Judgeǁ*
+	grpo_sweep.memory.doctor.x_unexplained_bytes* grpo_sweep.memory.doctor.x_observed_need* grpo_sweep.memory.doctor.xǁ_Judgeǁ* \
+	grpo_sweep.memory.doctor.x__after* grpo_sweep.memory.doctor.x__faster*
 EXTRA_MUTANTS ?=
 
 mutation: install
