@@ -259,7 +259,9 @@ def test_repair_journal_by_hand(tmp_path):
         f"disk), kept 2 records (1 recovered from behind the tear); the original is in {backup}"
     )
     path.write_bytes(a + b"not json\n" + b'["op_code"]\n' + b)  # whole lines, but not records
-    assert "dropped 21 torn bytes" in repair_journal(path) and path.read_bytes() == a + b
+    message = repair_journal(path)
+    assert "dropped 21 torn bytes (a write cut short by a crash or a full disk), kept 2 records; the original" in message
+    assert path.read_bytes() == a + b
 
 
 def test_storage_error_first_line_by_hand():
@@ -282,6 +284,9 @@ def test_storage_error_first_line_by_hand():
             raise RuntimeError("outer")  # noqa: B904 - an implicit context is followed too
     except RuntimeError as err:
         assert _first_line(err, "journal:a") == "KeyError: 'inner'"
+    # The password is what follows the user's first colon, up to the first @ after the scheme.
+    assert _first_line(OSError("auth failed: pa:ss"), "postgresql://user:pa:ss@host/db") == "OSError: auth failed: ***"
+    assert _first_line(OSError("no pa"), "postgresql://user:pa@host/db?x=a@b") == "OSError: no ***"
     assert _first_line(ValueError("x" * 500), "journal:a") == ("ValueError: " + "x" * 500)[:400]
     assert _first_line(ValueError(""), "journal:a") == "ValueError: "
 
