@@ -55,7 +55,7 @@ lint: install typecheck
 
 # mypy ([tool.mypy] in pyproject.toml) over these packages and what they import. Part of `make lint`,
 # never of `make test`: a test run does not need mypy installed.
-TYPECHECKED := grpo_sweep.config grpo_sweep.memory grpo_sweep.study
+TYPECHECKED := grpo_sweep.config grpo_sweep.memory grpo_sweep.study hydra_plugins.grpo_optuna_sweeper
 typecheck: install
 	$(PY) -m mypy $(foreach p,$(TYPECHECKED),-p $(p))
 
@@ -91,7 +91,8 @@ MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SW
 	grpo_sweep.memory.estimator.x_verdict* \
 	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid* \
 	grpo_sweep.memory.doctor.x_smallest_fix* grpo_sweep.memory.doctor.x_lever_rows* grpo_sweep.memory.doctor.x_allowed_shares* \
-	grpo_sweep.memory.doctor.x_unexplained_bytes* grpo_sweep.memory.doctor.x_observed_need* grpo_sweep.memory.doctor.xǁ_Judgeǁ*
+	grpo_sweep.memory.doctor.x_unexplained_bytes* grpo_sweep.memory.doctor.x_observed_need* grpo_sweep.memory.doctor.xǁ_Judgeǁ* \
+	grpo_sweep.memory.doctor.x__after* grpo_sweep.memory.doctor.x__faster*
 EXTRA_MUTANTS ?=
 
 mutation: install

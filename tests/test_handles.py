@@ -18,6 +18,10 @@ def test_optuna_handles_on_a_real_study():
     study.enqueue_trial({"b": 4})
     trial = study.ask()
     assert handles.fixed_params(trial) == {"b": 4}
+    cached = handles.cached_frozen(trial)
+    assert cached.number == trial.number and cached.system_attrs["fixed_params"] == {"b": 4}
+    first = study.trials[0]
+    assert handles.cached_frozen(first) is first  # a FrozenTrial as it is
     assert handles.suggest(trial, "b", CategoricalDistribution([2, 4])) == 4  # the enqueued value
     assert handles.suggest(trial, "r", IntDistribution(8, 8)) == 8
     assert trial.params == {"b": 4, "r": 8}

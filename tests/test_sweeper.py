@@ -237,6 +237,61 @@ def test_journal_path_by_hand():
     assert is_journal("runs/a.journal") and not is_journal("postgresql://h/db.log") and not is_journal("runs/a.db")
 
 
+def test_repair_journal_by_hand(tmp_path):
+    """A journal written byte by byte: an intact one is left alone; a torn one keeps its whole records
+    in order, recovers the whole record appended right behind a tear, drops the torn bytes and keeps
+    the original beside it."""
+    from grpo_sweep.study.storage import repair_journal
+
+    a = b'{"op_code": 0, "worker_id": "w", "study_name": "s"}\n'
+    b = b'{"op_code": 1, "worker_id": "w"}\n'
+    torn = b'{"op_code": 4, "wor'
+    path = tmp_path / "study.journal"
+    path.write_bytes(a + b)
+    assert repair_journal(path) is None and path.read_bytes() == a + b
+    assert not list(tmp_path.glob("*.bak"))
+    path.write_bytes(a + torn + b + torn)  # lines: a | torn + b (a record behind a tear) | a torn tail
+    message = repair_journal(path)
+    assert path.read_bytes() == a + b
+    (backup,) = tmp_path.glob("study.journal.torn-*.bak")
+    assert backup.read_bytes() == a + torn + b + torn
+    assert message == (
+        f"Journal {path} repaired: dropped {2 * len(torn)} torn bytes (a write cut short by a crash or a full "
+        f"disk), kept 2 records (1 recovered from behind the tear); the original is in {backup}"
+    )
+    path.write_bytes(a + b"not json\n" + b'["op_code"]\n' + b)  # whole lines, but not records
+    message = repair_journal(path)
+    assert "dropped 21 torn bytes (a write cut short by a crash or a full disk), kept 2 records; the original" in message
+    assert path.read_bytes() == a + b
+
+
+def test_storage_error_first_line_by_hand():
+    """The line a storage failure is reported in: the root cause's first non-blank line, under its
+    class name, the URL's password masked, at most 400 characters."""
+    from grpo_sweep.study.storage import _first_line
+
+    try:
+        try:
+            raise OSError("\n  refused: bad password s3cret  \nsecond line")
+        except OSError as root:
+            raise RuntimeError("wrapper") from root
+    except RuntimeError as err:
+        assert _first_line(err, "postgresql://user:s3cret@host/db") == "OSError: refused: bad password ***"
+        assert _first_line(err, "journal:s3cret.journal") == "OSError: refused: bad password s3cret"
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            raise RuntimeError("outer")  # noqa: B904 - an implicit context is followed too
+    except RuntimeError as err:
+        assert _first_line(err, "journal:a") == "KeyError: 'inner'"
+    # The password is what follows the user's first colon, up to the first @ after the scheme.
+    assert _first_line(OSError("auth failed: pa:ss"), "postgresql://user:pa:ss@host/db") == "OSError: auth failed: ***"
+    assert _first_line(OSError("no pa"), "postgresql://user:pa@host/db?x=a@b") == "OSError: no ***"
+    assert _first_line(ValueError("x" * 500), "journal:a") == ("ValueError: " + "x" * 500)[:400]
+    assert _first_line(ValueError(""), "journal:a") == "ValueError: "
+
+
 def test_storage_create_race_and_load_study_by_hand(tmp_path):
     """Which errors are a lost schema-creation race (retried), and how a reader finds its study:
     the only one, or the one named; anything else is a StorageError that lists what is there."""

@@ -726,6 +726,24 @@ def test_duplicate_of_by_hand():
     assert duplicate_of(study, study.ask(space)) is None  # not enqueued: no fixed point
 
 
+def test_integer_intervals_and_describe_by_hand():
+    """Hydra reads `interval(8, 64)` as floats: over a lever is_integer names, whole ends give an
+    integer distribution, anywhere else a float one; describe writes a distribution as the space does."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from hydra_plugins.grpo_optuna_sweeper.space import describe, parse_space
+
+    args = ["lora_rank=interval(8, 64)", "learning_rate=interval(1, 3)", "beta=interval(0.5, 2)"]
+    dists, fixed = parse_space(args, is_integer=lambda key: key in ("lora_rank", "beta"))
+    assert fixed == {}
+    assert dists["lora_rank"] == IntDistribution(8, 64)
+    assert dists["learning_rate"] == FloatDistribution(1.0, 3.0)
+    assert dists["beta"] == FloatDistribution(0.5, 2.0)  # an integer lever, but the ends are not whole
+    assert parse_space(args[:1])[0]["lora_rank"] == FloatDistribution(8.0, 64.0)  # no is_integer: floats
+    assert describe(CategoricalDistribution([1, "qv"])) == "choice(1, qv)"
+    assert describe(IntDistribution(1, 8)) == "interval(1, 8)"
+
+
 def test_grid_choices_by_hand():
     """sampler=grid enumerates each discrete distribution; a log or continuous one is refused by name."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution

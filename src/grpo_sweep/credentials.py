@@ -13,12 +13,19 @@ from __future__ import annotations
 import netrc
 import os
 import re
+from typing import overload
 from urllib.parse import urlparse
 
 _SECRET = re.compile(r"(://[^:/@\s]+:)([^@\s]*)(@)")
 _SECRET_QUERY = re.compile(r"((?:password|passwd|pwd)=)([^&\s]*)", re.IGNORECASE)
 
 
+@overload
+def mask_url(url: str) -> str: ...
+@overload
+def mask_url(url: None) -> None: ...
+@overload
+def mask_url(url: str | None) -> str | None: ...
 def mask_url(url: str | None) -> str | None:
     """A URL with its password replaced by `***` (userinfo and `password=` parameters)."""
     if url is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeGuard, TypeVar
 
 T = TypeVar("T")
+N = TypeVar("N")
 DIRECTIONS = ("maximize", "minimize")
 
 
@@ -65,8 +66,9 @@ REPEATS_ATTR = "repeats"  # a search trial the sampler asked for again: the conf
 PLAN_ATTR = "confirmation"  # study user attr: {"finalists": [first trials], "runs": [...], what it spent, why it stopped}
 
 
-def config_group(attrs: dict, number: object) -> object:
-    """The group of a trial with user attributes `attrs`: the config's first trial, else its own number."""
+def config_group(attrs: dict, number: N) -> int | N:
+    """The group of a trial with user attributes `attrs`: the config's first trial (its number, an
+    int), else `number` (the trial's own; the report passes a run's name where it has no number)."""
     for name in (CONFIRMS_ATTR, REPEATS_ATTR):
         if attrs.get(name) is not None:
             return attrs[name]

@@ -24,6 +24,7 @@ sys.modules, where dataclasses cannot resolve string annotations.
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import TypeGuard
 
 from grpo_sweep.metrics import PRESCREEN_KEYS
 
@@ -92,7 +93,7 @@ def estimator_phase(measured_phase: str | None) -> str | None:
     return None
 
 
-def _number(value) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
@@ -149,13 +150,11 @@ def correct(obs: list[Observation], backend: str, phase: str, margin: float, min
 def calibrate(phases: dict, backend: str, obs: list[Observation], margin: float, min_trials: int = MIN_TRIALS) -> Calibrated:
     """The calibrated peak for a prediction (`phases`: the estimator's bytes per phase)."""
     raw = max(phases.values())
-    best = None
+    judged = []
     for phase, predicted in phases.items():
         corr = correct(obs, backend, phase, margin, min_trials)
-        value = predicted * corr.factor
-        if best is None or value > best[0]:
-            best = (value, corr, phase)
-    value, corr, phase = best
+        judged.append((predicted * corr.factor, corr, phase))
+    value, corr, phase = max(judged, key=lambda j: j[0])  # of equal peaks, the first phase
     return Calibrated(
         raw_bytes=int(raw),
         calibrated_bytes=int(round(value)),

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, why_in
 
 from .config import SweeperSettingError
+
+if TYPE_CHECKING:
+    from logging import Logger
+
+    from optuna.trial import FrozenTrial
 
 TAKEN_ATTR = "concessions_taken"  # trial user attr: {recipe setting: the value this trial used}
 CPS = "completions_per_step"
@@ -97,7 +102,7 @@ def setting_changes(key: str, recipe: dict | None = None) -> set[str]:
     return {key} if kind_in(key, recipe) == RECIPE and key in KINDS else set()
 
 
-def divisors_only(distributions: dict, totals: list[int], log: Any) -> dict:
+def divisors_only(distributions: dict, totals: list[int], log: Logger) -> dict:
     """With completions_per_step held (or searched over `totals`), keep only the micro-batches and
     generation counts that divide every total: a split that does not divide is never proposed."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
@@ -139,11 +144,11 @@ def divisors_only(distributions: dict, totals: list[int], log: Any) -> dict:
 # --- the price tags --------------------------------------------------------------------------------
 
 
-def _taken(t: Any) -> dict:
+def _taken(t: FrozenTrial) -> dict:
     return dict(t.user_attrs.get(TAKEN_ATTR) or {})
 
 
-def _knobs(t: Any, concession_params: set[str]) -> dict:
+def _knobs(t: FrozenTrial, concession_params: set[str]) -> dict:
     return {k: v for k, v in t.params.items() if k not in concession_params}
 
 
@@ -154,17 +159,17 @@ def fmt(value: Any) -> str:
 
 
 def price_tags(
-    trials: list,
+    trials: list[FrozenTrial],
     recipe: dict,
     concession_params: set[str],
     *,
-    is_ok: Callable[[Any], bool],
+    is_ok: Callable[[FrozenTrial], bool],
     maximize: bool,
-    best: Any | None,
+    best: FrozenTrial | None,
     best_value: float | None,
-    estimate_without: Callable[[Any, str], dict | None],
+    estimate_without: Callable[[FrozenTrial, str], dict | None],
     estimate_recipe: Callable[[], dict | None],
-    value_of: Callable[[Any], float] | None = None,
+    value_of: Callable[[FrozenTrial], float | None] | None = None,
 ) -> dict:
     """The note's table as data: the fastest configuration at the full recipe (or why none fits), the
     cheapest concession(s) that fit, and for each concession the winner took: the recipe value, the
@@ -175,7 +180,8 @@ def price_tags(
     done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     ok = [t for t in done if is_ok(t)]
     sign = 1 if maximize else -1
-    value = value_of or (lambda t: t.value)
+    # Only ok trials are valued: COMPLETE, so each holds a value.
+    value = cast("Callable[[FrozenTrial], float]", value_of or (lambda t: t.value))
     out: dict[str, Any] = {"recipe": recipe}
     full = sorted((t for t in ok if not _taken(t)), key=lambda t: sign * value(t), reverse=True)
     if full:

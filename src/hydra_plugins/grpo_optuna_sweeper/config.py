@@ -6,7 +6,7 @@ without registering them in sys.modules, where dataclasses would look the string
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,7 +190,7 @@ def check_setting(key: str, value: Any) -> Any:
     return value
 
 
-def check(conf: Any) -> None:
+def check(conf: Mapping[str, Any]) -> None:
     """Every setting of `conf` (the sweeper's hydra.sweeper node) that has a rule, and the one rule
     between two of them; a missing key is the default."""
     defaults = GrpoOptunaSweeperConf()

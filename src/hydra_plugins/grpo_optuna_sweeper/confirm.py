@@ -30,7 +30,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
 
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.best import CONFIRMS_ATTR, PLAN_ATTR, REPEATS_ATTR
@@ -55,14 +59,14 @@ def off_reason(n_trials: int, top: int, repeats: int, sampler: str) -> str:
     )
 
 
-def search_trials(study: Any) -> list:
+def search_trials(study: Study) -> list[FrozenTrial]:
     """The study's feasible ok trials that are not confirmation runs (the search's own results)."""
     from .summary import _is_ok as is_ok
 
     return [t for t in study.get_trials(deepcopy=False) if is_ok(t) and t.user_attrs.get(CONFIRMS_ATTR) is None]
 
 
-def repeat_of(study: Any, trial: Any, point: list[str]) -> int | None:
+def repeat_of(study: Study, trial: Trial, point: list[str]) -> int | None:
     """The first trial of the config `point` belongs to, when an earlier trial ran the same point
     (the same overrides): the trial's runs pool with that config's. None: a new config."""
     for other in study.get_trials(deepcopy=False):
@@ -73,7 +77,7 @@ def repeat_of(study: Any, trial: Any, point: list[str]) -> int | None:
     return None
 
 
-def mark_repeat(study: Any, trial: Any, point: list[str]) -> int | None:
+def mark_repeat(study: Study, trial: Trial, point: list[str]) -> int | None:
     """repeat_of, recorded on `trial` (user attr `repeats`) when there is one."""
     first = repeat_of(study, trial, point)
     if first is not None:
@@ -153,7 +157,8 @@ def next_round(
         leader=best_rule.config_group(ruling.leader.item.user_attrs, ruling.leader.item.number) if ruling.leader else None,
     )
     open_ = ruling.unseparated()
-    wanted = [f for f in ([ruling.leader] + open_ if open_ else []) if len(f.members) < 1 + repeats]
+    leader = [ruling.leader] if ruling.leader is not None else []
+    wanted = [f for f in (leader + open_ if open_ else []) if len(f.members) < 1 + repeats]
     runs: list[dict] = []
     queued_s = 0.0
     for f in wanted:  # the leader first, then its closest contenders
@@ -164,6 +169,8 @@ def next_round(
         queued_s += cost
         first = best_rule.config_group(f.item.user_attrs, f.item.number)
         runs.append({"confirms": first, "params": dict(f.item.params), "preset": f.item.user_attrs.get("preset")})
+    stop: str | None
+    why: str | None
     if ruling.leader is None:
         stop, why = "no value", "no finalist has a run that finished within memory"
     elif not open_:

@@ -14,7 +14,11 @@ import datetime
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 # What a failure can be for this rule: the trial raised ("failed"), or the point was rejected before
 # it ran ("invalid": a missing package or a bad setting is rejected for every point alike). Not a
@@ -57,7 +61,7 @@ class Stop:
         )
 
 
-def reason_of(trial: Any) -> str | None:
+def reason_of(trial: "FrozenTrial") -> str | None:
     """The failure's key (status and the error's first line), or None when the trial did not fail
     in a way this rule counts (ok, OOM, pruned, timeout, interrupted, surplus)."""
     attrs = trial.user_attrs
@@ -85,7 +89,9 @@ def cause_of(reason: str) -> str:
     return reason
 
 
-def systematic_failure(study: Any, since: datetime.datetime, limit: int, command_of: Callable[[Any], str]) -> Stop | None:
+def systematic_failure(
+    study: "Study", since: datetime.datetime, limit: int, command_of: Callable[["FrozenTrial"], str]
+) -> Stop | None:
     """A Stop when the last `limit` trials finished since `since` (this worker's start: earlier
     failures belong to a run the user may have fixed since) all failed for one reason.
     `command_of(trial)`: the line that runs a trial's point alone (summary.command_line)."""
@@ -102,8 +108,8 @@ def systematic_failure(study: Any, since: datetime.datetime, limit: int, command
     last = finished[-limit:]
     if len(last) < limit:
         return None
-    reasons = [reason_of(t) for t in last]
-    if None in reasons or len({cause_of(r) for r in reasons}) != 1:
+    reasons = [r for r in map(reason_of, last) if r is not None]
+    if len(reasons) < limit or len({cause_of(r) for r in reasons}) != 1:
         return None
     reason = reasons[-1]  # shown as it was: the last trial's own words
     return Stop(reason=reason, trials=[t.number for t in last], advice=advice_for(reason), command=command_of(last[-1]))
@@ -117,7 +123,7 @@ def advice_for(reason: str) -> str:
     return DEFAULT_ADVICE
 
 
-def why_no_best(study: Any) -> str:
+def why_no_best(study: "Study") -> str:
     """The line a summary prints when no trial is feasible: 'nothing fits' only when trials really
     ran out of memory (or were predicted to); otherwise what the trials did instead."""
     statuses: dict[str, int] = {}

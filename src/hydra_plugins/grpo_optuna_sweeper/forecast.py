@@ -66,7 +66,7 @@ def forecast(
     plan: SweepPlan,
     prescreen: Prescreen,
     configs: frontier.ComposeCache,
-    check: Callable[[Any], None],
+    check: Callable[[Any], object],
     cap: int = frontier.MAX_CANDIDATES,
     purpose: str = "the start points",
 ) -> list[Forecast]:
@@ -107,14 +107,14 @@ def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[F
     only in levers it does not price, e.g. prefix caching or the optimiser's kernel) are one pick:
     a second would spend a start trial on a difference the model has no view on. Which of them runs
     is the seed's, not the grid's order."""
-    fitting = [f for f in forecasts if f.fits and f.tokens_per_s is not None]
+    fitting = [(f.tokens_per_s, f) for f in forecasts if f.fits and f.tokens_per_s is not None]
     random.Random(seed).shuffle(fitting)
-    fitting.sort(key=lambda f: -f.tokens_per_s)
-    chosen: list[Forecast] = []
-    for f in fitting:
+    fitting.sort(key=lambda pair: -pair[0])
+    chosen: list[tuple[float, Forecast]] = []
+    for speed, f in fitting:
         if len(chosen) == k:
             break
-        if chosen and f.tokens_per_s >= chosen[-1].tokens_per_s * 0.999:
+        if chosen and speed >= chosen[-1][0] * 0.999:
             continue  # sorted: only the last pick can be within 0.1 %
-        chosen.append(f)
-    return chosen
+        chosen.append((speed, f))
+    return [f for _, f in chosen]

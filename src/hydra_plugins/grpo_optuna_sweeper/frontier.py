@@ -21,9 +21,14 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import handles
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Override
+    from omegaconf import DictConfig
 
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
 
@@ -32,19 +37,19 @@ def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATE
     """Every point of a discrete space, or `cap` of them drawn at random when it is larger."""
     names = list(grid)
     size = 1
-    for values in grid.values():
-        size *= len(values)
+    for choices in grid.values():
+        size *= len(choices)
     if size <= cap:
-        for values in itertools.product(*grid.values()):
-            yield dict(zip(names, values))
+        for point in itertools.product(*grid.values()):
+            yield dict(zip(names, point))
         return
     rng = random.Random(seed)
     seen: set[tuple] = set()
     while len(seen) < cap:
-        values = tuple(rng.choice(grid[n]) for n in names)
-        if values not in seen:
-            seen.add(values)
-            yield dict(zip(names, values))
+        drawn = tuple(rng.choice(grid[n]) for n in names)
+        if drawn not in seen:
+            seen.add(drawn)
+            yield dict(zip(names, drawn))
 
 
 def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None) -> list[dict[str, Any]]:
@@ -88,30 +93,34 @@ class ComposeCache:
     those that is not a group override (the order of value overrides is kept).
     """
 
-    def __init__(self, compose: Callable[[list[str]], Any], is_group: Callable[[str], bool]) -> None:
+    def __init__(self, compose: Callable[[list[str]], DictConfig], is_group: Callable[[str], bool]) -> None:
         self._compose = compose
         self._is_group = is_group
-        self._bases: dict[tuple[str, ...], Any] = {}  # composed overrides -> config, or the error it raised
-        self._parsed: dict[str, Any] = {}  # override string -> Hydra's Override (value() gives fresh values)
-        self._parser: Any = None
+        self._bases: dict[tuple[str, ...], DictConfig | Exception] = {}  # composed overrides -> config, or the error it raised
+        self._parsed: dict[str, Override] = {}  # override string -> Hydra's Override (value() gives fresh values)
+        self._parser: OverridesParser | None = None
         self.compositions = 0  # real compositions so far
 
-    def split(self, overrides: list[str]) -> tuple[list[str], list[Any]]:
+    def split(self, overrides: list[str]) -> tuple[list[str], list[Override]]:
         """(the overrides to compose, the parsed value overrides to apply to a copy of that, in order)."""
-        parsed = [self._parse(o) for o in overrides]
-        groups, applied = [], []
+        parsed = [(o, self._parse(o)) for o in overrides]  # each with its own line (Hydra's `input_line`)
+        groups: list[str] = []
+        applied: list[Override] = []
         end = len(parsed)
         while end:
-            override = parsed[end - 1]
+            line, override = parsed[end - 1]
             kind = self._kind(override)
             if kind == "compose":
                 break
-            (groups if kind == "group" else applied).append(override)
+            if kind == "group":
+                groups.append(line)
+            else:
+                applied.append(override)
             end -= 1
-        composed = [o.input_line for o in parsed[:end]] + [o.input_line for o in reversed(groups)]
+        composed = [line for line, _ in parsed[:end]] + groups[::-1]
         return composed, applied[::-1]
 
-    def config(self, overrides: list[str]) -> Any:
+    def config(self, overrides: list[str]) -> DictConfig:
         """The config `compose(overrides)` gives, or the exception it raises."""
         import copy
 
@@ -133,7 +142,7 @@ class ComposeCache:
         handles.apply_overrides(applied, cfg)
         return cfg
 
-    def _parse(self, override: str) -> Any:
+    def _parse(self, override: str) -> Override:
         if override not in self._parsed:
             if self._parser is None:
                 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -142,7 +151,7 @@ class ComposeCache:
             self._parsed[override] = self._parser.parse_overrides([override])[0]
         return self._parsed[override]
 
-    def _kind(self, override: Any) -> str:
+    def _kind(self, override: Override) -> str:
         """ "group" (only the defaults list reads it: its place on the line does not matter), "value"
         (applied after composition: may be applied to a copy) or "compose"."""
         key = override.key_or_group

@@ -21,7 +21,12 @@ search (the old trials' points may lie outside it), so it is refused too.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.distributions import BaseDistribution
 
 PREFIX = "identity:"
 # The user attribute the report and summary read the objective from (older studies have only this).
@@ -32,14 +37,14 @@ class StudyMismatch(ValueError):
     """The sweep is not the search the study holds; the message lists each difference, in one line."""
 
 
-def space_of(distributions: dict[str, Any]) -> dict[str, Any]:
+def space_of(distributions: Mapping[str, BaseDistribution]) -> dict[str, Any]:
     """The search space as JSON-able data: {parameter: Optuna's own JSON of its distribution}."""
     from optuna.distributions import distribution_to_json
 
     return {key: json.loads(distribution_to_json(dist)) for key, dist in sorted(distributions.items())}
 
 
-def recorded(study: Any) -> dict[str, Any]:
+def recorded(study: Study) -> dict[str, Any]:
     """The identity fields the study holds (older studies: what Optuna and the objective attribute say)."""
     attrs = study.user_attrs
     fields = {key[len(PREFIX) :]: value for key, value in attrs.items() if key.startswith(PREFIX)}
@@ -95,7 +100,7 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)[:200]
 
 
-def enforce(study: Any, fields: dict[str, Any], storage: str = "") -> None:
+def enforce(study: Study, fields: dict[str, Any], storage: str = "") -> None:
     """Record `fields` on a study that does not hold them; StudyMismatch when it holds different ones.
 
     Called right after the study is opened, before any trial is asked or queued."""
@@ -115,7 +120,7 @@ def enforce(study: Any, fields: dict[str, Any], storage: str = "") -> None:
         study.set_user_attr(OBJECTIVE_ATTR, fields["objective"])  # the report names the value by it
 
 
-def objective_of(study: Any, default: str) -> str:
+def objective_of(study: Study, default: str) -> str:
     """The objective the study was created with (best.yaml and the summary print it)."""
     attrs = study.user_attrs
     return attrs.get(PREFIX + "objective") or attrs.get(OBJECTIVE_ATTR) or default

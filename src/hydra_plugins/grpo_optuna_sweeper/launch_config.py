@@ -4,6 +4,7 @@ SLURM's resources for the largest trial, and the storage URL with its password m
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -56,7 +57,8 @@ def mask_storage_in(config: DictConfig, url: str) -> None:
     if masked == url:
         return
     with read_write(config), open_dict(config):
-        raw = OmegaConf.to_container(config.hydra.sweeper, resolve=False).get("storage")
+        # to_container of a DictConfig is a dict (OmegaConf types it as any container)
+        raw = cast(dict, OmegaConf.to_container(config.hydra.sweeper, resolve=False)).get("storage")
         if raw is not None and "${" not in str(raw):
             config.hydra.sweeper.storage = masked
         config.hydra.overrides.hydra = [

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_sweep.study.storage import StorageUnavailable
 
@@ -31,6 +31,16 @@ from .report import write_report
 from .start import enqueue_neighbour
 from .tell import judge_job, state, tell
 from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_trials, retry, this_worker, waiting_line
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from hydra.plugins.launcher import Launcher
+    from optuna import Study
+    from optuna.trial import Trial
+
+    from .failures import Stop
+    from .outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +56,17 @@ class Interrupted(BaseException):
 
 class Loop:
     def __init__(
-        self, study: Any, plan: SweepPlan, prescreen: Prescreen, launcher: Any, compose: Composer, progress: Progress
+        self, study: Study, plan: SweepPlan, prescreen: Prescreen, launcher: Launcher, compose: Composer, progress: Progress
     ) -> None:
         self.study, self.plan, self.prescreen = study, plan, prescreen
         self.launcher, self.compose, self.progress = launcher, compose, progress
         self.moves = compose.cache()  # the neighbour moves' compositions, one per group choice
         self.job_idx = 0  # Hydra's job index of the next launch
-        self.stopped: Any = None  # failures.Stop: a systematic failure ended the sweep
+        self.stopped: Stop | None = None  # failures.Stop: a systematic failure ended the sweep
         self.stop_signal: int | None = None  # a signal received outside a job: stop at the next safe point
         self.in_job = False  # a job runs now: a signal stops at once
 
-    def run(self) -> Any:
+    def run(self) -> dict:
         """The search phase, the confirmation phase, the report (returned). Exits 1 after a systematic
         failure, 128 + the signal's number when interrupted (the report written either way)."""
         plan = self.plan
@@ -131,10 +141,10 @@ class Loop:
         study.set_user_attr(soak.SOAK_ATTR, record)
         log.info(soak.words(record))
 
-    def _report(self, quiet: bool = False) -> Any:
+    def _report(self, quiet: bool = False) -> dict:
         return write_report(self.study, self.plan, self.compose, quiet=quiet, stopped=self.stopped)
 
-    def _on_signal(self, signum, _frame):
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         """Stop now while a job runs (the trial is killed with it); else at the next safe point, so a
         storage write (a journal append under its lock file) is never cut in half."""
         self.stop_signal = signum
@@ -181,15 +191,15 @@ class Loop:
             if self.stopped is not None:
                 return
 
-    def _systematic_failure(self) -> Any:
+    def _systematic_failure(self) -> Stop | None:
         from .summary import command_line
 
         return systematic_failure(self.study, self.progress.started, self.plan.settings.max_failures_in_a_row, command_line)
 
-    def _tell(self, trial: Any, outcome: Any) -> None:
+    def _tell(self, trial: Trial, outcome: Outcome) -> None:
         tell(self.study, trial, outcome, self.plan.objective, self.progress)
 
-    def _run_batch(self, batch: list, target: int) -> None:
+    def _run_batch(self, batch: list[Trial], target: int) -> None:
         study = self.study
         pending = list(batch)  # asked but not yet told: failed and re-enqueued if we are interrupted
         try:
@@ -244,7 +254,7 @@ class Loop:
             self._abandon(pending, "worker_error", f"the sweeper failed: {type(err).__name__}: {err}"[:1000])
             raise
 
-    def _abandon(self, trials: list, why: str, error: str | None = None) -> None:
+    def _abandon(self, trials: list[Trial], why: str, error: str | None = None) -> None:
         """FAIL and re-enqueue the trials this worker asked and did not tell (best effort, where the
         storage still allows it): a re-run or another worker runs them again."""
         for trial in trials:

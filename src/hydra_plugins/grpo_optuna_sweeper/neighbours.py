@@ -30,7 +30,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 NEIGHBOUR_ATTR = "neighbour_of"  # trial user attr: the first trial of the config it moved from
 
@@ -92,7 +96,8 @@ def pick(
     seen = {point_key(p) for p in tried}
     steps = moves(params, choices)
     rng.shuffle(steps)
-    fits, blocked = [], []
+    fits: list[dict[str, Any]] = []
+    blocked: list[dict[str, Any]] = []
     for step in steps:  # each step asks `runs` once
         (fits if runs(step) else blocked).append(step)
     repaired = [point for point in repairs(params, choices, blocked) if point_key(point) not in seen]
@@ -101,7 +106,7 @@ def pick(
     return next((point for point in repaired if runs(point)), None) or next(plain, None)
 
 
-def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]], bool], seed: Any) -> dict | None:
+def enqueue(study: Study, choices: dict[str, list], runs: Callable[[dict[str, Any]], bool], seed: int | None) -> dict | None:
     """Queue one neighbour move of the best config so far (not a preset's: a preset sets levers outside
     the space), or of the next best when every move of the best has been tried, and return {"from":
     its first trial, "params": ..., "moved": {lever: (old, new)}}; None when a trial already waits
@@ -128,7 +133,7 @@ def enqueue(study: Any, choices: dict[str, list], runs: Callable[[dict[str, Any]
     return {"from": first, "params": point, "moved": {k: (params[k], v) for k, v in point.items() if params[k] != v}}
 
 
-def points(trials: Iterable[Any]) -> list[dict[str, Any]]:
+def points(trials: Iterable[FrozenTrial]) -> list[dict[str, Any]]:
     """Each trial's point: the parameters it was queued with (a WAITING trial has no others yet) or ran."""
     return [t.system_attrs.get("fixed_params", t.params) for t in trials]
 

@@ -7,7 +7,7 @@ import functools
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_sweep.config.user_task import task_identity
 from grpo_sweep.credentials import mask_url as mask
@@ -18,10 +18,15 @@ from .config import check_setting
 from .plan import SweepPlan
 from .workers import retry
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from optuna import Study
+    from optuna.samplers import BaseSampler
+
 log = logging.getLogger(__name__)
 
 
-def open_study(plan: SweepPlan, task: Any) -> Any:
+def open_study(plan: SweepPlan, task: DictConfig) -> Study:
     """Open (or create) the plan's study; `task` the config's task node (its identity: data, rewards).
     A study that is another search raises identity.StudyMismatch before any trial."""
     import optuna
@@ -63,7 +68,7 @@ def open_study(plan: SweepPlan, task: Any) -> Any:
     return study
 
 
-def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> Any:
+def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> BaseSampler:
     """The Optuna sampler for `hydra.sweeper.sampler` (also used by bench/search_efficiency.py).
 
     n_startup_trials: TPE's random trials before it models the study (`hydra.sweeper.n_startup_trials`)."""

@@ -16,11 +16,19 @@
 """
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeGuard, overload
 
 from grpo_sweep.memory.oom_message import parse_oom_message
 
 from . import handles
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial, Trial
+
+# A metrics.json record as read (grpo_sweep.metrics.TrialMetrics) or built by a test.
+Record = Mapping[str, Any]
 
 CONSTRAINT = "memory_over_budget_bytes"
 # The memory constraint is stored in the list form `system_attrs["constraints"] = [bytes over]`:
@@ -74,7 +82,7 @@ def allowed_bytes(budget_bytes: float | None, headroom: float | None) -> float |
     return budget_bytes * (headroom if headroom is not None else 1.0)
 
 
-def comparable(record: dict) -> bool:
+def comparable(record: Record) -> bool:
     """Whether the measured peak is device memory (CUDA, or the CPU tensor tracker on a simulated card).
 
     Process RSS on CPU includes the whole Python/torch runtime (~0.4 GiB), so it says nothing about
@@ -83,7 +91,7 @@ def comparable(record: dict) -> bool:
     return not str(record.get("memory_source") or "").startswith("cpu-rss")
 
 
-def oom_deficit(record: dict, budget_bytes: float | None) -> tuple[float, str]:
+def oom_deficit(record: Record, budget_bytes: float | None) -> tuple[float, str]:
     """Bytes over the budget for an OOM trial, and how that number was obtained."""
     for source in (record, record.get("oom") or {}):
         deficit = source.get("deficit_bytes")
@@ -100,7 +108,9 @@ def oom_deficit(record: dict, budget_bytes: float | None) -> tuple[float, str]:
     return 1.0, "unknown (OOM with no sizes: marked just infeasible)"
 
 
-def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: float | None, headroom: float | None) -> Outcome:
+def judge(
+    record: Record | None, *, objective: str, direction: str, budget_bytes: float | None, headroom: float | None
+) -> Outcome:
     """Turn one trial's metrics.json record into what the study is told."""
     if record is None:
         return Outcome("FAIL", attrs={"status": "failed", "error": "the job left no metrics.json"})
@@ -140,11 +150,11 @@ def judge(record: dict | None, *, objective: str, direction: str, budget_bytes: 
     return Outcome("FAIL", attrs=attrs)
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def timed_steps(record: dict | None, objective: str) -> list[tuple[int, float]]:
+def timed_steps(record: Record | None, objective: str) -> list[tuple[int, float]]:
     """(step, value) for each timed step of a trial (its history after the warm-up step): what the
     sweeper reports to Optuna as intermediate values. Only for an objective the history carries."""
     rows = (record or {}).get("history") or []
@@ -184,18 +194,24 @@ def prescreen_verdict(
     )
 
 
-def tell_constraint(trial, value: float) -> None:
+def tell_constraint(trial: "Trial", value: float) -> None:
     """Record the memory constraint (bytes over the allowed memory; > 0 infeasible) on an Optuna
     trial, in the one form both Optuna's samplers and optuna-dashboard read (see above)."""
     trial.storage.set_trial_system_attr(handles.trial_id(trial), DASHBOARD_CONSTRAINTS, [float(value)])
 
 
-def memory_constraint(frozen) -> float | None:
+def memory_constraint(frozen: "FrozenTrial") -> float | None:
     """A finished trial's memory constraint, whichever form it was written in (None: not told)."""
     constraints = frozen.constraints
     return constraints.get(CONSTRAINT, constraints.get("0"))
 
 
+@overload
+def for_sampler(outcome: Outcome, sampler: str, direction: str) -> Outcome: ...
+@overload
+def for_sampler(outcome: None, sampler: str, direction: str) -> None: ...
+@overload
+def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None: ...
 def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None:
     """A pre-screen verdict as `sampler` can learn from it (see the module docstring)."""
     if outcome is None or outcome.state != "PRUNED" or sampler not in SAMPLERS_BLIND_TO_PRUNED:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -25,6 +25,11 @@ from . import concessions, confirm, frontier, handles, space
 from .config import SweeperSettingError
 from .config import check as check_settings
 
+if TYPE_CHECKING:
+    from hydra.types import HydraContext
+
+    from .space import Distribution
+
 log = logging.getLogger(__name__)
 
 # The split of the held completions_per_step: the accumulation is derived from it and the micro-batch.
@@ -33,8 +38,8 @@ SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 @dataclass(frozen=True)
 class SweepPlan:
-    settings: Any  # the hydra.sweeper node, read-only (config.GrpoOptunaSweeperConf)
-    distributions: dict[str, Any]  # search parameter -> Optuna distribution (micro-batches: divisors only)
+    settings: DictConfig  # the hydra.sweeper node, read-only (config.GrpoOptunaSweeperConf)
+    distributions: dict[str, Distribution]  # search parameter -> Optuna distribution (micro-batches: divisors only)
     fixed: tuple[str, ...]  # the overrides every trial gets (the held completions_per_step among them)
     recipe: dict[str, Any]  # what every trial trains (levers.recipe_of the base config)
     concessions: tuple[str, ...]  # hydra.sweeper.concessions: the recipe settings a trial may change
@@ -56,7 +61,7 @@ class SweepPlan:
         return self.settings.grace_period or 4 * self.settings.heartbeat_interval
 
 
-def storage_url(settings: Any, sweep_dir: Path) -> str:
+def storage_url(settings: DictConfig, sweep_dir: Path) -> str:
     """hydra.sweeper.storage, or the journal file in the sweep directory."""
     return settings.storage or f"journal:{sweep_dir / SWEEP_JOURNAL}"
 
@@ -65,7 +70,7 @@ class Composer:
     """A job's config for a list of overrides, as Hydra composes it for the launcher (without its
     `hydra` node), and the composition cache over it (frontier.ComposeCache)."""
 
-    def __init__(self, hydra_context: Any, config: DictConfig) -> None:
+    def __init__(self, hydra_context: HydraContext, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
         runtime = OmegaConf.select(config, "hydra.runtime.choices")
         self.chosen = frozenset(config.hydra.runtime.choices) if runtime else frozenset()
@@ -88,7 +93,7 @@ class Composer:
 
 
 def build_plan(
-    settings: Any, config: DictConfig, arguments: Sequence[str], compose: Callable[[list[str]], DictConfig]
+    settings: DictConfig, config: DictConfig, arguments: Sequence[str], compose: Callable[[list[str]], DictConfig]
 ) -> SweepPlan:
     """The plan for `python train.py -m <arguments>`: `settings` the hydra.sweeper node, `config` the
     sweep's master config, `compose` a job's config for overrides (Composer). A bad setting, a bad
@@ -119,7 +124,7 @@ def build_plan(
     if settings.confirm_top and not top:
         log.info(confirm.off_reason(n_trials, settings.confirm_top, settings.confirm_repeats, settings.sampler))
     sweep_dir = Path(config.hydra.sweep.dir).absolute()
-    frozen = OmegaConf.create(OmegaConf.to_container(settings, resolve=True))
+    frozen = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(settings, resolve=True)))  # from a dict: a DictConfig
     OmegaConf.set_readonly(frozen, True)
     return SweepPlan(
         settings=frozen,

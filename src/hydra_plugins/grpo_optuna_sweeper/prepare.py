@@ -11,8 +11,11 @@ grace_period.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of, requested_levers
@@ -25,6 +28,9 @@ from .prescreen import Prescreen
 from .start import outside_space
 from .workers import this_worker
 
+if TYPE_CHECKING:
+    from optuna.trial import Trial
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -32,12 +38,12 @@ class Prepared:
     attrs: dict[str, Any]  # user attributes to record on the trial
     outcome: Outcome | None  # what to tell instead of running it (invalid, pruned, dropped); None: run it
 
-    def apply(self, trial: Any) -> None:
+    def apply(self, trial: Trial) -> None:
         for key, value in self.attrs.items():
             trial.set_user_attr(key, value)
 
 
-def prepare(trial: Any, plan: SweepPlan, prescreen: Prescreen, compose: Any) -> Prepared:
+def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callable[[list[str]], DictConfig]) -> Prepared:
     """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
     attrs: dict[str, Any] = {}
     preset = trial.user_attrs.get("preset")
@@ -95,7 +101,7 @@ def prepare(trial: Any, plan: SweepPlan, prescreen: Prescreen, compose: Any) -> 
     return Prepared(overrides, attrs, outcome)
 
 
-def _stop_override(trial: Any, plan: SweepPlan, attrs: dict) -> list[str]:
+def _stop_override(trial: Trial, plan: SweepPlan, attrs: dict) -> list[str]:
     """`trial.stop_below=<tokens/s>` (stop_below x the best feasible so far) for a search trial;
     never for a confirmation run (it must run to its end) or before any trial is feasible."""
     if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is not None:

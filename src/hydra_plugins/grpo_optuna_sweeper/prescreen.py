@@ -8,16 +8,23 @@ trials and the neighbour moves it judged under that calibration (a new calibrati
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
 
 from grpo_sweep.memory.estimator import estimate
 
 from . import calibration
 from .outcome import Outcome, for_sampler, prescreen_verdict
 
+if TYPE_CHECKING:
+    from optuna import Study
+
+    from grpo_sweep.memory.estimator import Estimate
+
 
 class Prescreen:
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: DictConfig) -> None:
         self.settings = settings  # the hydra.sweeper node: prescreen, prescreen_margin, prescreen_calibrate
         self.observations: list[calibration.Observation] = []  # the measured trials it learns from
         self.move_verdicts: dict[tuple, bool] = {}  # a neighbour move's point -> whether it may run
@@ -27,7 +34,7 @@ class Prescreen:
         """Measured trials before the calibration replaces the fixed margin (0: never)."""
         return self.settings.get("prescreen_calibrate", 0)
 
-    def learn(self, study: Any) -> None:
+    def learn(self, study: Study) -> None:
         """Refresh the observations from the study's finished trials (other workers' too)."""
         if not self.settings.prescreen or not self.min_trials:
             self.observations.clear()
@@ -39,14 +46,14 @@ class Prescreen:
             self.move_verdicts.clear()  # a neighbour move refused before may pass the new calibration
         self.observations[:] = learned
 
-    def calibrated(self, est: Any) -> calibration.Calibrated:
+    def calibrated(self, est: Estimate) -> calibration.Calibrated:
         """The estimate corrected by what this study measured (the prior: raw, with the fixed margin)."""
         margin = self.settings.prescreen_margin
         if not self.min_trials:
             return calibration.calibrate(est.phases, est.assumptions["backend"], [], margin)
         return calibration.calibrate(est.phases, est.assumptions["backend"], self.observations, margin, self.min_trials)
 
-    def verdict(self, cfg: Any, budget: float | None, attrs: dict | None = None, est: Any = None) -> Outcome | None:
+    def verdict(self, cfg: DictConfig, budget: float | None, attrs: dict | None = None, est: Any = None) -> Outcome | None:
         """The Outcome of a point that must not run (PRUNED; COMPLETE at the worst value for GP:
         outcome.for_sampler), None for one that may. `budget`: the bytes the point may use where the
         estimate names none. `attrs`: the trial's user attributes to record the prediction in (the
@@ -75,7 +82,7 @@ class Prescreen:
         return for_sampler(verdict, self.settings.sampler, self.settings.direction)
 
 
-def predicted_tokens_per_s(cfg: Any) -> float | None:
+def predicted_tokens_per_s(cfg: DictConfig) -> float | None:
     """grpo_sweep.memory.throughput's tokens/s for cfg (generation waves charged); None for a card without
     datasheet speeds. A coarse model: it ranks configs, it does not promise a number."""
     from grpo_sweep.memory.throughput import relative_step_time

@@ -150,10 +150,10 @@ def cheapest_concession(plan: SweepPlan, judged: list[forecast.Forecast], config
             "predicted_peak_bytes": best.predicted_bytes,
             "limit_bytes": best.limit_bytes,
         }
-    near = [f for f in judged if f.share is not None]
+    near = [(f.share, f) for f in judged if f.share is not None]
     if not near:
         return {"recipe_fits": False, "source": None, "why": "no point of the space could be estimated against a memory budget"}
-    nearest = min(near, key=lambda f: f.share)
+    nearest = min(near, key=lambda pair: pair[0])[1]
     from grpo_sweep.levers import RECIPE, kind_of
     from grpo_sweep.memory.doctor import diagnose
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
+    from grpo_sweep.study.best import Finalist
 
 
 class Progress:
@@ -20,7 +26,7 @@ class Progress:
         self.started = started or datetime.datetime.now()
         self.counted_at_start: int | None = None
 
-    def line(self, counted: int, best: Any | None, objective: str, now: datetime.datetime | None = None) -> str:
+    def line(self, counted: int, best: Finalist[FrozenTrial] | None, objective: str, now: datetime.datetime | None = None) -> str:
         """`trial k/N | best <objective>=<v> (trial n) | ~<t> left` for a study holding `counted`
         counted trials, `best` its best feasible config (grpo_sweep.study.best.Finalist: the median of
         its runs, its first trial; None: none yet)."""
@@ -60,7 +66,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def counts(study: Any) -> tuple[int, list[int]]:
+def counts(study: Study) -> tuple[int, list[int]]:
     """(trials that count toward n_trials, numbers of RUNNING trials).
 
     Counted: COMPLETE, PRUNED, and FAIL unless the failure was retried (a killed worker's or an
@@ -80,7 +86,7 @@ def counts(study: Any) -> tuple[int, list[int]]:
     return counted, running
 
 
-def room(study: Any, target: int) -> int:
+def room(study: Study, target: int) -> int:
     """Trials still to start before the study counts `target`: not counted, running or queued yet."""
     counted, running = counts(study)
     waiting = sum(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))

@@ -3,7 +3,10 @@ the concessions' price tags when the sweep allowed any or a trial took one."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.memory.estimator import estimate
@@ -12,8 +15,19 @@ from grpo_sweep.units import budget_bytes
 from . import concessions, identity, space
 from .plan import SweepPlan
 
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
-def write_report(study: Any, plan: SweepPlan, compose: Any, quiet: bool = False, stopped: Any = None) -> Any:
+    from grpo_sweep.memory.estimator import Estimate
+
+    from .failures import Stop
+
+# A job's config for overrides (plan.Composer).
+Compose = Callable[[list[str]], DictConfig]
+
+
+def write_report(study: Study, plan: SweepPlan, compose: Compose, quiet: bool = False, stopped: Stop | None = None) -> dict:
     """`stopped`: the failures.Stop that ended the sweep (the summary ends with its words), or None.
     `compose`: a job's config for overrides (plan.Composer), to price the concessions."""
     from .summary import learning_verdict, write_summary
@@ -38,11 +52,11 @@ def write_report(study: Any, plan: SweepPlan, compose: Any, quiet: bool = False,
     )
 
 
-def _any_taken(study: Any) -> bool:
+def _any_taken(study: Study) -> bool:
     return any(t.user_attrs.get(concessions.TAKEN_ATTR) for t in study.get_trials(deepcopy=False))
 
 
-def price_tags(study: Any, plan: SweepPlan, compose: Any, ranked: list | None = None) -> dict | None:
+def price_tags(study: Study, plan: SweepPlan, compose: Compose, ranked: list | None = None) -> dict | None:
     """concessions.price_tags for this study: what the winner gave up and what it bought. Never fails
     the sweep (the trials and best.yaml matter more): on an error it says why instead. ranked: the
     finalists, winner first, as the summary ranks them (summary.learning_verdict); None: summary.verdict's."""
@@ -50,7 +64,7 @@ def price_tags(study: Any, plan: SweepPlan, compose: Any, ranked: list | None = 
 
     from .summary import _is_ok, verdict
 
-    def predict(overrides: list[str]) -> tuple[Any, Any]:
+    def predict(overrides: list[str]) -> tuple[DictConfig, Estimate]:
         cfg = compose(overrides)
         validate_here(cfg)
         return cfg, estimate(cfg)
@@ -62,7 +76,7 @@ def price_tags(study: Any, plan: SweepPlan, compose: Any, ranked: list | None = 
             return None
         return {"peak_bytes": est.total_bytes, "budget_bytes": est.budget_bytes or budget_bytes(cfg)}
 
-    def estimate_without(trial: Any, setting: str) -> dict | None:
+    def estimate_without(trial: FrozenTrial, setting: str) -> dict | None:
         point = list(trial.user_attrs.get("overrides") or [])
         try:
             cfg_used, used = predict(point)

@@ -8,12 +8,22 @@ becomes `lora=qv` on the job's command line.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from . import handles
 
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-def parse_space(arguments: list[str], is_integer: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
+    # The distributions a space holds: parse_space builds only these three.
+    Distribution: TypeAlias = CategoricalDistribution | IntDistribution | FloatDistribution
+
+
+def parse_space(
+    arguments: list[str], is_integer: Callable[[str], bool] | None = None
+) -> tuple[dict[str, Distribution], dict[str, str]]:
     """Split overrides into Optuna distributions (sweeps) and fixed overrides ({key: "key=value"}).
 
     is_integer(key): whether the lever at `key` is an integer; Hydra parses `interval(64, 256)` as
@@ -21,31 +31,34 @@ def parse_space(arguments: list[str], is_integer: Any = None) -> tuple[dict[str,
     A range Optuna refuses (low > high, a log range from 0) is a ValueError naming the parameter."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    distributions: dict[str, Any] = {}
+    distributions: dict[str, Distribution] = {}
     fixed: dict[str, str] = {}
-    for override in OverridesParser.create().parse_overrides(arguments):
+    # Each override with its own line (what Hydra keeps as `input_line`).
+    for line, override in zip(arguments, OverridesParser.create().parse_overrides(arguments)):
         key = override.get_key_element()
         if not override.is_sweep_override():
-            fixed[key] = override.input_line  # the whole `key=value` (keeps `+`, `~`)
+            fixed[key] = line  # the whole `key=value` (keeps `+`, `~`)
             continue
         try:
             distributions[key] = _distribution(override, key, is_integer)
         except ValueError as err:
-            raise ValueError(f"hydra.sweeper.params {override.input_line}: {err}") from None
+            raise ValueError(f"hydra.sweeper.params {line}: {err}") from None
     overlap = set(distributions) & set(fixed)
     for key in overlap:  # a fixed value on the command line wins over the sweep file's range
         del distributions[key]
     return distributions, fixed
 
 
-def _distribution(override: Any, key: str, is_integer: Any) -> Any:
+def _distribution(override: Override, key: str, is_integer: Callable[[str], bool] | None) -> Distribution:
     from hydra.core.override_parser.types import Transformer
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    value = override.value()
+    # A ChoiceSweep, RangeSweep or IntervalSweep: the is_*_sweep checks below say which, and Hydra's
+    # value() is typed as any parsed element (its optional fields are set by the grammar on a sweep).
+    value: Any = override.value()
     if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
         choices = list(override.sweep_iterator(transformer=Transformer.encode))
-        return CategoricalDistribution(choices)
+        return CategoricalDistribution(choices)  # type: ignore[arg-type]  # encoded: str/int/float/bool/None
     if override.is_range_sweep():
         if any(isinstance(x, float) for x in (value.start, value.stop, value.step)):
             # Hydra's range excludes `stop`; Optuna's step grid includes `high`.
@@ -62,12 +75,12 @@ def _distribution(override: Any, key: str, is_integer: Any) -> Any:
     raise ValueError("unsupported sweep type")
 
 
-def grid_choices(distributions: dict[str, Any], purpose: str = "sampler=grid") -> dict[str, list]:
+def grid_choices(distributions: dict[str, Distribution], purpose: str = "sampler=grid") -> dict[str, list]:
     """Every value of each (discrete) distribution, for Optuna's GridSampler (or `purpose`, named in
     the error: the frontier start and neighbour moves need the lists too)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    grid = {}
+    grid: dict[str, list] = {}
     for key, dist in distributions.items():
         if isinstance(dist, CategoricalDistribution):
             grid[key] = list(dist.choices)
@@ -90,7 +103,7 @@ def to_override(key: str, value: Any) -> str:
     return f"{key}={handles.override_value(value)}"
 
 
-def representable(dist: Any, value: Any) -> bool:
+def representable(dist: Distribution, value: Any) -> bool:
     """Whether `value` lies in `dist` (a preset's lever may be outside the sweep's range)."""
     try:
         return handles.contains(dist, value)
@@ -98,9 +111,10 @@ def representable(dist: Any, value: Any) -> bool:
         return False
 
 
-def describe(dist: Any) -> str:
+def describe(dist: Distribution) -> str:
     """A distribution as the space writes it: choice(1, 2) or interval(1, 8)."""
-    choices = getattr(dist, "choices", None)
-    if choices is not None:
-        return f"choice({', '.join(map(str, choices))})"
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return f"choice({', '.join(map(str, dist.choices))})"
     return f"interval({dist.low}, {dist.high})"

@@ -9,7 +9,7 @@ one Hydra composition per distinct set of group choices, however many points are
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from omegaconf import OmegaConf
 
@@ -22,10 +22,13 @@ from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 from .progress import room
 
+if TYPE_CHECKING:
+    from optuna import Study
+
 log = logging.getLogger(__name__)
 
 
-def enqueue_start(study: Any, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
+def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
     """Queue the start points: the presets (warm_start), the `enqueue` points, then the frontier.
 
     Never more than the search phase has room for (n_search less what the study already counts,
@@ -37,7 +40,7 @@ def enqueue_start(study: Any, plan: SweepPlan, prescreen: Prescreen, compose: Co
         _enqueue_presets(study, plan, compose)
     left_out = []
     for i, point in enumerate(settings.enqueue):
-        params = OmegaConf.to_container(point)
+        params = cast(dict, OmegaConf.to_container(point))  # an `enqueue` entry is a mapping (config.check)
         outside = outside_space(plan, params)
         if outside:  # the held recipe (or the space) leaves no room for it: dropped, never a failed trial
             log.info("Start point enqueue[%d]=%s dropped: %s", i, params, outside)
@@ -70,13 +73,13 @@ def outside_space(plan: SweepPlan, params: dict) -> str | None:
     return None
 
 
-def _in_study(study: Any, params: dict) -> bool:
+def _in_study(study: Study, params: dict) -> bool:
     """Whether a trial of the study already has `params` (queued, running or run: enqueue_trial's
     skip_if_exists skips it, so it needs no room)."""
     return params in neighbours.points(study.get_trials(deepcopy=False))
 
 
-def _enqueue_presets(study: Any, plan: SweepPlan, compose: Composer) -> None:
+def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
     """Queue each seed preset once per study, with its levers as parameters where they fit the space
     (while the search phase has room: see enqueue_start)."""
     queued = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
@@ -114,7 +117,7 @@ def _enqueue_presets(study: Any, plan: SweepPlan, compose: Composer) -> None:
         log.info("Warm start: enqueued preset=%s", preset)
 
 
-def enqueue_frontier(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
+def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
     """Queue (once per study) `count` start points from the models' forecast (forecast.py), as
     hydra.sweeper.start says: `model`, the points predicted fastest among those predicted to fit;
     `memory`, those predicted to fill the allowed memory best (frontier.pick); `none`, no start.
@@ -143,11 +146,13 @@ def enqueue_frontier(study: Any, plan: SweepPlan, prescreen: Prescreen, configs:
         return
     ranking = forecast.fastest_first(estimated, len(estimated), settings.seed)
     study.set_user_attr(MODEL_RANKING_ATTR, ranking_attr(ranking, len(forecasts), sum(f.fits for f in estimated)))
-    if mode == "model" and not ranking:
-        why = "no point predicted to fit has a predicted speed" if any(f.fits for f in estimated) else ""
-        if why:  # a card without datasheet speeds: the memory start is the next best guess
-            log.info("Model start: %s (conf/gpu has no tflops_bf16/bandwidth_gbs); the memory-first start runs instead", why)
-            mode = "memory"
+    if mode == "model" and not ranking and any(f.fits for f in estimated):
+        # a card without datasheet speeds: the memory start is the next best guess
+        log.info(
+            "Model start: no point predicted to fit has a predicted speed (conf/gpu has no tflops_bf16/bandwidth_gbs); "
+            "the memory-first start runs instead"
+        )
+        mode = "memory"
     if mode == "model":
         picks = [f.params for f in ranking[:count]]
         words = "fastest predicted fit first"
@@ -200,7 +205,7 @@ def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) ->
     }
 
 
-def enqueue_neighbour(study: Any, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
+def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
     """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
     point that composes, passes validate_here and is not pruned by the pre-screen."""
     if plan.settings.sampler == "grid" or not plan.distributions:

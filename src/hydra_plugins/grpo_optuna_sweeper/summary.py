@@ -11,7 +11,7 @@ import io
 import os
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
@@ -21,10 +21,14 @@ from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
-from .failures import NOTHING_FITS, why_no_best
+from .failures import NOTHING_FITS, Stop, why_no_best
 from .soak import SOAK_ATTR
 from .soak import words as soak_words
 from .tables import finalist_table, stop_words, table
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 FIRST_COLUMNS = [
     "number",
@@ -46,11 +50,11 @@ FIRST_COLUMNS = [
 LAST_COLUMNS = ["preset", "worker", "run_dir", "wandb_run_id", "error"]
 
 
-def _feasible(trial: Any) -> bool:
+def _feasible(trial: FrozenTrial) -> bool:
     return all(v <= 0 for v in trial.constraints.values())
 
 
-def _is_ok(trial: Any) -> bool:
+def _is_ok(trial: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
     return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and _feasible(trial)
@@ -184,6 +188,7 @@ def tie_line(ruling: best_rule.Verdict) -> str:
         return f"peak {peak / 2**20:.0f} MiB" if peak is not None else "peak unknown"
 
     winner, others = ruling.winner, [f for f in ruling.tie if f is not ruling.winner]
+    assert winner is not None  # a tie is among finalists, one of which wins it
     return (
         f"Tie: trials {', '.join(str(f.item.number) for f in ruling.tie)} are within noise "
         f"(medians {', '.join(f'{f.median:.4g}' for f in ruling.tie)}; noise {ruling.sigma:.1%}): trial "
@@ -199,7 +204,7 @@ def _lever_names(trials: list) -> list[str]:
     return names
 
 
-def rows(study: Any) -> tuple[list[str], list[dict]]:
+def rows(study: Study) -> tuple[list[str], list[dict]]:
     trials = study.get_trials(deepcopy=False)
     levers = _lever_names(trials)
     out = []
@@ -244,7 +249,7 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def command_line(trial: Any) -> str:
+def command_line(trial: FrozenTrial) -> str:
     return "python train.py " + " ".join(shlex.quote(o) for o in trial.user_attrs.get("overrides", []))
 
 
@@ -253,22 +258,26 @@ def dashboard_command(storage_url: str) -> str:
     return f"optuna-dashboard {shlex.quote(target)}"
 
 
-def vs_presets(study: Any, best: Any) -> dict:
+def vs_presets(study: Study, best: FrozenTrial | None) -> dict:
     """best / preset objective for each seed preset that ran in this study (or why it has no ratio)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for t in study.get_trials(deepcopy=False):
         preset = t.user_attrs.get("preset")
         if not preset or t.state.name in ("WAITING", "RUNNING"):
             continue
         if _is_ok(t) and best is not None and t.value:
-            out[preset] = {"trial": t.number, "objective": t.value, "ratio": best.value / t.value}
+            out[preset] = {
+                "trial": t.number,
+                "objective": t.value,
+                "ratio": cast(float, best.value) / t.value,
+            }  # best: ok, so valued
         else:
             out.setdefault(preset, {"trial": t.number, "status": t.user_attrs.get("status"), "ratio": None})
     return out
 
 
 def write_summary(
-    study: Any,
+    study: Study,
     sweep_dir: Path,
     *,
     storage_url: str,
@@ -277,7 +286,7 @@ def write_summary(
     top_k: int,
     headroom: float | None,
     quiet: bool = False,
-    stopped: Any | None = None,
+    stopped: Stop | None = None,
     recipe: dict | None = None,
     price_tags: dict | None = None,
     learning: tuple[Any, dict] | None = None,
@@ -305,7 +314,7 @@ def write_summary(
     for row in data:
         label = "infeasible" if row["feasible"] is False and row["state"] == "COMPLETE" else row["state"]
         states[label] = states.get(label, 0) + 1
-    summary = {
+    summary: dict[str, Any] = {
         "study": study.study_name,
         "storage": mask(storage_url),
         "objective": objective,
@@ -425,7 +434,7 @@ def export_best(run_dir: str | None, sweep_dir: Path, study_name: str, held: dic
         return {"error": f"{type(err).__name__}: {err}"}
 
 
-def write_html_report(study: Any, sweep_dir: Path) -> Path | None:
+def write_html_report(study: Study, sweep_dir: Path) -> Path | None:
     """report.html with its figures in the sweep directory, covering every trial of the study.
     A report that cannot be drawn never costs the sweep its summary: it says why instead."""
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -45,7 +46,7 @@ class GrpoOptunaSweeper(Sweeper):
         self.conf = OmegaConf.create(conf)  # hydra.sweeper (config.GrpoOptunaSweeperConf)
         self.hydra_context: HydraContext | None = None  # the rest: Hydra's, handed over in setup
         self.config: DictConfig | None = None
-        self.launcher: Any = None
+        self.launcher: Launcher | None = None
         self.sweep_dir: Path | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -57,7 +58,7 @@ class GrpoOptunaSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
-    def sweep(self, arguments: list[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> dict:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -65,6 +66,8 @@ class GrpoOptunaSweeper(Sweeper):
         # meant for Study.optimize. We ask/tell ourselves and beat ourselves (workers.Heartbeat): silenced
         # here, once, for that one message.
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        # Hydra calls setup before sweep (as its own Optuna sweeper asserts).
+        assert self.hydra_context is not None and self.config is not None and self.launcher is not None
         compose = Composer(self.hydra_context, self.config)
         try:
             plan = build_plan(self.conf, self.config, arguments, compose)  # bad input stops here: one line

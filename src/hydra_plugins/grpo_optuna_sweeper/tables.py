@@ -4,9 +4,12 @@ lines (summary.write_summary prints them; best.yaml and trials.csv hold the same
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_sweep.units import GIB
+
+if TYPE_CHECKING:
+    from .failures import Stop
 
 
 def _fmt(value: Any) -> str:
@@ -90,7 +93,7 @@ def finalist_table(summary: dict, objective: str) -> str:
     return "\n".join(lines)
 
 
-def stop_words(stopped: Any, waiting: int) -> str:
+def stop_words(stopped: Stop, waiting: int) -> str:
     """A stopped sweep's last lines: the failure, what to do, and what its queued points wait for."""
     words = stopped.message()
     if waiting:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_sweep.metrics import MetricsError, read_metrics
 
@@ -13,14 +13,20 @@ from . import handles
 from .outcome import Outcome, for_sampler, judge, tell_constraint, timed_steps
 from .progress import Progress, counts
 
+if TYPE_CHECKING:
+    from hydra.core.utils import JobReturn
+    from omegaconf import DictConfig
+    from optuna import Study
+    from optuna.trial import Trial, TrialState
+
 log = logging.getLogger(__name__)
 
 
-def judge_job(trial: Any, ret: Any, settings: Any, objective: str) -> Outcome:
+def judge_job(trial: Trial, ret: JobReturn, settings: DictConfig, objective: str) -> Outcome:
     """What to tell for `ret` (Hydra's JobReturn): its run directory's metrics.json judged, the
     objective per timed step reported as Optuna's intermediate values."""
     out_dir = None
-    if getattr(ret, "hydra_cfg", None) is not None:
+    if ret.hydra_cfg is not None:
         out_dir = ret.hydra_cfg.hydra.runtime.output_dir
     try:
         record = read_metrics(Path(out_dir)) if out_dir else None
@@ -45,7 +51,7 @@ def judge_job(trial: Any, ret: Any, settings: Any, objective: str) -> Outcome:
     return outcome
 
 
-def tell(study: Any, trial: Any, outcome: Outcome, objective: str, progress: Progress) -> None:
+def tell(study: Study, trial: Trial, outcome: Outcome, objective: str, progress: Progress) -> None:
     """Record the outcome's attributes and constraint on the trial, tell the study, log the line."""
     for key, value in outcome.attrs.items():
         trial.set_user_attr(key, value)
@@ -71,7 +77,7 @@ def tell(study: Any, trial: Any, outcome: Outcome, objective: str, progress: Pro
     )
 
 
-def progress_line(study: Any, objective: str, progress: Progress) -> str:
+def progress_line(study: Study, objective: str, progress: Progress) -> str:
     """`trial k/N | best ... | ~t left` (progress.py); never fails the sweep."""
     from .summary import best_finalist
 
@@ -81,7 +87,7 @@ def progress_line(study: Any, objective: str, progress: Progress) -> str:
         return f"progress unavailable ({type(err).__name__})"
 
 
-def state(name: str) -> Any:
+def state(name: str) -> TrialState:
     """Optuna's TrialState of that name."""
     from optuna.trial import TrialState
 

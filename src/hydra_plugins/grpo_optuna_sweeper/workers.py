@@ -16,7 +16,14 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import datetime
+
+    from optuna import Study
+    from optuna.storages import BaseStorage, RDBStorage
+    from optuna.trial import FrozenTrial, Trial
 
 from . import handles
 from .confirm import CONFIRMS_ATTR
@@ -27,7 +34,7 @@ HEARTBEAT_ATTR = "grpo_sweep:heartbeat"
 OUTCOME_ATTRS = ("status", "error", "run_dir", "worker")
 
 
-def retry(study: Any, frozen: Any, max_retry: int) -> None:
+def retry(study: Study, frozen: FrozenTrial, max_retry: int | None) -> None:
     """Re-enqueue a failed trial's parameters, as Optuna's RetryFailedTrialCallback does (same
     `failed_trial` / `retry_history` system attributes), minus what belonged to the failed attempt:
     its outcome attributes and its heartbeat (a fresh trial must not look stale before it beats)."""
@@ -50,7 +57,7 @@ def retry(study: Any, frozen: Any, max_retry: int) -> None:
     )
 
 
-def duplicate_of(study: Any, trial: Any) -> int | None:
+def duplicate_of(study: Study, trial: Trial | FrozenTrial) -> int | None:
     """The earlier trial this enqueued one repeats, or None.
 
     Workers started together each queue the sweep's start points (enqueue, warm start, frontier
@@ -58,24 +65,24 @@ def duplicate_of(study: Any, trial: Any) -> int | None:
     point can be queued once per worker. The first copy runs; a later copy is a surplus, never run.
     A retry (`failed_trial`) and a confirmation run (`confirms`, confirm.py: the study holds one
     plan, written once) repeat a point on purpose and are never duplicates."""
-    trial = getattr(trial, "_cached_frozen_trial", trial)  # an optuna.Trial: its FrozenTrial
-    fixed = trial.system_attrs.get("fixed_params")
-    if not fixed or "failed_trial" in trial.system_attrs or CONFIRMS_ATTR in trial.user_attrs:
+    frozen = handles.cached_frozen(trial)
+    fixed = frozen.system_attrs.get("fixed_params")
+    if not fixed or "failed_trial" in frozen.system_attrs or CONFIRMS_ATTR in frozen.user_attrs:
         return None
     for other in study.get_trials(deepcopy=False):
-        if other.number >= trial.number:
+        if other.number >= frozen.number:
             break
         if (
             other.system_attrs.get("fixed_params") == fixed
             and "failed_trial" not in other.system_attrs
-            and other.user_attrs.get("preset") == trial.user_attrs.get("preset")
+            and other.user_attrs.get("preset") == frozen.user_attrs.get("preset")
             and other.user_attrs.get("status") != "surplus"
         ):
             return other.number
     return None
 
 
-def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int]:
+def fail_stale_trials(study: Study, grace_period: int, max_retry: int) -> list[int]:
     """Fail (and re-enqueue) RUNNING trials whose worker stopped beating. Returns their numbers."""
     import warnings
 
@@ -93,7 +100,8 @@ def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int
     now = time.time()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, trial.datetime_start.timestamp())
+        started = cast("datetime.datetime", trial.datetime_start)  # RUNNING: it has started
+        beat = max(trial.system_attrs.get(HEARTBEAT_ATTR) or 0.0, started.timestamp())
         if now - beat <= grace_period:
             continue
         if _fail_and_retry(study, trial, max_retry):
@@ -101,7 +109,7 @@ def fail_stale_trials(study: Any, grace_period: int, max_retry: int) -> list[int
     return failed
 
 
-def _fail_and_retry(study: Any, trial: Any, max_retry: int, status: str | None = None) -> bool:
+def _fail_and_retry(study: Study, trial: FrozenTrial, max_retry: int, status: str | None = None) -> bool:
     """Tell a RUNNING trial FAIL (with `status` when given) and re-enqueue it (retry); False when another
     worker finished it first."""
     import optuna
@@ -119,7 +127,7 @@ def _fail_and_retry(study: Any, trial: Any, max_retry: int, status: str | None =
         return False  # another worker got there first
 
 
-def worker_dead(worker: str | None, started: Any) -> bool:
+def worker_dead(worker: str | None, started: datetime.datetime | None) -> bool:
     """Whether `worker` (host:pid, as the sweeper records it) is known to be gone: this host, and its
     pid is not running or belongs to a process started after the trial (a reused pid). Another
     host's worker is never known dead here (its heartbeat decides)."""
@@ -142,7 +150,7 @@ def this_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def fail_dead_workers(study: Any, max_retry: int) -> list[int]:
+def fail_dead_workers(study: Study, max_retry: int) -> list[int]:
     """Fail (and re-enqueue) RUNNING trials whose worker is known dead (worker_dead). Returns their numbers."""
     from optuna.trial import TrialState
 
@@ -155,7 +163,7 @@ def fail_dead_workers(study: Any, max_retry: int) -> list[int]:
     return failed
 
 
-def waiting_line(study: Any, running: list[int]) -> str:
+def waiting_line(study: Study, running: list[int]) -> str:
     """What this worker waits for: the RUNNING trials, each with the worker running it."""
     workers = {t.number: t.user_attrs.get("worker") for t in study.get_trials(deepcopy=False) if t.number in running}
     named = ", ".join(f"trial {n} ({workers.get(n) or 'worker not recorded yet'})" for n in running)
@@ -169,7 +177,7 @@ class Heartbeat:
     Journal storages: a timestamp in the trial's system attributes, read by `fail_stale_trials`.
     """
 
-    def __init__(self, study: Any, trial_ids: list[int], interval: int):
+    def __init__(self, study: Study, trial_ids: list[int], interval: int):
         from grpo_sweep.study.storage import without_retry
 
         storage = handles.storage_of(study)
@@ -177,7 +185,7 @@ class Heartbeat:
             beat = without_retry(storage, "set_trial_system_attr")
             self._beat_one = lambda tid: beat(tid, HEARTBEAT_ATTR, time.time())
         else:
-            self._beat_one = storage.record_heartbeat
+            self._beat_one = cast("RDBStorage", storage).record_heartbeat  # not a journal: an RDB storage
         self.trial_ids, self.interval = list(trial_ids), interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="grpo-sweep-heartbeat", daemon=True)
@@ -201,7 +209,7 @@ class Heartbeat:
         self._thread.join()
 
 
-def _is_journal_storage(storage: Any) -> bool:
+def _is_journal_storage(storage: BaseStorage) -> bool:
     from optuna.storages.journal import JournalStorage
 
     return isinstance(storage, JournalStorage)
