@@ -60,42 +60,44 @@ def _is_ok(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and _feasible(trial)
 
 
-def best_trial(study: Any) -> Any | None:
+def best_trial(study: Study) -> FrozenTrial | None:
     """The first run of the winning config (verdict): the best median of its runs, once confirmation
     chose its finalists only they compete, and from a tie within noise the safer config."""
     winner = verdict(study).winner
     return winner.item if winner is not None else None
 
 
-def _runs(study: Any) -> list:
+def _runs(study: Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or best_rule.config_group(t.user_attrs, None) is not None]
 
 
-def finalists(study: Any) -> list:
-    """Each config's runs (repeats and confirmation runs join the config's first trial), best median first."""
-    return best_rule.finalists(
-        _runs(study),
-        value=lambda t: t.value if _is_ok(t) else None,
-        group=lambda t: best_rule.config_group(t.user_attrs, t.number),
-        direction=study.direction,
-        compete=best_rule.competing(study.user_attrs),
-    )
+def _by_config(study: Study) -> dict[str, Any]:
+    """How study.best's rules read a study: each run's value, the config it belongs to (repeats and
+    confirmation runs join the config's first trial), the direction, the finalists confirmation chose."""
+    return {
+        "value": lambda t: t.value if _is_ok(t) else None,
+        "group": lambda t: best_rule.config_group(t.user_attrs, t.number),
+        "direction": study.direction,
+        "compete": best_rule.competing(study.user_attrs),
+    }
 
 
-def verdict(study: Any) -> best_rule.Verdict:
+def finalists(study: Study) -> list[best_rule.Finalist[FrozenTrial]]:
+    """Each config's runs, best median first (the search's view: no noise, no tie)."""
+    return best_rule.finalists(_runs(study), **_by_config(study))
+
+
+def verdict(study: Study) -> best_rule.Verdict:
     """grpo_sweep.study.best.decide over the study: the noise it measured, the leader, the tie, the winner."""
     return best_rule.decide(
         _runs(study),
-        value=lambda t: t.value if _is_ok(t) else None,
-        group=lambda t: best_rule.config_group(t.user_attrs, t.number),
-        direction=study.direction,
-        compete=best_rule.competing(study.user_attrs),
+        **_by_config(study),
         peak_of=lambda t: t.user_attrs.get("peak_memory_bytes"),
         budget_of=lambda t: t.user_attrs.get("budget_bytes"),
     )
 
 
-def best_finalist(study: Any) -> Any | None:
+def best_finalist(study: Study) -> best_rule.Finalist[FrozenTrial] | None:
     """The config with the best median so far (the stop threshold and the progress line race against it)."""
     ranked = finalists(study)
     return ranked[0] if ranked else None
