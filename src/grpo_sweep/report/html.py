@@ -480,7 +480,7 @@ def write_report(
 ) -> Path:
     out = Path(out)
     ruling = verdict(trials)  # the median-of-runs rule, its noise and tie
-    learned, flagged = learning_check(trials)  # then the learning check's winner rule
+    learned, flagged = learning_check(trials, ruling)  # then the learning check's winner rule
     ranked = learned.ranked  # ranked[0].item is best_trial(trials)
     best = ranked[0].item if ranked else None
     budget = budget_gib(trials)

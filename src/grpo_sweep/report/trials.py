@@ -254,13 +254,13 @@ def verdict(trials: list[Trial]) -> best_rule.Verdict:
     )
 
 
-def learning_check(trials: list[Trial]) -> tuple[Verdict, dict[object, Departure]]:
+def learning_check(trials: list[Trial], ruling: best_rule.Verdict | None = None) -> tuple[Verdict, dict[object, Departure]]:
     """The trials that changed the learning (learning.check_trials, at the sweep's tolerance) and the
-    winner rule applied to the finalists `verdict` ranks."""
+    winner rule applied to the finalists `verdict` ranks (`ruling`, when the caller has it)."""
     if not trials:
         return Verdict([]), {}
     flagged = check_trials(trials, trials[0].learning_tolerance)
-    return winner_first(verdict(trials).ranked, flagged, key_of), flagged
+    return winner_first((ruling or verdict(trials)).ranked, flagged, key_of), flagged
 
 
 def budget_gib(trials: list[Trial]) -> float | None:
