@@ -2,11 +2,10 @@
 
 `prepare` decides and returns a Prepared; the caller records `Prepared.attrs` on the trial in one
 call (`apply`) whether the trial runs or not. One exception, written by `prepare` itself before
-anything slow (composing, checking, estimating): who runs the trial and its point. A worker killed
-while it prepares leaves the trial RUNNING with no heartbeat yet, and a kill mid-append tears the
-journal's last record; with these written first, and not last, the next run still finds the
-trial's worker dead and releases it at once (workers.fail_dead_workers) instead of waiting out
-grace_period.
+anything slow (composing, checking, estimating): the trial's point. Who runs the trial is written
+earlier still, by the loop right after `study.ask()`: a worker killed while it prepares leaves the
+trial RUNNING with no heartbeat yet, and the next run finds that worker dead and releases the trial
+at once (workers.fail_dead_workers) instead of waiting out grace_period.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from .outcome import Outcome, stop_threshold
 from .plan import SweepPlan
 from .prescreen import Prescreen
 from .start import outside_space
-from .workers import this_worker
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -67,7 +65,6 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
     ]
     early: dict[str, Any] = {}
     overrides += _stop_override(trial, plan, early)
-    early["worker"] = this_worker()
     early[confirm.OVERRIDES_ATTR] = point
     if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is None:
         first = confirm.repeat_of(trial.study, trial, point)  # the same point again: its runs pool with the first's
