@@ -890,6 +890,8 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
     assert "learning" in header.split()
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line[:1].isdigit() and len(line.split()) > 8}
     assert "CHANGED" in rows["2"] and "same" in rows["0"] and "same" in rows["1"], rows
+    table = {int(r["number"]): r["learning"] for r in read_csv(sweep_dir / "trials.csv")}
+    assert table == {0: "same", 1: "same", 2: "changed"}, table
     said = f"{changed['trials'][0]['text']}; the best that did not: trial {best['best_trial']} (the winner)"
     assert f"Best trial 2 {said}" in out
 

@@ -946,11 +946,15 @@ def test_trials_csv_rows_by_hand(tmp_path):
         "budget_bytes",
         "deficit_bytes",
     ]
-    assert columns[-5:] == ["preset", "worker", "run_dir", "wandb_run_id", "error"]
+    assert columns[-6:] == ["learning", "preset", "worker", "run_dir", "wandb_run_id", "error"]
     assert (row["per_device_train_batch_size"], row["lora_rank"], row["lora_target_modules"]) == (swept, 8, "q_proj v_proj")
     assert (row["error"], row["run_dir"], row["preset"]) == ("first line", "runs/0", "")
     assert (row["state"], row["status"], row["feasible"], row["objective"]) == ("COMPLETE", "ok", True, 10.0)
     assert row["peak_memory_bytes"] == 0.5 * GIB and row["predicted_peak_bytes"] == ""
+    assert row["learning"] == ""  # no learning check given: nothing said
+    # the learning check's verdict, per trial: flagged -> "changed"; an ok trial it compared -> "same"
+    assert rows(study, {trial.number: object()})[1][0]["learning"] == "changed"
+    assert rows(study, {})[1][0]["learning"] == "same"
 
 
 def test_best_trial_with_confirmation_runs_by_hand(tmp_path):

@@ -47,7 +47,7 @@ FIRST_COLUMNS = [
     "strategy",
     "rank_peak_memory_bytes",  # each rank's peak, space-separated
 ]
-LAST_COLUMNS = ["preset", "worker", "run_dir", "wandb_run_id", "error"]
+LAST_COLUMNS = ["learning", "preset", "worker", "run_dir", "wandb_run_id", "error"]
 
 
 def _feasible(trial: FrozenTrial) -> bool:
@@ -206,7 +206,9 @@ def _lever_names(trials: list) -> list[str]:
     return names
 
 
-def rows(study: Study) -> tuple[list[str], list[dict]]:
+def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dict]]:
+    """trials.csv: one row per trial. `flagged`: the learning check's flagged trials by number (its
+    `learning` column says "changed" for those, "same" for the other ok trials it compared)."""
     trials = study.get_trials(deepcopy=False)
     levers = _lever_names(trials)
     out = []
@@ -226,8 +228,9 @@ def rows(study: Study) -> tuple[list[str], list[dict]]:
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
             row[name] = " ".join(value) if isinstance(value, list) else value
-        for key in LAST_COLUMNS:
+        for key in LAST_COLUMNS[1:]:
             row[key] = str(attrs.get(key, "")).splitlines()[0][:300] if attrs.get(key) else ""
+        row["learning"] = "changed" if t.number in (flagged or {}) else ("same" if flagged is not None and _is_ok(t) else "")
         out.append(row)
     return FIRST_COLUMNS + levers + LAST_COLUMNS, out
 
@@ -301,15 +304,15 @@ def write_summary(
     import yaml
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    columns, data = rows(study)
+    ruling = verdict(study)  # the median-of-runs rule, its noise and tie
+    learned, flagged = learning or learning_verdict(study, learning_tolerance, ruling)
+    columns, data = rows(study, flagged)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()
     writer.writerows(data)
     _atomic_write(sweep_dir / "trials.csv", buf.getvalue())
 
-    ruling = verdict(study)  # the median-of-runs rule, its noise and tie
-    learned, flagged = learning or learning_verdict(study, learning_tolerance, ruling)
     ranked_finalists = learned.ranked  # the winner first under the learning check's rule
     best = ranked_finalists[0].item if ranked_finalists else None
     states: dict[str, int] = {}
