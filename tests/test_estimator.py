@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from importlib.metadata import version
 
 import pytest
@@ -128,7 +129,7 @@ def test_seed_case_with_vllm_colocate():
     # The seed's users run vLLM colocate: its pool (util x card) comes on top of training.
     base = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm"])
     est = estimate(base, "full")
-    assert est.components["vllm_pool"] == int(0.6 * 22 * GiB)
+    assert est.components["vllm_pool"] == math.ceil(0.6 * 22 * GiB)  # vLLM's request_memory
     assert not est.fits and est.kv_cache_ok
     assert estimate(compose(SEED + ["preset=seed_optimized", "backend.name=trl_vllm"]), "full").fits
     # Unsloth shares the weights with vLLM and offloads checkpoints: the baseline fits there.
@@ -237,7 +238,7 @@ def test_checkpointing_every_n_layers_recomputes_that_share():
 
 def test_vllm_engine_settings_terms():
     """backend.vllm_*: each changes the term vLLM's own code changes (memory/estimator.py, memory/throughput.py)."""
-    from grpo_sweep.memory.estimator import VLLM_GRAPHS_BYTES, shapes, vllm_cpu_plan
+    from grpo_sweep.memory.estimator import shapes, vllm_cpu_plan, vllm_engine, vllm_graphs_bytes
     from grpo_sweep.memory.throughput import relative_step_time
 
     card = [*SEED, "backend=trl_vllm", "max_seq_length=1024", "max_prompt_length=256", "per_device_train_batch_size=16"]
@@ -245,9 +246,20 @@ def test_vllm_engine_settings_terms():
     avail = base.assumptions["kv_cache_available_bytes"]
     assert base.assumptions["vllm_engine_settings"] is None and base.assumptions["generation_waves"] == 1
 
-    eager = estimate(compose(card + ["backend.vllm_enforce_eager=true"]))  # no CUDA graphs captured
-    assert eager.assumptions["kv_cache_available_bytes"] == avail + VLLM_GRAPHS_BYTES
     s = shapes(compose(card), "trl_vllm")
+    colocate = vllm_engine(s, "trl_vllm", {}, budget=None, utilization=0.6, server=False)
+    assert (
+        base.assumptions["vllm_engine_resolved"]
+        == colocate
+        == {
+            "max_num_batched_tokens": 4096,  # TRL colocate's
+            "max_num_seqs": 16,  # TRL colocate's: the generation batch
+            "enforce_eager": False,
+        }
+    )
+    eager = estimate(compose(card + ["backend.vllm_enforce_eager=true"]))  # no CUDA graphs captured
+    assert eager.assumptions["kv_cache_available_bytes"] == avail + vllm_graphs_bytes(s, colocate) > avail
+    assert eager.assumptions["vllm_non_kv_bytes"]["cuda_graphs"] == 0
     tokens = estimate(compose(card + ["backend.vllm_max_num_batched_tokens=8192"]))  # a larger profile run
     assert tokens.assumptions["kv_cache_available_bytes"] == avail - 4096 * (3 * s.I + 4 * s.H) * 2
     assert tokens.components["vllm_pool"] == base.components["vllm_pool"]  # still util x card
@@ -276,3 +288,80 @@ def test_vllm_engine_settings_terms():
     assert plan["kv_cache_bytes"] == 4 * 65536 and plan["pool_bytes"] == plan["weights_bytes"] + 4 * 65536
     est = estimate(cpu_cfg)
     assert est.assumptions["kv_cache_available_bytes"] == 4 * 65536 and est.components["vllm_pool"] == plan["pool_bytes"]
+
+
+def _qwen3_8b(**kw):
+    """Qwen3-8B's published config (hidden 4096, intermediate 12288, 36 layers, 32 heads, 8 KV heads, head_dim
+    128, vocabulary 151936, untied head) as the Unsloth DeepSeek-R1-0528-Qwen3-8B GRPO notebook ran it: 4-bit,
+    max_seq_length 2048, LoRA rank 32."""
+    from grpo_sweep.memory.estimator import Shapes
+
+    base = dict(family="llama", H=4096, L=36, nh=32, nkv=8, hd=128, I=12288, V=151936, tied=False, qkv_bias=False)
+    run = dict(sliding_window=None, B=4, GA=1, G=4, S=2048, P=256, C=1792, rank=32, targets=("q_proj",))
+    return Shapes(**base, **run, device="cuda", wb=2, four_bit=True, ckpt=True, **kw)
+
+
+def test_vllm_pool_split_reproduces_vllms_own_kv_log_line():
+    """Unsloth's DeepSeek-R1-0528-Qwen3-8B GRPO notebook on an RTX 4090 (unslothai/notebooks, its recorded
+    outputs): gpu_memory_utilization=0.7, load_in_4bit, max_lora_rank=32; vLLM 0.8.5 logged "GPU KV cache
+    size: 66,464 tokens". The engine settings are the ones that run's log prints (Unsloth 2025.5: "Chunked
+    prefill tokens = 2048. Num Sequences = 128", CUDA graphs on, the checkpoint quantised by vLLM in flight
+    with BitsAndBytes' defaults: no double quantisation); the card is the 23.635 GiB torch reported.
+    vLLM 0.8 accounted its pool the "0.8" way (all non-torch memory, graphs after the KV cache).
+
+    Tolerance 3 %: the CUDA context is a constant (512 MiB of the 300-600 MiB drivers take: +-150 MiB is
+    +-1,100 tokens, 1.6 %), and so is the forward's non-torch growth; the flat split this replaces
+    predicted 71,633 (+7.8 %) and fails it."""
+    from grpo_sweep.memory.estimator import (
+        kv_bytes_per_token,
+        unsloth_utilization,
+        vllm_kv_available,
+        vllm_non_kv_bytes,
+        vllm_pool_bytes,
+    )
+
+    s = _qwen3_8b()
+    card = int(23.635 * GiB)
+    pool = vllm_pool_bytes(unsloth_utilization(0.7, card), card)
+    assert abs(pool / card - 0.6875) < 0.003  # the log's "actual GPU utilization = 68.75%"
+    engine = {"max_num_batched_tokens": 2048, "max_num_seqs": 128, "enforce_eager": False, "lora_rank": 32}
+    terms = vllm_non_kv_bytes(s, "unsloth", engine, "0.8", double_quant=False)
+    tokens = (pool - sum(terms.values())) // kv_bytes_per_token(s, 2)
+    assert abs(tokens - 66_464) / 66_464 <= 0.03, (tokens, terms)
+    # The pinned vLLM (0.31) charges no CUDA context but subtracts its CUDA-graph estimate before the KV cache.
+    now = vllm_non_kv_bytes(s, "unsloth", engine, "0.31", double_quant=False)
+    assert now["cuda_graphs"] > 0 and now["non_torch"] == terms["non_torch"] - 512 * 2**20
+    assert vllm_kv_available(s, pool, "unsloth", engine) == pool - sum(vllm_non_kv_bytes(s, "unsloth", engine).values())
+
+
+def test_vllm_engine_knobs_move_the_kv_cache_as_vllm_does():
+    """More tokens or sequences in vLLM's profile run leave less KV cache; enforce_eager captures no graphs;
+    kv_cache_memory_bytes is the KV cache, exactly; Unsloth's engine tier follows the card."""
+    from grpo_sweep.memory.estimator import vllm_engine, vllm_kv_available, vllm_non_kv_bytes
+
+    s = _qwen3_8b()
+    pool = 16 * GiB
+
+    def kv(**engine):
+        return vllm_kv_available(s, pool, "trl_vllm", {"max_num_batched_tokens": 4096, "max_num_seqs": 256, **engine})
+
+    assert kv(max_num_batched_tokens=8192) < kv() < kv(max_num_batched_tokens=2048)
+    assert kv(max_num_batched_tokens=16384) < kv()  # the forward's peak outgrows the sampler's
+    assert kv(max_num_seqs=512) < kv() < kv(max_num_seqs=64)
+    eager = vllm_non_kv_bytes(s, "trl_vllm", {"max_num_seqs": 256, "enforce_eager": True})
+    assert eager["cuda_graphs"] == 0 and kv(enforce_eager=True) > kv()
+    assert kv(kv_cache_memory_bytes=3 * 10**9) == 3 * 10**9
+    # Unsloth's own tiers: more card, more batched tokens and sequences
+    small = vllm_engine(s, "unsloth", {}, budget=int(23.635 * GiB), utilization=0.7, server=False)
+    large = vllm_engine(s, "unsloth", {}, budget=80 * GiB, utilization=0.7, server=False)
+    assert (small["max_num_batched_tokens"], small["max_num_seqs"], small["lora_rank"]) == (4096, 48, 32)
+    assert large["max_num_batched_tokens"] > small["max_num_batched_tokens"] and large["max_num_seqs"] > small["max_num_seqs"]
+
+
+def test_vllm_max_num_seqs_reaches_the_estimate():
+    """backend.vllm_max_num_seqs moves the estimate's KV cache (the profile's sampler rows) and its waves."""
+    card = [*SEED, "backend=trl_vllm", "max_seq_length=1024", "max_prompt_length=256", "per_device_train_batch_size=16"]
+    many = estimate(compose(card + ["backend.vllm_max_num_seqs=256"])).assumptions
+    few = estimate(compose(card + ["backend.vllm_max_num_seqs=8"])).assumptions
+    assert many["kv_cache_available_bytes"] < few["kv_cache_available_bytes"]
+    assert many["generation_waves"] == 1 and few["generation_waves"] == 2

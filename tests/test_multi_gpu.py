@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from conftest import cli, compose, load_metrics
 
@@ -323,7 +325,7 @@ def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tm
 def test_server_mode_takes_the_pool_off_the_training_card():
     colocate = est("backend=trl_vllm")
     server = est("backend=trl_vllm", "backend.vllm_mode=server")
-    pool = int(0.6 * server.budget_bytes)  # gpu_memory_utilization x the L4's budget
+    pool = math.ceil(0.6 * server.budget_bytes)  # gpu_memory_utilization x the L4's budget (vLLM's request_memory)
     assert colocate.components["vllm_pool"] == pool and server.components["vllm_pool"] == 0
     assert server.assumptions["vllm_server_bytes"] == pool and server.assumptions["vllm_mode"] == "server"
     assert server.total_bytes == colocate.total_bytes - pool

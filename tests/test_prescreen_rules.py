@@ -76,10 +76,10 @@ def test_cpu_estimate_boundary_and_waves():
 
 
 def test_a_cache_smaller_than_the_batch_fits_on_a_card_and_costs_waves():
-    """Gemma 3 1B at a 0.13 share of a 22 GiB L4: room for 2 of the 4 sequences of 1024 tokens (by
+    """Gemma 3 1B at a 0.106 share of a 22 GiB L4: room for 2 of the 4 sequences of 1024 tokens (by
     the estimator's arithmetic): feasible (vLLM queues the rest), 2 waves, and the throughput model
     is slower than at 0.15 (one wave) by the extra wave's weight reads and step overheads."""
-    small = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.13"])
+    small = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.106"])
     roomy = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.15"])
     e = estimate(small)
     assert e.fits and e.kv_cache_ok and e.assumptions["kv_cache_sequences"] == 2 and e.assumptions["generation_waves"] == 2
@@ -100,7 +100,7 @@ def test_waves_scale_the_generation_time_by_hand():
     overhead: the difference between W and 1 waves is (W-1) x C x (weights / bandwidth + 3 ms)."""
     from grpo_sweep.memory.estimator import weights_bytes
 
-    small = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.13"])
+    small = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.106"])
     roomy = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.15"])
     s = shapes(small, "trl_vllm")
     bw = small.gpu.bandwidth_gbs * 1e9 * 0.6
@@ -111,10 +111,10 @@ def test_waves_scale_the_generation_time_by_hand():
 
 def test_estimate_cli_says_waves_and_records_the_logits_version():
     args = ["estimate", *SEED, "preset=seed_baseline", "backend.name=trl_vllm"]
-    text = cli(*args, "gpu_memory_utilization=0.13")
+    text = cli(*args, "gpu_memory_utilization=0.106")
     assert text.returncode == 0, text.stderr
     assert "generation runs in about 2 waves" in text.stdout and "fits with" in text.stdout
-    js = cli(*args, "gpu_memory_utilization=0.13", "--json")
+    js = cli(*args, "gpu_memory_utilization=0.106", "--json")
     a = json.loads(js.stdout)["assumptions"]
     assert a["generation_waves"] == 2 and a["logits_mode"] == "chunked"
     assert a["logits_mode_trl_version"] == trl_version() and trl_version() is not None
@@ -195,23 +195,23 @@ def test_hub_lora_targets_from_the_hub_cache_and_not_fetched(tmp_path, monkeypat
 
 
 def test_doctor_says_holding_the_batch_is_speed_not_memory():
-    """At a 0.13 share Gemma 3 1B's cache holds 2 of 4 sequences: the doctor does not raise the share
-    to fit (vLLM starts, generation runs in waves); it offers 0.18 (one 0.05 step) as a speed suggestion, said so."""
+    """At a 0.106 share Gemma 3 1B's cache holds 2 of 4 sequences: the doctor does not raise the share
+    to fit (vLLM starts, generation runs in waves); it offers 0.16 (one 0.05 step) as a speed suggestion, said so."""
     from grpo_sweep.memory.doctor import diagnose, format_report
     from grpo_sweep.memory.oom_message import parse_oom_message
 
-    cfg = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.13"])
+    cfg = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.106"])
     msg = (
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
         "capacity of 22.00 GiB of which 100.00 MiB is free."
     )
     result = diagnose(cfg, parse_oom_message(msg))
     speed = result.speed
-    assert speed["overrides"] == ["gpu_memory_utilization=0.18"] and speed["waves"] == 2 and speed["speedup_pct"] > 0
+    assert speed["overrides"] == ["gpu_memory_utilization=0.16"] and speed["waves"] == 2 and speed["speedup_pct"] > 0
     assert speed["what"].startswith("speed, not memory") and "not needed to fit" in speed["what"]
     assert "speed: speed, not memory" in format_report(result, cfg)
     # No memory move raises the share: training ran out, so the share may only shrink.
-    raised = [o for o in result.overrides if o.startswith("gpu_memory_utilization=") and float(o.split("=")[1]) > 0.13]
+    raised = [o for o in result.overrides if o.startswith("gpu_memory_utilization=") and float(o.split("=")[1]) > 0.106]
     assert not raised
     # A share that already holds the batch gets no speed suggestion.
     roomy = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.15"])
@@ -230,12 +230,12 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
     from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_frontier
 
-    shares = "gpu_memory_utilization=choice(0.13,0.15)"
+    shares = "gpu_memory_utilization=choice(0.106,0.15)"
     fixed = [*SEED, "preset=seed_baseline", "backend.name=trl_vllm", "gradient_checkpointing=false", "expandable_segments=false"]
     with tiny_sweeper(*fixed, shares, sweep="+sweeps=gemma3_1b_l4", start="memory") as tiny:  # the memory-first start
         plan = replace(tiny.plan, distributions={"gpu_memory_utilization": tiny.plan.distributions["gpu_memory_utilization"]})
         study = optuna.create_study(direction="maximize")
-        for share in (0.13, 0.15):
+        for share in (0.106, 0.15):
             trial = study.ask()
             cfg = tiny.compose([*plan.fixed, f"gpu_memory_utilization={share}"])
             validate_here(cfg, cuda=True)
@@ -243,7 +243,7 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
             assert tiny.prescreen.verdict(cfg, None, attrs) is None  # both fit
             Prepared([], attrs, None).apply(trial)
             attrs = trial.user_attrs
-            assert attrs["generation_waves"] == (2 if share == 0.13 else 1)
+            assert attrs["generation_waves"] == (2 if share == 0.106 else 1)
             assert attrs["predicted_tokens_per_s"] == pytest.approx(relative_step_time(cfg)["tokens_per_s"])
         picked = []
         real_pick = frontier.pick
@@ -253,5 +253,5 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
         finally:
             frontier.pick = real_pick
         full = {p["gpu_memory_utilization"]: f for p, f in picked}
-        raw = {s: estimate(tiny.compose([*plan.fixed, f"gpu_memory_utilization={s}"])).total_bytes for s in (0.13, 0.15)}
-        assert full[0.13] / full[0.15] == pytest.approx(raw[0.13] / raw[0.15] / 2)  # 2 waves: half as full
+        raw = {s: estimate(tiny.compose([*plan.fixed, f"gpu_memory_utilization={s}"])).total_bytes for s in (0.106, 0.15)}
+        assert full[0.106] / full[0.15] == pytest.approx(raw[0.106] / raw[0.15] / 2)  # 2 waves: half as full

@@ -87,6 +87,9 @@ def cli(argv: list[str]) -> int:
             f"the whole generation batch ({a['generation_batch']} sequences) needs {fmt_gib(a['kv_cache_batch_bytes'])}, "
             f"{a['kv_cache_sequences']} fit at once"
         )
+        if a.get("vllm_non_kv_bytes"):  # what vLLM takes from its pool first (estimator.vllm_non_kv_bytes)
+            terms = ", ".join(f"{k.replace('_', ' ')} {fmt_gib(v)}" for k, v in a["vllm_non_kv_bytes"].items())
+            print(f"vLLM's pool before the KV cache: {terms}")
     if a.get("vllm_server_bytes") is not None:
         print(
             f"vLLM server (backend.vllm_mode=server, tensor parallel {a['vllm_tensor_parallel_size']}): "
