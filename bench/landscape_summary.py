@@ -79,9 +79,7 @@ def summarize(sweep: str) -> dict:
         counts[kind(p)] = counts.get(kind(p), 0) + 1
     values = sorted(v for p in points if kind(p) == "ok" and (v := value(p)))
     best = max((p for p in points if kind(p) == "ok" and value(p)), key=value)
-    spreads = [
-        max(runs) / min(runs) - 1 for p in points if len(runs := [v for v in p.get("tokens_per_s_runs") or [] if v]) >= 2
-    ]
+    spreads = [max(runs) / min(runs) - 1 for p in points if len(runs := [v for v in p.get("tokens_per_s_runs") or [] if v]) >= 2]
     runs_per_ok = [len([v for v in p["tokens_per_s_runs"] if v]) for p in points if kind(p) == "ok"]
     return {
         "sweep": sweep,
