@@ -72,6 +72,8 @@ START_KEYS = (
     "search_median_seconds_no_confirm",
     "pick_within_5pct_rate",
     "pick_within_5pct_rate_no_confirm",
+    "pick_within_5pct_rate_best_median",
+    "tie_rate",
     "confirm_share_median",
     "confirm_share_max",
 )
@@ -268,6 +270,7 @@ def markdown(result: dict) -> str:
                     "s, no confirm": _s(s["search_median_seconds_no_confirm"]),
                     "pick within 5 %": f"{s['pick_within_5pct_rate']:.2f}",
                     "pick, no confirm": f"{s['pick_within_5pct_rate_no_confirm']:.2f}",
+                    "ties (pick by best median)": f"{s['tie_rate']:.0%} ({s['pick_within_5pct_rate_best_median']:.2f})",
                     "confirm share: median, worst": f"{s['confirm_share_median']:.0%}, {s['confirm_share_max']:.0%}",
                 }
             )
@@ -288,6 +291,7 @@ def markdown(result: dict) -> str:
                     "s, no confirm": "-",
                     "pick within 5 %": f"{pick:.2f}",
                     "pick, no confirm": "-",
+                    "ties (pick by best median)": "-",
                     "confirm share: median, worst": "-",
                 }
             )
@@ -334,13 +338,17 @@ def markdown(result: dict) -> str:
 
 def notes(result: dict) -> str:
     """Why each missed goal was missed, from the data: the facts the miss follows from."""
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+
     out = []
     m = result["model_check_tiny_cpu_vllm"]
+    repeats = GrpoOptunaSweeperConf().confirm_repeats
     for name, c in result["cases"].items():
         missed = [g for g in c["goals"] if not g["met"]]
         if not missed:
             continue
         d, ours = c["density"], c["starts"]["model"]
+        sigma = QUIET_SIGMA if c["quiet"] else result["landscape"]["measured_sigma"]  # Gemma's noise is tiny's measured sigma
         facts = []
         for g in missed:
             if g["goal"].startswith("seconds <="):
@@ -363,9 +371,15 @@ def notes(result: dict) -> str:
                 facts.append(
                     f"pick: {g['measured']:.2f} against {g['bound']:.2f} (without confirmation {ours['pick_within_5pct_rate_no_confirm']:.2f}; "
                     f"the pick's median true speed {ours['pick_of_optimum_median']:.2f} of the optimum, its worst tenth "
-                    f"{ours['pick_of_optimum_p10']:.2f}); {d['within_5pct']} points lie within 5 %, and the sweep ran one of them "
+                    f"{ours['pick_of_optimum_p10']:.2f}); the leader was within noise of another finalist in "
+                    f"{ours['tie_rate']:.0%} of seeds, a tie the most memory headroom wins (the best median alone would have "
+                    f"picked within 5 % in {ours['pick_within_5pct_rate_best_median']:.0%}); {d['within_5pct']} points lie within 5 %, and the sweep ran one of them "
                     f"to its end in {ours['good_point_run_rate']:.0%} of seeds; the oracle, spending 40 runs on the "
-                    f"{c['oracle']['contenders']} points within 10 %, reaches {c['pick_within_5pct_rate_oracle']:.2f} at {c['noise']}"
+                    f"{c['oracle']['contenders']} points within 10 %, reaches {c['pick_within_5pct_rate_oracle']:.2f} at {c['noise']}. "
+                    f"A finalist runs 1 + confirm_repeats = {1 + repeats} times (more only where the search drew it twice), and confirmation stopped there, at "
+                    f"{ours['confirm_share_median']:.0%} of the sweep's seconds (median), not at its 25 % budget: a {1 + repeats}-run "
+                    f"median at this noise (sigma {sigma:.2f}) is uncertain by about {1.2533 * sigma / math.sqrt(1 + repeats):.0%}, "
+                    "more than the gaps between the points within 10 %"
                 )
             else:
                 facts.append(
@@ -380,6 +394,10 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--landscape", type=Path, default=landscapes.TINY_VLLM, help="the tiny_cpu_vllm landscape file")
     parser.add_argument("--conditions", default="", help="what else ran on the machine while the replay ran")
+    parser.add_argument("--render", action="store_true", help="only rewrite the .md from the last run's .json")
     cli = parser.parse_args()
+    if cli.render:
+        (RESULTS / "search_real_space.md").write_text(markdown(json.loads((RESULTS / "search_real_space.json").read_text())))
+        raise SystemExit(0)
     out = main(cli.seeds, cli.landscape, cli.conditions)
     print(json.dumps({k: v for k, v in out.items() if "_real_space_" in k}, indent=2))

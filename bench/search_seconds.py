@@ -254,8 +254,9 @@ def sweep(
             for _ in range(confirm.planned(study) - ran):
                 trial = study.ask(space)
                 run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
-    ranked = verdict(study).ranked if constrained else []  # best.yaml's winner: the best median, a tie to the safer
-    pick = _picked(ranked[0].item, land) if ranked else pick_no_confirm
+    ruling = verdict(study) if constrained else None  # best.yaml's winner: the best median, a tie to the safer
+    pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
+    leader = _picked(ruling.leader.item, land) if ruling and ruling.leader else pick  # the best median alone
     return {
         "found_s": found_s,
         "seconds": clock,
@@ -263,6 +264,8 @@ def sweep(
         "confirm_s": clock - search_s,
         "pick": pick,
         "pick_no_confirm": pick_no_confirm,
+        "leader": leader,
+        "tie": bool(ruling and ruling.tie),
         "trials": counted,
         "stopped_good": len(stopped_good),
         "oom_trials": oom_trials[0],
@@ -413,6 +416,10 @@ def evaluate(
         "confirm_share_max": max(p["confirm_s"] / p["seconds"] for p in runs_pick),
         "pick_within_5pct_rate": _rate((p["pick"] for p in runs_pick), land),
         "pick_within_5pct_rate_no_confirm": _rate((f["pick_no_confirm"] for f in runs_found), land),
+        # The tie rule's part in the pick: how often the leader was within noise of another finalist (a
+        # tie, won by the most memory headroom), and the rate had the best median always won.
+        "tie_rate": sum(p["tie"] for p in runs_pick) / len(runs_pick),
+        "pick_within_5pct_rate_best_median": _rate((p["leader"] for p in runs_pick), land),
         # How far off the pick is, not only whether it clears the 5 % line: its true value / the
         # optimum, the median and the worst tenth over the seeds.
         "pick_of_optimum_median": median(_of_optimum(p["pick"], land) for p in runs_pick),
