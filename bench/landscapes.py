@@ -239,5 +239,197 @@ def gemma3_1b_l4(sigma: float) -> dict:
     )
 
 
+# ------------------------------------------------------------- the shipped sweeps' spaces, with forecasts
+# Each point carries the sweeper's own forecast of it (`grpo-sweep plan --json`: the pre-screen's peak
+# and verdict, the throughput model's tokens/s, vLLM's waves), so a replay starts where the sweeper's
+# start (start.choose) would and prunes what its pre-screen would.
+
+TINY_VLLM = ROOT / "bench" / "data" / "landscape_tiny_cpu_vllm.json"
+PLANS = ROOT / "bench" / "data"
+# The Gemma sweep's knobs only: sweeps/gemma3_1b_l4.yaml with its concessions' parameters taken out, so
+# every point trains the seed baseline's recipe (conf/preset/seed_baseline.yaml).
+GEMMA_CONCESSION_PARAMS = ("max_seq_length", "num_generations", "lora_rank", "load_in_4bit", "lora")
+GEMMA_KNOBS_OVERRIDES = (
+    "+sweeps=gemma3_1b_l4",
+    *(f"~hydra.sweeper.params.{name}" for name in GEMMA_CONCESSION_PARAMS),
+    "hydra.sweeper.concessions=[]",
+)
+REFUSED = "vLLM could not start"  # the trial's error when vLLM's share cannot hold its weights and one sequence
+
+
+def plan_of(name: str, overrides: tuple[str, ...], fresh: bool = False) -> dict:
+    """`grpo-sweep plan OVERRIDES --json` (the sweeper's forecast of every point), cached in
+    bench/data/plan_<name>.json: the same numbers a sweep of these overrides starts from."""
+    import subprocess
+
+    path = PLANS / f"plan_{name}.json"
+    if path.exists() and not fresh:
+        data = json.loads(path.read_text())
+        if data.get("overrides") == list(overrides):
+            return data
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_sweep", "plan", *overrides, "--json"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"grpo-sweep plan {' '.join(overrides)} failed: {done.stderr[-2000:]}")
+    data = {"overrides": list(overrides), "made_at": measured_at(), **json.loads(done.stdout)}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def forecasts(plan: dict) -> dict:
+    """The plan's points as the sweeper's forecast.Forecast objects, keyed like a landscape's points."""
+    from hydra_plugins.grpo_optuna_sweeper.forecast import Forecast
+
+    out = {}
+    for p in plan["points"]:
+        if p.get("error") is not None:
+            out[key(p["params"])] = Forecast(p["params"], error=p["error"])
+            continue
+        share = p["predicted_peak_bytes"] / p["limit_bytes"] if p["limit_bytes"] else None
+        out[key(p["params"])] = Forecast(
+            p["params"],
+            predicted_bytes=p["predicted_peak_bytes"],
+            limit_bytes=p["limit_bytes"],
+            runs=p["prescreen"] == "run",
+            tokens_per_s=p["predicted_tokens_per_s"],
+            waves=p["generation_waves"],
+            # the plan keeps `fits` (share <= 1 and vLLM starts), not vLLM's start alone
+            vllm_starts=bool(p["fits"]) or share is None or share > 1,
+            taken=p["concessions_taken"],
+        )
+    return out
+
+
+def with_forecast(point: dict, f) -> dict:
+    """A point with the sweeper's forecast of it: the pre-screen reads predicted_peak_bytes against
+    limit_bytes (search_seconds.sweep), the start reads `forecast`."""
+    return {**point, "forecast": f, "predicted_peak_bytes": f.predicted_bytes, "limit_bytes": f.limit_bytes}
+
+
+def tiny_cpu_vllm(path: Path = TINY_VLLM, sigma: float | None = None) -> dict:
+    """The measured landscape of sweeps/tiny_cpu_vllm.yaml (record_grid.py --sweep tiny_cpu_vllm): every
+    point of the shipped knob space run for real, its runs and what each cost.
+
+    A point that fits: one replayed run shows one of its measured runs (sigma None) or its median x
+    exp(N(0, sigma)) at its mean costs. A point that did not: `oom` (training over the card: the
+    tensor tracker's OOM) or refused (vLLM would not start in its share): both infeasible, charged
+    their measured wall time. Points the recording has not reached yet are left out (a partial file)."""
+    data = json.loads(path.read_text())
+    plan = forecasts(plan_of("tiny_cpu_vllm", ("+sweeps=tiny_cpu_vllm",)))
+    recorded = [p for p in data["points"] if p["status"] is not None and p["runs"]]
+    points = []
+    for p in recorded:
+        runs = [run_costs(r) for r in p["runs"]]
+        point = with_forecast(
+            {**p, "cost_source": "measured", "refused": REFUSED in (p.get("error") or "")}, plan[key(p["levers"])]
+        )
+        point["oom_s"] = statistics.fmean(r["wall_s"] for r in runs)
+        if p["status"] == "ok":
+            ok = [r for r in runs if r["tokens_per_s"]]
+            point["measured_runs"] = ok
+            point["start_s"] = statistics.fmean(r["start_s"] for r in ok)
+            point["step_s"] = [statistics.fmean(r["step_s"][i] for r in ok) for i in range(len(ok[0]["step_s"]))]
+        else:
+            point["deficit_bytes"] = None  # the recording keeps no deficit: the sampler learns only "infeasible"
+            point["memory_source"] = "tracker"
+        points.append(point)
+    run_sigma = measured_sigma(recorded) if any(repeated_runs(p) for p in recorded) else 0.0  # one pass only: no spread yet
+    steps = len(next(p["step_s"] for p in points if p["status"] == "ok"))
+    return finish(
+        {
+            "name": "tiny_cpu_vllm",
+            "grid": plan_grid(data["points"]),
+            "points": points,
+            "budget_bytes": int(0.125 * 2**30),
+            "steps": steps,
+            "first_timed_step": 2,  # the CPU tracker runs every step under a budget: step 2 is the first timed one
+            "noise": "measured runs" if sigma is None else f"log-normal sigma {sigma:.3f}",
+            "sigma": run_sigma if sigma is None else sigma,
+            "measured_sigma": run_sigma,
+            "spread": spread_of(recorded) if sigma is None else sigma * RANGE_IN_SIGMAS,
+            "recorded_points": len(recorded),
+            "space_points": len(data["points"]),
+            "runs": sum(len(p["runs"]) for p in recorded),
+            "sessions": data.get("sessions", []),
+            "how": f"{data['how']}; {len(recorded)} of {len(data['points'])} points recorded, "
+            f"{sum(len(p['runs']) for p in recorded)} runs",
+        }
+    )
+
+
+def plan_grid(points: list[dict]) -> dict:
+    """The space's values per parameter, in the order the points first show them."""
+    grid: dict = {}
+    for p in points:
+        for k, v in p["levers"].items():
+            if v not in grid.setdefault(k, []):
+                grid[k].append(v)
+    return grid
+
+
+def gemma3_1b_l4_knobs(sigma: float) -> dict:
+    """A MODEL, not a measurement: sweeps/gemma3_1b_l4.yaml's knob space (its concessions' parameters
+    taken out: the seed baseline's recipe held), every point as the sweeper forecasts it (plan_of).
+
+    As gemma3_1b_l4: true peak = predicted x exp(N(0, GEMMA_ESTIMATOR_SIGMA)) (over the budget: an
+    OOM, start + half a step); true tokens/s = the throughput model's (the model is the truth: the
+    model start's best case); step seconds from the recipe's tokens per step (held: the same at every
+    point); start seconds from the measured H200 trial; one run shows true x exp(N(0, sigma))."""
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    plan = plan_of("gemma3_1b_l4_knobs", GEMMA_KNOBS_OVERRIDES)
+    judged = forecasts(plan)
+    base = compose_train_config(["+sweeps=gemma3_1b_l4"])
+    speed = relative_step_time(base)
+    tokens_per_step = speed["step_s"] * speed["tokens_per_s"]
+    check = json.loads(GPU_CHECK.read_text())["cases"]["l4"]  # a real trial on the H200 (3 steps)
+    start = check["wall_time_s"] - check["steps"] * check["step_time_s"]
+    steps = int(base.trial.steps)
+    rng = random.Random(SEED)
+    points = []
+    for f in judged.values():
+        true_peak = f.predicted_bytes * math.exp(rng.gauss(0, GEMMA_ESTIMATOR_SIGMA))
+        true_speed = f.tokens_per_s
+        ok = true_peak <= f.limit_bytes
+        step_s = tokens_per_step / true_speed
+        points.append(
+            with_forecast(
+                {
+                    "levers": f.params,
+                    "status": "ok" if ok else "oom",
+                    "refused": False,
+                    "tokens_per_s": true_speed if ok else None,
+                    "peak_memory_bytes": int(min(true_peak, f.limit_bytes)),
+                    "memory_source": "cuda",
+                    "deficit_bytes": None if ok else int(true_peak - f.limit_bytes),
+                    "start_s": start,
+                    "step_s": [step_s] * steps,
+                    "oom_s": start + 0.5 * step_s,
+                    "cost_source": "model",
+                },
+                f,
+            )
+        )
+    return finish(
+        {
+            "name": "gemma3_1b_l4_knobs",
+            "grid": plan["space"]["parameters"],
+            "points": points,
+            "budget_bytes": int(base.gpu.memory_gib * 2**30),
+            "steps": steps,
+            "first_timed_step": 2,
+            "noise": f"log-normal sigma {sigma:.3f}",
+            "sigma": sigma,
+            "spread": sigma * RANGE_IN_SIGMAS,
+            "how": "A MODEL, not a measurement: sweeps/gemma3_1b_l4.yaml's knobs (recipe held: the seed baseline), "
+            f"each point as `grpo-sweep plan` forecasts it; true peak = predicted x exp(N(0, {GEMMA_ESTIMATOR_SIGMA})); "
+            "true tokens/s = the throughput model's; "
+            f"start {start:.0f} s from a measured H200 trial; an OOM costs start + half a step",
+        }
+    )
+
+
 if __name__ == "__main__":
     print(f"wrote {GEMMA}: {len(build_gemma()['points'])} points")

@@ -17,6 +17,7 @@ import overhead  # noqa: E402
 import recipe_held  # noqa: E402
 import record_grid  # noqa: E402
 import search_efficiency  # noqa: E402
+import search_real_space  # noqa: E402
 import trial_start  # noqa: E402
 import vllm_vs_hf  # noqa: E402
 from common import RESULTS, markdown_table, measured_at, run_python  # noqa: E402
@@ -30,6 +31,7 @@ def main(record: bool) -> dict:
     search_efficiency.main()
     calibration_replay.main()
     recipe_held.main(recipe_held.SEEDS)  # reads search_efficiency.json: after it
+    search_real_space.main(search_real_space.SEEDS, search_real_space.landscapes.TINY_VLLM, "make bench")
     vllm_vs_hf.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
@@ -44,6 +46,7 @@ def summarize(keep_measured_at: bool = False) -> dict:
     load = lambda name: json.loads((RESULTS / f"{name}.json").read_text())  # noqa: E731
     previous = load("summary") if (RESULTS / "summary.json").exists() else {}
     recipe = load("recipe_held") if (RESULTS / "recipe_held.json").exists() else {}
+    real = load("search_real_space") if (RESULTS / "search_real_space.json").exists() else {}
     start, over, search = load("trial_start"), load("overhead"), load("search_efficiency")
     accuracy = load("estimator_accuracy")["summary"]
     summary = {
@@ -123,6 +126,10 @@ def summarize(keep_measured_at: bool = False) -> dict:
         # `_recipe_held_<space>`), and the old spaces replayed again beside them (`_old_space_rerun`).
         **{k: v for k, v in recipe.items() if "_recipe_held_" in k or k.endswith("_old_space_rerun")},
         "recipe_held_measured_at": recipe.get("measured_at"),
+        # Issue 41: the search on the shipped sweeps' own spaces (bench/search_real_space.py): the measured
+        # tiny_cpu_vllm landscape and the Gemma 3 1B / L4 knob space (a model), per start, beside random and TPE.
+        **{k: v for k, v in real.items() if "_real_space_" in k},
+        "real_space_measured_at": real.get("measured_at"),
         "measured_at": previous.get("measured_at") if keep_measured_at and previous.get("measured_at") else measured_at(),
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -135,6 +142,7 @@ def summarize(keep_measured_at: bool = False) -> dict:
         "search_seconds",
         "calibration_replay",
         "recipe_held",
+        "search_real_space",
         "vllm_vs_hf",
         "estimator_accuracy",
     ):

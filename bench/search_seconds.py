@@ -89,11 +89,14 @@ def sweep(
     n_startup_trials: int | None = None,
     neighbour_every: int | None = None,
     calibrate: bool = False,
+    start: str | None = None,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials.
-    frontier / n_startup_trials / neighbour_every: None, the plugin's defaults (hydra.sweeper.frontier_start,
-    n_startup_trials, neighbour_every)."""
+    frontier / n_startup_trials / neighbour_every / start: None, the plugin's defaults (hydra.sweeper.frontier_start,
+    n_startup_trials, neighbour_every, start). A landscape whose points carry the sweeper's forecast
+    (landscapes.forecasts) starts as the sweeper's start.choose does (model: the predicted fastest fits;
+    memory: the fullest); one without (the old landscapes) starts from memory, by its predicted peaks."""
     import logging
 
     import optuna
@@ -118,16 +121,27 @@ def sweep(
     neighbour_every = conf.neighbour_every if neighbour_every is None else neighbour_every
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space, n_startup_trials))
-    if frontier:  # hydra.sweeper.frontier_start: the estimator's fullest predicted fits first
+    start = conf.start if start is None else start
+    composed: list = []
+    if frontier and start != "none":  # hydra.sweeper.frontier_start points, as hydra.sweeper.start says
         from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
 
-        composed = list(frontier_start.candidates(land["grid"], seed))
-        fullness = [
-            (params, land["by_key"][key(params)]["predicted_peak_bytes"] / land["budget_bytes"])
-            for params in composed
-            if key(params) in land["by_key"]
-        ]
-        for params in frontier_start.pick(fullness, frontier, seed):
+        if "forecast" in land["points"][0]:
+            from hydra_plugins.grpo_optuna_sweeper import start as start_points
+
+            composed = [p["forecast"] for p in land["points"]]
+            estimated = [f for f in composed if f.error is None]
+            picks = start_points.choose(start, estimated, frontier, seed)[1]
+        else:
+            # no predicted speeds (the old landscapes): start=model falls back to memory, as start.choose does
+            composed = list(frontier_start.candidates(land["grid"], seed))
+            fullness = [
+                (params, land["by_key"][key(params)]["predicted_peak_bytes"] / land["budget_bytes"])
+                for params in composed
+                if key(params) in land["by_key"]
+            ]
+            picks = frontier_start.pick(fullness, frontier, seed)
+        for params in picks:
             study.enqueue_trial(params)
     rng = random.Random(1_000_003 * seed + 17)
     compose_s = land.get("compose_s", 0.0)  # the sweeper composes and estimates a config: measured per landscape
@@ -138,7 +152,7 @@ def sweep(
     budget = land["budget_bytes"]
     # The frontier start composes and estimates every candidate before the first trial (charged here:
     # its measured seconds, measure_frontier_s, else one compose per candidate).
-    clock = land.get("frontier_s", compose_s * len(composed)) if frontier else 0.0
+    clock = land.get("frontier_s", compose_s * len(composed)) if composed else 0.0
     found_s, counted, pick_no_confirm = None, 0, None
     verdicts: dict = {}  # the sweeper's Prescreen.move_verdicts: a neighbour move's candidate -> may it run
     stopped_good: list[int] = []  # trials of a point within 5 % that early stop cut short (noise)
@@ -153,7 +167,7 @@ def sweep(
         (calibrate) the correction the study's measured trials give (calibration.py)."""
         phases = {"training": point["predicted_peak_bytes"]}
         if not calibrate:
-            return prescreen_verdict(point["predicted_peak_bytes"], budget, conf.prescreen_margin)
+            return prescreen_verdict(point["predicted_peak_bytes"], point.get("limit_bytes", budget), conf.prescreen_margin)
         finished = [t.user_attrs for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
         c = calibration.calibrate(
             phases, "trl", calibration.observations(finished), conf.prescreen_margin, conf.prescreen_calibrate
@@ -240,8 +254,9 @@ def sweep(
             for _ in range(confirm.planned(study) - ran):
                 trial = study.ask(space)
                 run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
-    ranked = verdict(study).ranked if constrained else []  # best.yaml's winner: the best median, a tie to the safer
-    pick = _picked(ranked[0].item, land) if ranked else pick_no_confirm
+    ruling = verdict(study) if constrained else None  # best.yaml's winner: the best median, a tie to the safer
+    pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
+    leader = _picked(ruling.leader.item, land) if ruling and ruling.leader else pick  # the best median alone
     return {
         "found_s": found_s,
         "seconds": clock,
@@ -249,6 +264,8 @@ def sweep(
         "confirm_s": clock - search_s,
         "pick": pick,
         "pick_no_confirm": pick_no_confirm,
+        "leader": leader,
+        "tie": bool(ruling and ruling.tie),
         "trials": counted,
         "stopped_good": len(stopped_good),
         "oom_trials": oom_trials[0],
@@ -295,7 +312,7 @@ def move_allowed(land: dict, prescreen: bool, margin: float):
             return False
         if not prescreen or point.get("predicted_peak_bytes") is None:
             return True
-        return prescreen_verdict(point["predicted_peak_bytes"], land["budget_bytes"], margin) is None
+        return prescreen_verdict(point["predicted_peak_bytes"], point.get("limit_bytes", land["budget_bytes"]), margin) is None
 
     return runs
 
@@ -372,9 +389,10 @@ def evaluate(
     frontier: int | None = None,
     n_startup_trials: int | None = None,
     neighbour_every: int | None = None,
+    start: str | None = None,
 ) -> dict:
     """Every strategy over `seeds` seeds on `land`; the summary keys (without a landscape suffix).
-    frontier / n_startup_trials / neighbour_every: None, the plugin's defaults (sweep resolves them)."""
+    frontier / n_startup_trials / neighbour_every / start: None, the plugin's defaults (sweep resolves them)."""
     runs_found, runs_pick = [], []
     for seed in range(seeds):
         common = {
@@ -383,6 +401,7 @@ def evaluate(
             "frontier": frontier,
             "n_startup_trials": n_startup_trials,
             "neighbour_every": neighbour_every,
+            "start": start,
         }
         runs_found.append(sweep(land, seed, confirm_top=0, until_found=True, **common))
         runs_pick.append(sweep(land, seed, confirm_top=confirm_top, confirm_repeats=confirm_repeats, **common))
@@ -392,8 +411,15 @@ def evaluate(
         "search_median_seconds_no_confirm": median(_charge(f) for f in runs_found),
         "search_p90_seconds": sorted(charged)[int(0.9 * len(charged))],
         "search_median_confirm_seconds": median(p["confirm_s"] for p in runs_pick),
+        # Confirmation's seconds as a share of its sweep's (hydra.sweeper.confirm_budget caps it): median, worst.
+        "confirm_share_median": median(p["confirm_s"] / p["seconds"] for p in runs_pick),
+        "confirm_share_max": max(p["confirm_s"] / p["seconds"] for p in runs_pick),
         "pick_within_5pct_rate": _rate((p["pick"] for p in runs_pick), land),
         "pick_within_5pct_rate_no_confirm": _rate((f["pick_no_confirm"] for f in runs_found), land),
+        # The tie rule's part in the pick: how often the leader was within noise of another finalist (a
+        # tie, won by the most memory headroom), and the rate had the best median always won.
+        "tie_rate": sum(p["tie"] for p in runs_pick) / len(runs_pick),
+        "pick_within_5pct_rate_best_median": _rate((p["leader"] for p in runs_pick), land),
         # How far off the pick is, not only whether it clears the 5 % line: its true value / the
         # optimum, the median and the worst tenth over the seeds.
         "pick_of_optimum_median": median(_of_optimum(p["pick"], land) for p in runs_pick),
@@ -405,15 +431,30 @@ def evaluate(
     }
     if others:
         tpe = [
-            sweep(
-                land, s, n_trials=N_TRIALS, stop_below=None, confirm_top=0, prescreen=False, constrained=False, until_found=True
-            )
+            sweep(land, s, n_trials=N_TRIALS, stop_below=None, confirm_top=0, until_found=True, **TPE_UNCONSTRAINED)
             for s in range(seeds)
         ]
         out["tpe_unconstrained_median_seconds"] = median(_charge(t) for t in tpe)
+        out["tpe_unconstrained_pick_within_5pct_rate"] = _rate((t["pick_no_confirm"] for t in tpe), land)
         out["random_median_seconds"] = median(random_seconds(land, s) for s in range(seeds))
+        out["random_pick_within_5pct_rate"] = _rate((random_pick(land, s) for s in range(seeds)), land)
         out["grid_seconds"] = sum(full_seconds(p) for p in land["points"])
     return out
+
+
+# hydra-optuna-sweeper's TPE: no pre-screen, an OOM a failed trial, no start points, no neighbour moves
+# (constrained=False), Optuna's own 10 random startup trials.
+TPE_UNCONSTRAINED = {"prescreen": False, "constrained": False, "frontier": 0, "n_startup_trials": 10}
+
+
+def random_pick(land: dict, seed: int, n_trials: int = N_TRIALS) -> dict | None:
+    """Random search's pick after `n_trials` points (uniform, without replacement, as random_seconds
+    draws them): the point whose one run showed the most, among those that fit."""
+    points = list(land["points"])
+    random.Random(seed).shuffle(points)
+    rng = random.Random(1_000_003 * seed + 17)
+    shown = [(draw_run(land, p, rng)["tokens_per_s"], i, p) for i, p in enumerate(points[:n_trials]) if p["status"] == "ok"]
+    return max(shown)[2] if shown else None
 
 
 def _charge(run: dict) -> float:

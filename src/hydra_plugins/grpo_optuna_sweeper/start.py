@@ -144,25 +144,9 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
     if all(f.limit_bytes is None for f in estimated):
         log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
         return
-    ranking = forecast.fastest_first(estimated, len(estimated), settings.seed)
+    mode, picks, ranking = choose(mode, estimated, count, settings.seed)
     study.set_user_attr(MODEL_RANKING_ATTR, ranking_attr(ranking, len(forecasts), sum(f.fits for f in estimated)))
-    if mode == "model" and not ranking and any(f.fits for f in estimated):
-        # a card without datasheet speeds: the memory start is the next best guess
-        log.info(
-            "Model start: no point predicted to fit has a predicted speed (conf/gpu has no tflops_bf16/bandwidth_gbs); "
-            "the memory-first start runs instead"
-        )
-        mode = "memory"
-    if mode == "model":
-        picks = [f.params for f in ranking[:count]]
-        words = "fastest predicted fit first"
-    else:
-        # A fit whose generation runs in N waves (vLLM's KV cache holds fewer sequences than the batch) is
-        # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
-        # (The memory start as it always ranked: by the peak alone, vLLM's start-up not asked.)
-        fullness = [(f.params, f.share / f.waves if f.share <= 1 else f.share) for f in estimated if f.share is not None]
-        picks = frontier.pick(fullness, count, settings.seed)
-        words = "fullest predicted fit first"
+    words = "fastest predicted fit first" if mode == "model" else "fullest predicted fit first"
     if not picks:
         log.info(
             "Frontier start: none of the %d candidates is predicted to fit the allowed memory; "
@@ -180,6 +164,30 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
         words,
         "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
     )
+
+
+def choose(
+    mode: str, estimated: list[forecast.Forecast], count: int, seed: int | None
+) -> tuple[str, list[dict], list[forecast.Forecast]]:
+    """The start's picks from the estimated points: (the mode that ran, up to `count` points' params,
+    the model's whole predicted order). `model`: the predicted fastest fits (forecast.fastest_first);
+    `memory`: the fullest predicted fits (frontier.pick). The search replay (bench/search_seconds.py)
+    calls it on a landscape's forecast, so the bench starts where the sweeper starts."""
+    ranking = forecast.fastest_first(estimated, len(estimated), seed)
+    if mode == "model" and not ranking and any(f.fits for f in estimated):
+        # a card without datasheet speeds: the memory start is the next best guess
+        log.info(
+            "Model start: no point predicted to fit has a predicted speed (conf/gpu has no tflops_bf16/bandwidth_gbs); "
+            "the memory-first start runs instead"
+        )
+        mode = "memory"
+    if mode == "model":
+        return mode, [f.params for f in ranking[:count]], ranking
+    # A fit whose generation runs in N waves (vLLM's KV cache holds fewer sequences than the batch) is
+    # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
+    # (The memory start as it always ranked: by the peak alone, vLLM's start-up not asked.)
+    fullness = [(f.params, f.share / f.waves if f.share <= 1 else f.share) for f in estimated if f.share is not None]
+    return mode, frontier.pick(fullness, count, seed), ranking
 
 
 MODEL_RANKING_ATTR = "model_ranking"  # study user attr: the model's predicted order (ranking_attr)

@@ -1,0 +1,70 @@
+"""bench/search_real_space.py: the spaces it replays are the shipped sweeps' own, judged by the
+sweeper's own forecast, and its replay starts and prunes where the sweeper would.
+
+Seconds: the spaces load from bench/data (the recorded landscape, the cached plans) and one seed runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import landscapes  # noqa: E402
+import record_grid  # noqa: E402
+import search_seconds  # noqa: E402
+
+from hydra_plugins.grpo_optuna_sweeper import start  # noqa: E402
+from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    land = landscapes.tiny_cpu_vllm()
+    land.update(compose_s=0.05, move_check_s=0.05, frontier_s=1.0)  # the sweeper's own seconds: small beside a trial
+    return land
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    land = landscapes.gemma3_1b_l4_knobs(sigma=0.2)
+    land.update(compose_s=0.05, move_check_s=0.05, frontier_s=1.0)
+    return land
+
+
+def test_the_cached_plans_are_the_shipped_sweeps_spaces(tiny, gemma):
+    """A changed sweep file makes the cached forecast stale: the plan's points must be the file's space
+    (tiny: every point; Gemma: the knobs, its concessions' parameters taken out)."""
+    sweeps = ROOT / "src" / "grpo_sweep" / "conf" / "sweeps"
+    plan = landscapes.forecasts(landscapes.plan_of("tiny_cpu_vllm", ("+sweeps=tiny_cpu_vllm",)))
+    assert {landscapes.key(p) for p in record_grid.sweep_points("tiny_cpu_vllm")} == set(plan)
+    assert set(tiny["by_key"]) <= set(plan) and tiny["recorded_points"] == len(tiny["points"])
+    params = yaml.safe_load((sweeps / "gemma3_1b_l4.yaml").read_text())["hydra"]["sweeper"]["params"]
+    knobs = [k for k in params if k not in landscapes.GEMMA_CONCESSION_PARAMS]
+    assert sorted(gemma["grid"]) == sorted(knobs)
+    assert len(gemma["points"]) == len(gemma["by_key"]) == 384
+
+
+def test_the_replays_prescreen_is_the_plans_verdict_and_refused_starts_are_infeasible(tiny):
+    for p in tiny["points"]:
+        assert (prescreen_verdict(p["predicted_peak_bytes"], p["limit_bytes"], 0.1) is None) == p["forecast"].runs, p["levers"]
+    refused = [p for p in tiny["points"] if p["refused"]]
+    assert refused and all(p["status"] == "oom" and p["oom_s"] > 0 for p in refused)
+    assert all(not p["forecast"].fits for p in refused)  # the plan predicts vLLM would not start there
+
+
+@pytest.mark.parametrize("mode", ["model", "memory", "none"])
+def test_the_replay_starts_where_the_sweeper_starts(tiny, mode):
+    run = search_seconds.sweep(tiny, 0, n_trials=search_seconds.N_TRIALS, stop_below=0.5, confirm_top=3, start=mode)
+    estimated = [p["forecast"] for p in tiny["points"]]
+    picks = start.choose(mode, estimated, 5, 0)[1] if mode != "none" else []
+    first = [t.params for t in run["study"].trials[: len(picks)]]
+    assert first == picks
+    if mode == "model":  # the predicted fastest fits, each predicted to fit
+        assert all(tiny["by_key"][landscapes.key(p)]["forecast"].fits for p in picks)
+    assert run["pick"] is not None and run["pick"]["status"] == "ok"
+    # confirmation stops once confirm_budget (25 %) of the sweep's seconds is spent: at most one round past it
+    assert 0 <= run["confirm_s"] <= 0.25 * run["seconds"] + 3 * max(search_seconds.full_seconds(p) for p in tiny["points"])
