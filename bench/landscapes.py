@@ -268,7 +268,11 @@ def plan_of(name: str, overrides: tuple[str, ...], fresh: bool = False) -> dict:
         if data.get("overrides") == list(overrides):
             return data
     done = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep", "plan", *overrides, "--json"], cwd=ROOT, capture_output=True, text=True, check=False
+        [sys.executable, "-c", "from grpo_sweep.cli import main; main()", "plan", *overrides, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"grpo-sweep plan {' '.join(overrides)} failed: {done.stderr[-2000:]}")
