@@ -236,7 +236,10 @@ def test_every_public_call_and_the_cached_storages_private_ones_are_retried_but_
     public = {n for n in dir(optuna.storages.BaseStorage) if not n.startswith("_")}
     assert set(st.RETRIED_CALLS) == (public | set(st.CACHED_STORAGE_CALLS)) - {"record_heartbeat"}
     assert list(st.RETRIED_CALLS) == sorted(st.RETRIED_CALLS)
-    for cls, base in ((st.RetryingRDBStorage, optuna.storages.RDBStorage), (st.RetryingJournalStorage, optuna.storages.JournalStorage)):
+    for cls, base in (
+        (st.RetryingRDBStorage, optuna.storages.RDBStorage),
+        (st.RetryingJournalStorage, optuna.storages.JournalStorage),
+    ):
         for name in st.RETRIED_CALLS:
             if callable(getattr(base, name, None)):
                 method = getattr(cls, name)
@@ -335,7 +338,11 @@ def test_a_repair_run_twice_in_one_second_keeps_both_originals(tmp_path, monkeyp
         path.write_bytes(original)
         st.repair_journal(path)
         assert path.read_bytes() == a
-    names = ["study.journal.torn-20300102T030405.bak", "study.journal.torn-20300102T030405-2.bak", "study.journal.torn-20300102T030405-3.bak"]
+    names = [
+        "study.journal.torn-20300102T030405.bak",
+        "study.journal.torn-20300102T030405-2.bak",
+        "study.journal.torn-20300102T030405-3.bak",
+    ]
     assert [(tmp_path / n).read_bytes() for n in names] == originals
     assert not (tmp_path / "study.journal.repair.tmp").exists()
 
