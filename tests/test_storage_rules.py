@@ -434,3 +434,38 @@ def test_the_lock_names_its_holder_and_a_gone_holders_lock_is_released(tmp_path,
         lock._release_if_holder_gone()
     assert not lock_file.exists() and not list(tmp_path.glob("*.gone"))
     assert caplog.messages == [f"Journal lock {lock_file} was held by process {gone} of this host, which is gone: released"]
+
+
+def test_asking_whether_a_process_lives_sends_it_no_signal():
+    """kill(pid, 0) only checks: a live process asked about keeps running (with default handlers,
+    any real signal would end it)."""
+    code = (
+        "import signal, sys, time\n"
+        "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"  # its handlers are the defaults from here on
+        for _ in range(3):
+            assert st._pid_alive(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.3)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_repair_says_so_in_the_log(tmp_path, caplog):
+    path = tmp_path / "study.journal"
+    path.write_bytes(b'{"op_code": 0}\ntorn')
+    with caplog.at_level(logging.WARNING, logger=st.__name__):
+        message = st.repair_journal(path)
+    assert caplog.messages == [message] and message.startswith(f"Journal {path} repaired: dropped 4 torn bytes")
+
+
+def test_the_password_is_read_after_the_first_scheme_separator():
+    """A URL whose query holds another URL: the password is the one before the host, and masked."""
+    source = "postgresql://user:pw@host/db?target_session_attrs=any&redirect=http://proxy"
+    assert st._first_line(OSError("login pw refused"), source) == "OSError: login *** refused"
