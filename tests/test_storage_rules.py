@@ -469,3 +469,34 @@ def test_the_password_is_read_after_the_first_scheme_separator():
     """A URL whose query holds another URL: the password is the one before the host, and masked."""
     source = "postgresql://user:pw@host/db?target_session_attrs=any&redirect=http://proxy"
     assert st._first_line(OSError("login pw refused"), source) == "OSError: login *** refused"
+
+
+def test_any_storage_class_behind_the_mixin_has_every_call_retried(clock):
+    """The mixin placed before a storage class (here Optuna's in-memory storage, whose
+    get_all_studies fails once with a full disk) wraps each of its RETRIED_CALLS in call_with_retry
+    under the call's own name, and leaves the heartbeat alone."""
+
+    class Flaky(optuna.storages.InMemoryStorage):
+        def __init__(self):
+            super().__init__()
+            self.failures = [OSError(errno.ENOSPC, "No space left on device")]
+
+        def get_all_studies(self):
+            if self.failures:
+                raise self.failures.pop()
+            return super().get_all_studies()
+
+    class RetryingFlaky(st._RetriesEveryCall, Flaky):
+        pass
+
+    storage = RetryingFlaky(retry_s=5, source="memory")
+    assert (storage.retry_s, storage.source) == (5, "memory")
+    assert storage.get_all_studies() == [] and clock.sleeps == [0.5]
+    for name in st.RETRIED_CALLS:
+        if callable(getattr(Flaky, name, None)):
+            assert getattr(RetryingFlaky, name).__name__ == getattr(RetryingFlaky, name).__qualname__ == name
+    assert "record_heartbeat" not in RetryingFlaky.__dict__
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.set_user_attr("a", 1)
+    assert storage.get_study_user_attrs(study._study_id) == {"a": 1}
+    assert st.without_retry(storage, "get_all_studies").__func__ is Flaky.get_all_studies
