@@ -1130,3 +1130,22 @@ def test_prescreen_records_its_prediction_by_hand(tmp_path):
     unpriced = OmegaConf.create(OmegaConf.to_container(cfg))
     del unpriced["model"]
     assert predicted_tokens_per_s(unpriced) is None  # a config the model cannot price: no prediction
+
+
+def test_the_told_line_ends_with_the_progress_by_hand(tmp_path, caplog):
+    """The told line ends with the study's progress in the sweep's objective: the count, the best
+    feasible value so far and its trial, the time left."""
+    import logging
+
+    from hydra_plugins.grpo_optuna_sweeper import tell as tell_module
+    from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    trial = study.ask()
+    with caplog.at_level(logging.INFO, logger=tell_module.__name__):
+        _tell(sweeper, study, trial, Outcome("COMPLETE", 12.5, 0.0, {"status": "ok"}))
+    (line,) = caplog.messages
+    told, _, left = line.partition(" | ~")
+    assert told == "Trial 0: COMPLETE ok (tokens_per_s=12.5) | trial 1/8 | best tokens_per_s=12.5 (trial 0)"
+    assert re.fullmatch(r"\d+s left", left), line
