@@ -722,3 +722,23 @@ def test_allowed_vllm_shares_by_hand():
         assert shares(0.05, bound, 0.95)[-1] == 0.95 and shares(0.99, 0.0, bound)[-1] == 0.1, bound
     (move,) = allowed_shares(SimpleNamespace(gpu_memory_utilization=0.5), 0.95, 0.95)
     assert move.label == "vLLM share 0.5 -> 0.95 (within what the vLLM error allows)" and not move.needs_hardware
+
+
+def test_a_move_fits_up_to_the_limit_and_the_shares_vllm_allows_by_hand():
+    """The doctor's judge: a change fits when its need is at most the limit (equal fits) and its vLLM
+    share lies within the bounds the error allows (a bound itself is allowed); its speed is priced
+    in the logits mode the doctor uses, so no change costs nothing."""
+    from grpo_sweep.memory.doctor import _Judge
+    from grpo_sweep.memory.estimator import estimate
+
+    cfg = compose(["gpu=l4_24g"])  # a config that fits its card
+    util = cfg.gpu_memory_utilization
+    for mode in ("full", "chunked"):
+        base = estimate(cfg, mode)
+        need = _Judge(cfg, base, mode, 0, 10**15, 0.0, 1.0).score({}).need
+        assert _Judge(cfg, base, mode, 0, 10**15, 0.0, 1.0).score({}).speed_cost_pct == 0.0
+        assert _Judge(cfg, base, mode, 0, need, util, util).score({}).fits  # at the limit, at both bounds
+        assert not _Judge(cfg, base, mode, 0, need - 1, util, util).score({}).fits
+        assert not _Judge(cfg, base, mode, 0, None, 0.0, 1.0).score({}).fits  # no budget known: never "fits"
+        assert not _Judge(cfg, base, mode, 0, need, round(util + 0.05, 2), 1.0).score({}).fits
+        assert _Judge(cfg, base, mode, 7, need + 7, util, util).score({}).need == need + 7
