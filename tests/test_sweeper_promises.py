@@ -1075,7 +1075,7 @@ def test_the_told_line_and_what_is_told_by_hand(tmp_path, caplog):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=tell_module.__name__):
             _tell(sweeper, study, trial, outcome)
-        (line,) = caplog.messages
+        (line,) = [r.getMessage() for r in caplog.records if r.name == tell_module.__name__]
         assert line.startswith(f"Trial {trial.number}: {shown} | trial "), line
         frozen = study.trials[trial.number]
         assert frozen.state.name == outcome.state
@@ -1145,7 +1145,7 @@ def test_the_told_line_ends_with_the_progress_by_hand(tmp_path, caplog):
     trial = study.ask()
     with caplog.at_level(logging.INFO, logger=tell_module.__name__):
         _tell(sweeper, study, trial, Outcome("COMPLETE", 12.5, 0.0, {"status": "ok"}))
-    (line,) = caplog.messages
+    (line,) = [r.getMessage() for r in caplog.records if r.name == tell_module.__name__]
     told, _, left = line.partition(" | ~")
     assert told == "Trial 0: COMPLETE ok (tokens_per_s=12.5) | trial 1/8 | best tokens_per_s=12.5 (trial 0)"
     assert re.fullmatch(r"\d+s left", left), line
