@@ -697,3 +697,48 @@ def test_doctor_result_fields_by_hand():
     cfg = compose(["model=gemma3_1b", "preset=seed_optimized", "gpu=l4_24g", "backend.name=trl_vllm"])
     no_sizes = diagnose(cfg, parse_oom_message(_kv_error("FINDINGS-cpu-no-cache-blocks")))
     assert no_sizes.observed_need_bytes is None and no_sizes.unexplained_bytes == 0
+
+
+def test_allowed_vllm_shares_by_hand():
+    """The shares a vLLM error allows, in 0.05 steps from the nearest to the current one: up to 0.95
+    when the error asks for more, down to 0.1 when the card has less free; each a move that names
+    the change. (vllm_limits puts both bounds on the 0.05 grid.)"""
+    from types import SimpleNamespace
+
+    from grpo_sweep.memory.doctor import allowed_shares
+
+    def shares(util, lo, hi):
+        moves = allowed_shares(SimpleNamespace(gpu_memory_utilization=util), lo, hi)
+        assert all(m.group == "vllm_share" and list(m.overrides) == ["gpu_memory_utilization"] for m in moves)
+        return [m.overrides["gpu_memory_utilization"] for m in moves]
+
+    assert shares(0.5, 0.7, 0.95) == [0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+    assert shares(0.5, 0.95, 0.95) == [0.95]
+    assert shares(0.9, 0.0, 0.35) == [0.35, 0.3, 0.25, 0.2, 0.15, 0.1]
+    assert shares(0.9, 0.0, 0.1) == [0.1]
+    # Every bound on the grid reaches its end (0.95 or 0.1), whatever the float arithmetic gives.
+    for k in range(2, 20):
+        bound = round(0.05 * k, 2)
+        assert shares(0.05, bound, 0.95)[-1] == 0.95 and shares(0.99, 0.0, bound)[-1] == 0.1, bound
+    (move,) = allowed_shares(SimpleNamespace(gpu_memory_utilization=0.5), 0.95, 0.95)
+    assert move.label == "vLLM share 0.5 -> 0.95 (within what the vLLM error allows)" and not move.needs_hardware
+
+
+def test_a_move_fits_up_to_the_limit_and_the_shares_vllm_allows_by_hand():
+    """The doctor's judge: a change fits when its need is at most the limit (equal fits) and its vLLM
+    share lies within the bounds the error allows (a bound itself is allowed); its speed is priced
+    in the logits mode the doctor uses, so no change costs nothing."""
+    from grpo_sweep.memory.doctor import _Judge
+    from grpo_sweep.memory.estimator import estimate
+
+    cfg = compose(["gpu=l4_24g"])  # a config that fits its card
+    util = cfg.gpu_memory_utilization
+    for mode in ("full", "chunked"):
+        base = estimate(cfg, mode)
+        need = _Judge(cfg, base, mode, 0, 10**15, 0.0, 1.0).score({}).need
+        assert _Judge(cfg, base, mode, 0, 10**15, 0.0, 1.0).score({}).speed_cost_pct == 0.0
+        assert _Judge(cfg, base, mode, 0, need, util, util).score({}).fits  # at the limit, at both bounds
+        assert not _Judge(cfg, base, mode, 0, need - 1, util, util).score({}).fits
+        assert not _Judge(cfg, base, mode, 0, None, 0.0, 1.0).score({}).fits  # no budget known: never "fits"
+        assert not _Judge(cfg, base, mode, 0, need, round(util + 0.05, 2), 1.0).score({}).fits
+        assert _Judge(cfg, base, mode, 7, need + 7, util, util).score({}).need == need + 7

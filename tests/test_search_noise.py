@@ -509,3 +509,12 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
     assert all(len(f["runs"]) >= 2 and f["spread"] is not None for f in best["finalists"])
     assert best["confirmation"]["stopped"] == state["stopped"] and "Confirmation:" in result.stdout
     assert "id=finalists" in report
+
+
+def test_the_noise_is_measured_even_when_no_config_competes():
+    """The noise comes from every config of the study; a verdict with no competing config (none
+    confirmed yet) still carries it, for the report to show."""
+    items = [("a", 90.0), ("a", 110.0), ("b", 50.0)]
+    verdict = best_rule.decide(items, value=lambda x: x[1], group=lambda x: x[0], direction="maximize", compete=[])
+    assert (verdict.by_median, verdict.tie, verdict.winner, verdict.ranked) == ([], [], None, [])
+    assert (verdict.sigma, verdict.noise_configs) == (pytest.approx(0.02**0.5), 1)  # (90, 110) about 100: 0.1 each

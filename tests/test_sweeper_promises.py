@@ -1005,3 +1005,151 @@ def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
     cfg = compose(["+sweeps=tiny_cpu", "gpu.memory_gib=0.001"])
     verdict = _prescreen(gp, _study(gp).ask(), cfg, budget_bytes(cfg))
     assert (verdict.state, verdict.value) == ("COMPLETE", 0.0) and verdict.constraint > 0
+
+
+def test_counts_and_room_by_hand(tmp_path):
+    """What counts toward n_trials: COMPLETE, PRUNED, and a FAIL that was neither retried nor a
+    surplus; room = target - counted - running - queued. Worked out by hand on a real study."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.progress import counts, room
+    from hydra_plugins.grpo_optuna_sweeper.workers import retry
+
+    study = _study(_sweeper(tmp_path))
+    assert counts(study) == (0, []) and room(study, 5) == 5
+    done, pruned, failed, retried, surplus = (study.ask() for _ in range(5))
+    study.tell(done, 1.0)
+    study.tell(pruned, state=optuna.trial.TrialState.PRUNED)
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    study.tell(retried, state=optuna.trial.TrialState.FAIL)
+    surplus.set_user_attr("status", "surplus")
+    study.tell(surplus, state=optuna.trial.TrialState.FAIL)
+    assert counts(study) == (4, [])  # the retry is not enqueued yet: the failure counts
+    retry(study, study.trials[retried.number], max_retry=2)  # WAITING, its retry_history names `retried`
+    running = [study.ask() for _ in range(3)]  # the retry first, then two new trials
+    assert counts(study) == (3, sorted(t.number for t in running))
+    study.enqueue_trial({})
+    assert room(study, 10) == 10 - 3 - 3 - 1
+    assert room(study, 3) == 3 - 3 - 3 - 1  # negative: more than the target under way
+
+
+def test_time_left_and_durations_by_hand():
+    from hydra_plugins.grpo_optuna_sweeper.progress import Progress, _duration, _num
+
+    t0 = datetime.datetime(2026, 1, 1, 12, 0, 0)
+    fresh = Progress(4, t0)
+    assert fresh.time_left(0, t0) is None and fresh.time_left(1, t0 + datetime.timedelta(seconds=10)) == 30.0
+    assert fresh.time_left(6, t0 + datetime.timedelta(seconds=10)) == 0.0  # past the target: nothing left
+    resumed = Progress(10, t0)
+    resumed.start(3)
+    assert resumed.time_left(3, t0) is None and resumed.time_left(2, t0) is None
+    assert resumed.time_left(5, t0 + datetime.timedelta(seconds=100)) == 100 / 2 * 5
+    assert resumed.line(12, None, "x", now=t0) == "trial 10/10 | no feasible trial yet | ~0s left"
+    assert [_duration(s) for s in (0, 59.4, 59.6, 60, 61, 3599, 3600, 3661, 7322)] == [
+        "0s", "59s", "1m00s", "1m00s", "1m01s", "59m59s", "1h00m", "1h01m", "2h02m",
+    ]  # fmt: skip
+    assert [_num(v) for v in (123.456, 0.000123456, 1e9, math.inf, -math.inf)] == ["123.5", "0.0001235", "1e+09", "inf", "-inf"]
+    best = SimpleNamespace(number=7)
+    one = best_rule.Finalist(best, [best], [math.nan], math.nan)
+    assert Progress(2, t0).line(1, one, "tps", now=t0) == "trial 1/2 | best tps=nan (trial 7) | ~0s left"
+
+
+def test_the_told_line_and_what_is_told_by_hand(tmp_path, caplog):
+    """tell records the outcome's attributes and constraint on the trial and tells the study the
+    value only for COMPLETE; its line shows the value to one decimal, `-` otherwise, and says
+    `infeasible` for a constraint over 0. A progress line that fails does not fail the trial; a
+    GridSampler's end of grid (Study.stop) is not an error, any other RuntimeError is."""
+    import logging
+
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper import tell as tell_module
+    from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    cases = [
+        (Outcome("COMPLETE", 12.345, 0.0, {"status": "ok"}), "COMPLETE ok (tokens_per_s=12.3)"),
+        (Outcome("COMPLETE", 9.0, 5.0, {"status": "ok"}), "COMPLETE ok (tokens_per_s=9.0, infeasible)"),
+        (Outcome("PRUNED", 3.0, 2.0, {"status": "prescreened"}), "PRUNED prescreened (tokens_per_s=-, infeasible)"),
+        (Outcome("FAIL", None, None, {"status": "failed", "error": "boom"}), "FAIL failed (tokens_per_s=-)"),
+    ]
+    for outcome, shown in cases:
+        trial = study.ask()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=tell_module.__name__):
+            _tell(sweeper, study, trial, outcome)
+        (line,) = [r.getMessage() for r in caplog.records if r.name == tell_module.__name__]
+        assert line.startswith(f"Trial {trial.number}: {shown} | trial "), line
+        frozen = study.trials[trial.number]
+        assert frozen.state.name == outcome.state
+        assert frozen.value == (outcome.value if outcome.state == "COMPLETE" else None)
+        assert {k: frozen.user_attrs[k] for k in outcome.attrs} == outcome.attrs
+        assert memory_constraint(frozen) == outcome.constraint
+    assert tell_module.progress_line(study, "tokens_per_s", "not a Progress") == "progress unavailable (AttributeError)"
+
+    class Stopping:
+        def __init__(self, message):
+            self.message = message
+
+        def tell(self, *args, **kwargs):
+            raise RuntimeError(self.message)
+
+        def get_trials(self, deepcopy=True, states=None):
+            return study.get_trials(deepcopy=deepcopy, states=states)
+
+    grid_end = Stopping("`Study.stop` is supposed to be invoked inside an objective function or a callback.")
+    tell_module.tell(grid_end, study.ask(), Outcome("COMPLETE", 1.0), "tokens_per_s", sweeper.progress)
+    with pytest.raises(RuntimeError, match="another"):
+        tell_module.tell(Stopping("another"), study.ask(), Outcome("COMPLETE", 1.0), "tokens_per_s", sweeper.progress)
+    assert tell_module.state("PRUNED") is optuna.trial.TrialState.PRUNED
+
+
+def test_prescreen_records_its_prediction_by_hand(tmp_path):
+    """The pre-screen writes its prediction for the report: each phase in whole bytes, the
+    generation waves, the throughput model's tokens/s (with the pre-screen off too); asked without
+    attributes (a neighbour move's candidate) it records nothing."""
+    from conftest import compose
+
+    from grpo_sweep.memory.estimator import estimate
+    from hydra_plugins.grpo_optuna_sweeper.prescreen import predicted_tokens_per_s
+
+    cfg = compose(["gpu=l4_24g"])
+    est = estimate(cfg)
+    speed = predicted_tokens_per_s(cfg)
+    assert speed is not None and speed > 0
+    on = _sweeper(tmp_path / "on")
+    attrs: dict = {}
+    assert on.prescreen.verdict(cfg, None, attrs) is None
+    assert attrs["predicted_phases"] == {p: int(v) for p, v in est.phases.items()} and attrs["predicted_phases"]
+    assert all(type(v) is int for v in attrs["predicted_phases"].values())
+    assert attrs["generation_waves"] == est.assumptions.get("generation_waves")
+    assert attrs["predicted_tokens_per_s"] == speed and attrs["predicted_peak_bytes"] == int(est.total_bytes)
+    assert on.prescreen.verdict(cfg, None) is None  # asked only: nothing to record in
+    off = _sweeper(tmp_path / "off", prescreen=False)
+    attrs = {}
+    assert off.prescreen.verdict(cfg, None, attrs) is None and attrs == {"predicted_tokens_per_s": speed}
+    from omegaconf import OmegaConf
+
+    unpriced = OmegaConf.create(OmegaConf.to_container(cfg))
+    del unpriced["model"]
+    assert predicted_tokens_per_s(unpriced) is None  # a config the model cannot price: no prediction
+
+
+def test_the_told_line_ends_with_the_progress_by_hand(tmp_path, caplog):
+    """The told line ends with the study's progress in the sweep's objective: the count, the best
+    feasible value so far and its trial, the time left."""
+    import logging
+
+    from hydra_plugins.grpo_optuna_sweeper import tell as tell_module
+    from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    trial = study.ask()
+    with caplog.at_level(logging.INFO, logger=tell_module.__name__):
+        _tell(sweeper, study, trial, Outcome("COMPLETE", 12.5, 0.0, {"status": "ok"}))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == tell_module.__name__]
+    told, _, left = line.partition(" | ~")
+    assert told == "Trial 0: COMPLETE ok (tokens_per_s=12.5) | trial 1/8 | best tokens_per_s=12.5 (trial 0)"
+    assert re.fullmatch(r"\d+s left", left), line

@@ -396,10 +396,11 @@ def unexplained_bytes(parsed: dict, base: est_mod.Estimate, observed: int | None
 def allowed_shares(cfg: Any, util_min: float, util_max: float) -> list[Move]:
     """When a vLLM error bounds gpu_memory_utilization: every allowed value in 0.05 steps, nearest
     to the current one first (equal cost: the search keeps the first, i.e. the least change)."""
+    # The steps are counted with round(), not int(): (0.95 - 0.75) / 0.05 is 3.9999999999999996.
     if util_min > cfg.gpu_memory_utilization:
-        utils = [round(util_min + 0.05 * i, 2) for i in range(int((0.95 - util_min) / 0.05) + 1)]
+        utils = [round(util_min + 0.05 * i, 2) for i in range(round((0.95 - util_min) / 0.05) + 1)]
     else:
-        utils = [round(util_max - 0.05 * i, 2) for i in range(int((util_max - 0.1) / 0.05) + 1)]
+        utils = [round(util_max - 0.05 * i, 2) for i in range(round((util_max - 0.1) / 0.05) + 1)]
     return [
         Move(
             "vllm_share",
