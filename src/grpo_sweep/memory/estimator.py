@@ -506,7 +506,7 @@ def unsloth_kv_estimate_gib(s: Shapes, utilization: float, budget: int) -> float
     estimate (the projections at 5/16 of bf16 under 4-bit, embeddings and an untied head in bf16, the LoRA
     buffers at the adapter's rank), less its CUDA-graph allowance (172 graphs x hidden x layers x 4 bytes,
     within 0.15-1 GiB)."""
-    free = utilization * max(budget - CUDA_CONTEXT_BYTES, 0)
+    free = unsloth_utilization(utilization, budget) * budget
     kv = s.H // s.nh * s.nkv
     projections = (2 * s.H + 2 * kv) * s.H + 3 * s.H * s.I
     embeddings = s.V * s.H * (1 if s.tied else 2) + 2 * s.H
