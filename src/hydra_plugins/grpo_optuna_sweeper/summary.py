@@ -228,9 +228,12 @@ def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dic
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
             row[name] = " ".join(value) if isinstance(value, list) else value
-        for key in LAST_COLUMNS[1:]:
-            row[key] = str(attrs.get(key, "")).splitlines()[0][:300] if attrs.get(key) else ""
-        row["learning"] = "changed" if t.number in (flagged or {}) else ("same" if flagged is not None and _is_ok(t) else "")
+        learning = "changed" if t.number in (flagged or {}) else ("same" if flagged is not None and _is_ok(t) else "")
+        for key in LAST_COLUMNS:
+            if key == "learning":  # the check's verdict, not a trial attribute
+                row[key] = learning
+            else:
+                row[key] = str(attrs.get(key, "")).splitlines()[0][:300] if attrs.get(key) else ""
         out.append(row)
     return FIRST_COLUMNS + levers + LAST_COLUMNS, out
 
