@@ -308,7 +308,9 @@ def test_confirmation_stops_once_the_leader_is_separated():
 def test_confirmation_stops_when_its_budget_is_spent():
     """confirm_budget=0.25 of the sweep's seconds: 4 search trials of 10 s each leave room for one
     10 s run (10 <= 0.25 x 50), not two; after it, the next would pass the share: stopped, spent
-    and the reason recorded on the study. With a larger share the rounds run on until it is spent."""
+    and the reason recorded on the study. With a larger share the rounds run on past 1 +
+    confirm_repeats runs while what is left of it could still settle the finalists, and stop when it
+    could not (`undecidable`)."""
     import logging
 
     from hydra_plugins.grpo_optuna_sweeper.summary import verdict
@@ -324,22 +326,37 @@ def test_confirmation_stops_when_its_budget_is_spent():
     state = study.user_attrs["confirmation"]
     assert (state["stopped"], state["rounds"], state["spent_s"], state["sweep_s"]) == ("budget", 1, 10.0, 50.0)
     assert state["spent_s"] <= 0.25 * state["sweep_s"] and "confirm_budget=0.25" in state["why"]
-    # A share of 0.5, and a search of 8 trials (b=3 run 5 times, 80-100: the noise, about 9 %, is known
-    # from the start, and b=1 is separated at once). b=4 (176) stays within b=2's noise and its interval
-    # reaches more than 5 % below b=2's 180: the two run on, past 1 + confirm_repeats = 3 runs each,
-    # while the share allows. A run is priced at its config's longest run raised by 2 x the noise: in
-    # round 4 only the leader's fits, then none: 7 runs of 10 s, 70 of the sweep's 150 s.
-    study, space = _search(search + [(3, 80.0), (3, 100.0), (3, 85.0), (3, 95.0)])
+    # A share of 0.5, and a search of 8 trials (b=3 run 5 times: the noise, 2 %, is known from the
+    # start, and b=1 is separated at once). b=4 (170, then 175 a run) stays within b=2's noise and
+    # its interval reaches more than 5 % below b=2's 180: the two run on, past 1 + confirm_repeats = 3
+    # runs each, until b=4's interval (4 runs, 171.5-178.5) lies within 5 % of 180 (`indifferent`).
+    study, space = _search(search[:3] + [(4, 170.0)] + [(3, 90.0)] * 4)
     seconds = {t.number: 10.0 for t in study.trials}
     confirm.choose(study, 3, log)
     for _ in range(3):
-        queued = _round(study, space, {2: [180.0], 4: [176.0]}, log, budget=0.5, seconds=seconds)
+        queued = _round(study, space, {2: [180.0], 4: [175.0]}, log, budget=0.5, seconds=seconds)
         assert [r["confirms"] for r in queued] == [1, 3]
-    assert [r["confirms"] for r in _round(study, space, {2: [180.0]}, log, budget=0.5, seconds=seconds)] == [1]
     assert _round(study, space, {}, log, budget=0.5, seconds=seconds) == []
     state = study.user_attrs["confirmation"]
-    assert (state["stopped"], state["rounds"], state["spent_s"], state["sweep_s"]) == ("budget", 4, 70.0, 150.0)
-    assert [len(f.runs) for f in verdict(study).by_median] == [5, 4, 1] and verdict(study).undecided()
+    assert (state["stopped"], state["rounds"], state["spent_s"], state["sweep_s"]) == ("indifferent", 3, 60.0, 140.0)
+    assert [len(f.runs) for f in verdict(study).by_median] == [4, 4, 1]
+    # b=4 at 172, then 174 a run: after two rounds (3 runs each) it is still undecided, and the budget
+    # left (0.5 x 120 - 40 s) buys about 1.9 more runs of each: at 4.9 runs neither separated nor
+    # within 5 % (its interval would reach 5.1 % below 180). Confirmation stops with the share unspent.
+    study, space = _search(search[:3] + [(4, 172.0)] + [(3, 90.0)] * 4)
+    seconds = {t.number: 10.0 for t in study.trials}
+    confirm.choose(study, 3, log)
+    for _ in range(2):
+        assert [r["confirms"] for r in _round(study, space, {2: [180.0], 4: [174.0]}, log, budget=0.5, seconds=seconds)] == [1, 3]
+    assert _round(study, space, {}, log, budget=0.5, seconds=seconds) == []
+    state = study.user_attrs["confirmation"]
+    assert (state["stopped"], state["rounds"], state["spent_s"], state["sweep_s"]) == ("undecidable", 2, 40.0, 120.0)
+    assert "room for about 1.9 more runs of each undecided finalist" in state["why"] and verdict(study).undecided()
+    assert best_rule.decidable(verdict(study).leader, verdict(study).undecided()[0], state["sigma"], 3.0)  # 6 runs would
+    # The same study with the whole sweep to spend (budget 1) runs on: no limit to what it could buy.
+    state.pop("stopped")
+    study.set_user_attr("confirmation", state)
+    assert [r["confirms"] for r in _round(study, space, {2: [180.0], 4: [174.0]}, log, budget=1.0, seconds=seconds)] == [1, 3]
     # The default clock: a finished trial's seconds from its start to its end; a queued one has none.
     finished = study.trials[0]
     assert confirm.trial_seconds(finished) == (finished.datetime_complete - finished.datetime_start).total_seconds() >= 0

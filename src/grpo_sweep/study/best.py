@@ -165,19 +165,20 @@ def relative_noise(groups: Iterable[Finalist]) -> tuple[float | None, int]:
     return max(NOISE_FLOOR, math.sqrt(squares / dof)), configs
 
 
-def interval(f: Finalist, sigma: float) -> tuple[float, float]:
-    """The range a config's true median lies in at the measured noise: median +- Z sigma |median| / sqrt(n)."""
-    half = INTERVAL_Z * sigma * abs(f.median) / math.sqrt(len(f.runs))
+def interval(f: Finalist, sigma: float, more: float = 0.0) -> tuple[float, float]:
+    """The range a config's true median lies in at the measured noise: median +- Z sigma |median| / sqrt(n).
+    more: as it would be after that many more runs at the same median (what a budget could buy)."""
+    half = INTERVAL_Z * sigma * abs(f.median) / math.sqrt(len(f.runs) + more)
     return f.median - half, f.median + half
 
 
-def within_noise(a: Finalist, b: Finalist, sigma: float | None) -> bool | None:
+def within_noise(a: Finalist, b: Finalist, sigma: float | None, more: float = 0.0) -> bool | None:
     """Whether two configs' intervals overlap (neither is separated from the other); None when the
     study has measured no noise yet (no config ran twice): nothing can be said."""
     if sigma is None:
         return None
-    lo_a, hi_a = interval(a, sigma)
-    lo_b, hi_b = interval(b, sigma)
+    lo_a, hi_a = interval(a, sigma, more)
+    lo_b, hi_b = interval(b, sigma, more)
     return lo_a <= hi_b and lo_b <= hi_a
 
 
@@ -188,14 +189,21 @@ def within_noise(a: Finalist, b: Finalist, sigma: float | None) -> bool | None:
 INDIFFERENCE = 0.05
 
 
-def indifferent(leader: Finalist, other: Finalist, sigma: float | None, zone: float = INDIFFERENCE) -> bool:
+def indifferent(leader: Finalist, other: Finalist, sigma: float | None, zone: float = INDIFFERENCE, more: float = 0.0) -> bool:
     """Whether the study can tell that `other` is within `zone` of `leader`: both ends of other's
     interval lie within zone x |leader's median| of that median. False when no noise is measured
     (nothing can be said)."""
     if sigma is None:
         return False
-    lo, hi = interval(other, sigma)
+    lo, hi = interval(other, sigma, more)
     return max(abs(lo - leader.median), abs(hi - leader.median)) <= zone * abs(leader.median)
+
+
+def decidable(leader: Finalist, other: Finalist, sigma: float, more: float) -> bool:
+    """Whether `more` runs of each, at the medians and the noise measured now, would separate the two
+    or show `other` within INDIFFERENCE of the leader: if not, spending them cannot settle the pair
+    (the medians may still move, but the study could not tell that they had)."""
+    return within_noise(leader, other, sigma, more) is False or indifferent(leader, other, sigma, more=more)
 
 
 def memory_used(

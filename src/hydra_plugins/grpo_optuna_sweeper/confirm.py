@@ -17,12 +17,16 @@ ran twice no noise is known: every finalist is undecided.
 
 Confirmation stops when no finalist is undecided (`separated`: the leader is clear of every other;
 `indifferent`: the ones still within its noise are within 5 % of it), when the next run would take
-its seconds past `confirm_budget` of the sweep's seconds (every finished trial's, confirmation's
-included; a run is priced at its config's longest run so far raised by the measured noise, so a
-slow run stays within the share), or, a bound for confirm_budget=1, once it has run as many trials
-as the search. The study records what it spent and why it stopped (study user attr `confirmation`).
-A leader never separated is a tie (grpo_sweep.study.best.decide: the configs within noise; among
-those shown within 5 % of the leader the safer one wins, else the best median).
+its seconds past `confirm_budget` of the sweep's seconds (`budget`: every finished trial's seconds,
+confirmation's included; a run is priced at its config's longest run so far raised by the measured
+noise, so a slow run stays within the share), when all the budget left, spread over this round's
+configs, could not settle any undecided finalist at the medians and noise measured now
+(`undecidable`: best.decidable; at 20 % noise a handful of runs cannot tell configs 5 % apart, and
+spending them bought no better picks in bench/search_real_space.py), or, a bound for
+confirm_budget=1, once it has run as many trials as the search. The study records what it spent
+and why it stopped (study user attr `confirmation`). A leader never separated is a tie
+(grpo_sweep.study.best.decide: the configs within noise; among those shown within 5 % of the leader
+the safer one wins, else the best median).
 
 Budget: `confirm_repeats` runs per finalist are reserved in n_trials: the search phase gets
 n_trials - top x repeats trials, and confirmation needs the search to keep at least two thirds of
@@ -170,11 +174,17 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
     # A run is priced at its config's longest run so far (none yet: the sweep's median trial), raised by
     # the measured noise (a run's seconds vary as its throughput does), so a slow run stays within budget.
     slack = 1.0 + best_rule.INTERVAL_Z * (ruling.sigma or 0.0)
-    runs: list[dict] = []
-    queued_s = 0.0
+    priced = []
     for f in wanted:  # the leader first, then its closest contenders
         costs = [s for m in f.members if (s := seconds_of(m)) is not None]
-        cost = (max(costs) if costs else statistics.median(known or [0.0])) * slack
+        priced.append((f, (max(costs) if costs else statistics.median(known or [0.0])) * slack))
+    # What the whole budget left could buy: x more seconds keep spent + x <= budget x (sweep + x); spread
+    # over the configs this round runs, each gets `more` runs. None (the budget is 1): no limit.
+    price = statistics.fmean(cost for _, cost in priced) if priced else 0.0
+    more = (budget * sweep_s - spent_s) / (1.0 - budget) / price / len(priced) if priced and price and budget < 1 else None
+    runs: list[dict] = []
+    queued_s = 0.0
+    for f, cost in priced:
         if spent_s + queued_s + cost > budget * (sweep_s + queued_s + cost):
             continue
         queued_s += cost
@@ -200,6 +210,19 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
             (
                 f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
                 f"({spent_s:.0f} of {sweep_s:.0f} s spent)"
+            ),
+        )
+    elif (
+        more is not None
+        and ruling.sigma is not None
+        and not any(best_rule.decidable(ruling.leader, f, ruling.sigma, more) for f in undecided)
+    ):
+        stop, why = (
+            "undecidable",
+            (
+                f"confirm_budget={budget:g} has room for about {more:.1f} more runs of each undecided finalist, too few to "
+                f"separate any from the leader or show it within {best_rule.INDIFFERENCE:.0%} of it at the measured noise "
+                f"({ruling.sigma:.1%})"
             ),
         )
     else:
