@@ -343,6 +343,11 @@ def markdown(result: dict) -> str:
     )
 
 
+def stops_of(start: dict) -> str:
+    """Why confirmation stopped (confirm.next_round's `stopped`), seeds per reason, most first."""
+    return ", ".join(f"{why} {n}" for why, n in sorted(start["confirm_stopped"].items(), key=lambda kv: -kv[1]))
+
+
 def notes(result: dict) -> str:
     """Why each missed goal was missed, from the data: the facts the miss follows from."""
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
@@ -365,7 +370,7 @@ def notes(result: dict) -> str:
                     f"random's). {d['within_5pct']} of {d['fit']} fitting points are within 5 %, so random needs about "
                     f"{trials:.1f} trials' seconds; ours without confirmation takes {_s(ours['search_median_seconds_no_confirm'])} s, "
                     f"and its confirmation adds a median {ours['search_median_confirm_seconds']:.0f} s "
-                    f"({ours['confirm_share_median']:.0%} of its sweep: the finalists stay within each other's measured noise)"
+                    f"({ours['confirm_share_median']:.0%} of its sweep; confirmation stopped: {stops_of(ours)} seeds)"
                     + (
                         f"; the model's predicted fastest point runs at {m['predicted_fastest_of_optimum']:.2f} of the optimum (rho {m['spearman_rho']:.2f})"
                         if name.startswith("tiny")
@@ -375,7 +380,6 @@ def notes(result: dict) -> str:
             elif g["goal"].startswith("seconds below TPE"):
                 facts.append(f"against TPE: {_s(g['measured'])} s vs {_s(g['bound'])} s")
             elif g["goal"].startswith("pick"):
-                stops = ", ".join(f"{why} {n}" for why, n in sorted(ours["confirm_stopped"].items(), key=lambda kv: -kv[1]))
                 facts.append(
                     f"pick: {g['measured']:.2f} against {g['bound']:.2f} (without confirmation {ours['pick_within_5pct_rate_no_confirm']:.2f}; "
                     f"the pick's median true speed {ours['pick_of_optimum_median']:.2f} of the optimum, its worst tenth "
@@ -384,8 +388,8 @@ def notes(result: dict) -> str:
                     f"lie within 5 %; the search ran one of them to its end in {ours['good_point_run_rate']:.0%} of seeds, but one run at "
                     f"this noise (sigma {sigma:.2f}"
                     + ("; each of the best points has one recorded run at about half speed" if name.startswith("tiny") else "")
-                    + f") often ranks it below the top {top} by median. Confirmation ran until "
-                    f"{ours['confirm_share_median']:.0%} of the sweep's seconds (median; stopped: {stops} seeds) and picked within 5 % "
+                    + f") often ranks it below the top {top} by median. Confirmation spent "
+                    f"{ours['confirm_share_median']:.0%} of the sweep's seconds (median; stopped: {stops_of(ours)} seeds) and picked within 5 % "
                     f"in {g['measured'] / max(ours['finalist_within_5pct_rate'], 1e-9):.0%} of the seeds whose finalists held one. The leader was "
                     f"within noise of another finalist in {ours['tie_rate']:.0%} of seeds: the best median alone picks within 5 % in "
                     f"{ours['pick_within_5pct_rate_best_median']:.2f}, the most headroom over every tied config in "
