@@ -14,7 +14,7 @@ Per seed:
   its end (an early-stopped good point does not count), plus, for ours, the confirmation runs its
   sweep spends at the end (charged in full);
 - the pick: a sweep of N_TRIALS trials (counted as the sweeper counts: pruned and invalid too),
-  with confirmation (search N_TRIALS - 3 x 2, then up to 3 finalists x 2 more runs while within noise; best median wins) and
+  with confirmation (search N_TRIALS - 3 x 2, then rounds of the finalists while undecided, within confirm_budget; best median wins) and
   without (N_TRIALS search trials; best single run wins); judged by the picked point's true value.
 Strategies: ours (pre-screen + early stop + confirmation), tpe_unconstrained (hydra-optuna-sweeper:
 OOM = failed trial, every trial to its end), random (uniform without replacement, every trial to
@@ -200,7 +200,11 @@ def sweep(
             )
             for step, value in timed_steps(record, OBJECTIVE):
                 trial.report(value, step)
-            trial.set_user_attr("status", outcome.attrs.get("status"))
+            # What the sweeper's tell records: the outcome's attrs (status, the peak) and the trial's budget,
+            # which the tie rule (summary.verdict: the most memory headroom) reads.
+            trial.set_user_attr("budget_bytes", budget)
+            for name, attr in outcome.attrs.items():
+                trial.set_user_attr(name, attr)
             if outcome.constraint is not None:
                 trial.set_constraint(CONSTRAINT, outcome.constraint)
             study.tell(
@@ -249,7 +253,7 @@ def sweep(
         replay_log = logging.getLogger("replay")
         confirm.choose(study, top, replay_log)
         seconds_of = lambda t: trial_s.get(t.number)  # noqa: E731 - the landscape's seconds, not the replay's clock
-        while confirm.next_round(study, confirm_repeats, confirm_budget, replay_log, seconds_of=seconds_of):
+        while confirm.next_round(study, confirm_budget, replay_log, seconds_of=seconds_of):
             ran = sum(t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None and t.state.name != "WAITING" for t in study.trials)
             for _ in range(confirm.planned(study) - ran):
                 trial = study.ask(space)
@@ -257,6 +261,15 @@ def sweep(
     ruling = verdict(study) if constrained else None  # best.yaml's winner: the best median, a tie to the safer
     pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
     leader = _picked(ruling.leader.item, land) if ruling and ruling.leader else pick  # the best median alone
+    # For comparison only, not the sweeper's rule: the most headroom over every tied config, shown
+    # within 5 % of the leader or not (summary.verdict gives headroom only the ones within 5 %).
+    leanest = leader
+    if ruling and ruling.tie:
+        share = lambda f: ruling.memory(f)[1]  # noqa: E731
+        leanest = _picked(
+            min(ruling.tie, key=lambda f: (math.inf if share(f) is None else share(f), ruling.tie.index(f))).item, land
+        )
+    plan = study.user_attrs.get(confirm.PLAN_ATTR) or {}
     return {
         "found_s": found_s,
         "seconds": clock,
@@ -265,7 +278,11 @@ def sweep(
         "pick": pick,
         "pick_no_confirm": pick_no_confirm,
         "leader": leader,
+        "leanest": leanest,
         "tie": bool(ruling and ruling.tie),
+        # Whether a point within 5 % was among the finalists: confirmation can pick only among them.
+        "finalist_good": any(good(_picked(study.trials[n], land), land) for n in plan.get("finalists") or []),
+        "confirm_stopped": plan.get("stopped"),
         "trials": counted,
         "stopped_good": len(stopped_good),
         "oom_trials": oom_trials[0],
@@ -420,6 +437,15 @@ def evaluate(
         # tie, won by the most memory headroom), and the rate had the best median always won.
         "tie_rate": sum(p["tie"] for p in runs_pick) / len(runs_pick),
         "pick_within_5pct_rate_best_median": _rate((p["leader"] for p in runs_pick), land),
+        # The tie rule had it given the most headroom among every tied config (not only those within 5 %).
+        "pick_within_5pct_rate_headroom_any_tie": _rate((p["leanest"] for p in runs_pick), land),
+        # The ceiling confirmation works under: seeds whose finalists held a point within 5 %.
+        "finalist_within_5pct_rate": sum(p["finalist_good"] for p in runs_pick) / len(runs_pick),
+        # Why confirmation stopped, seeds per reason (confirm.next_round's `stopped`).
+        "confirm_stopped": {
+            why: sum(str(p["confirm_stopped"]) == why for p in runs_pick)
+            for why in sorted({str(p["confirm_stopped"]) for p in runs_pick})
+        },
         # How far off the pick is, not only whether it clears the 5 % line: its true value / the
         # optimum, the median and the worst tenth over the seeds.
         "pick_of_optimum_median": median(_of_optimum(p["pick"], land) for p in runs_pick),

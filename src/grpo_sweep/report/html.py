@@ -314,9 +314,25 @@ def tie_html(ruling: best_rule.Verdict) -> str:
     return (
         f"<p id=tie-note>Tie: {', '.join(_e(f.item.name) for f in ruling.tie)} are within each other's noise "
         f"({ruling.sigma:.1%} of a run, measured on this study): none is faster as far as this machine can tell. "
-        f"{_e(ruling.winner.item.name)} wins the tie with the most memory headroom, the safer config for a long run.</p>"
+        f"{_tie_winner(ruling)}</p>"
         "<table id=tie><thead><tr><th class=l>config</th><th>median</th><th>runs</th><th>peak MiB</th>"
         f"<th>headroom</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _tie_winner(ruling: best_rule.Verdict) -> str:
+    """How the tie was settled (grpo_sweep.study.best.decide): by headroom among the configs shown within
+    best.INDIFFERENCE of the leader, else by the best median."""
+    zone = f"{best_rule.INDIFFERENCE:.0%}"
+    name = _e(ruling.winner.item.name)
+    if not ruling.close:
+        return (
+            f"None is shown within {zone} of the leader, so {name} wins the tie with the best median "
+            "(more runs could tell them apart)."
+        )
+    return (
+        f"{', '.join(_e(f.item.name) for f in ruling.close)} are within {zone} of each other: {name} wins the tie "
+        "with the most memory headroom, the safer config for a long run."
     )
 
 

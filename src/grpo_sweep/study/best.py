@@ -6,7 +6,8 @@ confirm_top confirmed it) counts by the median over its runs (`finalists`, `best
 counts as feasible is the caller's to say (an Optuna trial's constraints, or a report row's
 category); the direction is always the study's own. The noise the study measured (`relative_noise`)
 says whether the leader is separated from the others (`within_noise`); when it is not, the configs
-within its noise tie and the one with the most memory headroom wins (`decide`, `Verdict`).
+within its noise tie, and among those the study can call within 5 % of the leader (`indifferent`)
+the one with the most memory headroom wins, else the best median (`decide`, `Verdict`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeGuard, TypeVar
 
 T = TypeVar("T")
@@ -164,20 +165,45 @@ def relative_noise(groups: Iterable[Finalist]) -> tuple[float | None, int]:
     return max(NOISE_FLOOR, math.sqrt(squares / dof)), configs
 
 
-def interval(f: Finalist, sigma: float) -> tuple[float, float]:
-    """The range a config's true median lies in at the measured noise: median +- Z sigma |median| / sqrt(n)."""
-    half = INTERVAL_Z * sigma * abs(f.median) / math.sqrt(len(f.runs))
+def interval(f: Finalist, sigma: float, more: float = 0.0) -> tuple[float, float]:
+    """The range a config's true median lies in at the measured noise: median +- Z sigma |median| / sqrt(n).
+    more: as it would be after that many more runs at the same median (what a budget could buy)."""
+    half = INTERVAL_Z * sigma * abs(f.median) / math.sqrt(len(f.runs) + more)
     return f.median - half, f.median + half
 
 
-def within_noise(a: Finalist, b: Finalist, sigma: float | None) -> bool | None:
+def within_noise(a: Finalist, b: Finalist, sigma: float | None, more: float = 0.0) -> bool | None:
     """Whether two configs' intervals overlap (neither is separated from the other); None when the
     study has measured no noise yet (no config ran twice): nothing can be said."""
     if sigma is None:
         return None
-    lo_a, hi_a = interval(a, sigma)
-    lo_b, hi_b = interval(b, sigma)
+    lo_a, hi_a = interval(a, sigma, more)
+    lo_b, hi_b = interval(b, sigma, more)
     return lo_a <= hi_b and lo_b <= hi_a
+
+
+# The indifference zone: the leader's median is the study's best estimate of the best config, and a
+# finalist whose whole interval lies within 5 % of it is, by the same interval rule, at most 5 % off
+# it: as good a pick for the user (the search's own goal is a config within 5 % of the best), so a run
+# that could only tell the two apart is not worth its seconds.
+INDIFFERENCE = 0.05
+
+
+def indifferent(leader: Finalist, other: Finalist, sigma: float | None, zone: float = INDIFFERENCE, more: float = 0.0) -> bool:
+    """Whether the study can tell that `other` is within `zone` of `leader`: both ends of other's
+    interval lie within zone x |leader's median| of that median. False when no noise is measured
+    (nothing can be said)."""
+    if sigma is None:
+        return False
+    lo, hi = interval(other, sigma, more)
+    return max(abs(lo - leader.median), abs(hi - leader.median)) <= zone * abs(leader.median)
+
+
+def decidable(leader: Finalist, other: Finalist, sigma: float, more: float) -> bool:
+    """Whether `more` runs of each, at the medians and the noise measured now, would separate the two
+    or show `other` within INDIFFERENCE of the leader: if not, spending them cannot settle the pair
+    (the medians may still move, but the study could not tell that they had)."""
+    return within_noise(leader, other, sigma, more) is False or indifferent(leader, other, sigma, more=more)
 
 
 def memory_used(
@@ -196,10 +222,14 @@ def memory_used(
 class Verdict(Generic[T]):
     """Who wins, and how sure the study is. `by_median`: the configs best median first; `leader` its
     first. `tie`: the leader and every config within its noise (empty when the leader is separated
-    or no noise is measured). `winner`: the leader, or, from a tie, the tied config with the most
-    memory headroom (the smallest share of the budget at its worst run's peak; bytes where no budget
-    is known): the configs are as fast as this machine can tell, so the safer one for a long run
-    wins. `ranked`: by_median with the winner moved first (what best.yaml and the report list)."""
+    or no noise is measured). `close`: the leader and the tied configs the study can call within
+    INDIFFERENCE of it (`indifferent`); empty unless there are two. `winner`: the leader, or, when
+    `close` holds two or more, the one of them with the most memory headroom (the smallest share of
+    the budget at its worst run's peak; bytes where no budget is known): they are as good a pick as
+    each other, so the safer one for a long run wins. A tied config not shown to be within
+    INDIFFERENCE may be that much slower: the best median wins over it (at a noise of 20 % the
+    headroom among every tied config would pick the slower, leaner config as often as not).
+    `ranked`: by_median with the winner moved first (what best.yaml and the report list)."""
 
     by_median: list[Finalist[T]]
     sigma: float | None
@@ -207,6 +237,7 @@ class Verdict(Generic[T]):
     tie: list[Finalist[T]]
     winner: Finalist[T] | None
     used: dict[int, tuple[float | None, float | None]]  # id(finalist) -> memory_used
+    close: list[Finalist[T]] = field(default_factory=list)
 
     @property
     def leader(self) -> Finalist[T] | None:
@@ -227,6 +258,12 @@ class Verdict(Generic[T]):
         if self.leader is None:
             return []
         return [f for f in self.by_median[1:] if within_noise(self.leader, f, self.sigma) is not False]
+
+    def undecided(self) -> list[Finalist[T]]:
+        """The unseparated configs the study cannot yet call as good as the leader (`indifferent`): the
+        ones a run could still turn into a better or a worse pick."""
+        leader = self.leader
+        return [f for f in self.unseparated() if leader is None or not indifferent(leader, f, self.sigma)]
 
 
 def decide(
@@ -252,12 +289,15 @@ def decide(
     tie = [f for f in ranked_ if f is leader or within_noise(leader, f, sigma)]
     if len(tie) < 2:
         return Verdict(ranked_, sigma, configs, [], leader, used)
-    by_share = all(used[id(f)][1] is not None for f in tie)
+    close = [f for f in tie if f is leader or indifferent(leader, f, sigma)]
+    if len(close) < 2:
+        return Verdict(ranked_, sigma, configs, tie, leader, used)
+    by_share = all(used[id(f)][1] is not None for f in close)
 
     def risk(f: Finalist) -> float:
         peak, share = used[id(f)]
         known = share if by_share else peak
         return known if known is not None else math.inf  # an unmeasured peak never counts as safer
 
-    winner = min(tie, key=lambda f: (risk(f), tie.index(f)))  # equal headroom: the better median
-    return Verdict(ranked_, sigma, configs, tie, winner, used)
+    winner = min(close, key=lambda f: (risk(f), close.index(f)))  # equal headroom: the better median
+    return Verdict(ranked_, sigma, configs, tie, winner, used, close)

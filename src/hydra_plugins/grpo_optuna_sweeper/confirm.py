@@ -5,25 +5,35 @@ lucky one. Every run of a config counts: when the sampler asks for a point the s
 the trial runs it again and joins that config (user attr `repeats` = the config's first trial;
 mark_repeat). After the search phase the sweeper ranks the configs by the median of their runs and
 takes the `confirm_top` best feasible ones as the finalists (choose). Then it runs rounds
-(next_round): each round runs once more the leader (the best median) and every finalist the leader
-is not yet separated from, as ordinary trials with the user attr `confirms` = the config's first
-trial, all of a round launched before the next is decided (drift touches every finalist alike).
-Separated means the two configs' intervals, at the noise the study measured (runs of one config,
-pooled; grpo_sweep.study.best.relative_noise), no longer overlap: a run that cannot change the
-winner is not run. Before any config ran twice no noise is known, and nothing is separated.
+(next_round): each round runs once more the leader (the best median) and every finalist still
+undecided, as ordinary trials with the user attr `confirms` = the config's first trial, all of a
+round launched before the next is decided (drift touches every finalist alike). At the noise the
+study measured (runs of one config, pooled; grpo_sweep.study.best.relative_noise) a finalist is
+separated from the leader when their intervals no longer overlap (a run cannot make it the winner),
+and indifferent when its whole interval lies within best.INDIFFERENCE (5 %) of the leader's median
+(picking it costs at most that: best.indifferent); the others are undecided. Neither kind is run, but every
+finalist is judged again each round (the measured noise moves as runs come in). Before any config
+ran twice no noise is known: every finalist is undecided.
 
-Confirmation stops when the leader is separated from every other finalist, when every finalist still
-within its noise has 1 + `confirm_repeats` runs, or when the next run would take its seconds past
-`confirm_budget` of the sweep's seconds (every finished trial's, confirmation's included; a run is
-priced at the median seconds of its config's runs so far). The study records what it spent and why
-it stopped (study user attr `confirmation`). A leader never separated is a tie
-(grpo_sweep.study.best.decide: the configs within noise, the safer one wins).
+Confirmation stops when no finalist is undecided (`separated`: the leader is clear of every other;
+`indifferent`: the ones still within its noise are within 5 % of it), when the next run would take
+its seconds past `confirm_budget` of the sweep's seconds (`budget`: every finished trial's seconds,
+confirmation's included; a run is priced at its config's longest run so far raised by the measured
+noise, so a slow run stays within the share), when all the budget left, spread over this round's
+configs, could not settle any undecided finalist at the medians and noise measured now
+(`undecidable`: best.decidable; at 20 % noise a handful of runs cannot tell configs 5 % apart, and
+spending them bought no better picks in bench/search_real_space.py), or, a bound for
+confirm_budget=1, once it has run as many trials as the search. The study records what it spent
+and why it stopped (study user attr `confirmation`). A leader never separated is a tie
+(grpo_sweep.study.best.decide: the configs within noise; among those shown within 5 % of the leader
+the safer one wins, else the best median).
 
-Budget: confirmation runs count in n_trials. The search phase gets n_trials - top x repeats trials;
-confirmation needs the search to keep at least two thirds of them (top is lowered to fit, and below
-two finalists it is off: one config confirmed cannot change the winner). The grid sampler runs every
-point once: no confirmation. The runs confirmation does not need are not run: the study then holds
-fewer than n_trials trials.
+Budget: `confirm_repeats` runs per finalist are reserved in n_trials: the search phase gets
+n_trials - top x repeats trials, and confirmation needs the search to keep at least two thirds of
+them (top is lowered to fit, and below two finalists it is off: one config confirmed cannot change
+the winner; repeats 0: off). Confirmation then runs as long as its budget allows, past the reserved
+runs when the finalists stay undecided (the study then holds more than n_trials trials) or fewer
+when they are decided early (fewer). The grid sampler runs every point once: no confirmation.
 """
 
 from __future__ import annotations
@@ -137,9 +147,7 @@ def seconds_so_far(study: Any, seconds_of: Callable[[Any], float | None] = trial
     return sweep, spent
 
 
-def next_round(
-    study: Any, repeats: int, budget: float, log: Any, seconds_of: Callable[[Any], float | None] = trial_seconds
-) -> bool:
+def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], float | None] = trial_seconds) -> bool:
     """Decide and queue the next round (see the module docstring); True when there are runs to run,
     False once confirmation has stopped (the reason recorded in the study's `confirmation` attr)."""
     from .summary import verdict
@@ -157,13 +165,26 @@ def next_round(
         leader=best_rule.config_group(ruling.leader.item.user_attrs, ruling.leader.item.number) if ruling.leader else None,
     )
     open_ = ruling.unseparated()
-    leader = [ruling.leader] if ruling.leader is not None else []
-    wanted = [f for f in (leader + open_ if open_ else []) if len(f.members) < 1 + repeats]
-    runs: list[dict] = []
-    queued_s = 0.0
+    undecided = ruling.undecided()
+    wanted = [ruling.leader, *undecided] if ruling.leader is not None and undecided else []
+    known = [s for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") != "surplus" and (s := seconds_of(t))]
+    searched = sum(
+        1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get(CONFIRMS_ATTR) is None and t.state.name != "WAITING"
+    )
+    # A run is priced at its config's longest run so far (none yet: the sweep's median trial), raised by
+    # the measured noise (a run's seconds vary as its throughput does), so a slow run stays within budget.
+    slack = 1.0 + best_rule.INTERVAL_Z * (ruling.sigma or 0.0)
+    priced = []
     for f in wanted:  # the leader first, then its closest contenders
         costs = [s for m in f.members if (s := seconds_of(m)) is not None]
-        cost = statistics.median(costs) if costs else 0.0
+        priced.append((f, (max(costs) if costs else statistics.median(known or [0.0])) * slack))
+    # What the whole budget left could buy: x more seconds keep spent + x <= budget x (sweep + x); spread
+    # over the configs this round runs, each gets `more` runs. None (the budget is 1): no limit.
+    price = statistics.fmean(cost for _, cost in priced) if priced else 0.0
+    more = (budget * sweep_s - spent_s) / (1.0 - budget) / price / len(priced) if priced and price and budget < 1 else None
+    runs: list[dict] = []
+    queued_s = 0.0
+    for f, cost in priced:
         if spent_s + queued_s + cost > budget * (sweep_s + queued_s + cost):
             continue
         queued_s += cost
@@ -175,14 +196,33 @@ def next_round(
         stop, why = "no value", "no finalist has a run that finished within memory"
     elif not open_:
         stop, why = "separated", "the leader's interval is clear of every other finalist's at the measured noise"
-    elif not wanted:
-        stop, why = "runs", f"every finalist within the leader's noise has 1 + confirm_repeats = {1 + repeats} runs"
+    elif not undecided:
+        stop, why = (
+            "indifferent",
+            f"every finalist within the leader's noise is, at that noise, within {best_rule.INDIFFERENCE:.0%} of it: "
+            "any of them is as good a pick",
+        )
+    elif planned(study) + len(runs) > searched:
+        stop, why = "runs", f"confirmation has run as many trials as the search ({searched})"
     elif not runs:
         stop, why = (
             "budget",
             (
                 f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
                 f"({spent_s:.0f} of {sweep_s:.0f} s spent)"
+            ),
+        )
+    elif (
+        more is not None
+        and ruling.sigma is not None
+        and not any(best_rule.decidable(ruling.leader, f, ruling.sigma, more) for f in undecided)
+    ):
+        stop, why = (
+            "undecidable",
+            (
+                f"confirm_budget={budget:g} has room for about {more:.1f} more runs of each undecided finalist, too few to "
+                f"separate any from the leader or show it within {best_rule.INDIFFERENCE:.0%} of it at the measured noise "
+                f"({ruling.sigma:.1%})"
             ),
         )
     else:
@@ -204,8 +244,8 @@ def next_round(
     log.info(
         "Confirmation round %d: %s (noise %s); runs of trials %s queued (%.0f of %.0f s spent so far)",
         state["rounds"],
-        f"trials {', '.join(str(best_rule.config_group(f.item.user_attrs, f.item.number)) for f in open_)} not yet "
-        f"separated from the leader, trial {state['leader']}",
+        f"trials {', '.join(str(best_rule.config_group(f.item.user_attrs, f.item.number)) for f in undecided)} neither "
+        f"separated from the leader, trial {state['leader']}, nor within {best_rule.INDIFFERENCE:.0%} of it",
         f"{ruling.sigma:.1%}" if ruling.sigma is not None else "not measured yet",
         ", ".join(str(r["confirms"]) for r in runs),
         spent_s,

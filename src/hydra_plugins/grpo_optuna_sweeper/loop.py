@@ -1,9 +1,11 @@
 """The sweep loop: ask Optuna for points, run them as Hydra jobs, tell the study what happened.
 
 One process or many: every worker runs the same loop against the same storage, asks only while the
-study holds fewer than `n_trials` finished-or-running trials, and waits for other workers' trials
-before writing the report, so a study finishes with exactly `n_trials` counted trials however many
-workers shared it and however often it was interrupted and re-run.
+study holds fewer finished-or-running trials than its phase's target (the search phase's n_search,
+then those plus the confirmation runs queued so far), and waits for other workers' trials before
+writing the report, so a study finishes with the same counted trials however many workers shared it
+and however often it was interrupted and re-run: n_trials less the confirmation runs left unrun, or
+more where confirm_budget let confirmation run past the runs n_trials reserved for it (confirm.py).
 
 Phases: the search (n_search trials, a neighbour move queued on its turns), then the confirmation
 rounds of the finalists while they are within each other's noise (confirm.py), then the winner's
@@ -76,7 +78,7 @@ class Loop:
         }
         try:
             self._phase(plan.n_search)
-            if self.stopped is None and plan.confirm_top:  # counted in n_trials: the search had n_trials - top x repeats
+            if self.stopped is None and plan.confirm_top:  # the search had n_trials - top x repeats (confirm.py)
                 self._confirm()
             if self.stopped is None and plan.settings.get("soak_steps"):
                 self._soak(plan.settings.soak_steps)
@@ -101,7 +103,7 @@ class Loop:
             self._phase(plan.n_search + confirm.planned(self.study))
             if self.stopped is not None:
                 return
-            if not confirm.next_round(self.study, settings.confirm_repeats, settings.confirm_budget, log):
+            if not confirm.next_round(self.study, settings.confirm_budget, log):
                 return
 
     def _soak(self, steps: int) -> None:

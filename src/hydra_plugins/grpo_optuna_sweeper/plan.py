@@ -45,8 +45,8 @@ class SweepPlan:
     concessions: tuple[str, ...]  # hydra.sweeper.concessions: the recipe settings a trial may change
     concession_params: dict[str, frozenset[str]]  # search parameter -> the recipe settings it changes
     may_change: frozenset[str]  # every recipe setting a trial may change (the concessions and their parameters')
-    n_trials: int  # trials the study counts at its end (a grid: at most its size)
-    n_search: int  # of those, the search phase's (n_trials less the confirmation runs)
+    n_trials: int  # hydra.sweeper.n_trials (a grid: at most its size)
+    n_search: int  # of those, the search phase's (n_trials less the runs reserved for confirmation)
     confirm_top: int  # finalists confirmed (0: off; confirm.effective_top)
     objective: str  # the metric optimised (metrics.json key)
     sweep_dir: Path

@@ -176,12 +176,14 @@ def tie_row(ruling: best_rule.Verdict, f: Any) -> dict:
         "runs": len(f.runs),
         "peak_memory_bytes": int(peak) if peak is not None else None,
         "headroom": round(1.0 - share, 4) if share is not None else None,
+        "within_5pct": f in ruling.close,  # shown within best.INDIFFERENCE of the leader: may win by headroom
         "winner": f is ruling.winner,
     }
 
 
 def tie_line(ruling: best_rule.Verdict) -> str:
-    """The one line that says a tie was settled by memory headroom."""
+    """The one line that says which configs tie and how the tie was settled: by memory headroom among
+    the ones shown within best.INDIFFERENCE of the leader, else by the best median."""
 
     def headroom(f: Any) -> str:
         peak, share = ruling.memory(f)
@@ -189,11 +191,21 @@ def tie_line(ruling: best_rule.Verdict) -> str:
             return f"{1 - share:.0%} headroom"
         return f"peak {peak / 2**20:.0f} MiB" if peak is not None else "peak unknown"
 
-    winner, others = ruling.winner, [f for f in ruling.tie if f is not ruling.winner]
+    winner = ruling.winner
     assert winner is not None  # a tie is among finalists, one of which wins it
-    return (
+    zone = f"{best_rule.INDIFFERENCE:.0%}"
+    said = (
         f"Tie: trials {', '.join(str(f.item.number) for f in ruling.tie)} are within noise "
-        f"(medians {', '.join(f'{f.median:.4g}' for f in ruling.tie)}; noise {ruling.sigma:.1%}): trial "
+        f"(medians {', '.join(f'{f.median:.4g}' for f in ruling.tie)}; noise {ruling.sigma:.1%}): "
+    )
+    if not ruling.close:
+        return (
+            said + f"none is shown within {zone} of the leader, so trial {winner.item.number} wins with the best median "
+            "(more runs could tell them apart)"
+        )
+    others = [f for f in ruling.close if f is not winner]
+    return said + (
+        f"trials {', '.join(str(f.item.number) for f in ruling.close)} are within {zone} of each other, and trial "
         f"{winner.item.number} wins with the most memory headroom ({headroom(winner)} vs "
         f"{', '.join(headroom(f) for f in others)})"
     )
