@@ -1044,7 +1044,9 @@ def test_time_left_and_durations_by_hand():
     resumed.start(3)
     assert resumed.time_left(3, t0) is None and resumed.time_left(2, t0) is None
     assert resumed.time_left(5, t0 + datetime.timedelta(seconds=100)) == 100 / 2 * 5
-    assert resumed.line(12, None, "x", now=t0) == "trial 10/10 | no feasible trial yet | ~0s left"
+    assert resumed.line(12, None, "x", now=t0) == (
+        "trial 10/10 (+2 confirmation runs within confirm_budget) | no feasible trial yet | ~0s left"
+    )
     assert [_duration(s) for s in (0, 59.4, 59.6, 60, 61, 3599, 3600, 3661, 7322)] == [
         "0s", "59s", "1m00s", "1m00s", "1m01s", "59m59s", "1h00m", "1h01m", "2h02m",
     ]  # fmt: skip

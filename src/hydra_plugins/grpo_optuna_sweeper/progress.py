@@ -38,7 +38,9 @@ class Progress:
             shown_best = f"best {objective}={_num(best.median)} (trial {best.item.number}{runs})"
         left = self.time_left(counted, now)
         eta = "" if left is None else f" | ~{_duration(left)} left"
-        return f"trial {min(counted, self.n_trials)}/{self.n_trials} | {shown_best}{eta}"
+        # Confirmation may run past n_trials while confirm_budget allows (confirm.py): said, not hidden.
+        past = f" (+{counted - self.n_trials} confirmation runs within confirm_budget)" if counted > self.n_trials else ""
+        return f"trial {min(counted, self.n_trials)}/{self.n_trials}{past} | {shown_best}{eta}"
 
     def start(self, counted: int) -> None:
         """Record how many trials the study held when this worker started (a resumed sweep)."""
