@@ -742,3 +742,237 @@ def test_a_move_fits_up_to_the_limit_and_the_shares_vllm_allows_by_hand():
         assert not _Judge(cfg, base, mode, 0, None, 0.0, 1.0).score({}).fits  # no budget known: never "fits"
         assert not _Judge(cfg, base, mode, 0, need, round(util + 0.05, 2), 1.0).score({}).fits
         assert _Judge(cfg, base, mode, 7, need + 7, util, util).score({}).need == need + 7
+
+
+# --- the doctor's steps, each by hand -----------------------------------------------------------------
+
+
+def test_the_vllm_share_is_raised_step_by_step_until_one_sequence_fits():
+    """Gemma 3 1B at a 0.1 share of a T4 (14.58 GiB): neither 0.1 nor 0.15 of the card holds one
+    max_seq_length sequence beside the weights; 0.2 does. The share climbs in 0.05 steps to the least
+    that holds it."""
+    from grpo_sweep.memory.estimator import estimate
+
+    gemma = ["model=gemma3_1b", "preset=seed_baseline", "gpu=t4_16g", "backend.name=trl_vllm"]
+    assert [estimate(compose([*gemma, f"gpu_memory_utilization={u}"])).kv_cache_ok for u in (0.1, 0.15, 0.2)] == [
+        False,
+        False,
+        True,
+    ]
+    (raised,) = [m for m in _moves([*gemma, "gpu_memory_utilization=0.1"], "trl_vllm") if m[0] == "vllm_share"]
+    assert raised[1:3] == ({"gpu_memory_utilization": 0.2}, "vLLM share 0.1 -> 0.2 (room for one max_seq_length sequence)")
+
+
+def test_the_vllm_share_is_lowered_to_the_whole_batch_and_to_one_sequence():
+    """A generation batch of 64 (micro-batch 4 x grad-accum 16) on an L4: a 0.2 share still holds all
+    64 sequences, 0.15 holds 21 (generation in 4 waves), 0.1 none. Both lowered shares are offered,
+    the one that keeps the batch first; from a share below 0.5 the same (the steps go down from the
+    share, 0.05 at a time)."""
+    from grpo_sweep.memory.estimator import estimate
+
+    gemma = ["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm", "gradient_accumulation_steps=16"]
+    held = []
+    for u in (0.2, 0.15, 0.1):
+        e = estimate(compose([*gemma, f"gpu_memory_utilization={u}"]))
+        held.append((e.kv_cache_ok, e.assumptions["kv_cache_sequences"], e.assumptions.get("generation_waves")))
+    assert held == [(True, 64, 1), (True, 21, 4), (False, 0, None)]
+    for start in (0.6, 0.3):
+        shares = [m for m in _moves([*gemma, f"gpu_memory_utilization={start}"], "trl_vllm") if m[0] == "vllm_share"]
+        assert shares == [
+            ("vllm_share", {"gpu_memory_utilization": 0.2}, f"vLLM share {start} -> 0.2 (KV cache still holds the batch)", False),
+            (
+                "vllm_share",
+                {"gpu_memory_utilization": 0.15},
+                f"vLLM share {start} -> 0.15 (KV cache holds one sequence: generation in waves)",
+                False,
+            ),
+        ]
+
+
+def test_the_observed_need_is_in_use_plus_requested_by_hand():
+    """In use is the process's own figure when the message states it; the card's total less what
+    was free only when it does not; nothing without the request or an in-use figure."""
+    from grpo_sweep.memory.doctor import observed_need
+
+    assert observed_need({"requested_bytes": 1, "process_in_use_bytes": 5, "total_bytes": 100, "free_bytes": 10}) == 6
+    assert observed_need({"requested_bytes": 1, "total_bytes": 100, "free_bytes": 10}) == 91
+    assert observed_need({"requested_bytes": 1, "total_bytes": 100}) is None
+    assert observed_need({"requested_bytes": 1, "free_bytes": 10}) is None
+    assert observed_need({"process_in_use_bytes": 5, "total_bytes": 100, "free_bytes": 10}) is None
+
+
+def test_the_deficit_counts_what_the_message_proves_beyond_the_estimate():
+    """A message that states in use and requested but no deficit: the deficit is what the run needed
+    (22 GiB in use + 1 GiB asked) over the card (22.06 GiB), not the estimate's."""
+    card = 23_686_744_637  # l4_24g: 22.06 GiB
+    result = diagnose(compose(["gpu=l4_24g"]), {"requested_bytes": GiB, "process_in_use_bytes": 22 * GiB})
+    assert result.observed_need_bytes == 23 * GiB
+    assert result.unexplained_bytes == 23 * GiB - result.estimate["total_bytes"]
+    assert result.deficit_bytes == 23 * GiB - card
+    assert not result.fits_after  # the rest is not the model's: no change of it fits
+
+
+def test_a_vllm_share_above_what_the_error_allows_never_fits():
+    """The judge's upper bound: a share above util_max does not fit, however much room there is."""
+    from grpo_sweep.memory.doctor import _Judge
+    from grpo_sweep.memory.estimator import estimate
+
+    cfg = compose(["gpu=l4_24g"])
+    util = cfg.gpu_memory_utilization
+    base = estimate(cfg)
+    assert _Judge(cfg, base, "chunked", 0, 10**15, 0.0, util).score({}).fits
+    assert not _Judge(cfg, base, "chunked", 0, 10**15, 0.0, round(util - 0.05, 2)).score({}).fits
+
+
+def test_fragmentation_advice_follows_the_config():
+    """TORCH2_FULL: 100 MiB reserved but unallocated beside 14.50 GiB allocated, 20 MiB asked: the spare
+    memory alone held the request, so expandable_segments is advised, unless the config has it on."""
+    parsed = parse_oom_message(TORCH2_FULL)
+    advice = diagnose(compose(["gpu=l4_24g"]), parsed).fragmentation
+    assert advice["overrides"] == {"expandable_segments": True}
+    assert advice["reserved_unallocated_bytes"] == 100 * MiB
+    assert advice["share"] == pytest.approx(100 * MiB / (100 * MiB + int(14.5 * GiB)))
+    assert diagnose(compose(["gpu=l4_24g", "expandable_segments=true"]), parsed).fragmentation is None
+
+
+def test_speed_advice_is_priced_in_the_doctors_logits_mode():
+    """A 0.15 share holds 21 of 64 sequences (4 waves) and 0.2 the whole batch. With the chunked head
+    0.2 still fits and is offered for speed; with full logits (given) 0.2 no longer fits the card, so
+    the doctor offers nothing."""
+    from grpo_sweep.memory.estimator import estimate
+
+    over = ["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm", "gradient_accumulation_steps=16"]
+    cfg = compose([*over, "gpu_memory_utilization=0.15"])
+    wider = compose([*over, "gpu_memory_utilization=0.2"])
+    assert estimate(wider, "chunked").fits and not estimate(wider, "full").fits
+    chunked = diagnose(cfg, {}, "chunked").speed
+    assert (chunked["overrides"], chunked["waves"]) == (["gpu_memory_utilization=0.2"], 4) and chunked["speedup_pct"] > 0
+    assert diagnose(cfg, {}, "full").speed is None
+
+
+def test_the_faster_larger_fix_is_offered_when_there_is_one():
+    """Gemma 3 1B with vLLM, full logits, 512 MiB asked with 100 MiB free: one change fits (micro-batch
+    4 -> 1); two changes (micro-batch 4 -> 2 and a 0.15 vLLM share) fit too and cost less speed, so
+    they are offered beside it, with their own need and cost."""
+    cfg = compose(["model=gemma3_1b", "preset=seed_baseline", "gpu=l4_24g", "backend.name=trl_vllm"])
+    msg = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
+        "capacity of 22.06 GiB of which 100.00 MiB is free."
+    )
+    result = diagnose(cfg, parse_oom_message(msg), "full")
+    assert result.overrides == ["per_device_train_batch_size=1", "gradient_accumulation_steps=4"]
+    faster = result.fastest
+    assert faster["overrides"] == [
+        "per_device_train_batch_size=2",
+        "gradient_accumulation_steps=2",
+        "gpu_memory_utilization=0.15",
+    ]
+    assert faster["speed_cost_pct"] < result.after["speed_cost_pct"] - 0.5
+    assert faster["need_bytes"] <= result.limit_bytes
+
+
+def _scored(cost: float, saving: int = 0, fits: bool = True, need: int = 0):
+    from types import SimpleNamespace
+
+    from grpo_sweep.memory.doctor import Scored
+
+    return Scored(estimate=SimpleNamespace(total_bytes=need), need=need, fits=fits, speed_cost_pct=cost, saving=saving)
+
+
+class _TableJudge:
+    """A judge whose answers the test writes down: {frozenset(overrides.items()): Scored}; a set it
+    does not list does not fit; None (a config `validate` refuses) where the table says so. The search
+    and the ranking are the rules under test, so the oracle is the table, not the estimator."""
+
+    def __init__(self, table: dict):
+        self.table = {frozenset(k): v for k, v in table.items()}
+
+    def score(self, overrides: dict):
+        key = frozenset(overrides.items())
+        return self.table[key] if key in self.table else _scored(0.0, fits=False)
+
+
+def test_the_after_and_faster_entries_by_hand():
+    """The chosen set's entry: its estimate, need and cost (to 0.1 %); the faster set only when it is
+    more than half a percent faster than the chosen one."""
+    from grpo_sweep.memory.doctor import _after, _faster
+
+    assert _after(_scored(12.34, need=7)) == {"total_bytes": 7, "need_bytes": 7, "speed_cost_pct": 12.3}
+    chosen = _scored(10.0)
+    assert _faster(chosen, ({"lora_rank": 8, "load_in_4bit": True}, _scored(3.46, need=5))) == {
+        "overrides": ["lora_rank=8", "load_in_4bit=true"],
+        "need_bytes": 5,
+        "speed_cost_pct": 3.5,
+    }
+    assert _faster(chosen, ({"lora_rank": 8}, _scored(9.5))) is None  # only half a percent faster
+    assert _faster(chosen, ({"lora_rank": 8}, _scored(9.49)))["speed_cost_pct"] == 9.5
+
+
+def test_lever_rows_rank_and_round_by_hand():
+    """One row per move: knobs first, then more hardware, then recipe changes; within each, free moves
+    that save memory first (a cost up to 0.05 % is free), then by GiB per % lost. The cost is shown to
+    0.1 %; a move the judge refuses is left out; of the vLLM shares only the nearest and farthest."""
+    from grpo_sweep.memory.doctor import Move, lever_rows
+
+    moves = [
+        Move("micro_batch", {"per_device_train_batch_size": 2}, "b"),
+        Move("checkpointing", {"gradient_checkpointing": True}, "a"),
+        Move("vllm_share", {"gpu_memory_utilization": 0.5}, "share 0.5"),
+        Move("vllm_share", {"gpu_memory_utilization": 0.4}, "share 0.4"),
+        Move("vllm_share", {"gpu_memory_utilization": 0.3}, "share 0.3"),
+        Move("gpus", {"trial.num_processes": 2}, "gpus", needs_hardware=True),
+        Move("rank", {"lora_rank": 8}, "rank"),
+        Move("4bit", {"load_in_4bit": True}, "refused"),
+    ]
+    judge = _TableJudge(
+        {
+            (("per_device_train_batch_size", 2),): _scored(12.34, saving=2 * GiB),
+            (("gradient_checkpointing", True),): _scored(0.05, saving=GiB),
+            (("gpu_memory_utilization", 0.5),): _scored(1.0, saving=GiB),
+            (("gpu_memory_utilization", 0.3),): _scored(2.0, saving=4 * GiB),
+            (("trial.num_processes", 2),): _scored(0.0, saving=3 * GiB),
+            (("lora_rank", 8),): _scored(0.5, saving=GiB),
+        }
+    )
+    judge.table[frozenset({("load_in_4bit", True)})] = None
+    rows = lever_rows(moves, judge)
+    assert [(r["lever"], r["speed_cost_pct"], r["gib_per_pct"]) for r in rows] == [
+        ("a", 0.1, None),  # 0.05 % costs nothing; shown rounded
+        ("share 0.3", 2.0, 2.0),
+        ("share 0.5", 1.0, 1.0),
+        ("b", 12.3, pytest.approx(2 / 12.34)),
+        ("gpus", 0.0, None),
+        ("rank", 0.5, 2.0),
+    ]
+    assert [r["overrides"] for r in rows][:2] == [["gradient_checkpointing=true"], ["gpu_memory_utilization=0.3"]]
+    assert rows[0]["saving_bytes"] == GiB and rows[-1]["changes_experiment"] and rows[-2]["needs_hardware"]
+
+
+def test_the_smallest_fix_search_by_hand():
+    """The search over a judge the test writes down: every move of a group is tried (one that does not
+    fit does not end the group), the first of equally fast fixes of one size is kept; recipe changes
+    and more hardware only when nothing on one card fits, more hardware before recipe changes."""
+    from grpo_sweep.memory.doctor import Move, smallest_fix
+
+    half = Move("micro_batch", {"per_device_train_batch_size": 2}, "micro-batch 4 -> 2")
+    quarter = Move("micro_batch", {"per_device_train_batch_size": 1}, "micro-batch 4 -> 1")
+    checkpoint = Move("checkpointing", {"gradient_checkpointing": True}, "checkpointing")
+    gpus = Move("gpus", {"trial.num_processes": 2}, "2 GPUs", needs_hardware=True)
+    shorter = Move("sequence", {"max_seq_length": 64}, "shorter")
+    assert shorter.changes_experiment and not checkpoint.changes_experiment
+    # 4 -> 2 does not fit, 4 -> 1 does; checkpointing fits at the same cost: the first found is kept.
+    tie = _TableJudge(
+        {
+            (("per_device_train_batch_size", 1),): _scored(3.0),
+            (("gradient_checkpointing", True),): _scored(3.0),
+        }
+    )
+    chosen, fastest = smallest_fix([half, quarter, checkpoint], tie)
+    assert chosen[0] == {"per_device_train_batch_size": 1} and fastest[0] == chosen[0]
+    # Nothing on one card fits: more GPUs (slower) before a shorter sequence (faster).
+    stages = _TableJudge({(("trial.num_processes", 2),): _scored(20.0), (("max_seq_length", 64),): _scored(1.0)})
+    assert smallest_fix([half, gpus, shorter], stages)[0][0] == {"trial.num_processes": 2}
+    # Only a recipe change fits: it is found.
+    recipe = _TableJudge({(("max_seq_length", 64),): _scored(1.0)})
+    assert smallest_fix([half, shorter], recipe)[0][0] == {"max_seq_length": 64}
+    assert smallest_fix([half], recipe) == (None, None)

@@ -500,3 +500,37 @@ def test_any_storage_class_behind_the_mixin_has_every_call_retried(clock):
     study.set_user_attr("a", 1)
     assert storage.get_study_user_attrs(study._study_id) == {"a": 1}
     assert st.without_retry(storage, "get_all_studies").__func__ is Flaky.get_all_studies
+
+
+# ---------------------------------------------------------------------------------- opening a storage
+def test_a_missing_folder_is_an_error_that_says_why(tmp_path):
+    source = str(tmp_path / "typo" / "sweep.db")
+    with pytest.raises(st.StorageError) as caught:
+        st.open_storage(source)
+    assert str(caught.value) == (
+        f"storage {source}: folder {tmp_path / 'typo'} does not exist; create it first, or correct the path "
+        "(a typo in a resume path would otherwise start a new, empty study)"
+    )
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_missing_database_driver_and_a_refused_connection_are_one_line_each():
+    """No MySQL driver is installed: the line names the source (password masked) and the fix. Nothing
+    listens on port 1: the line names the source and the root cause, never the password."""
+    with pytest.raises(st.StorageError) as caught:
+        st.open_storage("mysql://u:s3cret@localhost/x")
+    text = str(caught.value)
+    assert text.startswith("storage mysql://u:***@localhost/x: its database driver is not installed (")
+    assert text.endswith("); for PostgreSQL: pip install 'grpo-sweep[postgres]'") and "s3cret" not in text
+    with pytest.raises(st.StorageError) as caught:
+        st.open_storage("postgresql://u:s3cret@127.0.0.1:1/x")
+    text = str(caught.value)
+    assert text.startswith("storage postgresql://u:***@127.0.0.1:1/x: cannot connect: OperationalError: ")
+    assert "Connection refused" in text and "s3cret" not in text and "\n" not in text
+
+
+def test_a_retrying_storage_names_the_source_as_the_user_gave_it(tmp_path):
+    """Its messages name the storage as the user named it (a path, not the URL made of it)."""
+    for source in (str(tmp_path / "sweep.db"), str(tmp_path / "sweep.journal")):
+        storage = st.open_storage(source, retry_s=5)
+        assert isinstance(storage, (st.RetryingRDBStorage, st.RetryingJournalStorage)) and storage.source == source

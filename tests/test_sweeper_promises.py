@@ -1155,3 +1155,38 @@ def test_the_told_line_ends_with_the_progress_by_hand(tmp_path, caplog):
     told, _, left = line.partition(" | ~")
     assert told == "Trial 0: COMPLETE ok (tokens_per_s=12.5) | trial 1/8 | best tokens_per_s=12.5 (trial 0)"
     assert re.fullmatch(r"\d+s left", left), line
+
+
+def test_the_prescreen_judges_the_estimate_it_is_given_against_its_budget_by_hand(tmp_path):
+    """The pre-screen judges the estimate the caller passes (not one of its own), against the budget
+    that estimate names; the caller's budget only where the estimate names none. The tiny model
+    needs 57.4 MiB (60,159,104 bytes): over a 10 MiB simulated card by far, within an L4."""
+    from conftest import compose
+
+    from grpo_sweep.memory.estimator import estimate
+
+    prescreen = _sweeper(tmp_path).prescreen
+    on_l4 = compose(["gpu=l4_24g"])
+    small_card = estimate(compose(["gpu=cpu_sim", "gpu.memory_gib=0.01"]))
+    assert (small_card.total_bytes, small_card.budget_bytes) == (60_159_104, 10_737_418)
+    pruned = prescreen.verdict(on_l4, 10**15, est=small_card)
+    assert pruned.state == "PRUNED" and pruned.constraint == 60_159_104 - 10_737_418
+    assert prescreen.verdict(on_l4, 10**15) is None  # its own estimate: within the L4
+    unsized = compose(["gpu=l4_24g", "gpu.memory_gib=null"])
+    assert prescreen.verdict(unsized, 10**15) is None
+    assert prescreen.verdict(unsized, 2**20).state == "PRUNED"  # no card named: the caller's budget
+
+
+def test_the_calibrated_prescreen_line_by_hand():
+    """A calibrated verdict's line: the calibrated and raw predictions, their ratio, the trials behind
+    it, the budget and the allowance, in GiB to three decimals."""
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+
+    gib = 2**30
+    pruned = prescreen_verdict(3 * gib, 2 * gib, 0.125, raw_bytes=2.5 * gib, trials=4)
+    assert pruned.attrs["error"] == (
+        "calibrated prediction 3.000 GiB (raw 2.500 GiB x 1.200, from 4 measured trials) > budget 2.000 GiB "
+        "+ 12.5% allowance: not run"
+    )
+    assert pruned.constraint == gib and pruned.attrs["deficit_bytes"] == gib
+    assert prescreen_verdict(2.25 * gib, 2 * gib, 0.125, raw_bytes=2 * gib, trials=4) is None  # at the allowance
