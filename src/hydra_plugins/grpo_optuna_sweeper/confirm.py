@@ -38,6 +38,7 @@ when they are decided early (fewer). The grid sampler runs every point once: no 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -167,10 +168,9 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
     open_ = ruling.unseparated()
     undecided = ruling.undecided()
     wanted = [ruling.leader, *undecided] if ruling.leader is not None and undecided else []
-    known = [s for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") != "surplus" and (s := seconds_of(t))]
-    searched = sum(
-        1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get(CONFIRMS_ATTR) is None and t.state.name != "WAITING"
-    )
+    trials = study.get_trials(deepcopy=False)
+    known = [s for t in trials if t.user_attrs.get("status") != "surplus" and (s := seconds_of(t))]
+    searched = sum(1 for t in trials if t.user_attrs.get(CONFIRMS_ATTR) is None and t.state.name != "WAITING")
     # A run is priced at its config's longest run so far (none yet: the sweep's median trial), raised by
     # the measured noise (a run's seconds vary as its throughput does), so a slow run stays within budget.
     slack = 1.0 + best_rule.INTERVAL_Z * (ruling.sigma or 0.0)
@@ -178,14 +178,16 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
     for f in wanted:  # the leader first, then its closest contenders
         costs = [s for m in f.members if (s := seconds_of(m)) is not None]
         priced.append((f, (max(costs) if costs else statistics.median(known or [0.0])) * slack))
-    # What the whole budget left could buy: x more seconds keep spent + x <= budget x (sweep + x); spread
-    # over the configs this round runs, each gets `more` runs. None (the budget is 1): no limit.
+    # The seconds confirmation may still spend: x more keep spent + x <= budget x (sweep + x), so
+    # x <= (budget x sweep - spent) / (1 - budget); no limit at budget 1.
+    room_s = (budget * sweep_s - spent_s) / (1.0 - budget) if budget < 1 else math.inf
+    # What that could buy, spread over the configs this round runs: `more` runs each (None: no limit).
     price = statistics.fmean(cost for _, cost in priced) if priced else 0.0
-    more = (budget * sweep_s - spent_s) / (1.0 - budget) / price / len(priced) if priced and price and budget < 1 else None
+    more = room_s / price / len(priced) if priced and price and math.isfinite(room_s) else None
     runs: list[dict] = []
     queued_s = 0.0
     for f, cost in priced:
-        if spent_s + queued_s + cost > budget * (sweep_s + queued_s + cost):
+        if queued_s + cost > room_s:
             continue
         queued_s += cost
         first = best_rule.config_group(f.item.user_attrs, f.item.number)
