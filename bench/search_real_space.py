@@ -75,6 +75,7 @@ START_KEYS = (
     "pick_within_5pct_rate_best_median",
     "pick_within_5pct_rate_headroom_any_tie",
     "finalist_within_5pct_rate",
+    "given_back_rate",
     "tie_rate",
     "confirm_share_median",
     "confirm_share_max",
@@ -383,14 +384,15 @@ def notes(result: dict) -> str:
                 facts.append(
                     f"pick: {g['measured']:.2f} against {g['bound']:.2f} (without confirmation {ours['pick_within_5pct_rate_no_confirm']:.2f}; "
                     f"the pick's median true speed {ours['pick_of_optimum_median']:.2f} of the optimum, its worst tenth "
-                    f"{ours['pick_of_optimum_p10']:.2f}). Confirmation picks among its finalists, and they held a point within 5 % "
-                    f"in only {ours['finalist_within_5pct_rate']:.2f} of seeds: the ceiling it works under. {d['within_5pct']} points "
+                    f"{ours['pick_of_optimum_p10']:.2f}). Confirmation, undecidable before its first round, gave its reserved runs back to "
+                    f"the search in {ours['given_back_rate']:.0%} of seeds (every config then competes by its median); the finalists "
+                    f"chosen after the search held a point within 5 % in only {ours['finalist_within_5pct_rate']:.2f} of seeds. "
+                    f"{d['within_5pct']} points "
                     f"lie within 5 %; the search ran one of them to its end in {ours['good_point_run_rate']:.0%} of seeds, but one run at "
                     f"this noise (sigma {sigma:.2f}"
                     + ("; each of the best points has one recorded run at about half speed" if name.startswith("tiny") else "")
-                    + f") often ranks it below the top {top} by median. Confirmation spent "
-                    f"{ours['confirm_share_median']:.0%} of the sweep's seconds (median; stopped: {stops_of(ours)} seeds) and picked within 5 % "
-                    f"in {g['measured'] / max(ours['finalist_within_5pct_rate'], 1e-9):.0%} of the seeds whose finalists held one. The leader was "
+                    + f") often ranks it below the top {top} by median, or below another config's lucky run. Confirmation spent "
+                    f"{ours['confirm_share_median']:.0%} of the sweep's seconds (median; stopped: {stops_of(ours)} seeds). The leader was "
                     f"within noise of another finalist in {ours['tie_rate']:.0%} of seeds: the best median alone picks within 5 % in "
                     f"{ours['pick_within_5pct_rate_best_median']:.2f}, the most headroom over every tied config in "
                     f"{ours['pick_within_5pct_rate_headroom_any_tie']:.2f}. The oracle, spending 40 runs on the "

@@ -14,7 +14,8 @@ Per seed:
   its end (an early-stopped good point does not count), plus, for ours, the confirmation runs its
   sweep spends at the end (charged in full);
 - the pick: a sweep of N_TRIALS trials (counted as the sweeper counts: pruned and invalid too),
-  with confirmation (search N_TRIALS - 3 x 2, then rounds of the finalists while undecided, within confirm_budget; best median wins) and
+  with confirmation (search N_TRIALS - 3 x 2, then rounds of the finalists while undecided, within confirm_budget; best median
+  wins; undecidable before its first round, the reserved runs search instead and every config competes) and
   without (N_TRIALS search trials; best single run wins); judged by the picked point's true value.
 Strategies: ours (pre-screen + early stop + confirmation), tpe_unconstrained (hydra-optuna-sweeper:
 OOM = failed trial, every trial to its end), random (uniform without replacement, every trial to
@@ -215,7 +216,13 @@ def sweep(
         if record["status"] == "slow" and good(point, land):
             stopped_good.append(trial.number)
 
-    while counted < n_search or (until_found and found_s is None and counted < CAP):
+    def search_to(target: int) -> None:
+        """The sweeper's search phase: sampler trials (neighbour moves on their turns) until `target` count."""
+        while counted < target or (until_found and found_s is None and counted < CAP):
+            search_trial()
+
+    def search_trial() -> None:
+        nonlocal clock, counted, pick_no_confirm
         if counted == n_search and pick_no_confirm is None:
             pick_no_confirm = _picked(best_trial(study), land)
         if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
@@ -235,7 +242,7 @@ def sweep(
         point = land["by_key"].get(key(trial.params))
         if point is None:  # TRL rejects it before any model loads: FAIL, unrun
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            continue
+            return
         if prescreen:  # the sweeper composes and estimates the point before it launches (or prunes) it
             clock += compose_s
             pruned = for_sampler(prescreen_of(point), sampler, "maximize")
@@ -243,12 +250,13 @@ def sweep(
                 false_prunes[0] += point["status"] == "ok"  # it would have fit: pruned wrongly
                 trial.set_constraint(CONSTRAINT, pruned.constraint)
                 study.tell(trial, pruned.value, state=optuna.trial.TrialState[pruned.state])
-                continue
+                return
         best = best_finalist(study) if constrained and stop_below else None
         run(trial, point, stop_threshold(best.median if best else None, stop_below, OBJECTIVE, "maximize"))
+
+    search_to(n_search)
     if pick_no_confirm is None:
         pick_no_confirm = _picked(best_trial(study), land)
-    search_s = clock
     if top and not until_found:
         replay_log = logging.getLogger("replay")
         confirm.choose(study, top, replay_log)
@@ -258,6 +266,9 @@ def sweep(
             for _ in range(confirm.planned(study) - ran):
                 trial = study.ask(space)
                 run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
+        if confirm.given_back(study):  # undecidable from the start: the reserved runs search instead
+            search_to(n_trials)
+    confirm_s = sum(trial_s.get(t.number, 0.0) for t in study.trials if t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None)
     ruling = verdict(study) if constrained else None  # best.yaml's winner: the best median, a tie to the safer
     pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
     leader = _picked(ruling.leader.item, land) if ruling and ruling.leader else pick  # the best median alone
@@ -273,15 +284,17 @@ def sweep(
     return {
         "found_s": found_s,
         "seconds": clock,
-        "search_s": search_s,
-        "confirm_s": clock - search_s,
+        "search_s": clock - confirm_s,
+        "confirm_s": confirm_s,
         "pick": pick,
         "pick_no_confirm": pick_no_confirm,
         "leader": leader,
         "leanest": leanest,
         "tie": bool(ruling and ruling.tie),
-        # Whether a point within 5 % was among the finalists: confirmation can pick only among them.
-        "finalist_good": any(good(_picked(study.trials[n], land), land) for n in plan.get("finalists") or []),
+        # Whether a point within 5 % was among the finalists chosen after the search (confirmation
+        # picks only among them, unless it gave its runs back to the search).
+        "finalist_good": any(good(_picked(study.trials[n], land), land) for n in plan.get("chosen", plan.get("finalists")) or []),
+        "given_back": confirm.given_back(study),
         "confirm_stopped": plan.get("stopped"),
         "trials": counted,
         "stopped_good": len(stopped_good),
@@ -441,6 +454,8 @@ def evaluate(
         "pick_within_5pct_rate_headroom_any_tie": _rate((p["leanest"] for p in runs_pick), land),
         # The ceiling confirmation works under: seeds whose finalists held a point within 5 %.
         "finalist_within_5pct_rate": sum(p["finalist_good"] for p in runs_pick) / len(runs_pick),
+        # Seeds whose confirmation, undecidable from the start, gave its reserved runs back to the search.
+        "given_back_rate": sum(p["given_back"] for p in runs_pick) / len(runs_pick),
         # Why confirmation stopped, seeds per reason (confirm.next_round's `stopped`).
         "confirm_stopped": {
             why: sum(str(p["confirm_stopped"]) == why for p in runs_pick)

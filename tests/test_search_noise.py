@@ -352,6 +352,7 @@ def test_confirmation_stops_when_its_budget_is_spent():
     state = study.user_attrs["confirmation"]
     assert (state["stopped"], state["rounds"], state["spent_s"], state["sweep_s"]) == ("undecidable", 2, 40.0, 120.0)
     assert "room for about 1.9 more runs of each undecided finalist" in state["why"] and verdict(study).undecided()
+    assert not confirm.given_back(study) and state["finalists"] == [1, 3, 0]  # runs were bought: the finalists stay
     assert best_rule.decidable(verdict(study).leader, verdict(study).undecided()[0], state["sigma"], 3.0)  # 6 runs would
     # The same study with the whole sweep to spend (budget 1) runs on: no limit to what it could buy.
     state.pop("stopped")
@@ -362,6 +363,69 @@ def test_confirmation_stops_when_its_budget_is_spent():
     assert confirm.trial_seconds(finished) == (finished.datetime_complete - finished.datetime_start).total_seconds() >= 0
     study.enqueue_trial({"b": 1})
     assert confirm.trial_seconds(study.trials[-1]) is None
+
+
+def test_confirmation_undecidable_from_the_start_gives_its_runs_back_to_the_search():
+    """At a noise no budget could settle (b=2 ran 180 and 120: 28 %), confirmation decides before its
+    first round that it cannot tell the finalists apart: it runs nothing, gives its reserved runs back
+    to the search and drops the finalists (the ones chosen kept as `chosen`), so every config competes
+    by its median. A config the search runs afterwards can then win, which it could not against
+    finalists chosen before it ran."""
+    import logging
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, verdict
+
+    log = logging.getLogger("test")
+    study, space = _search([(1, 100.0), (2, 180.0), (3, 90.0), (4, 170.0), (2, 120.0)])
+    seconds = {t.number: 10.0 for t in study.trials}
+    assert confirm.choose(study, 3, log) == [3, 1, 0]
+    assert not confirm.given_back(study) and best_rule.competing(study.user_attrs) == [3, 1, 0]
+    assert _round(study, space, {}, log, budget=0.25, seconds=seconds) == []
+    state = study.user_attrs["confirmation"]
+    assert (state["stopped"], state["rounds"], state["runs"], state["chosen"]) == ("undecidable", 0, [], [3, 1, 0])
+    assert confirm.given_back(study) and state["finalists"] == [] and best_rule.competing(study.user_attrs) is None
+    assert "reserved runs went back to the search" in state["why"]
+    # The search runs on: b=3, out of the finalists on its one run of 90, now runs at 200 twice.
+    for value in (200.0, 200.0):
+        study.enqueue_trial({"b": 3})
+        trial = study.ask(space)
+        trial.set_user_attr("overrides", ["b=3"])
+        assert confirm.mark_repeat(study, trial, ["b=3"]) == 2
+        _record(trial, 3, None)
+        study.tell(trial, value)
+    assert best_trial(study).number == 2 and verdict(study).leader.median == 200.0
+    # A resumed sweep finds the decision: no finalists to confirm, nothing queued.
+    assert confirm.choose(study, 3, log) == [] and not confirm.next_round(study, 0.25, log)
+
+
+def test_the_loop_runs_the_search_on_to_n_trials_when_confirmation_gives_its_runs_back(monkeypatch):
+    """The sweep loop's confirmation phase: undecidable from the start, the search phase runs again,
+    to n_trials, with its neighbour moves; decided or confirmed, it does not."""
+    import types
+
+    from hydra_plugins.grpo_optuna_sweeper.loop import Loop
+
+    def phases(search: list[tuple[int, float]]) -> list[tuple[int, bool]]:
+        study, _ = _search(search)
+        seconds = {t.number: 10.0 for t in study.trials}
+        called: list[tuple[int, bool]] = []
+        settings = types.SimpleNamespace(confirm_budget=0.25)
+        loop = types.SimpleNamespace(
+            study=study,
+            stopped=None,
+            plan=types.SimpleNamespace(n_search=len(search), n_trials=len(search) + 6, confirm_top=3, settings=settings),
+            _phase=lambda target, search=False: called.append((target, search)),
+        )
+        clock = {"seconds_of": lambda t: seconds.get(t.number)}  # the trials' seconds, as the replay gives them
+        monkeypatch.setattr(confirm, "next_round", lambda study, budget, log: original(study, budget, log, **clock))
+        Loop._confirm(loop)
+        return called
+
+    original = confirm.next_round
+
+    assert phases([(1, 100.0), (2, 180.0), (3, 90.0), (4, 170.0), (2, 120.0)]) == [(5, False), (11, True)]
+    # b=2 ran 180 and 181 (the floor's 2 %): b=1 and b=3 are separated from it at once, nothing given back.
+    assert phases([(1, 100.0), (2, 180.0), (3, 90.0), (2, 181.0)]) == [(4, False)]
 
 
 def test_confirmation_runs_only_the_undecided_and_stops_once_the_rest_are_within_5pct():

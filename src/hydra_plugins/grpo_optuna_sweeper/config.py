@@ -94,7 +94,8 @@ class GrpoOptunaSweeperConf:
     # it, and only while confirmation's seconds stay within confirm_budget of the sweep's. The winner
     # is the best median; from a tie within noise, among the configs within 5 % of the leader, the
     # one with the most memory headroom. confirm_repeats: the runs per finalist reserved in n_trials
-    # (the search gets n_trials - confirm_top x confirm_repeats trials); not a cap: the budget is.
+    # (the search gets n_trials - confirm_top x confirm_repeats trials); not a cap: the budget is. When the
+    # budget could not settle the finalists from the start, those runs go back to the search instead.
     # 0 (either): off.
     confirm_top: int = 3
     confirm_repeats: int = 2

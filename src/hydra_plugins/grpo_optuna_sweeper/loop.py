@@ -5,10 +5,12 @@ study holds fewer finished-or-running trials than its phase's target (the search
 then those plus the confirmation runs queued so far), and waits for other workers' trials before
 writing the report, so a study finishes with the same counted trials however many workers shared it
 and however often it was interrupted and re-run: n_trials less the confirmation runs left unrun, or
-more where confirm_budget let confirmation run past the runs n_trials reserved for it (confirm.py).
+more where confirm_budget let confirmation run past the runs n_trials reserved for it (confirm.py);
+n_trials when confirmation, undecidable from the start, gave its reserved runs back to the search.
 
 Phases: the search (n_search trials, a neighbour move queued on its turns), then the confirmation
-rounds of the finalists while they are within each other's noise (confirm.py), then the winner's
+rounds of the finalists while they are within each other's noise (confirm.py; undecidable from
+the start, the search runs on to n_trials instead, neighbour moves included), then the winner's
 soak (soak.py, hydra.sweeper.soak_steps), then the report. SIGINT/SIGTERM stop it: at once while a job
 runs (the trial is killed with it), else at the next safe point; the trials asked and not told are
 failed and re-enqueued, and the report is written.
@@ -77,7 +79,7 @@ class Loop:
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_signal),
         }
         try:
-            self._phase(plan.n_search)
+            self._phase(plan.n_search, search=True)
             if self.stopped is None and plan.confirm_top:  # the search had n_trials - top x repeats (confirm.py)
                 self._confirm()
             if self.stopped is None and plan.settings.get("soak_steps"):
@@ -104,7 +106,9 @@ class Loop:
             if self.stopped is not None:
                 return
             if not confirm.next_round(self.study, settings.confirm_budget, log):
-                return
+                break
+        if confirm.given_back(self.study):  # undecidable from the start: its reserved runs search instead
+            self._phase(plan.n_trials, search=True)
 
     def _soak(self, steps: int) -> None:
         """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
@@ -157,8 +161,9 @@ class Loop:
         if self.stop_signal is not None:
             raise Interrupted(self.stop_signal)
 
-    def _phase(self, target: int) -> None:
-        """Run trials until the study counts `target` (the search phase, then its confirmation runs)."""
+    def _phase(self, target: int, search: bool = False) -> None:
+        """Run trials until the study counts `target` (the search phase, then its confirmation runs);
+        search: the sampler's trials, with their neighbour moves."""
         study, settings = self.study, self.plan.settings
         waited = False
         while True:
@@ -183,7 +188,7 @@ class Loop:
             size = min(settings.n_jobs, room)
             turn = counted + len(running)  # the study's count when this batch's first trial is told
             every, startup = settings.neighbour_every, settings.n_startup_trials
-            if target == self.plan.n_search and any(neighbours.due(turn + i, startup, every) for i in range(size)):
+            if search and any(neighbours.due(turn + i, startup, every) for i in range(size)):
                 enqueue_neighbour(study, self.plan, self.prescreen, self.moves)  # never in place of a confirmation run
             batch = [study.ask() for _ in range(size)]
             for trial in batch:  # at once: a kill from here on leaves a RUNNING trial worker_dead recognises
