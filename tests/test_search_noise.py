@@ -611,8 +611,10 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
     else:
         assert best["best_trial"] == fastest and "id=noise-note" in report
     assert best["best_value"] == pytest.approx(medians[best["best_trial"]])
-    assert {f["trial"] for f in best["finalists"]} <= set(finalists)
-    assert all(len(f["runs"]) >= 2 and f["spread"] is not None for f in best["finalists"])
+    # best.yaml lists the configs confirmation compared, as the report does, whether or not each ran again.
+    assert [f["trial"] for f in best["finalists"]][:1] == [best["best_trial"]]
+    assert {f["trial"] for f in best["finalists"]} == set(finalists)
+    assert all((f["spread"] is not None) == (len(f["runs"]) >= 2) for f in best["finalists"])
     assert best["confirmation"]["stopped"] == state["stopped"] and "Confirmation:" in result.stdout
     assert "id=finalists" in report
 
@@ -624,3 +626,23 @@ def test_the_noise_is_measured_even_when_no_config_competes():
     verdict = best_rule.decide(items, value=lambda x: x[1], group=lambda x: x[0], direction="maximize", compete=[])
     assert (verdict.by_median, verdict.tie, verdict.winner, verdict.ranked) == ([], [], None, [])
     assert (verdict.sigma, verdict.noise_configs) == (pytest.approx(0.02**0.5), 1)  # (90, 110) about 100: 0.1 each
+
+
+def test_best_yaml_lists_every_finalist_confirmation_compared_even_one_run_once():
+    """The leader can be separated before any confirmation run (the sampler's repeats measured the
+    noise): best.yaml's `finalists` are still the configs confirmation compared, the winner first,
+    as the report lists them; a config run once has no spread. Without a confirmation phase they
+    are the configs the sampler happened to run more than once."""
+    from types import SimpleNamespace
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import noise_summary
+
+    runs = [("a", 100.0), ("a", 102.0), ("b", 50.0), ("c", 60.0)]
+    items = [SimpleNamespace(number=n, config=c, value=v) for n, (c, v) in enumerate(runs)]
+    ruling = best_rule.decide(items, value=lambda t: t.value, group=lambda t: t.config, direction="maximize", compete=["a", "b"])
+    assert ruling.tie == [] and ruling.winner is ruling.ranked[0]  # 50 is far outside 100's noise: separated
+    chosen = noise_summary(ruling, chosen=True)
+    assert chosen["finalists_from"] == "confirmation"
+    assert [(f["trial"], len(f["runs"]), f["spread"] is None) for f in chosen["finalists"]] == [(0, 2, False), (2, 1, True)]
+    sampled = noise_summary(ruling, chosen=False)
+    assert sampled["finalists_from"] == "repeated by the sampler" and [f["trial"] for f in sampled["finalists"]] == [0]

@@ -139,14 +139,17 @@ def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
 
 
 def noise_summary(ruling: best_rule.Verdict, chosen: bool = True) -> dict:
-    """best.yaml's `finalists` (each config run more than once: its runs and spread), the noise the
-    study measured, whether the top two are within it, and the `tie` when the leader is not
-    separated. chosen: the confirmation phase chose them (else the sampler repeated them)."""
+    """best.yaml's `finalists` (each with its runs and spread), the noise the study measured, whether
+    the top two are within it, and the `tie` when the leader is not separated. chosen: the
+    confirmation phase chose the finalists, and all of them are listed, as the report lists them
+    (one may have run once: the leader can be separated before any confirmation run when the
+    sampler's repeats measured the noise); else the configs the sampler happened to run more than
+    once."""
     ranked = ruling.ranked
     out: dict = {}
     if ruling.sigma is not None:
         out["noise"] = {"relative_sd": float(ruling.sigma), "configs": ruling.noise_configs, "floor": best_rule.NOISE_FLOOR}
-    confirmed = [f for f in ranked if len(f.members) > 1]
+    confirmed = list(ranked) if chosen else [f for f in ranked if len(f.members) > 1]
     if confirmed:
         out["finalists_from"] = "confirmation" if chosen else "repeated by the sampler"
         out["finalists"] = [
