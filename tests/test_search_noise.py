@@ -646,3 +646,24 @@ def test_best_yaml_lists_every_finalist_confirmation_compared_even_one_run_once(
     assert [(f["trial"], len(f["runs"]), f["spread"] is None) for f in chosen["finalists"]] == [(0, 2, False), (2, 1, True)]
     sampled = noise_summary(ruling, chosen=False)
     assert sampled["finalists_from"] == "repeated by the sampler" and [f["trial"] for f in sampled["finalists"]] == [0]
+
+
+def test_a_lead_no_noise_can_judge_is_said_to_rest_on_one_run():
+    """No config ran twice: best.yaml and the console say by how much the winner leads the runner-up
+    and that one run each cannot tell that lead from a lucky run; once the noise is measured the
+    finalists' verdict (`top_two_within_noise`) says it instead."""
+    from types import SimpleNamespace
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import noise_summary
+
+    def summary_of(runs):
+        items = [SimpleNamespace(number=n, config=c, value=v) for n, (c, v) in enumerate(runs)]
+        return noise_summary(
+            best_rule.decide(items, value=lambda t: t.value, group=lambda t: t.config, direction="maximize"), False
+        )
+
+    once = summary_of([("a", 1051.0), ("b", 1152.0), ("c", 900.0)])
+    assert "noise" not in once and "top_two_within_noise" not in once
+    assert once["lead_note"].startswith("No config ran twice") and "trial 1's lead of 10% over trial 0" in once["lead_note"]
+    twice = summary_of([("a", 1051.0), ("a", 1060.0), ("b", 1152.0)])
+    assert "lead_note" not in twice and twice["top_two_within_noise"] in (True, False)
