@@ -675,8 +675,10 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
     else:
         assert best["best_trial"] == fastest and "id=noise-note" in report
     assert best["best_value"] == pytest.approx(medians[best["best_trial"]])
-    assert {f["trial"] for f in best["finalists"]} <= set(finalists)
-    assert all(len(f["runs"]) >= 2 and f["spread"] is not None for f in best["finalists"])
+    # best.yaml lists the configs confirmation compared, as the report does, whether or not each ran again.
+    assert [f["trial"] for f in best["finalists"]][:1] == [best["best_trial"]]
+    assert {f["trial"] for f in best["finalists"]} == set(finalists)
+    assert all((f["spread"] is not None) == (len(f["runs"]) >= 2) for f in best["finalists"])
     assert best["confirmation"]["stopped"] == state["stopped"] and "Confirmation:" in result.stdout
     assert "id=finalists" in report
 
@@ -688,3 +690,44 @@ def test_the_noise_is_measured_even_when_no_config_competes():
     verdict = best_rule.decide(items, value=lambda x: x[1], group=lambda x: x[0], direction="maximize", compete=[])
     assert (verdict.by_median, verdict.tie, verdict.winner, verdict.ranked) == ([], [], None, [])
     assert (verdict.sigma, verdict.noise_configs) == (pytest.approx(0.02**0.5), 1)  # (90, 110) about 100: 0.1 each
+
+
+def test_best_yaml_lists_every_finalist_confirmation_compared_even_one_run_once():
+    """The leader can be separated before any confirmation run (the sampler's repeats measured the
+    noise): best.yaml's `finalists` are still the configs confirmation compared, the winner first,
+    as the report lists them; a config run once has no spread. Without a confirmation phase they
+    are the configs the sampler happened to run more than once."""
+    from types import SimpleNamespace
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import noise_summary
+
+    runs = [("a", 100.0), ("a", 102.0), ("b", 50.0), ("c", 60.0)]
+    items = [SimpleNamespace(number=n, config=c, value=v) for n, (c, v) in enumerate(runs)]
+    ruling = best_rule.decide(items, value=lambda t: t.value, group=lambda t: t.config, direction="maximize", compete=["a", "b"])
+    assert ruling.tie == [] and ruling.winner is ruling.ranked[0]  # 50 is far outside 100's noise: separated
+    chosen = noise_summary(ruling, chosen=True)
+    assert chosen["finalists_from"] == "confirmation"
+    assert [(f["trial"], len(f["runs"]), f["spread"] is None) for f in chosen["finalists"]] == [(0, 2, False), (2, 1, True)]
+    sampled = noise_summary(ruling, chosen=False)
+    assert sampled["finalists_from"] == "repeated by the sampler" and [f["trial"] for f in sampled["finalists"]] == [0]
+
+
+def test_a_lead_no_noise_can_judge_is_said_to_rest_on_one_run():
+    """No config ran twice: best.yaml and the console say by how much the winner leads the runner-up
+    and that one run each cannot tell that lead from a lucky run; once the noise is measured the
+    finalists' verdict (`top_two_within_noise`) says it instead."""
+    from types import SimpleNamespace
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import noise_summary
+
+    def summary_of(runs):
+        items = [SimpleNamespace(number=n, config=c, value=v) for n, (c, v) in enumerate(runs)]
+        return noise_summary(
+            best_rule.decide(items, value=lambda t: t.value, group=lambda t: t.config, direction="maximize"), False
+        )
+
+    once = summary_of([("a", 1051.0), ("b", 1152.0), ("c", 900.0)])
+    assert "noise" not in once and "top_two_within_noise" not in once
+    assert once["lead_note"].startswith("No config ran twice") and "trial 1's lead of 10% over trial 0" in once["lead_note"]
+    twice = summary_of([("a", 1051.0), ("a", 1060.0), ("b", 1152.0)])
+    assert "lead_note" not in twice and twice["top_two_within_noise"] in (True, False)

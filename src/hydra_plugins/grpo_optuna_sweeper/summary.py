@@ -139,14 +139,17 @@ def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
 
 
 def noise_summary(ruling: best_rule.Verdict, chosen: bool = True) -> dict:
-    """best.yaml's `finalists` (each config run more than once: its runs and spread), the noise the
-    study measured, whether the top two are within it, and the `tie` when the leader is not
-    separated. chosen: the confirmation phase chose them (else the sampler repeated them)."""
+    """best.yaml's `finalists` (each with its runs and spread), the noise the study measured, whether
+    the top two are within it, and the `tie` when the leader is not separated. chosen: the
+    confirmation phase chose the finalists, and all of them are listed, as the report lists them
+    (one may have run once: the leader can be separated before any confirmation run when the
+    sampler's repeats measured the noise); else the configs the sampler happened to run more than
+    once."""
     ranked = ruling.ranked
     out: dict = {}
     if ruling.sigma is not None:
         out["noise"] = {"relative_sd": float(ruling.sigma), "configs": ruling.noise_configs, "floor": best_rule.NOISE_FLOOR}
-    confirmed = [f for f in ranked if len(f.members) > 1]
+    confirmed = list(ranked) if chosen else [f for f in ranked if len(f.members) > 1]
     if confirmed:
         out["finalists_from"] = "confirmation" if chosen else "repeated by the sampler"
         out["finalists"] = [
@@ -162,10 +165,26 @@ def noise_summary(ruling: best_rule.Verdict, chosen: bool = True) -> dict:
     by_median = ruling.by_median
     if len(by_median) >= 2 and ruling.sigma is not None:
         out["top_two_within_noise"] = bool(best_rule.within_noise(by_median[0], by_median[1], ruling.sigma))
+    elif len(by_median) >= 2 and (note := unmeasured_lead(by_median[0], by_median[1])):
+        out["lead_note"] = note
     if ruling.tie:
         out["tie"] = [tie_row(ruling, f) for f in ruling.tie]
         out["tie_note"] = tie_line(ruling)
     return out
+
+
+def unmeasured_lead(first: Any, second: Any) -> str | None:
+    """The line for a winner whose lead no measured noise can judge (no config ran twice): by how
+    much it leads the runner-up, and that one run each cannot tell a real lead from a lucky run.
+    None when the medians give no positive ratio."""
+    high, low = max(first.median, second.median), min(first.median, second.median)
+    if low <= 0:
+        return None
+    return (
+        f"No config ran twice, so this study measured no noise: trial {first.item.number}'s lead of "
+        f"{high / low - 1:.0%} over trial {second.item.number} rests on one run each and may be a lucky run. "
+        "Confirmation runs (a larger hydra.sweeper.n_trials) would tell."
+    )
 
 
 def tie_row(ruling: best_rule.Verdict, f: Any) -> dict:
@@ -395,8 +414,9 @@ def write_summary(
         )
         print(table(ok, objective, top_k, changed=set(flagged)))
         print(finalist_table(summary, objective))
-        if summary.get("tie_note"):
-            print(summary["tie_note"])
+        for note in ("tie_note", "lead_note"):
+            if summary.get(note):
+                print(summary[note])
         if said := learning_lines(learned, flagged, len(ok)):
             print(said)
         if recipe:
