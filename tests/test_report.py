@@ -522,8 +522,15 @@ def test_finalists_are_the_configs_confirmation_compared_winner_included(tmp_pat
     page = write_report(_ranked_trials(set()), tmp_path, title="unconfirmed").read_text()
     assert "id=finalists>" not in page
     note = page.split("<p id=finalists-note>")[1].split("</p>")[0]
-    assert "No confirmation phase ran" in note and "trial 3, rests on 1 run." in note
+    assert "No confirmation runs were made (hydra.sweeper.confirm_top is 0" in note and "trial 3, rests on 1 run." in note
     assert "trial 0 ran 2 times (its median counted)" in note
+
+    # Confirmation chose finalists, found the noise beyond its budget and gave its runs to the search.
+    state = {"stopped": "undecidable", "why": "too few runs; its reserved runs went back to the search", "given_back": True}
+    page = write_report(_ranked_trials(set()), tmp_path, title="given back", confirmation=state).read_text()
+    note = page.split("<p id=finalists-note>")[1].split("</p>")[0]
+    assert "beyond what its budget could settle and gave its runs to the search" in note and "confirm_top is 0" not in note
+    assert "went back to the search" in page.split("<p id=confirmation-note>")[1]
 
 
 def test_the_reward_section_says_when_every_trial_trained_one_recipe(tmp_path):

@@ -242,11 +242,13 @@ def _figure(path: Path | None, alt: str, missing: str) -> str:
     return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
 
 
-def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool) -> str:
+def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool, given_back: bool = False) -> str:
     """The Finalists: the configs the confirmation phase compared (hydra.sweeper.confirm_top), the
     winner first, each with its runs, median and spread, and whether the winner is separated from the
     others at the noise the study measured, or ties with them (and then why it won the tie). Without a
-    confirmation phase, a note saying so and what the winner rests on."""
+    confirmation phase, a note saying so (given_back: confirmation chose finalists, but the noise was
+    beyond what its budget could settle, so it ran none and gave its runs to the search) and what the
+    winner rests on."""
     ranked = ruling.ranked
     if not ranked:
         return ""
@@ -256,9 +258,14 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
         runs = len(winner.runs)
         repeated = [f for f in ranked if len(f.runs) > 1 and f is not winner]
         also = "".join(f" {_e(f.item.name)} ran {len(f.runs)} times (its median counted)." for f in repeated)
+        why = (
+            "confirmation found the measured noise beyond what its budget could settle and gave its runs to the search"
+            if given_back
+            else "hydra.sweeper.confirm_top is 0, or the sweep had too few trials for one"
+        )
         return (
-            "<p id=finalists-note>No confirmation phase ran (hydra.sweeper.confirm_top is 0, or the sweep had too few "
-            "trials for one): every config competed on the median of its own runs, and the winner, "
+            f"<p id=finalists-note>No confirmation runs were made ({why}): every config competed on the median of "
+            "its own runs, and the winner, "
             f"{_e(winner.item.name)}, rests on {runs} run{'s' if runs > 1 else ''}.{also}</p>{tie}"
         )
     rows = []
@@ -521,7 +528,12 @@ def write_report(
         said = verdict_lines(learned, flagged, key_of, lambda k: _label(trials, k), rest=False)
         if said:
             best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
-        best_html += finalists_html(ruling, objective, confirmed=any(t.record.get("finalist") for t in trials))
+        best_html += finalists_html(
+            ruling,
+            objective,
+            confirmed=any(t.record.get("finalist") for t in trials),
+            given_back=bool((confirmation or {}).get("given_back")),
+        )
         best_html += confirmation_html(confirmation or {})
     else:
         best_html = '<p class="note">No trial finished within memory: no best config.</p>'
