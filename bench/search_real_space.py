@@ -123,6 +123,8 @@ def density(land: dict) -> dict:
         "within_5pct": len(good),
         "refused": sum(bool(p.get("refused")) for p in land["points"]),
         "median_trial_s": statistics.median(search_seconds.full_seconds(p) for p in land["points"]),
+        # The least seconds any search can take to a within-5 % point: its quickest one run alone.
+        "quickest_good_trial_s": min((search_seconds.full_seconds(p) for p in good), default=None),
     }
 
 
@@ -372,6 +374,12 @@ def notes(result: dict) -> str:
                     f"{trials:.1f} trials' seconds; ours without confirmation takes {_s(ours['search_median_seconds_no_confirm'])} s, "
                     f"and its confirmation adds a median {ours['search_median_confirm_seconds']:.0f} s "
                     f"({ours['confirm_share_median']:.0%} of its sweep; confirmation stopped: {stops_of(ours)} seeds)"
+                    + (
+                        f". No search can meet this bound: the quickest within-5 % point takes {_s(d['quickest_good_trial_s'])} s "
+                        "to run once to its end"
+                        if (d.get("quickest_good_trial_s") or 0) > g["bound"]
+                        else ""
+                    )
                     + (
                         f"; the model's predicted fastest point runs at {m['predicted_fastest_of_optimum']:.2f} of the optimum (rho {m['spearman_rho']:.2f})"
                         if name.startswith("tiny")
