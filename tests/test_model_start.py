@@ -232,7 +232,21 @@ def test_report_shows_predicted_against_measured_rank(tmp_path):
     assert by_trial == {0: (3.0, 3.0), 1: (2.0, 1.0), 2: (1.0, 2.0)}  # config 4: median(140, 150) = 145 < 150
     assert result["rho"] == pytest.approx(0.5)
     line = model_trust_line(result)
-    assert "Spearman rho 0.50" in line and "3 feasible configs" in line
+    assert "Spearman rho 0.50" in line and "3 feasible configs" in line and "too few to tell" in line
     path, _ = build_for_study(study, tmp_path)
     html = path.read_text()
     assert "Model vs measured rank" in html and "Spearman rho 0.50" in html and "id=model-ranks" in html
+
+
+def test_the_trust_line_says_when_rho_is_within_chance():
+    """A rank correlation over few configs is said to be chance unless it clears 1.96 of its sd
+    under no relation (1 / sqrt(n - 1)); past that, its sign and size are put in words."""
+    from grpo_sweep.report.trials import model_trust_line
+
+    def said(rho, n):
+        return model_trust_line({"rho": rho, "configs": n}).split("; ")[-1]
+
+    assert said(0.32, 7) == "over 7 configs a rho within +-0.80 is what chance gives: too few to tell)"
+    assert said(0.85, 7) == "here the measured order follows it)"
+    assert said(0.5, 26) == "here the measured order roughly follows it)"  # 1.96 / 5 = 0.39
+    assert said(-0.6, 26) == "here the measured order runs against it)"

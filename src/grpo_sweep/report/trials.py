@@ -475,9 +475,17 @@ def model_trust_line(result: dict) -> str:
     """The one line the sweep's summary prints (and the report's section opens with)."""
     if result["rho"] is None:
         return f"Model vs measured rank: not computed ({result.get('why') or 'every prediction is equal'})"
-    rho = result["rho"]
-    word = "follows" if rho >= 0.7 else "roughly follows" if rho >= 0.3 else "does not follow"
+    rho, n = result["rho"], result["configs"]
+    # Under no relation rho has variance 1/(n - 1) (normal approximation): a |rho| below 1.96 of its
+    # sd is what chance alone gives in 95 % of studies of n configs, so it says nothing either way.
+    chance = 1.96 / math.sqrt(n - 1)
+    if abs(rho) < chance:
+        said = f"over {n} configs a rho within +-{chance:.2f} is what chance gives: too few to tell"
+    else:
+        said = (
+            "here the measured order " + ("follows" if rho >= 0.7 else "roughly follows" if rho > 0 else "runs against") + " it"
+        )
     return (
-        f"Model vs measured rank over {result['configs']} feasible configs: Spearman rho {rho:.2f} "
-        f"(1: the throughput model ordered them as measured; here the measured order {word} it)"
+        f"Model vs measured rank over {n} feasible configs: Spearman rho {rho:.2f} "
+        f"(1: the throughput model ordered them as measured; {said})"
     )
