@@ -532,7 +532,7 @@ def write_report(
             ruling,
             objective,
             confirmed=any(t.record.get("finalist") for t in trials),
-            given_back=bool((confirmation or {}).get("given_back")),
+            given_back=best_rule.gave_back(confirmation),
         )
         best_html += confirmation_html(confirmation or {})
     else:

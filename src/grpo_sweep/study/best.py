@@ -83,6 +83,12 @@ def competing(study_user_attrs: dict) -> list | None:
     return list(chosen) if chosen else None
 
 
+def gave_back(plan: dict | None) -> bool:
+    """Whether confirmation (`plan`: the study's PLAN_ATTR), undecidable before its first round, gave
+    its reserved runs back to the search: it ran nothing, and every config competes by its median."""
+    return bool((plan or {}).get("given_back"))
+
+
 @dataclass
 class Finalist(Generic[T]):
     """One config and every run of it: the search's runs and its confirmation runs."""

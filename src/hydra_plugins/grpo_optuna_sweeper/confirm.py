@@ -142,7 +142,7 @@ def choose(study: Any, top: int, log: Any) -> list:
 def given_back(study: Any) -> bool:
     """Whether confirmation, undecidable before its first round, gave its reserved runs back to the
     search (the search then runs on to n_trials; see the module docstring)."""
-    return bool((study.user_attrs.get(PLAN_ATTR) or {}).get("given_back"))
+    return best_rule.gave_back(study.user_attrs.get(PLAN_ATTR))
 
 
 def planned(study: Any) -> int:
