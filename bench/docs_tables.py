@@ -109,7 +109,13 @@ def _real_space_rows(s: dict, row) -> None:
             "pick within 5 %, at the measured noise",
             space,
             ">= the oracle's - 0.05",
-            f"{pick:.2f} (oracle {oracle:.2f})",
+            f"{pick:.2f} (oracle {oracle:.2f}"
+            + (
+                f"; forecast-only oracle {fo:.2f}"
+                if (fo := s.get(f"pick_within_5pct_rate_model_oracle{sfx}")) is not None
+                else ""
+            )
+            + ")",
             pick >= oracle - 0.05,
         )
         quiet = s.get(f"pick_within_5pct_rate{sfx}_quiet_start_model")

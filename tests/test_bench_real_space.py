@@ -68,3 +68,25 @@ def test_the_replay_starts_where_the_sweeper_starts(tiny, mode):
     assert run["pick"] is not None and run["pick"]["status"] == "ok"
     # confirmation stops once confirm_budget (25 %) of the sweep's seconds is spent: at most one round past it
     assert 0 <= run["confirm_s"] <= 0.25 * run["seconds"] + 3 * max(search_seconds.full_seconds(p) for p in tiny["points"])
+
+
+def test_the_forecast_only_oracle_knows_only_the_forecast(tiny):
+    """search_seconds.model_oracle_pick_rate: with a forecast equal to the truth (speeds and which points
+    run) and a quiet machine it picks within 5 % with its first point; with the sweeper's own forecast and the measured runs it
+    reaches less than the oracle that knows the points within 10 %."""
+    import dataclasses
+
+    perfect = {
+        **tiny,
+        "noise": "sigma 0.001",
+        "sigma": 0.001,
+        "points": [
+            {**p, "forecast": dataclasses.replace(p["forecast"], tokens_per_s=p.get("tokens_per_s"), runs=p["status"] == "ok")}
+            for p in tiny["points"]
+        ],
+    }
+    exact = search_seconds.model_oracle_pick_rate(perfect, top=3, draws=50)
+    assert exact["by_k"][1] == 1.0
+    forecast_only = search_seconds.model_oracle_pick_rate(tiny, top=12, draws=300)
+    assert set(forecast_only["by_k"]) == set(range(1, 13)) and forecast_only["runs_each"] == 40 // forecast_only["k"]
+    assert forecast_only["rate"] < search_seconds.oracle_pick_rate(tiny, draws=300)["rate"]
