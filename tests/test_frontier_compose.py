@@ -32,6 +32,7 @@ def _same(cached_compose, fresh_compose, overrides: list[str]):
     cached = cached_compose(overrides)
     assert OmegaConf.to_container(cached, resolve=False) == OmegaConf.to_container(fresh, resolve=False)
     assert OmegaConf.is_struct(cached) == OmegaConf.is_struct(fresh)
+    assert OmegaConf.get_type(cached) is OmegaConf.get_type(fresh)  # the structured schema kept
     return cached, fresh
 
 
@@ -51,6 +52,10 @@ def test_cached_config_equals_a_fresh_compose_over_the_tiny_space():
             assert cached.lora_rank == params["lora_rank"] and cached.max_seq_length == params["max_seq_length"]
             assert estimate(cached).total_bytes == estimate(fresh).total_bytes
         assert cache.compositions == 2  # one per lora choice, however many points
+        first = cache.config(_overrides(tiny, sample[0]))
+        first.lora_rank, first.trial.steps = 999, 999  # each point's config is its own copy
+        again = cache.config(_overrides(tiny, sample[0]))
+        assert again.lora_rank == sample[0]["lora_rank"] and again.trial.steps != 999
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import typing
 import warnings
 from collections.abc import Callable
@@ -697,6 +698,7 @@ def check_known_keys(cfg: Any) -> None:
     walk(cfg, "")
 
 
+@functools.cache  # TrialMetrics is fixed at import; validate asks once per config
 def numeric_metrics() -> tuple[str, ...]:
     """metrics.json keys whose value is a number (int or float, maybe null): what `objective` may name."""
     out = []
