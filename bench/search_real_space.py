@@ -417,8 +417,8 @@ def notes(result: dict) -> str:
                     f"{c['oracle']['contenders']} points within 10 % (known to it), reaches {c['pick_within_5pct_rate_oracle']:.2f} at {c['noise']}. A sweep that knows only the "
                     f"sweeper's forecast and spends all {search_seconds.N_TRIALS} runs on the forecast's top k (the best k: "
                     f"{c['model_oracle']['k']}, {c['model_oracle']['runs_each']} runs each; forecast ties broken at random) reaches "
-                    f"{c['pick_within_5pct_rate_model_oracle']:.2f}: the rest of the bound is what the oracle knows and no search "
-                    "is told"
+                    f"{c['pick_within_5pct_rate_model_oracle']:.2f}: most of the gap to the bound is what the oracle is told and no "
+                    "search is"
                 )
             else:
                 facts.append(

@@ -522,8 +522,8 @@ def model_oracle_pick_rate(land: dict, n_trials: int = N_TRIALS, top: int = 20, 
     forecast of every point: it spends its runs evenly on the k points the forecast ranks fastest among
     those it lets run (forecast ties at the k-th place broken at random each draw; a point that does
     not fit yields no value), picks the best median, for every k up to `top`; the best k is reported.
-    No search that learns only from the forecast and its own runs is given more than this one does
-    (it skips exploring), so where this stays below the oracle's the gap is what the oracle knows."""
+    Not a bound on every search (one that adapts its runs to what they show could do better), but what
+    the forecast alone points to: where it stays far below the oracle's, the gap is what the oracle is told."""
     ranked = [p for p in land["points"] if (f := p.get("forecast")) is not None and f.runs and f.vllm_starts and f.tokens_per_s]
     if not ranked:
         return {"rate": None, "k": None, "by_k": {}}
