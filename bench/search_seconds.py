@@ -126,22 +126,23 @@ def sweep(
     composed: list = []
     if frontier and start != "none":  # hydra.sweeper.frontier_start points, as hydra.sweeper.start says
         from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
+        from hydra_plugins.grpo_optuna_sweeper import start as start_points
+        from hydra_plugins.grpo_optuna_sweeper.forecast import Forecast
 
         if "forecast" in land["points"][0]:
-            from hydra_plugins.grpo_optuna_sweeper import start as start_points
-
             composed = [p["forecast"] for p in land["points"]]
             estimated = [f for f in composed if f.error is None]
-            picks = start_points.choose(start, estimated, frontier, seed)[1]
         else:
-            # no predicted speeds (the old landscapes): start=model falls back to memory, as start.choose does
+            # the old landscapes forecast the peak alone: start=model falls back to memory in start.choose
             composed = list(frontier_start.candidates(land["grid"], seed))
-            fullness = [
-                (params, land["by_key"][key(params)]["predicted_peak_bytes"] / land["budget_bytes"])
+            estimated = [
+                Forecast(
+                    params, predicted_bytes=land["by_key"][key(params)]["predicted_peak_bytes"], limit_bytes=land["budget_bytes"]
+                )
                 for params in composed
                 if key(params) in land["by_key"]
             ]
-            picks = frontier_start.pick(fullness, frontier, seed)
+        picks = start_points.choose(start, estimated, frontier, seed)[1]
         for params in picks:
             study.enqueue_trial(params)
     rng = random.Random(1_000_003 * seed + 17)
