@@ -513,9 +513,16 @@ def oracle_pick_rate(land: dict, n_trials: int = N_TRIALS, band: float = 0.10, d
     rng = random.Random(0)
     hits = 0
     for _ in range(draws):
-        best = max(contenders, key=lambda p: statistics.median(draw_run(land, p, rng)["tokens_per_s"] for _ in range(runs_each)))
-        hits += good(best, land)
+        hits += good(_best_median(contenders, runs_each, land, rng), land)
     return {"rate": hits / draws, "contenders": len(contenders), "runs_each": runs_each, "band": band}
+
+
+def _best_median(points: list[dict], runs_each: int, land: dict, rng: random.Random) -> dict | None:
+    """The point with the best median of `runs_each` drawn runs among `points` that fit (None: none fits)."""
+    fits = [p for p in points if p["status"] == "ok"]
+    if not fits:
+        return None
+    return max(fits, key=lambda p: statistics.median(draw_run(land, p, rng)["tokens_per_s"] for _ in range(runs_each)))
 
 
 def model_oracle_pick_rate(land: dict, n_trials: int = N_TRIALS, top: int = 20, draws: int = 2000) -> dict:
@@ -534,13 +541,8 @@ def model_oracle_pick_rate(land: dict, n_trials: int = N_TRIALS, top: int = 20, 
     for _ in range(draws):
         order = sorted(ranked, key=lambda p: (-p["forecast"].tokens_per_s, rng.random()))
         for k in ks:
-            runs_each = max(1, n_trials // k)
-            medians = [
-                (statistics.median(draw_run(land, p, rng)["tokens_per_s"] for _ in range(runs_each)), p)
-                for p in order[:k]
-                if p["status"] == "ok"
-            ]
-            hits[k] += bool(medians) and good(max(medians, key=lambda m: m[0])[1], land)
+            best = _best_median(order[:k], max(1, n_trials // k), land, rng)
+            hits[k] += best is not None and good(best, land)
     by_k = {k: hits[k] / draws for k in ks}
     k = max(by_k, key=by_k.__getitem__)
     return {"rate": by_k[k], "k": k, "runs_each": max(1, n_trials // k), "by_k": by_k}
