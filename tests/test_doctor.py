@@ -285,7 +285,7 @@ def test_doctor_reads_a_trial_metrics_json(tmp_path):
     data = json.loads(result.stdout)
     assert data["parsed"]["free_bytes"] == int(2.72 * GiB) and data["overrides"]
     # Overrides on a saved config are typed as YAML (an int stays an int), groups are refused.
-    from grpo_sweep.memory.doctor import load_config
+    from grpo_sweep.cli.doctor import load_config
 
     cfg = load_config(run / "config.yaml", ["per_device_train_batch_size=2", "gradient_checkpointing=true"])
     assert cfg.per_device_train_batch_size == 2 and cfg.gradient_checkpointing is True

@@ -515,7 +515,8 @@ def test_submitit_slurm_gets_a_gpu_per_rank_from_the_sweeper(overrides, gpus):
 def test_doctor_proposes_gpus_with_fsdp_when_one_card_cannot_fit():
     """A full fine-tune of Gemma 3 1B on an 8 GiB card: no lever on one card fits (weights, gradients
     and AdamW state alone are ~7.5 GiB), so the doctor proposes sharding over 2 GPUs with FSDP."""
-    from grpo_sweep.memory.doctor import diagnose, format_report
+    from grpo_sweep.cli.doctor import format_report
+    from grpo_sweep.memory.doctor import diagnose
 
     cfg = compose([*GEMMA, "trial.full_finetune=true", "gpu.memory_gib=8"])
     r = diagnose(cfg, {})

@@ -197,7 +197,8 @@ def test_hub_lora_targets_from_the_hub_cache_and_not_fetched(tmp_path, monkeypat
 def test_doctor_says_holding_the_batch_is_speed_not_memory():
     """At a 0.106 share Gemma 3 1B's cache holds 2 of 4 sequences: the doctor does not raise the share
     to fit (vLLM starts, generation runs in waves); it offers 0.16 (one 0.05 step) as a speed suggestion, said so."""
-    from grpo_sweep.memory.doctor import diagnose, format_report
+    from grpo_sweep.cli.doctor import format_report
+    from grpo_sweep.memory.doctor import diagnose
     from grpo_sweep.memory.oom_message import parse_oom_message
 
     cfg = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.106"])
