@@ -513,7 +513,8 @@ def test_a_journal_lock_left_by_a_killed_sweep_of_this_host_is_released_at_once(
 
     import optuna
 
-    from grpo_sweep.study.storage import OwnedJournalFileLock, open_storage
+    from grpo_sweep.study.journal import OwnedJournalFileLock
+    from grpo_sweep.study.storage import open_storage
 
     journal = tmp_path / "study.journal"
     study = optuna.create_study(storage=open_storage(f"journal:{journal}", retry_s=5), study_name="s")
@@ -547,15 +548,16 @@ def test_every_call_optunas_cache_makes_past_the_public_api_is_retried(tmp_path,
     import optuna
     from optuna.storages import _cached_storage
 
+    from grpo_sweep.study import retry
     from grpo_sweep.study import storage as st
 
     called = set(re.findall(r"self\._backend\.(_[a-z]\w*)\(", Path(_cached_storage.__file__).read_text()))
-    assert called and called <= set(st.CACHED_STORAGE_CALLS), called - set(st.CACHED_STORAGE_CALLS)
+    assert called and called <= set(retry.CACHED_STORAGE_CALLS), called - set(retry.CACHED_STORAGE_CALLS)
 
     db = tmp_path / "study.db"
     url = f"sqlite:///{db}"
     # SQLite's own busy wait (5 s by default) made short: the lock must reach the retry.
-    storage = st.RetryingRDBStorage(url, retry_s=30, source=url, engine_kwargs={"connect_args": {"timeout": 0.05}})
+    storage = retry.RetryingRDBStorage(url, retry_s=30, source=url, engine_kwargs={"connect_args": {"timeout": 0.05}})
     study = optuna.create_study(storage=storage, study_name="s")
     assert isinstance(study._storage, _cached_storage._CachedStorage)
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
@@ -581,7 +583,7 @@ def test_a_write_that_may_have_landed_is_not_made_twice():
     attempt landed reads as set."""
     import sqlalchemy.exc as sa
 
-    from grpo_sweep.study.storage import call_with_retry, the_write_never_landed
+    from grpo_sweep.study.retry import call_with_retry, the_write_never_landed
 
     def failing(*errors):
         calls = []

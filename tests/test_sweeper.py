@@ -268,7 +268,7 @@ def test_repair_journal_by_hand(tmp_path):
 def test_storage_error_first_line_by_hand():
     """The line a storage failure is reported in: the root cause's first non-blank line, under its
     class name, the URL's password masked, at most 400 characters."""
-    from grpo_sweep.study.storage import _first_line
+    from grpo_sweep.study.retry import first_line
 
     try:
         try:
@@ -276,20 +276,20 @@ def test_storage_error_first_line_by_hand():
         except OSError as root:
             raise RuntimeError("wrapper") from root
     except RuntimeError as err:
-        assert _first_line(err, "postgresql://user:s3cret@host/db") == "OSError: refused: bad password ***"
-        assert _first_line(err, "journal:s3cret.journal") == "OSError: refused: bad password s3cret"
+        assert first_line(err, "postgresql://user:s3cret@host/db") == "OSError: refused: bad password ***"
+        assert first_line(err, "journal:s3cret.journal") == "OSError: refused: bad password s3cret"
     try:
         try:
             raise KeyError("inner")
         except KeyError:
             raise RuntimeError("outer")  # noqa: B904 - an implicit context is followed too
     except RuntimeError as err:
-        assert _first_line(err, "journal:a") == "KeyError: 'inner'"
+        assert first_line(err, "journal:a") == "KeyError: 'inner'"
     # The password is what follows the user's first colon, up to the first @ after the scheme.
-    assert _first_line(OSError("auth failed: pa:ss"), "postgresql://user:pa:ss@host/db") == "OSError: auth failed: ***"
-    assert _first_line(OSError("no pa"), "postgresql://user:pa@host/db?x=a@b") == "OSError: no ***"
-    assert _first_line(ValueError("x" * 500), "journal:a") == ("ValueError: " + "x" * 500)[:400]
-    assert _first_line(ValueError(""), "journal:a") == "ValueError: "
+    assert first_line(OSError("auth failed: pa:ss"), "postgresql://user:pa:ss@host/db") == "OSError: auth failed: ***"
+    assert first_line(OSError("no pa"), "postgresql://user:pa@host/db?x=a@b") == "OSError: no ***"
+    assert first_line(ValueError("x" * 500), "journal:a") == ("ValueError: " + "x" * 500)[:400]
+    assert first_line(ValueError(""), "journal:a") == "ValueError: "
 
 
 def test_storage_create_race_and_load_study_by_hand(tmp_path):

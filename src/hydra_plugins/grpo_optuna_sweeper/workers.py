@@ -178,7 +178,7 @@ class Heartbeat:
     """
 
     def __init__(self, study: Study, trial_ids: list[int], interval: int):
-        from grpo_sweep.study.storage import without_retry
+        from grpo_sweep.study.retry import without_retry
 
         storage = handles.storage_of(study)
         if _is_journal_storage(storage):  # a beat is tried once: a missed one is harmless, a blocked thread is not
