@@ -9,8 +9,9 @@ import yaml
 from conftest import cli, compose
 
 from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
-from grpo_sweep.memory.estimator import GiB, MiB
 from grpo_sweep.memory.oom_message import parse_oom_message
+from grpo_sweep.units import GIB as GiB
+from grpo_sweep.units import MIB as MiB
 
 SEED_MESSAGE = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.01 GiB. "

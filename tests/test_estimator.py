@@ -70,7 +70,7 @@ def test_four_bit_weights_are_about_a_quarter_of_bf16():
     bf16 = estimate(compose(["model=llama3_2_1b", "gpu=l4_24g", "model.arch.tie_word_embeddings=true"]))
     nf4 = estimate(compose(["model=llama3_2_1b", "gpu=l4_24g", "load_in_4bit=true"]))
     # Only the projections are quantised; embeddings stay bf16. Compare the projections' share.
-    from grpo_sweep.memory.estimator import param_counts, shapes
+    from grpo_sweep.memory.shapes import param_counts, shapes
 
     s = shapes(compose(["model=llama3_2_1b", "gpu=l4_24g"]), "trl")
     linear_bf16 = param_counts(s)["linear"] * 2
@@ -201,7 +201,7 @@ def test_verdict_sentences_by_hand():
 
 def test_the_trainer_settings_memory_terms_by_hand():
     """Each trainer setting's term, against the shapes counted by hand (Gemma 3 1B on a 22 GiB L4, bf16)."""
-    from grpo_sweep.memory.estimator import shapes
+    from grpo_sweep.memory.shapes import shapes
 
     base = SEED + ["preset=seed_baseline", "gradient_checkpointing=true"]
     s = shapes(compose(base), "trl")
@@ -238,8 +238,9 @@ def test_checkpointing_every_n_layers_recomputes_that_share():
 
 def test_vllm_engine_settings_terms():
     """backend.vllm_*: each changes the term vLLM's own code changes (memory/estimator.py, memory/throughput.py)."""
-    from grpo_sweep.memory.estimator import shapes, vllm_cpu_plan, vllm_engine, vllm_graphs_bytes
+    from grpo_sweep.memory.shapes import shapes
     from grpo_sweep.memory.throughput import relative_step_time
+    from grpo_sweep.memory.vllm import vllm_cpu_plan, vllm_engine, vllm_graphs_bytes
 
     card = [*SEED, "backend=trl_vllm", "max_seq_length=1024", "max_prompt_length=256", "per_device_train_batch_size=16"]
     base = estimate(compose(card))
@@ -294,7 +295,7 @@ def _qwen3_8b(**kw):
     """Qwen3-8B's published config (hidden 4096, intermediate 12288, 36 layers, 32 heads, 8 KV heads, head_dim
     128, vocabulary 151936, untied head) as the Unsloth DeepSeek-R1-0528-Qwen3-8B GRPO notebook ran it: 4-bit,
     max_seq_length 2048, LoRA rank 32."""
-    from grpo_sweep.memory.estimator import Shapes
+    from grpo_sweep.memory.shapes import Shapes
 
     base = dict(family="llama", H=4096, L=36, nh=32, nkv=8, hd=128, I=12288, V=151936, tied=False, qkv_bias=False)
     run = dict(sliding_window=None, B=4, GA=1, G=4, S=2048, P=256, C=1792, rank=32, targets=("q_proj",))
@@ -312,13 +313,8 @@ def test_vllm_pool_split_reproduces_vllms_own_kv_log_line():
     Tolerance 3 %: the CUDA context is a constant (512 MiB of the 300-600 MiB drivers take: +-150 MiB is
     +-1,100 tokens, 1.6 %), and so is the forward's non-torch growth; the flat split this replaces
     predicted 71,633 (+7.8 %) and fails it."""
-    from grpo_sweep.memory.estimator import (
-        kv_bytes_per_token,
-        unsloth_utilization,
-        vllm_kv_available,
-        vllm_non_kv_bytes,
-        vllm_pool_bytes,
-    )
+    from grpo_sweep.memory.shapes import kv_bytes_per_token
+    from grpo_sweep.memory.vllm import unsloth_utilization, vllm_kv_available, vllm_non_kv_bytes, vllm_pool_bytes
 
     s = _qwen3_8b()
     card = int(23.635 * GiB)
@@ -337,7 +333,7 @@ def test_vllm_pool_split_reproduces_vllms_own_kv_log_line():
 def test_vllm_engine_knobs_move_the_kv_cache_as_vllm_does():
     """More tokens or sequences in vLLM's profile run leave less KV cache; enforce_eager captures no graphs;
     kv_cache_memory_bytes is the KV cache, exactly; Unsloth's engine tier follows the card."""
-    from grpo_sweep.memory.estimator import vllm_engine, vllm_kv_available, vllm_non_kv_bytes
+    from grpo_sweep.memory.vllm import vllm_engine, vllm_kv_available, vllm_non_kv_bytes
 
     s = _qwen3_8b()
     pool = 16 * GiB

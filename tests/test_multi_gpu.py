@@ -8,7 +8,8 @@ import pytest
 from conftest import cli, compose, load_metrics
 
 from grpo_sweep.config.schema import ConfigError, validate
-from grpo_sweep.memory.estimator import GiB, estimate, param_counts, shapes
+from grpo_sweep.memory.estimator import GiB, estimate
+from grpo_sweep.memory.shapes import param_counts, shapes
 
 GEMMA = ["model=gemma3_1b", "gpu=l4_24g"]
 # Gemma 3 1B by hand: one decoder layer = q 1152x1024 + k, v 1152x256 + o 1024x1152 + MLP 3 x 1152x6912

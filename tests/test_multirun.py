@@ -13,7 +13,7 @@ def test_the_basic_sweeper_makes_one_job_per_value_and_the_rank_doubles_the_adap
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from grpo_sweep.memory.estimator import shapes, trainable_param_count
+    from grpo_sweep.memory.shapes import shapes, trainable_param_count
 
     overrides = OverridesParser.create().parse_overrides(["lora_rank=16,32", *FAST])
     [jobs] = BasicSweeper.split_arguments(overrides, max_batch_size=None)

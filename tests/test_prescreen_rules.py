@@ -14,18 +14,10 @@ from conftest import cli, compose
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.model_arch import check_hub_lora_targets
 from grpo_sweep.config.schema import ConfigError
-from grpo_sweep.memory.estimator import (
-    VLLM_CPU_BLOCK_TOKENS,
-    VLLM_GPU_BLOCK_TOKENS,
-    estimate,
-    kv_bytes_per_token,
-    kv_cache_capacity,
-    shapes,
-    trl_version,
-    verdict,
-    vllm_cpu_plan,
-)
+from grpo_sweep.memory.estimator import estimate, trl_version, verdict
+from grpo_sweep.memory.shapes import kv_bytes_per_token, shapes
 from grpo_sweep.memory.throughput import relative_step_time
+from grpo_sweep.memory.vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, kv_cache_capacity, vllm_cpu_plan
 from grpo_sweep.units import MIB
 
 SEED = ["model=gemma3_1b", "gpu=l4_24g", "gpu.memory_gib=22"]
@@ -98,7 +90,7 @@ def test_a_cache_smaller_than_the_batch_fits_on_a_card_and_costs_waves():
 def test_waves_scale_the_generation_time_by_hand():
     """Generation time = C x (waves x weight reads + the batch's KV reads) / bandwidth + waves x C x
     overhead: the difference between W and 1 waves is (W-1) x C x (weights / bandwidth + 3 ms)."""
-    from grpo_sweep.memory.estimator import weights_bytes
+    from grpo_sweep.memory.shapes import weights_bytes
 
     small = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.106"])
     roomy = compose(SEED + ["preset=seed_baseline", "backend.name=trl_vllm", "gpu_memory_utilization=0.15"])

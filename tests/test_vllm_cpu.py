@@ -13,7 +13,9 @@ import pytest
 from conftest import compose, load_metrics, train_here
 
 from grpo_sweep.config.local import installed
-from grpo_sweep.memory.estimator import estimate, shapes, vllm_cpu_plan
+from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.memory.shapes import shapes
+from grpo_sweep.memory.vllm import vllm_cpu_plan
 from grpo_sweep.units import MIB
 
 CARD = ["backend=trl_vllm", "gpu=cpu_sim", "gpu.memory_gib=0.125", "max_seq_length=64", "per_device_train_batch_size=2"]

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from ..config.schema import validate
 from ..memory.doctor import HEADROOM, Diagnosis, diagnose
-from ..memory.estimator import target_device
 from ..memory.oom_message import forms_text, parse_oom_message
+from ..memory.shapes import target_device
 from ..units import GIB, MIB
 from .estimate import split_args
 

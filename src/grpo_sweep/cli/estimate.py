@@ -11,22 +11,45 @@ import sys
 from ..config.compose import compose_train_config
 from ..config.model_arch import check_hub_lora_targets
 from ..config.schema import ConfigError, validate
-from ..memory.estimator import (
-    LOGITS_MODES,
-    estimate,
-    fmt_gib,
-    format_rank_table,
-    format_table,
-    target_device,
-    verdict,
-    waves_note,
-)
+from ..memory.estimator import LOGITS_MODES, Estimate, estimate, verdict, waves_note
+from ..memory.shapes import target_device
+from ..units import GIB
 
 USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [logits_mode=chunked|full] [--json]
 
 Predict peak memory for a config without a GPU, e.g.
   grpo-sweep estimate model=gemma3_1b gpu=l4_24g gpu.memory_gib=22 preset=seed_baseline logits_mode=full
   grpo-sweep estimate model=gemma3_1b gpu=l4_24g trial.num_processes=4 trial.strategy=zero3   (per rank)"""
+
+
+def fmt_gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def format_table(est: Estimate) -> str:
+    rows = [f"{'component':<18}{'bytes':>14}  {'GiB':>8}  share"]
+    total = est.total_bytes or 1
+    for key, value in est.components.items():
+        rows.append(f"{key:<18}{value:>14,}  {value / GIB:>8.3f}  {100 * value / total:5.1f} %")
+    rows.append(f"{'total':<18}{est.total_bytes:>14,}  {est.total_bytes / GIB:>8.3f}")
+    rows.append(
+        f"{'budget':<18}{'' if est.budget_bytes is None else f'{est.budget_bytes:,}':>14}  {fmt_gib(est.budget_bytes):>8}"
+    )
+    return "\n".join(rows)
+
+
+def format_rank_table(est: Estimate) -> str:
+    """One process beside the largest rank of N (`trial.num_processes`), component by component."""
+    a = est.assumptions
+    one = a.get("single_process_components") or est.components
+    n, strategy = a.get("world_size", 1), a.get("strategy", "ddp")
+    head = f"per rank ({n} x {strategy})"
+    rows = [f"{'component':<18}{'1 process':>14}  {head:>22}"]
+    for key in est.components:
+        rows.append(f"{key:<18}{fmt_gib(one.get(key, 0)):>14}  {fmt_gib(est.components[key]):>22}")
+    rows.append(f"{'total':<18}{fmt_gib(a.get('single_process_bytes', est.total_bytes)):>14}  {fmt_gib(est.total_bytes):>22}")
+    rows.append(f"{'budget per card':<18}{fmt_gib(est.budget_bytes):>14}  {fmt_gib(est.budget_bytes):>22}")
+    return "\n".join(rows)
 
 
 def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
@@ -73,7 +96,7 @@ def cli(argv: list[str]) -> int:
     if a.get("world_size", 1) > 1:
         print(f"\nlargest rank of {a['world_size']} ({a['strategy']}; every rank holds the same shares) vs one process:")
         print(format_rank_table(est))
-    if a.get("vllm_weights_bytes") is not None:  # vLLM-CPU (estimator.vllm_cpu_plan): exact bytes
+    if a.get("vllm_weights_bytes") is not None:  # vLLM-CPU (memory/vllm.py vllm_cpu_plan): exact bytes
         print(
             f"vLLM-CPU: KV cache {a['kv_cache_available_bytes']:,} B in the share after its fp32 weights "
             f"({a['vllm_weights_bytes']:,} B); vLLM starts with >= {a['kv_cache_needed_bytes']:,} B "
@@ -87,7 +110,7 @@ def cli(argv: list[str]) -> int:
             f"the whole generation batch ({a['generation_batch']} sequences) needs {fmt_gib(a['kv_cache_batch_bytes'])}, "
             f"{a['kv_cache_sequences']} fit at once"
         )
-        if a.get("vllm_non_kv_bytes"):  # what vLLM takes from its pool first (estimator.vllm_non_kv_bytes)
+        if a.get("vllm_non_kv_bytes"):  # what vLLM takes from its pool first (memory/vllm.py vllm_non_kv_bytes)
             terms = ", ".join(f"{k.replace('_', ' ')} {fmt_gib(v)}" for k, v in a["vllm_non_kv_bytes"].items())
             print(f"vLLM's pool before the KV cache: {terms}")
     if a.get("vllm_server_bytes") is not None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..config.model_arch import arch_of
 from ..config.schema import processes_of, split_of
 from ..levers import RECIPE, kind_of
 from ..units import GIB as GiB
@@ -59,7 +60,7 @@ def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
         return None
     B, S, P = cfg.per_device_train_batch_size, cfg.max_seq_length, cfg.max_prompt_length
     C = S - P
-    V = est_mod.arch_of(cfg).vocab_size  # conf/model, or the model's config.json
+    V = arch_of(cfg).vocab_size  # conf/model, or the model's config.json
     for tokens in (B * S, B * (S - 1), B * C, B * (C + 1)):
         for nbytes in (2, 4, 8):
             if abs(req / (tokens * V * nbytes) - 1) < 0.01:

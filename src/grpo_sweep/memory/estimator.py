@@ -26,43 +26,43 @@ from typing import Any
 
 from ..config import backends
 from ..config.backends import generates_with_vllm
-from ..config.model_arch import arch_of
-from ..config.schema import processes_of, split_of
+from ..config.schema import processes_of
 from ..units import GIB as GiB
-from ..units import MIB as MiB
 from ..units import budget_bytes
+from .ranks import rank_terms
+from .shapes import (
+    CUDA_CONTEXT_BYTES,
+    Shapes,
+    gradient_bytes,
+    kv_bytes_per_token,
+    lora_bytes,
+    optimizer_bytes,
+    param_counts,
+    resolve_backend_for,
+    shapes,
+    target_device,
+    trainable_param_count,
+    weights_bytes,
+)
+from .vllm import (
+    VLLM_CPU_BLOCK_TOKENS,
+    VLLM_GPU_BLOCK_TOKENS,
+    kv_cache_capacity,
+    unsloth_utilization,
+    vllm_cpu_plan,
+    vllm_engine,
+    vllm_fixed_kv_pool,
+    vllm_kv_available,
+    vllm_kv_element_bytes,
+    vllm_non_kv_bytes,
+    vllm_pool_bytes,
+)
 
 LOGITS_MODES = ("chunked", "full")
 # TRL 1.16 trl/trainer/utils.py `_CHUNKED_LOGPROB_CHUNK_SIZE` (vocabulary columns per tile) and
 # trl/kernels/chunked_logprob.py `TOKEN_CHUNK_SIZE` (tokens per tile).
 VOCAB_TILE = 32768
 TOKEN_TILE = 4096
-# CUDA context + cuBLAS/cuDNN workspaces: outside PyTorch's allocator but inside the card's total
-# capacity. 300-600 MiB on recent drivers (CUDA 12, torch 2.x); we take 512 MiB.
-CUDA_CONTEXT_BYTES = 512 * MiB
-# vLLM's engine settings where neither the config nor the caller sets them: TRL 1.16 colocate passes
-# max_num_batched_tokens=4096 (trl/generation/vllm_generation.py); max_num_seqs is vLLM's EngineArgs default.
-VLLM_PROFILE_TOKENS = 4096
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
-# Memory outside PyTorch's allocator that vLLM's forward adds after its start-up snapshot (cuBLAS and
-# attention-backend workspaces; vllm/utils/mem_utils.py `memory_profiling`, category 3). Unsloth measured
-# 0.13 GiB of it on an 8B model (unsloth_zoo vllm_utils.py `load_vllm`, its profiling table); we take 128 MiB.
-VLLM_NON_TORCH_BYTES = 128 * MiB
-# One CUDA graph per decoder layer (a piecewise graph) per capture size: 1.93 GiB for 36 layers x 67 sizes
-# in vLLM's own log of Unsloth's Qwen3-8B GRPO notebook on an RTX 4090 ("Graph capturing finished ...
-# took 1.93 GiB"), i.e. 0.82 MiB per layer per size.
-VLLM_GRAPH_LAYER_BYTES = int(1.93 * GiB / (36 * 67))
-# Bytes per (sequence x vocabulary entry) at the peak of vLLM's dummy sampler run (vllm/v1/sample/ops/
-# topk_topp_sampler.py `apply_top_k_top_p_pytorch`, which the profile's top-k + top-p request takes): the
-# model-dtype logits (2), their fp32 copy (4), the sorted values (4) and int64 indices (8), the top-p softmax
-# (4, cumsum in place) and two bool masks (2).
-VLLM_SAMPLER_ELEMENT_BYTES = 24
-# How vLLM accounts its pool before the KV cache. "0.31" (the pinned vLLM): util x card less what it consumed
-# since its start-up snapshot (weights, non-torch growth), the profile's transient peak and the CUDA-graph
-# estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, the default). "0.8" (vLLM 0.8.x V1, what Unsloth's
-# published notebooks ran): torch's peak plus every non-torch byte on the card (the CUDA context included),
-# with the graphs captured after the KV cache, outside the pool (the same as 0.31 with that variable at 0).
-VLLM_ACCOUNTINGS = ("0.31", "0.8")
 
 
 @dataclass
@@ -90,202 +90,6 @@ class Estimate:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
-
-
-# ----------------------------------------------------------------------------- shapes
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """The numbers every formula uses, read once from the config."""
-
-    family: str  # "llama" (llama, qwen2, ...) or "gemma3"
-    H: int
-    L: int
-    nh: int
-    nkv: int
-    hd: int
-    I: int
-    V: int
-    tied: bool
-    qkv_bias: bool
-    sliding_window: int | None
-    B: int  # per-device micro-batch (completions)
-    GA: int
-    G: int  # generation batch = B x GA (TRL: generation_batch_size)
-    S: int  # max_seq_length (prompt + completion), the worst case a trial forces
-    P: int  # prompt tokens
-    C: int  # completion tokens
-    rank: int
-    targets: tuple
-    device: str  # "cpu" | "cuda"
-    wb: int  # bytes per weight/activation element in the model dtype
-    four_bit: bool
-    ckpt: bool
-    full: bool = False  # trial.full_finetune: every weight trains (no LoRA adapter)
-    ckpt_every: int = 1  # gradient_checkpointing_every_n_layers
-    ckpt_offload: bool = False  # checkpointed inputs in host memory (gradient_checkpointing_offload; Unsloth's default)
-    head_fp32: bool = False  # cast_lm_head_to_fp32
-
-    @property
-    def qd(self) -> int:
-        return self.nh * self.hd
-
-    @property
-    def kd(self) -> int:
-        return self.nkv * self.hd
-
-
-def target_device(cfg: Any) -> str:
-    """CPU for `gpu=cpu`, `gpu=cpu_sim` and any simulated card; CUDA for a real card."""
-    gpu = cfg.gpu
-    return "cpu" if gpu.name in ("cpu", "cpu_sim") or bool(gpu.get("simulated", False)) else "cuda"
-
-
-def dtype_bytes(cfg: Any, device: str) -> int:
-    """Model dtype as models.torch_dtype picks it: auto = bfloat16 on CUDA, float32 on CPU."""
-    name = cfg.model.get("dtype", "auto")
-    if name == "auto":
-        return 2 if device == "cuda" else 4
-    return 4 if name == "float32" else 2
-
-
-def resolve_backend_for(cfg: Any, device: str) -> str:
-    """The backend the estimate models. `backend=auto` is resolved as the trial would resolve it on
-    the target, but without looking at what is installed *here* (a prediction for another machine
-    must not depend on this one): on CUDA that is plain TRL, with a note to name trl_vllm or
-    unsloth explicitly. A trial passes the backend it really resolved (`estimate(backend=...)`)."""
-    return backends.resolve(cfg.backend.name, cuda=device == "cuda", installed=lambda _package: False)
-
-
-def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
-    arch = arch_of(cfg)  # conf/model's numbers, or the model's own config.json (model=hub)
-    device = device or target_device(cfg)
-    family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"
-    P = padded(int(cfg.max_prompt_length), cfg.get("pad_to_multiple_of"))
-    S = P + padded(int(cfg.max_seq_length) - int(cfg.max_prompt_length), cfg.get("pad_to_multiple_of"))
-    batch, accum = split_of(cfg)
-    offload = cfg.get("gradient_checkpointing_offload")
-    return Shapes(
-        family=family,
-        H=arch.hidden_size,
-        L=arch.num_hidden_layers,
-        nh=arch.num_attention_heads,
-        nkv=arch.num_key_value_heads,
-        hd=arch.head_dim,
-        I=arch.intermediate_size,
-        V=arch.vocab_size,
-        tied=bool(arch.tie_word_embeddings),
-        qkv_bias=arch.model_type == "qwen2",
-        sliding_window=512 if family == "gemma3" else None,  # models._EXTRA_CONFIG
-        B=batch,
-        GA=accum,
-        G=batch * accum,
-        S=S,
-        P=P,
-        C=S - P,
-        rank=cfg.lora_rank,
-        targets=tuple(cfg.lora_target_modules),
-        device=device,
-        wb=dtype_bytes(cfg, device),
-        four_bit=bool(cfg.load_in_4bit),
-        # Unsloth always checkpoints (use_gradient_checkpointing="unsloth", offloaded to CPU RAM).
-        ckpt=bool(cfg.gradient_checkpointing) or backend == "unsloth",
-        full=bool(cfg.trial.get("full_finetune", False)),
-        ckpt_every=int(cfg.get("gradient_checkpointing_every_n_layers", 1) or 1),
-        # Unsloth offloads unless told not to (trial/backends/unsloth.py peft_kwargs); transformers only when asked
-        ckpt_offload=bool(offload) or (backend == "unsloth" and offload is None),
-        head_fp32=bool(cfg.get("cast_lm_head_to_fp32", False)),
-    )
-
-
-def padded(tokens: int, multiple: int | None) -> int:
-    """Tokens after TRL pads prompt or completion ids to `pad_to_multiple_of` (TRL 1.16 grpo_trainer.py
-    `pad(..., pad_to_multiple_of=)`; None: no padding off Neuron). The padded positions run through the model
-    (masked), so they count in every activation term; vLLM's KV capacity is checked against the padded
-    length too, which only errs on the safe side."""
-    return tokens if not multiple else -(-tokens // multiple) * multiple
-
-
-# ----------------------------------------------------------------------------- parameters
-
-
-def linear_shapes(s: Shapes) -> dict[str, tuple[int, int]]:
-    """(in, out) of each projection in one decoder layer (transformers' Llama/Qwen2/Gemma3 layers)."""
-    return {
-        "q_proj": (s.H, s.qd),
-        "k_proj": (s.H, s.kd),
-        "v_proj": (s.H, s.kd),
-        "o_proj": (s.qd, s.H),
-        "gate_proj": (s.H, s.I),
-        "up_proj": (s.H, s.I),
-        "down_proj": (s.I, s.H),
-    }
-
-
-def param_counts(s: Shapes) -> dict[str, int]:
-    """Parameter counts: projections (what 4-bit quantises), embeddings and norms (kept in bf16).
-
-    Source: transformers' modeling_llama / modeling_qwen2 (q/k/v biases) / modeling_gemma3 (four
-    norms per layer plus q_norm/k_norm); a tied LM head shares the embedding matrix.
-    """
-    linear = s.L * sum(i * o for i, o in linear_shapes(s).values())
-    bias = s.L * (s.qd + 2 * s.kd) if s.qkv_bias else 0
-    norms_per_layer = 4 * s.H + 2 * s.hd if s.family == "gemma3" else 2 * s.H
-    other = s.V * s.H * (1 if s.tied else 2) + s.L * norms_per_layer + s.H + bias
-    return {"linear": linear, "other": other, "total": linear + other}
-
-
-def weights_bytes(s: Shapes) -> int:
-    """Base weights: model dtype, or bitsandbytes NF4 for the projections.
-
-    NF4 (bitsandbytes Linear4bit, blocksize 64, double quantisation as backends/trl.py configures):
-    0.5 byte per weight + one 8-bit absmax per 64 weights + one fp32 constant per 256 absmax blocks
-    (= 0.5 + 1/64 + 4/16384 bytes). Embeddings, norms and the (tied) LM head stay in bf16.
-    """
-    n = param_counts(s)
-    if s.four_bit:
-        per_weight = 0.5 + 1 / 64 + 4 / (64 * 256)
-        return int(n["linear"] * per_weight) + n["other"] * 2 + lm_head_fp32_bytes(s, 2)
-    return n["total"] * s.wb + lm_head_fp32_bytes(s, s.wb)
-
-
-def lm_head_fp32_bytes(s: Shapes, wb: int) -> int:
-    """cast_lm_head_to_fp32: the LM head's V x H weights held in float32 instead of `wb` bytes (TRL 1.16
-    grpo_trainer.py `_cast_lm_head_to_fp32`: `lm_head.float()`; a tied head casts the shared embedding)."""
-    return s.V * s.H * (4 - wb) if s.head_fp32 and wb < 4 else 0
-
-
-def lora_param_count(s: Shapes) -> int:
-    """r x (in + out) per adapted projection per layer (PEFT LoraLayer: lora_A in->r, lora_B r->out);
-    0 with trial.full_finetune (no adapter)."""
-    if s.full:
-        return 0
-    shapes_ = linear_shapes(s)
-    return s.L * sum(s.rank * sum(shapes_[m]) for m in s.targets if m in shapes_)
-
-
-def lora_bytes(s: Shapes) -> int:
-    """LoRA weights in fp32: PEFT's get_peft_model(autocast_adapter_dtype=True) upcasts bf16 adapters."""
-    return lora_param_count(s) * 4
-
-
-def trainable_param_count(s: Shapes) -> int:
-    """Parameters that train: the LoRA adapter's, or every weight with trial.full_finetune."""
-    return param_counts(s)["total"] if s.full else lora_param_count(s)
-
-
-def gradient_bytes(s: Shapes) -> int:
-    """One gradient per trainable parameter, in the parameter's dtype (fp32 LoRA; the model dtype
-    when every weight trains)."""
-    return param_counts(s)["total"] * s.wb if s.full else lora_bytes(s)
-
-
-def optimizer_bytes(s: Shapes) -> int:
-    """AdamW exp_avg + exp_avg_sq per trainable parameter, in the parameter's dtype
-    (torch.optim.AdamW's `zeros_like(p)`; transformers 5 defaults to adamw_torch_fused on
-    torch >= 2.8, which needs no foreach temporaries)."""
-    return 2 * gradient_bytes(s)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -433,11 +237,6 @@ def logits_bytes(s: Shapes, mode: str) -> int:
     return tile + temps + N * s.H * 4 + N * 4 * 8
 
 
-def kv_bytes_per_token(s: Shapes, kv_bytes: int = 2) -> int:
-    """K and V for every layer: 2 x L x num_kv_heads x head_dim x dtype bytes."""
-    return 2 * s.L * s.kd * kv_bytes
-
-
 def hf_generation_bytes(s: Shapes) -> int:
     """HF `generate` (backend=trl): the DynamicCache for the whole generation batch (Gemma 3's
     sliding layers keep only the window), the prefill's largest transient (one layer's MLP on the
@@ -464,366 +263,6 @@ def continuous_batching_bytes(cfg: Any, s: Shapes, budget: int | None, resident:
     extra = (cfg.trial.get("grpo_config") or {}).get("transformers_continuous_batching_config") or {}
     percent = extra.get("max_memory_percent") or CONTINUOUS_BATCHING_MEMORY_PERCENT
     return int(max(budget - resident, 0) * percent)
-
-
-def vllm_pool_bytes(utilization: float, budget: int) -> int:
-    """vLLM's requested memory: `ceil(gpu_memory_utilization x total memory)` (vllm/v1/worker/utils.py
-    `request_memory`), what it may hold for its weights, activations, CUDA graphs and KV cache
-    (vllm/v1/worker/gpu_worker.py `determine_available_memory`); colocated with training, that share is
-    gone for the trainer unless sleep mode releases it."""
-    return math.ceil(utilization * budget)
-
-
-def unsloth_utilization(utilization: float, budget: int) -> float:
-    """The gpu_memory_utilization Unsloth hands vLLM: the user's share of the memory free at load, as a share
-    of the card (unsloth_zoo vllm_utils.py `approximate_vllm_memory_usage`: `actual_gpu_memory_utilization =
-    utilization x free / total`). vLLM loads first, so free is the card less the CUDA context."""
-    return utilization * max(budget - CUDA_CONTEXT_BYTES, 0) / budget
-
-
-# unsloth_zoo vllm_utils.py `load_vllm`: (upper bound of Unsloth's own KV estimate in GiB,
-# max_num_batched_tokens, max_num_seqs) it passes vLLM.
-UNSLOTH_ENGINE_TIERS = (
-    (2, 2048, 8),
-    (4, 2048, 16),
-    (8, 4096, 32),
-    (12, 4096, 48),
-    (16, 6144, 64),
-    (24, 6144, 80),
-    (40, 8192, 96),
-    (48, 8192, 112),
-    (80, 8192, 128),
-    (math.inf, 8192, 256),
-)
-# The max_lora_rank values vLLM accepts (vllm/config/lora.py); Unsloth rounds the adapter's rank up to one
-# (unsloth_zoo vllm_utils.py `determine_max_lora_rank`).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def unsloth_kv_estimate_gib(s: Shapes, utilization: float, budget: int) -> float:
-    """Unsloth's own estimate of the GiB vLLM leaves for the KV cache, which picks its engine tier
-    (unsloth_zoo vllm_utils.py `approximate_vllm_memory_usage`): utilization x free memory, less its weight
-    estimate (the projections at 5/16 of bf16 under 4-bit, embeddings and an untied head in bf16, the LoRA
-    buffers at the adapter's rank), less its CUDA-graph allowance (172 graphs x hidden x layers x 4 bytes,
-    within 0.15-1 GiB)."""
-    free = unsloth_utilization(utilization, budget) * budget
-    kv = s.H // s.nh * s.nkv
-    projections = (2 * s.H + 2 * kv) * s.H + 3 * s.H * s.I
-    embeddings = s.V * s.H * (1 if s.tied else 2) + 2 * s.H
-    r = s.rank
-    lora = (4 * s.H * r + r * (2 * s.H + 2 * kv) + 2 * s.H * r + s.I * r + 2 * r * s.I + r * s.H) * s.L * 2
-    model = projections * s.L * 2 / (16 / 5 if s.four_bit else 1) + embeddings * 2 + lora
-    graphs = min(max(172 * s.H * s.L * 4, int(0.15 * GiB)), GiB)
-    return max(free - model - graphs, 0) / GiB
-
-
-def vllm_engine(s: Shapes, backend: str, engine: dict, *, budget: int | None, utilization: float, server: bool) -> dict:
-    """The engine settings vLLM's memory profile runs with: the config's backend.vllm_* (config/backends.py)
-    over what the launcher passes.
-
-    - trl_vllm colocate: TRL 1.16 passes max_num_batched_tokens=4096 (trl/generation/vllm_generation.py) and
-      max_num_seqs = the generation batch (trl/trainer/grpo_trainer.py); server: vLLM's max_num_seqs default.
-    - unsloth: unsloth_zoo `load_vllm` picks max_num_batched_tokens and max_num_seqs from its own KV
-      estimate (`UNSLOTH_ENGINE_TIERS`, `unsloth_kv_estimate_gib`; without a card its top tier), captures
-      CUDA graphs and enables LoRA at the adapter's rank rounded up to a rank vLLM takes (`lora_rank`).
-    """
-    if backend == "unsloth":
-        gib = math.inf if budget is None else unsloth_kv_estimate_gib(s, utilization, budget)
-        _, tokens, seqs = next(t for t in UNSLOTH_ENGINE_TIERS if gib <= t[0])
-        rank = next((r for r in VLLM_LORA_RANKS if r >= s.rank), VLLM_LORA_RANKS[-1])
-        return {"max_num_batched_tokens": tokens, "max_num_seqs": seqs, "enforce_eager": False, "lora_rank": rank}
-    out = {
-        "max_num_batched_tokens": VLLM_PROFILE_TOKENS,
-        "max_num_seqs": VLLM_DEFAULT_MAX_NUM_SEQS if server else s.G,
-        "enforce_eager": False,
-    }
-    return {**out, **engine}
-
-
-def vllm_weights_bytes(s: Shapes, backend: str, *, double_quant: bool | None = None) -> int:
-    """vLLM's weights on a card: bf16, or under load_in_4bit the projections in 4-bit with the rest in bf16.
-    TRL colocate passes `quantization="bitsandbytes"`: vLLM quantises the checkpoint as it loads, with
-    BitsAndBytes' defaults (no double quantisation: an fp32 absmax per 64 weights, 0.5625 byte per weight);
-    Unsloth shares its own weights (`weights_bytes`: its pre-quantised uploads are double-quantised NF4).
-    `double_quant` overrides that choice (a checkpoint Unsloth had vLLM quantise in flight: False)."""
-    if not s.four_bit:
-        return param_counts(s)["total"] * 2
-    if double_quant is None:
-        double_quant = backend == "unsloth"
-    if double_quant:
-        return weights_bytes(s)
-    n = param_counts(s)
-    return int(n["linear"] * (0.5 + 4 / 64)) + n["other"] * 2
-
-
-def vllm_lora_bytes(s: Shapes, engine: dict) -> int:
-    """vLLM's LoRA buffers under enable_lora (Unsloth's engine: max_loras=1 at `lora_rank`): each projection
-    vLLM can adapt holds a stacked lora_a (rank x in) and lora_b (out x rank) in the model dtype, whichever
-    modules the adapter targets (vllm/lora/layers/base_linear.py `create_lora_weights`). They are allocated
-    with the model, so vLLM counts them with the weights; TRL colocate enables no LoRA (it loads merged weights)."""
-    rank = engine.get("lora_rank") or 0
-    return s.L * sum(rank * (i + o) for i, o in linear_shapes(s).values()) * 2
-
-
-def vllm_forward_peak_bytes(s: Shapes, tokens: int) -> int:
-    """The profile forward's transient peak (vllm/v1/worker/gpu_model_runner.py `profile_run` ->
-    `_dummy_run(max_num_batched_tokens)`): one layer's MLP on every token (gate/up output, the activation,
-    the residual stream: tokens x (3 I + 4 H) in bf16), plus under 4-bit one projection dequantised to bf16
-    for its matmul (I x H)."""
-    return tokens * (3 * s.I + 4 * s.H) * 2 + (s.I * s.H * 2 if s.four_bit else 0)
-
-
-def vllm_sampler_peak_bytes(s: Shapes, tokens: int, seqs: int) -> int:
-    """The profile's sampler run (gpu_model_runner.py `_dummy_sampler_run`): min(max_num_seqs,
-    max_num_batched_tokens) rows of logits sampled with top-k and top-p, VLLM_SAMPLER_ELEMENT_BYTES per row
-    and vocabulary entry, while the forward's hidden states (tokens x H, bf16) stay alive."""
-    return min(seqs, tokens) * s.V * VLLM_SAMPLER_ELEMENT_BYTES + tokens * s.H * 2
-
-
-def vllm_activation_peak_bytes(s: Shapes, engine: dict) -> int:
-    """The profile run's transient peak vLLM keeps free for activations (vllm/utils/mem_utils.py
-    `memory_profiling`: `transient_peak_headroom` = torch's peak less what stays allocated): the larger of the
-    forward and the sampler run (`vllm_forward_peak_bytes`, `vllm_sampler_peak_bytes`); both grow with
-    max_num_batched_tokens, the sampler with max_num_seqs. `engine` as `vllm_engine` resolves it."""
-    tokens = int(engine.get("max_num_batched_tokens") or VLLM_PROFILE_TOKENS)
-    seqs = int(engine.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS)
-    return max(vllm_forward_peak_bytes(s, tokens), vllm_sampler_peak_bytes(s, tokens, seqs))
-
-
-def vllm_non_torch_bytes(accounting: str = "0.31") -> int:
-    """Non-torch memory vLLM charges to its pool (vllm/utils/mem_utils.py `memory_profiling`, category 3):
-    0.31 counts only what appears after its start-up snapshot, which is taken once the CUDA context and
-    NCCL exist (vllm/v1/worker/gpu_worker.py `init_device`): the forward's workspaces (VLLM_NON_TORCH_BYTES).
-    vLLM 0.8 counted every non-torch byte on the card, the CUDA context included."""
-    if accounting not in VLLM_ACCOUNTINGS:
-        raise ValueError(f"accounting={accounting}: must be one of {', '.join(VLLM_ACCOUNTINGS)}")
-    return VLLM_NON_TORCH_BYTES + (CUDA_CONTEXT_BYTES if accounting == "0.8" else 0)
-
-
-def vllm_capture_sizes(engine: dict) -> list[int]:
-    """vLLM 0.31's default CUDA-graph capture sizes (vllm/config/vllm.py, `cudagraph_capture_sizes`): 1, 2, 4,
-    every 8 below 256, then every 16, up to min(2 x max_num_seqs, 512, max_num_batched_tokens); none under
-    enforce_eager (cudagraph_mode NONE)."""
-    if engine.get("enforce_eager"):
-        return []
-    seqs = int(engine.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS)
-    top = min(2 * seqs, 512, int(engine.get("max_num_batched_tokens") or VLLM_PROFILE_TOKENS))
-    return [n for n in [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)] if n <= top]
-
-
-def vllm_graphs_bytes(s: Shapes, engine: dict | None = None) -> int:
-    """CUDA-graph memory (vllm/v1/worker/gpu_model_runner.py `profile_cudagraph_memory`): one piecewise graph
-    per decoder layer per capture size (`vllm_capture_sizes`), VLLM_GRAPH_LAYER_BYTES each; 0 under
-    enforce_eager."""
-    return len(vllm_capture_sizes(engine or {})) * s.L * VLLM_GRAPH_LAYER_BYTES
-
-
-def vllm_kv_element_bytes(engine: dict | None, model_bytes: int) -> int:
-    """Bytes per KV element: 1 for an fp8 KV cache (backend.vllm_kv_cache_dtype, vllm/config/cache.py), else the model's."""
-    return 1 if str((engine or {}).get("kv_cache_dtype") or "auto").startswith("fp8") else model_bytes
-
-
-def vllm_non_kv_bytes(s: Shapes, backend: str, engine: dict, accounting: str = "0.31", **weights: Any) -> dict[str, int]:
-    """What vLLM takes from its requested memory before the KV cache, term by term
-    (vllm/v1/worker/gpu_worker.py `determine_available_memory`: requested - `non_kv_cache_memory` - the
-    CUDA-graph estimate): its weights and LoRA buffers (`vllm_weights_bytes`, `vllm_lora_bytes`), the profile
-    run's transient peak (`vllm_activation_peak_bytes`), non-torch memory (`vllm_non_torch_bytes`) and the
-    CUDA graphs (`vllm_graphs_bytes`; under the "0.8" accounting they are captured after the KV cache and
-    land outside the pool: `cuda_graphs` is 0 here). `engine` as `vllm_engine` resolves it; `weights` goes
-    to `vllm_weights_bytes`."""
-    return {
-        "weights": vllm_weights_bytes(s, backend, **weights),
-        "lora": vllm_lora_bytes(s, engine),
-        "activation_peak": vllm_activation_peak_bytes(s, engine),
-        "non_torch": vllm_non_torch_bytes(accounting),
-        "cuda_graphs": vllm_graphs_bytes(s, engine) if accounting == "0.31" else 0,
-    }
-
-
-def vllm_fixed_kv_pool(s: Shapes, backend: str, engine: dict) -> int:
-    """vLLM's pool when backend.vllm_kv_cache_memory_bytes is set: what it holds besides the KV cache
-    (`vllm_non_kv_bytes`) + those bytes. vLLM then reserves the KV cache as given and ignores
-    gpu_memory_utilization (vllm/v1/worker/gpu_worker.py `determine_available_memory`: "This does not
-    respect the gpu_memory_utilization config")."""
-    return sum(vllm_non_kv_bytes(s, backend, engine).values()) + int(engine["kv_cache_memory_bytes"])
-
-
-def vllm_kv_available(s: Shapes, pool: int, backend: str, engine: dict | None = None, accounting: str = "0.31") -> int:
-    """KV cache vLLM can allocate inside its pool: pool less `vllm_non_kv_bytes`; backend.vllm_kv_cache_memory_bytes
-    when it is set (vLLM allocates exactly that). `engine` as `vllm_engine` resolves it."""
-    engine = engine or {}
-    if engine.get("kv_cache_memory_bytes"):
-        return int(engine["kv_cache_memory_bytes"])
-    return pool - sum(vllm_non_kv_bytes(s, backend, engine, accounting).values())
-
-
-# vLLM's CPU build (vllm-cpu): the KV cache is sized in bytes (kv_cache_memory_bytes), in blocks of
-# 128 tokens (vllm/platforms/cpu.py picks 128 when the user sets no block size).
-VLLM_CPU_BLOCK_TOKENS = 128
-# vLLM on CUDA: CacheConfig's default block size (16 tokens) for the attention backends TRL's colocate
-# engine uses.
-VLLM_GPU_BLOCK_TOKENS = 16
-
-
-def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_bytes: int, max_num_seqs: int | None = None) -> dict:
-    """vLLM's own feasibility rule for its KV cache, and how generation then runs.
-
-    vLLM allocates `floor(bytes / block bytes)` blocks; BlockPool holds one back as the null block.
-    A request of max_model_len (= max_seq_length, the worst case a trial forces) needs
-    `ceil(S / block_tokens)` blocks. vLLM refuses to start only when one such request cannot be held
-    (vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory`; with the null block one more
-    block is needed for the request to be scheduled at all). A cache that holds fewer than the
-    generation batch is no failure: vLLM's scheduler (vllm/v1/core/sched/scheduler.py) admits the
-    requests whose blocks fit and queues or preempts the rest, so generation runs in about
-    `ceil(batch / sequences)` waves, which costs time (memory/throughput.py), not memory.
-    The scheduler also runs at most max_num_seqs sequences at once (backend.vllm_max_num_seqs; vllm/v1/core/
-    sched/scheduler.py; null: TRL colocate's, the generation batch, so no cap).
-    """
-    block = block_tokens * kv_bytes_per_token(s, kv_bytes)
-    blocks = max(int(kv_cache_bytes), 0) // block
-    per_seq = math.ceil(s.S / block_tokens)
-    sequences = max(blocks - 1, 0) // per_seq
-    if max_num_seqs:
-        sequences = min(sequences, int(max_num_seqs))
-    return {
-        "block_tokens": block_tokens,
-        "block_bytes": block,
-        "blocks": blocks,
-        "blocks_per_sequence": per_seq,
-        "min_bytes": (per_seq + 1) * block,
-        "one_sequence_ok": blocks >= per_seq + 1,
-        "sequences": sequences,
-        "batch_bytes": (s.G * per_seq + 1) * block,
-        "waves": math.ceil(s.G / sequences) if sequences else None,
-    }
-
-
-def vllm_cpu_plan(s: Shapes, share: int | None, *, kv_cache_bytes: int | None = None) -> dict:
-    """How backends/trl_vllm.py sizes vLLM-CPU inside `share` bytes, the pool a card would reserve
-    (`gpu_memory_utilization x card`), and what vLLM 0.31 then allocates and checks.
-
-    - weights: the model in float32 (the backend passes dtype="float32": bf16 + eager dies with SIGILL
-      on some CPUs, and fp32 matches the fp32 trainer for the log-prob check);
-    - KV cache: what the share leaves after the weights, rounded down to whole blocks (vLLM allocates
-      floor(kv_cache_memory_bytes / block bytes) blocks); one block = 128 tokens x K and V x layers x
-      kv heads x head_dim x 4 bytes;
-    - vLLM's start-up check (vllm/v1/core/kv_cache_utils.py `_check_enough_kv_cache_memory`): one
-      sequence of max_model_len (= max_seq_length) must fit in the blocks besides the null block
-      BlockPool holds back: ceil(S / 128) + 1 blocks. Fewer and vLLM refuses to start;
-    - no card (`gpu.memory_gib` null): the KV cache holds the whole generation batch at full length;
-    - backend.vllm_kv_cache_memory_bytes (`kv_cache_bytes`): those bytes in whole blocks, whatever the share.
-    The pool vLLM really allocates is weights + KV cache (its forward's transients are not charged).
-    """
-    weights = param_counts(s)["total"] * 4
-    whole_batch = kv_cache_capacity(s, 0, VLLM_CPU_BLOCK_TOKENS, 4)
-    block = whole_batch["block_bytes"]
-    if kv_cache_bytes is not None:
-        kv = int(kv_cache_bytes) // block * block
-    else:
-        kv = whole_batch["batch_bytes"] if share is None else max(share - weights, 0) // block * block
-    return {
-        "weights_bytes": weights,
-        "block_bytes": block,
-        "kv_cache_bytes": kv,
-        "kv_cache_min_bytes": whole_batch["min_bytes"],
-        "pool_bytes": weights + kv,
-    }
-
-
-# ----------------------------------------------------------------------------- ranks
-
-
-def layer_param_count(s: Shapes) -> int:
-    """One decoder layer's parameters (projections, q/k/v biases, norms): an FSDP unit."""
-    n = param_counts(s)
-    norms = 4 * s.H + 2 * s.hd if s.family == "gemma3" else 2 * s.H
-    bias = (s.qd + 2 * s.kd) if s.qkv_bias else 0
-    return n["linear"] // s.L + norms + bias
-
-
-def root_param_count(s: Shapes) -> int:
-    """What is not in a decoder layer: embeddings, the (untied) LM head, the final norm: FSDP's root
-    unit (accelerate's transformer auto-wrap policy wraps each decoder layer, the rest stays at the root)."""
-    return param_counts(s)["total"] - s.L * layer_param_count(s)
-
-
-def _shard(nbytes: int, n: int) -> int:
-    """The largest rank's share: FSDP pads each flat parameter to a multiple of the world size,
-    DeepSpeed ZeRO its partitions; rank 0 holds ceil(bytes / n)."""
-    return -(-int(nbytes) // n)
-
-
-def rank_terms(
-    s: Shapes,
-    n: int,
-    strategy: str,
-    phase: str,
-    comps: dict,
-    *,
-    hf_generate: bool = True,
-    offload: bool = False,
-    gather: bool = True,
-) -> dict:
-    """The largest rank's components for `phase` (training | generation) of a trial with `n`
-    processes under `strategy`, from the single-process components `comps`. Sources:
-
-    - ddp (torch DistributedDataParallel as accelerate wraps the model): every rank holds the whole
-      replica; the Reducer allocates flat gradient buckets the size of every trainable gradient
-      (`gradient_as_bucket_view=False`, the default), alive from the wrap to the end: `ddp_buckets`.
-    - zero2 (DeepSpeed ZeRO stage 2): gradients and optimiser state partitioned (1/n each), weights
-      replicated; gradients are reduced through an IPG bucket of `reduce_bucket_size` elements
-      (HF's "auto": hidden_size^2), at most the gradients' size: `ddp_buckets`.
-    - fsdp (FSDP, full shard, one unit per decoder layer): weights, trainable parameters, gradients
-      and optimiser state 1/n; the root unit (embeddings, final norm, untied LM head) stays gathered
-      through forward and backward (FSDP does not reshard the root after forward), plus two decoder
-      layers at once (the running one and the one prefetched, BACKWARD_PRE): `gathered_params`.
-      TRL generates under `summon_full_params(recurse=False)`: the root only, the layers as they run.
-    - zero3 (DeepSpeed ZeRO stage 3): sharded like fsdp; parameters are fetched per module, with a
-      prefetch bucket of 0.9 x hidden_size^2 elements (TRL's `prepare_deepspeed`): the largest module
-      (a layer or the embedding) + that bucket. TRL's `ds3_gather_for_generation=True` (the default)
-      gathers the whole model for HF `generate`: generation holds every weight; false generates from the
-      shards, fetching module by module as in training.
-    - trial.offload (fsdp, zero2, zero3): DeepSpeed's `offload_optimizer` keeps the optimiser state (and
-      the fp32 master copy) in host memory, `offload_param` (zero3) the parameter shards; FSDP2's
-      CPUOffloadPolicy keeps parameter, gradient and optimiser shards there. The card still holds what
-      a step gathers (`gathered_params`) and, under ZeRO, the gradient partitions before they are copied.
-    Activations, logits and inputs are per micro-batch: the same on every rank. n == 1 changes nothing.
-    """
-    out = dict(comps)
-    if n <= 1:
-        return out
-    trains = phase == "training"
-    grads = gradient_bytes(s)
-    gathers_all = phase == "generation" and hf_generate and gather  # ZeRO-3 + HF generate: the whole model
-    if strategy == "ddp":
-        out["ddp_buckets"] = grads
-        return out
-    # zero2, fsdp, zero3: gradients (training only) and optimiser state sharded
-    out["gradients"] = _shard(out["gradients"], n)
-    optimizer = out["optimizer_state"]
-    if strategy in ("zero2", "zero3") and s.wb == 2:
-        # DeepSpeed's bf16 optimiser keeps an fp32 master copy beside AdamW's two fp32 moments:
-        # 12 bytes per trainable parameter (the engine casts the model, adapters included, to bf16).
-        optimizer = 12 * trainable_param_count(s)
-    out["optimizer_state"] = 0 if offload else _shard(optimizer, n)
-    if strategy == "zero2":
-        out["ddp_buckets"] = min(grads, s.H * s.H * (4 if not s.full else s.wb)) if trains else 0
-        return out
-    # fsdp, zero3: parameters sharded too
-    full_weights = out["weights"]
-    out["weights"] = 0 if offload else _shard(out["weights"], n)
-    out["lora_params"] = 0 if offload else _shard(out["lora_params"], n)
-    if offload and strategy == "fsdp":
-        out["gradients"] = 0
-    layer = layer_param_count(s) * s.wb
-    root = root_param_count(s) * s.wb
-    if strategy == "fsdp":
-        out["gathered_params"] = root + 2 * layer
-    elif gathers_all:  # ds3_gather_for_generation gathers the whole model for HF generate
-        out["gathered_params"] = full_weights
-    else:
-        out["gathered_params"] = max(layer, root) + min(layer, int(0.9 * s.H * s.H) * s.wb)
-    return out
 
 
 # ----------------------------------------------------------------------------- estimate
@@ -1116,39 +555,6 @@ def estimate(cfg: Any, logits_mode: str | None = None, *, device: str | None = N
         phases={p: int(sum(c.values())) for p, c in phases.items()},
         peak_phase=peak_phase,
     )
-
-
-# ----------------------------------------------------------------------------- presentation
-
-
-def fmt_gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / GiB:.2f} GiB"
-
-
-def format_table(est: Estimate) -> str:
-    rows = [f"{'component':<18}{'bytes':>14}  {'GiB':>8}  share"]
-    total = est.total_bytes or 1
-    for key, value in est.components.items():
-        rows.append(f"{key:<18}{value:>14,}  {value / GiB:>8.3f}  {100 * value / total:5.1f} %")
-    rows.append(f"{'total':<18}{est.total_bytes:>14,}  {est.total_bytes / GiB:>8.3f}")
-    rows.append(
-        f"{'budget':<18}{'' if est.budget_bytes is None else f'{est.budget_bytes:,}':>14}  {fmt_gib(est.budget_bytes):>8}"
-    )
-    return "\n".join(rows)
-
-
-def format_rank_table(est: Estimate) -> str:
-    """One process beside the largest rank of N (`trial.num_processes`), component by component."""
-    a = est.assumptions
-    one = a.get("single_process_components") or est.components
-    n, strategy = a.get("world_size", 1), a.get("strategy", "ddp")
-    head = f"per rank ({n} x {strategy})"
-    rows = [f"{'component':<18}{'1 process':>14}  {head:>22}"]
-    for key in est.components:
-        rows.append(f"{key:<18}{fmt_gib(one.get(key, 0)):>14}  {fmt_gib(est.components[key]):>22}")
-    rows.append(f"{'total':<18}{fmt_gib(a.get('single_process_bytes', est.total_bytes)):>14}  {fmt_gib(est.total_bytes):>22}")
-    rows.append(f"{'budget per card':<18}{fmt_gib(est.budget_bytes):>14}  {fmt_gib(est.budget_bytes):>22}")
-    return "\n".join(rows)
 
 
 def waves_note(est: Estimate) -> str | None:

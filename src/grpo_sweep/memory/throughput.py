@@ -11,18 +11,9 @@ from typing import Any
 
 from ..config.backends import vllm_engine_settings
 from ..config.schema import ConfigError, processes_of
-from .estimator import (
-    checkpointed_layers,
-    estimate,
-    generates_with_vllm,
-    kv_bytes_per_token,
-    param_counts,
-    resolve_backend_for,
-    shapes,
-    target_device,
-    vllm_kv_element_bytes,
-    weights_bytes,
-)
+from .estimator import checkpointed_layers, estimate, generates_with_vllm
+from .shapes import kv_bytes_per_token, param_counts, resolve_backend_for, shapes, target_device, weights_bytes
+from .vllm import vllm_kv_element_bytes
 
 # vLLM's per-decode-step overhead (scheduler, sampler, CUDA graph replay) and, under enforce_eager, the kernel
 # launches per layer a graph replay saves, at HF generate's measured rate (both eager PyTorch).
@@ -60,7 +51,7 @@ def recompute_passes(s) -> float:
     torch_empty_cache_steps costs allocator calls, not FLOPs or bytes; cast_lm_head_to_fp32 runs the head
     at the card's fp32 rate, also not among its numbers; use_transformers_continuous_batching changes the
     decode scheduler's overhead, not measured on a card yet. pad_to_multiple_of enters through the padded
-    lengths (estimator.shapes)."""
+    lengths (shapes.shapes)."""
     return checkpointed_layers(s) / s.L if s.L else 0.0
 
 

