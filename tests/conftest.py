@@ -94,7 +94,7 @@ def train_here(args: list[str], cwd: Path | None = None, env: dict | None = None
     What it cannot do, for which a test keeps run_train or its own Popen: be killed or interrupted
     from outside, time out, run beside another sweep, or start with a fresh interpreter's imports.
     `env` is this call's environment on top of the test process's; the trials see it
-    (worker.take_parents_view), and the trials' console output is in the returned stdout."""
+    (process.take_parents_view), and the trials' console output is in the returned stdout."""
     import tempfile
 
     from hydra.core.global_hydra import GlobalHydra

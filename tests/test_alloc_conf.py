@@ -51,7 +51,7 @@ def test_doctor_report_says_it(tmp_path):
 
 
 def test_alloc_conf_keeps_the_users_other_settings(monkeypatch):
-    from grpo_sweep.trial.worker import set_alloc_conf
+    from grpo_sweep.trial.process import set_alloc_conf
 
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:False")
     assert set_alloc_conf(True) == "max_split_size_mb:128,expandable_segments:True"

@@ -335,7 +335,7 @@ def test_auto_runs_trl_on_cpu_and_logs_what_ran(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     m = load_metrics(tmp_path)
     assert m["status"] == "ok" and m["backend"] == "trl"
-    assert m["exitcode"] == 0  # the spawned trial ended itself once its record was written (worker.end_now)
+    assert m["exitcode"] == 0  # the spawned trial ended itself once its record was written (process.end_now)
     assert "backend=trl device=cpu" in result.stdout
     assert m["lever_mismatch"] == {}
     for key in ("per_device_train_batch_size", "num_generations", "lora_rank", "max_seq_length"):

@@ -90,7 +90,7 @@ def test_stopping_a_worker_that_ignores_sigterm_kills_its_whole_group(tmp_path):
     children included, without waiting out anything longer."""
     import multiprocessing as mp
 
-    from grpo_sweep.trial import worker
+    from grpo_sweep.trial import process
     from grpo_sweep.trial.parent import stop_trial
 
     ctx = mp.get_context("fork")
@@ -112,7 +112,7 @@ def test_stopping_a_worker_that_ignores_sigterm_kills_its_whole_group(tmp_path):
     except psutil.NoSuchProcess:
         pass
     assert not _alive([child])
-    assert worker.read_stop_request(tmp_path) == ("timeout", "trial.timeout_s=1 reached")
+    assert process.read_stop_request(tmp_path) == ("timeout", "trial.timeout_s=1 reached")
 
 
 def test_a_killed_trials_open_wandb_run_gets_a_note_and_a_finished_one_none(tmp_path):

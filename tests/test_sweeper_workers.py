@@ -213,4 +213,4 @@ def test_joblib_launcher_runs_trials_in_parallel_processes(tmp_path):
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert all(t.user_attrs["status"] == "ok" and t.value > 0 for t in study.trials)
     assert "Joblib" in result.stdout + result.stderr
-    assert "leaked semaphore" not in result.stdout + result.stderr  # worker.quiet_progress
+    assert "leaked semaphore" not in result.stdout + result.stderr  # process.quiet_progress

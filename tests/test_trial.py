@@ -69,7 +69,7 @@ def test_a_trial_sees_its_parents_environment_and_console_as_they_are_when_it_st
     """Two trials in one process, as a Hydra multirun runs its jobs (each with its hydra.job.env_set):
     the second is forked from the forkserver the first started, yet it sees the environment and the
     stdout of its own start. The trial records PYTORCH_CUDA_ALLOC_CONF's other settings
-    (worker.set_alloc_conf), so the record shows which environment it ran in."""
+    (process.set_alloc_conf), so the record shows which environment it ran in."""
     import os
 
     cfg = compose(FAST)
@@ -94,7 +94,7 @@ def test_a_trial_sees_its_parents_environment_and_console_as_they_are_when_it_st
 @pytest.mark.slow
 def test_a_multirun_console_is_its_trials_lines_only(tmp_path):
     """Over 20 s: a fresh `python train.py -m` (its own interpreter and resource tracker) of two trials.
-    No weight-loading or saving progress bar in a trial (worker.quiet_progress), and no
+    No weight-loading or saving progress bar in a trial (process.quiet_progress), and no
     "leaked semaphore objects" warning when the command ends: tqdm's multiprocessing lock, which a
     trial ending with os._exit never released, is a thread lock in the trial."""
     from conftest import run_train

@@ -29,7 +29,7 @@ from ..config.model_arch import fill_arch
 from ..config.schema import ConfigError, resolve_split
 from ..levers import recipe_of, requested_levers
 from ..metrics import MetricsError, empty_metrics, read_metrics, write_metrics
-from . import worker
+from . import faults, process, worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
 STOP_GRACE_S = 20.0  # SIGTERM -> SIGKILL: time to write metrics.json and finish the W&B run
@@ -77,7 +77,7 @@ def _detach(dup) -> int:
 
 
 def parents_view(start_method: str) -> dict:
-    """worker.main's `environ` and `stdio` for a forkserver child (worker.take_parents_view says why);
+    """worker.main's `environ` and `stdio` for a forkserver child (process.take_parents_view says why);
     spawn and fork children start from this process as it is now anyway."""
     if start_method != "forkserver":
         return {}
@@ -97,7 +97,7 @@ def _kill_group(pid: int) -> None:
 
 def stop_trial(proc, run_dir: Path, status: str, reason: str, grace_s: float = STOP_GRACE_S) -> None:
     """Ask the worker to stop (reason file + SIGTERM: it records `reason`, ends W&B), then kill its group."""
-    worker.write_stop_request(run_dir, status, reason)
+    process.write_stop_request(run_dir, status, reason)
     try:
         os.kill(proc.pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
@@ -176,7 +176,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         print(f"[trial] architecture not known here ({exc}); the trial loads the model by name", flush=True)
     resolve_split(cfg)  # gradient_accumulation_steps from completions_per_step (validate did it already for train.py)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    for stale in (run_dir / "metrics.json", run_dir / worker.STOP_FILE, run_dir / worker.WANDB_NOTE_FILE):
+    for stale in (run_dir / "metrics.json", run_dir / process.STOP_FILE, run_dir / worker.WANDB_NOTE_FILE):
         stale.unlink(missing_ok=True)
     container = OmegaConf.to_container(cfg, resolve=True)
     cuda = cuda_available()
@@ -232,6 +232,6 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     record["run_dir"] = str(run_dir)
     wandb_note(record, run_dir)
     write_metrics(run_dir, record)
-    worker.tear_metrics(cfg.trial.debug_fault, run_dir)
+    faults.tear_metrics(cfg.trial.debug_fault, run_dir)
     print(format_summary(record, run_dir), flush=True)
     return record
