@@ -204,6 +204,33 @@ def test_vllm_signatures():
     assert "min_tokens" in inspect.signature(SamplingParams).parameters
 
 
+def test_every_patch_target_is_where_its_patch_expects_it():
+    """Each patch in trial/backends/vllm_patches.py names its upstream targets: each is read here as the
+    patch reads it, so an upgrade that moves or renames one fails in seconds, not inside a trial.
+    test_vllm_cpu.py runs every patch for real (colocate and server)."""
+    _require("vllm")
+    from trl.generation import vllm_client as vc
+    from trl.generation import vllm_generation as vg
+    from vllm import LLM
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    # inject_engine_kwargs: TRL colocate calls the module-level LLM, which takes engine arguments as kwargs.
+    assert getattr(vg.LLM, "grpo_sweep_stock", vg.LLM) is LLM
+    # patch_for_cpu: TRL's colocate sync and the named parameters it streams; vLLM's whole-stream reload.
+    assert _params(vg.VLLMGeneration.sync_weights) == {"self"}
+    assert callable(vg.VLLMGeneration._iter_named_params)
+    assert hasattr(CPUWorker, "reload_weights")
+    assert {"weights_iterator", "is_checkpoint_format"} <= set(_params(GPUModelRunner.reload_weights))
+    # patch_server_for_cpu: the client's weight-transfer group.
+    assert "device" in _params(vc.VLLMClient.init_communicator)
+    # watch_scheduler: the scheduler's step and preemption, and the queues it reads.
+    assert callable(Scheduler.schedule) and "request" in _params(Scheduler._preempt_request)
+    init = inspect.getsource(Scheduler.__init__)
+    assert "self.running" in init and "self.waiting" in init and "self.kv_cache_manager" in init
+
+
 # --- vLLM's reservation on an emulated card --------------------------------------------------
 
 

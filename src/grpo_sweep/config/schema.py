@@ -570,7 +570,7 @@ def check_vllm_engine(cfg: Any, *, cuda: bool | None) -> None:
     if dtype not in (None, "auto") and cuda is False:
         raise ConfigError(
             f"backend.vllm_kv_cache_dtype={dtype}: CUDA only here (allowed on CPU: null, auto). grpo-sweep runs vLLM-CPU "
-            "in float32 and checks its log-probs against the trainer's to 1e-4 (trl_vllm.SYNC_TOLERANCE), which an fp8 "
+            "in float32 and checks its log-probs against the trainer's to 1e-4 (vllm_sync.SYNC_TOLERANCE), which an fp8 "
             "KV cache cannot meet; vLLM-CPU's fp8 KV cache also needs AVX-512 or AMX"
         )
 

@@ -11,32 +11,21 @@ checkpoint (models.materialize_random).
   leaves, passed to vLLM in bytes (`kv_cache_memory_bytes`; memory/vllm.py `vllm_cpu_plan` is
   the one copy of that arithmetic); training gets the rest of the card (measure/memory_meter.py). A
   share too small fails inside vLLM with its own KV-cache error, a share too large leaves training
-  too little. Two upstream gaps are patched here, on CPU only (`patch_for_cpu`).
-After training, `after_train` checks that the weights really reached vLLM (`check_sync`).
+  too little. Two upstream gaps are patched on CPU only (vllm_patches.py `patch_for_cpu`).
+After training, `after_train` checks that the weights really reached vLLM (vllm_sync.py `check_sync`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 from ...config.backends import vllm_engine_settings
 from ...units import budget_bytes
 from . import trl as trl_backend
+from .vllm_patches import inject_engine_kwargs, patch_for_cpu, patch_server_for_cpu, watch_scheduler
+from .vllm_sync import check_sync
 from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, own_rendezvous_port, target_equivalent
-
-# The largest |log p_vLLM - log p_trainer| of sampled tokens, after the last weight sync, that a
-# trial accepts (`check_sync`). float32 on both sides (CPU): measured 4.9e-7 on the tiny model
-# (vllm-cpu 0.31.0, TRL 1.16; measured on a 2-core CPU machine) and ~1e-6 in TRL's own per-step
-# `sampling/sampling_logp_difference/max`; 1e-4 is 100x that (longer sequences accumulate more
-# rounding) and far below what a broken sync gives (never synced: 0.45 after 3 steps at lr 5e-2; a
-# half-loaded fused q/k/v or gate/up layer: O(1)). bf16 (CUDA): bf16 keeps 8 mantissa bits, so two
-# correct bf16 kernels disagree by ~0.01-0.1 on a log-prob; 1.0 catches only a gross failure there
-# (not measured on a GPU in this project yet).
-SYNC_TOLERANCE = {"float32": 1e-4, "bfloat16": 1.0, "float16": 1.0}
-SYNC_CHECK_PROMPTS = 2  # prompts x tokens sampled for the check: cheap (one short generate + one forward)
-SYNC_CHECK_TOKENS = 8
 
 
 def vllm_args(cfg: Any, *, device_util: float) -> dict:
@@ -100,57 +89,6 @@ def cpu_engine_kwargs(plan: dict, cfg: Any = None) -> dict:
     return {"enforce_eager": True, **given, "dtype": "float32", "kv_cache_memory_bytes": int(plan["kv_cache_bytes"])}
 
 
-def inject_engine_kwargs(engine_kwargs: dict) -> None:
-    """TRL 1.16 colocate builds `vllm.LLM(...)` itself with no pass-through for engine arguments
-    (trl/generation/vllm_generation.py: max_num_seqs derived, max_num_batched_tokens=4096): `engine_kwargs`
-    are set over its own in the module-level `LLM` it calls, in this trial process only."""
-    from trl.generation import vllm_generation as vg
-
-    stock_llm = getattr(vg.LLM, "grpo_sweep_stock", vg.LLM)
-
-    def LLM(**kwargs):  # noqa: N802 - stands in for vllm.LLM
-        kwargs.update(engine_kwargs)
-        return stock_llm(**kwargs)
-
-    LLM.grpo_sweep_stock = stock_llm
-    vg.LLM = LLM
-
-
-def patch_for_cpu(engine_kwargs: dict) -> None:
-    """Two upstream gaps of TRL 1.16 colocate on vLLM's CPU build (vllm-cpu 0.31.0), patched in this
-    trial process only (each trial is its own process).
-
-    1. Weight sync. TRL's `VLLMGeneration.sync_weights` (trl/generation/vllm_generation.py, colocate
-       branch) calls `model_runner.model.load_weights([(name, param)])` one tensor at a time. vLLM's CPU
-       linear layers repack their weights after loading and replace `layer.weight` with a plain
-       Parameter without `weight_loader`, so the first sync fails: `AttributeError: 'Parameter' object
-       has no attribute 'weight_loader'` (vllm/model_executor/layers/linear.py). The worker's
-       `reload_weights(weights_iterator=..., is_checkpoint_format=True)` restores checkpoint-format
-       parameters, loads and re-runs the CPU repacking. It gets the whole stream in ONE call: the
-       layerwise reload finalises a fused layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj) only when
-       all its shards have arrived; per-tensor calls would leave them half-loaded. Then the prefix
-       cache is reset, as TRL does. Sleep mode is refused on CPU by vLLM itself (schema.validate
-       refuses it earlier), so TRL's wake_up step is not needed.
-    2. Engine arguments: `cpu_engine_kwargs`, injected into the module-level `LLM` TRL calls (`inject_engine_kwargs`).
-    """
-    from trl.generation import vllm_generation as vg
-
-    if not getattr(vg.VLLMGeneration.sync_weights, "grpo_sweep_cpu", False):
-        stock = vg.VLLMGeneration.sync_weights
-
-        def sync_weights(self):
-            if self.mode != "colocate":
-                return stock(self)
-            self.llm.collective_rpc(
-                "reload_weights", kwargs=dict(weights_iterator=self._iter_named_params(), is_checkpoint_format=True)
-            )
-            self.llm.reset_prefix_cache()
-
-        sync_weights.grpo_sweep_cpu = True
-        vg.VLLMGeneration.sync_weights = sync_weights
-    inject_engine_kwargs(engine_kwargs)
-
-
 def untracked(fn):
     """Run `fn` outside the CPU tensor tracker (any TorchDispatchMode): vLLM's forward passes and its
     weight reload allocate inside vLLM's pool, which is charged to the card as one block
@@ -183,90 +121,11 @@ def explain_startup_error(exc: BaseException, plan: dict, cfg: Any) -> BaseExcep
     )
 
 
-# ----------------------------------------------------------------------------- the scheduler's queueing
-
-
-def watch_scheduler(llm) -> dict | None:
-    """What vLLM's own scheduler does with the generation batch, counted as it schedules.
-
-    vLLM admits the requests its KV cache can hold and queues or preempts the rest
-    (vllm/v1/core/sched/scheduler.py). After each `Scheduler.schedule()` this reads the numbers its
-    SchedulerStats report (`make_stats`: num_running_reqs = len(running), num_waiting_reqs =
-    len(waiting), kv_cache_usage = kv_cache_manager.usage) and keeps their maxima; each
-    `_preempt_request` (what RequestStateStats.num_preemptions counts) adds one preemption. The
-    engine core runs in this process (TRL colocate: external_launcher, InprocClient); elsewhere None.
-    """
-    core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "engine_core", None)
-    scheduler = getattr(core, "scheduler", None)
-    if scheduler is None or not hasattr(scheduler, "running"):
-        return None
-    seen = {
-        "vllm_max_running_requests": 0,
-        "vllm_max_waiting_requests": 0,
-        "vllm_preemptions": 0,
-        "vllm_kv_cache_max_usage": 0.0,
-        "vllm_engine_steps": 0,
-    }
-    stock_schedule, stock_preempt = scheduler.schedule, scheduler._preempt_request
-
-    def schedule(*args, **kwargs):
-        out = stock_schedule(*args, **kwargs)
-        if getattr(out, "total_num_scheduled_tokens", 0):  # a forward pass of the engine (prefill or decode)
-            seen["vllm_engine_steps"] += 1
-        seen["vllm_max_running_requests"] = max(seen["vllm_max_running_requests"], len(scheduler.running))
-        seen["vllm_max_waiting_requests"] = max(seen["vllm_max_waiting_requests"], len(scheduler.waiting))
-        usage = getattr(getattr(scheduler, "kv_cache_manager", None), "usage", None)
-        if isinstance(usage, (int, float)):
-            seen["vllm_kv_cache_max_usage"] = max(seen["vllm_kv_cache_max_usage"], float(usage))
-        return out
-
-    def preempt(*args, **kwargs):
-        seen["vllm_preemptions"] += 1
-        return stock_preempt(*args, **kwargs)
-
-    scheduler.schedule = schedule
-    scheduler._preempt_request = preempt
-    return seen
-
-
 # ----------------------------------------------------------------------------- build
 
 
 def server_mode(cfg: Any) -> bool:
     return cfg.backend.get("vllm_mode", "colocate") == "server"
-
-
-SERVER_SYNC_CPU = (
-    "skipped on CPU: TRL's server-mode weight transfer is vLLM's NCCL engine (CUDA only; "
-    "VLLMClient.init_communicator refuses a CPU device), so the server generated with the initial weights"
-)
-SERVER_SYNC_CUDA = "TRL streams the weights to the server over NCCL before every generation; not re-checked in server mode"
-
-
-def patch_server_for_cpu() -> None:
-    """Server mode on CPU: TRL 1.16 refuses to open its weight-transfer group without CUDA
-    (`VLLMClient.init_communicator` raises NotImplementedError) and its sync streams over NCCL. In
-    this trial process only: no group, no sync (recorded as `vllm_weight_sync`); generation through
-    the server is real."""
-    from trl.generation import vllm_client as vc
-    from trl.generation import vllm_generation as vg
-
-    if getattr(vc.VLLMClient.init_communicator, "grpo_sweep_cpu", False):
-        return
-
-    def init_communicator(self, device=0):
-        self.communicator = None
-
-    init_communicator.grpo_sweep_cpu = True
-    vc.VLLMClient.init_communicator = init_communicator
-    stock = vg.VLLMGeneration.sync_weights
-
-    def sync_weights(self):
-        if self.mode == "server":
-            return None
-        return stock(self)
-
-    vg.VLLMGeneration.sync_weights = sync_weights
 
 
 def build_server_trainer(cfg: Any, ctx: Any, model):
@@ -454,90 +313,10 @@ def effective(trainer) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- the sync check
-
-
-def sync_logprob_diff(trainer) -> float:
-    """Max |log p| difference between vLLM and the trained model on a few sampled tokens.
-
-    vLLM samples SYNC_CHECK_PROMPTS x SYNC_CHECK_TOKENS tokens from the training prompts (temperature
-    1, its log-prob of each sampled token); the trainer's model (PEFT, adapters unmerged: the same
-    function as the merged weights vLLM holds) scores the same ids in one no-grad forward.
-    """
-    import torch
-    from vllm import SamplingParams
-
-    generation = trainer.vllm_generation
-    tokenizer = trainer.processing_class
-    prompts = [trainer.train_dataset[i]["prompt"] for i in range(SYNC_CHECK_PROMPTS)]
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    # No min_tokens: it masks EOS, and TRL's logprobs_mode="processed_logprobs" then renormalises
-    # without it (a bias of -log(1 - p_eos) that is not a sync error).
-    params = SamplingParams(max_tokens=SYNC_CHECK_TOKENS, temperature=1.0, logprobs=0, seed=0)
-    outs = generation.llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
-    model = trainer.model
-    was_training = model.training
-    model.eval()
-    worst = 0.0
-    try:
-        with torch.no_grad():
-            for prompt, out in zip(ids, outs):
-                sample = out.outputs[0]
-                tokens = list(sample.token_ids)
-                theirs = torch.tensor([sample.logprobs[i][t].logprob for i, t in enumerate(tokens)], dtype=torch.float64)
-                seq = torch.tensor([prompt + tokens], device=model.device)
-                logits = model(input_ids=seq).logits[0, len(prompt) - 1 : -1].double()
-                ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
-                worst = max(worst, float((theirs - ours.cpu()).abs().max()))
-    finally:
-        model.train(was_training)
-    return worst
-
-
 def after_train(trainer, record: dict) -> None:
-    """The weight-sync check of every trl_vllm trial (metrics.json `vllm_sync_max_abs_logprob_diff`).
-
-    TRL synced vLLM at the start of every step, so after `train()` vLLM holds the weights from before
-    the last optimiser step: sync once more, then compare log-probs (`sync_logprob_diff`). Also keeps
-    TRL's own per-step check, `sampling/sampling_logp_difference/max` (vLLM's sampling log-probs vs
-    the trainer's for the weights just synced), as `vllm_sampling_logp_diff_max`. Over the tolerance
-    for the engine's dtype (SYNC_TOLERANCE) the trial fails: stale or garbled weights in vLLM silently
-    corrupt GRPO (the samples no longer come from the policy being trained).
-    """
+    """TRL's record, the scheduler's queueing during the training steps, then the weight-sync check
+    (`vllm_sync.check_sync`), which fails the trial when vLLM does not hold the trained weights."""
     trl_backend.after_train(trainer, record)
-    # The training steps' queueing, before the sync check below generates its own few requests.
+    # The training steps' queueing, before the sync check generates its own few requests.
     record.update(dict(getattr(trainer, "grpo_sweep_scheduler", None) or {}))
-    generation = getattr(trainer, "vllm_generation", None)
-    info = getattr(trainer, "grpo_sweep_vllm", {})
-    if info.get("server"):
-        record["vllm_weight_sync"] = SERVER_SYNC_CUDA if info.get("on_cuda") else SERVER_SYNC_CPU
-        return
-    if generation is None:
-        return
-    per_step = [
-        row["sampling/sampling_logp_difference/max"]
-        for row in trainer.state.log_history
-        if "sampling/sampling_logp_difference/max" in row
-    ]
-    record["vllm_sampling_logp_diff_max"] = max(per_step) if per_step else None
-    generation.sync_weights()
-    diff = sync_logprob_diff(trainer)
-    record["vllm_sync_max_abs_logprob_diff"] = diff
-    dtype = str(generation.llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")
-    tolerance = SYNC_TOLERANCE.get(dtype, 1.0)
-    record["vllm_sync_tolerance"] = tolerance
-    # TRL's per-step value counts only without worst-case lengths: `min_tokens` (trial.worst_case_lengths)
-    # masks EOS in vLLM's processed log-probs, which shifts every one by -log(1 - p_eos) (0.003 on the
-    # random tiny model) while the trainer's keep EOS: a real bias of TRL's importance-sampling
-    # correction under min_tokens, but not a weight-sync error.
-    trusted = [] if trainer.args.generation_kwargs and "min_tokens" in trainer.args.generation_kwargs else per_step
-    worst = max([diff, *[d for d in trusted if d is not None and math.isfinite(d)]])
-    trl_max = record["vllm_sampling_logp_diff_max"]
-    print(f"[trial] vLLM weight sync: max |dlogp| {diff:.3g} after the last sync (TRL per step: {trl_max})", flush=True)
-    if worst > tolerance:
-        raise RuntimeError(
-            f"vLLM weight sync check failed: vLLM's log-probs differ from the trained model's by up to {worst:.3g} "
-            f"(after the last sync: {diff:.3g}; TRL's per-step sampling_logp_difference/max: {per_step}); "
-            f"tolerance for {dtype} is {tolerance:g} (trl_vllm.SYNC_TOLERANCE). vLLM is generating with weights "
-            "that are not the policy being trained."
-        )
+    check_sync(trainer, record)
