@@ -25,20 +25,21 @@ HEAVY = ("torch", "transformers", "trl", "peft", "vllm", "unsloth", "bitsandbyte
 # Layer of each top-level area (lower numbers are lower layers; an area may import its own layer's
 # modules only where PEERS allows it, and any lower layer).
 LAYERS = {
-    "grpo_sweep": 0,  # the package's __init__
-    "grpo_sweep.levers": 0,
-    "grpo_sweep.metrics": 0,
-    "grpo_sweep.units": 0,
-    "grpo_sweep.credentials": 0,
-    "grpo_sweep.conf": 0,
-    "grpo_sweep.config": 1,
-    "grpo_sweep.memory": 2,
-    "grpo_sweep.study": 2,
-    "grpo_sweep.trial": 3,
-    "grpo_sweep.report": 3,
-    "hydra_plugins.grpo_optuna_sweeper": 4,
-    "grpo_sweep.cli": 4,
-    "grpo_sweep.__main__": 5,
+    "grpo_sweep.files": 0,
+    "grpo_sweep": 1,  # the package's __init__
+    "grpo_sweep.levers": 1,
+    "grpo_sweep.metrics": 1,
+    "grpo_sweep.units": 1,
+    "grpo_sweep.credentials": 1,
+    "grpo_sweep.conf": 1,
+    "grpo_sweep.config": 2,
+    "grpo_sweep.memory": 3,
+    "grpo_sweep.study": 3,
+    "grpo_sweep.trial": 4,
+    "grpo_sweep.report": 4,
+    "hydra_plugins.grpo_optuna_sweeper": 5,
+    "grpo_sweep.cli": 5,
+    "grpo_sweep.__main__": 6,
 }
 # Heavy third-party packages an area may import (anything not listed: none of HEAVY).
 MAY_IMPORT_HEAVY = {"grpo_sweep.trial", "grpo_sweep.cli"}

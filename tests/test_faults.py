@@ -722,3 +722,27 @@ def test_a_failed_single_trial_exits_1_and_its_export_needs_force(tmp_path, warm
         assert "trial status: failed" in text
     missing = cli("export", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and f"{tmp_path / 'nowhere'}: no such directory" in missing.stderr
+
+
+def test_an_atomic_write_that_fails_leaves_the_old_file_whole_and_no_temporary_file(tmp_path, monkeypatch):
+    """files.write_atomic: a full disk mid-write keeps the old file as it was and leaves no temporary
+    file behind; two writers never share a temporary name, so the last rename wins whole."""
+    from grpo_sweep import files
+
+    target = tmp_path / "best.yaml"
+    files.write_atomic(target, "old: 1\n")
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        files.write_atomic(target, "new: 2\n", durable=True)
+    assert target.read_text() == "old: 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]
+    names = []
+    monkeypatch.setattr(os, "replace", lambda src, dst: (names.append(Path(src).name), real_replace(src, dst)))
+    files.write_atomic(target, "a: 1\n")
+    files.write_atomic(target, b"b: 2\n")
+    assert len(set(names)) == 2 and all(n.startswith(".best.yaml.") for n in names)
+    assert target.read_text() == "b: 2\n" and sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]

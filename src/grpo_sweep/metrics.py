@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any, TypedDict
 
+from .files import write_atomic
+
 # slow: stopped early by trial.stop_below (the sweeper's early stop): its peak and partial throughput
 # are real measurements; it is neither an OOM nor a failure.
 STATUSES = ("ok", "oom", "failed", "timeout", "slow")
@@ -204,10 +206,7 @@ def _jsonable(value):
 def write_metrics(run_dir: Path, record: TrialMetrics) -> Path:
     """Write atomically (tmp + rename) so a reader never sees half a file."""
     path = Path(run_dir) / METRICS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(record), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps(_jsonable(record), indent=2, sort_keys=True) + "\n")
 
 
 class MetricsError(ValueError):

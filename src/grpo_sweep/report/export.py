@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.backends import VLLM_ENGINE_SETTINGS
+from ..files import write_atomic
 from ..metrics import read_metrics
 from ..units import GIB
 
@@ -354,9 +355,7 @@ def export_trial(
         path = out_dir / FILES[kind].format(prefix=prefix)
         if text is None:
             continue
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
         written.append(path)
     return written
 

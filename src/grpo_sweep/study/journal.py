@@ -21,6 +21,8 @@ from typing import Any
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.storages.journal._file import get_lock_file
 
+from ..files import write_atomic
+
 log = logging.getLogger(__name__)
 
 
@@ -57,12 +59,7 @@ def repair_journal(path: Path) -> str | None:
             n += 1
             backup = path.with_name(f"{path.name}.torn-{stamp}-{n}.bak")
         shutil.copy2(path, backup)
-        tmp = path.with_name(path.name + ".repair.tmp")
-        with open(tmp, "wb") as f:
-            f.write(b"".join(kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, b"".join(kept), durable=True)
     message = (
         f"Journal {path} repaired: dropped {dropped} torn bytes (a write cut short by a crash or a full disk), "
         f"kept {len(kept)} records{f' ({salvaged} recovered from behind the tear)' if salvaged else ''}; "

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..credentials import redact
+from ..files import write_atomic
 from .stopping import TrialStopped
 
 STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_trial or the guardian)
@@ -22,9 +23,7 @@ STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_t
 
 def write_stop_request(run_dir: str | Path, status: str, reason: str) -> None:
     path = Path(run_dir) / STOP_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"status": status, "reason": reason}))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"status": status, "reason": reason}))
 
 
 def read_stop_request(run_dir: str | Path) -> tuple[str, str]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from grpo_sweep.credentials import mask_url as mask
+from grpo_sweep.files import write_atomic
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from grpo_sweep.report.learning import check_trials, verdict_lines, winner_first
 from grpo_sweep.report.trials import trials_from_study
@@ -282,12 +282,6 @@ def _plain_dumper():
     return PlainDumper
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def command_line(trial: FrozenTrial) -> str:
     return "python train.py " + " ".join(shlex.quote(o) for o in trial.user_attrs.get("overrides", []))
 
@@ -345,7 +339,7 @@ def write_summary(
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()
     writer.writerows(data)
-    _atomic_write(sweep_dir / "trials.csv", buf.getvalue())
+    write_atomic(sweep_dir / "trials.csv", buf.getvalue())
 
     ranked_finalists = learned.ranked  # the winner first under the learning check's rule
     best = ranked_finalists[0].item if ranked_finalists else None
@@ -400,7 +394,7 @@ def write_summary(
                 "runs": len(confirmation.get("runs") or [])
             }
         summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name, held=recipe)
-        _atomic_write(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
+        write_atomic(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
     if quiet:
         return summary
     print(f"\n=== Study {study.study_name}: {states} ===")
