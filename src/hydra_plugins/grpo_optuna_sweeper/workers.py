@@ -3,7 +3,7 @@ by grpo_sweep.study.storage, the one opener the report uses too).
 
 - dead-worker recovery: a worker killed mid-trial leaves its trial RUNNING forever. RDB storages
   have Optuna's heartbeat (`heartbeat_interval`, `grace_period`, a retry callback); JournalStorage
-  has none in Optuna 5, so `JournalHeartbeat` does the same with a timestamp in the trial's system
+  has none in Optuna 5, so `Heartbeat` does the same with a timestamp in the trial's system
   attributes, and `fail_stale_trials()` fails and re-enqueues silent trials for both kinds.
 - a worker known to be dead is not waited for: a RUNNING trial whose worker (user attribute
   `worker` = host:pid) ran on this host and whose pid is gone (or now belongs to a newer process)
