@@ -221,7 +221,7 @@ def logits_bytes(s: Shapes, mode: str) -> int:
     with bench/live_tensor_tracker.py on ChunkedLogProbFunction alone: 7.25 tiles besides the buffer).
     full (a plain causal-LM loss, as TRL < 1.16 and HF's ForCausalLMLoss): logits for every position,
     upcast to fp32, log-softmax saved, and its gradient: at log-softmax backward three fp32
-    `[B x S, V]` tensors are alive (the issue's Gemma 3 1B trace: 12 of 22 GiB). TRL < 1.16 kept only
+    `[B x S, V]` tensors are alive (the seed's Gemma 3 1B OOM trace on an L4: 12 of 22 GiB). TRL < 1.16 kept only
     completion positions but also the model-dtype logits; we use the plain-loss form, an upper bound.
     """
     if mode == "full":

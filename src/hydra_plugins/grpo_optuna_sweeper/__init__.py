@@ -1,5 +1,7 @@
 """grpo_optuna: a Hydra sweeper that runs GRPO trials under Optuna 5 with no-OOM as a constraint.
 
 Select it with `hydra/sweeper=grpo_optuna` (the sweeps in sweeps/*.yaml do). Hydra imports every
-module under `hydra_plugins` on every start, so nothing here imports optuna at module level.
+module under `hydra_plugins` whose name does not start with `_` on every start, `python train.py`
+included; the sweeper's modules import optuna there. That costs 0.33-0.36 s of a start (optuna
+itself 0.14 s; Hydra's plugin scan, 2-core x86_64), against several seconds for torch in a trial.
 """
