@@ -132,3 +132,16 @@ def test_the_doctor_reads_the_vocabulary_from_config_json(tmp_path):
     B, S = cfg.per_device_train_batch_size, cfg.max_seq_length
     assert infer_logits_mode({"requested_bytes": B * S * 262144 * 4}, cfg) == "full"
     assert infer_logits_mode({"requested_bytes": B * S * 151936 * 4}, cfg) is None  # another vocabulary
+
+
+def test_gemma3_sliding_layers_are_transformers_own_layer_types():
+    """config.model_arch.sliding_layers, the one count of Gemma 3's windowed layers that the memory model
+    and the trial's model both read, is what transformers builds: 5 of every 6, the 6th global."""
+    from transformers import Gemma3TextConfig
+
+    from grpo_sweep.config.model_arch import sliding_layers
+
+    for layers in (6, 26, 34, 62):
+        types = Gemma3TextConfig(num_hidden_layers=layers).layer_types
+        assert sliding_layers("gemma3", layers) == types.count("sliding_attention")
+    assert sliding_layers("llama", 26) == 0

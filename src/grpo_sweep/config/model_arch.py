@@ -26,6 +26,15 @@ REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_hea
 # transformers' config classes default tie_word_embeddings per family (Gemma: tied; Llama, Qwen2: not).
 DEFAULT_POSITIONS = 131072  # when config.json does not say
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+# Gemma 3's local attention: a 512-token window, every 6th layer global (transformers Gemma3TextConfig:
+# sliding_window=512, layer_types "sliding_attention" unless (i + 1) % 6 == 0).
+GEMMA3_SLIDING_WINDOW = 512
+GEMMA3_GLOBAL_EVERY = 6
+
+
+def sliding_layers(family: str, layers: int) -> int:
+    """How many of a model's decoder layers attend within a sliding window (Gemma 3: 5 of every 6)."""
+    return layers - layers // GEMMA3_GLOBAL_EVERY if family == "gemma3" else 0
 
 
 def config_json_path(hub_id: str) -> Path:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import backends
 from ..config.backends import generates_with_vllm
+from ..config.model_arch import sliding_layers
 from ..config.schema import processes_of
 from ..units import GIB as GiB
 from ..units import budget_bytes
@@ -159,7 +159,7 @@ def masked_layers(s: Shapes) -> int:
     (worst-case lengths pad nothing)."""
     if s.family != "gemma3" or s.sliding_window is None or s.S <= s.sliding_window:
         return 0
-    return sum(1 for i in range(s.L) if (i + 1) % 6)
+    return sliding_layers(s.family, s.L)
 
 
 def activation_bytes(s: Shapes) -> int:
@@ -241,7 +241,7 @@ def hf_generation_bytes(s: Shapes) -> int:
     """HF `generate` (backend=trl): the DynamicCache for the whole generation batch (Gemma 3's
     sliding layers keep only the window), the prefill's largest transient (one layer's MLP on the
     prompt, no grad) and the fp32 next-token logits (`logits[:, -1, :].float()`), x2 for sampling."""
-    sliding = s.L - math.ceil(s.L / 6) if s.family == "gemma3" else 0
+    sliding = sliding_layers(s.family, s.L)
     window = min(s.S, s.sliding_window or s.S)
     kv = s.G * s.kd * 2 * s.wb * ((s.L - sliding) * s.S + sliding * window)
     prefill = s.G * s.P * (3 * s.I + 4 * s.H) * s.wb

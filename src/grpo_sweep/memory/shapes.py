@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import backends
-from ..config.model_arch import arch_of
+from ..config.model_arch import GEMMA3_SLIDING_WINDOW, arch_of
 from ..config.schema import split_of
 from ..units import MIB as MiB
 
@@ -101,7 +101,7 @@ def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
         V=arch.vocab_size,
         tied=bool(arch.tie_word_embeddings),
         qkv_bias=arch.model_type == "qwen2",
-        sliding_window=512 if family == "gemma3" else None,  # models._EXTRA_CONFIG
+        sliding_window=GEMMA3_SLIDING_WINDOW if family == "gemma3" else None,
         B=batch,
         GA=accum,
         G=batch * accum,

@@ -16,9 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..config.model_arch import GEMMA3_SLIDING_WINDOW
+
 # transformers config classes by model_type; any model_type AutoConfig knows also works.
 _EXTRA_CONFIG = {
-    "gemma3_text": {"query_pre_attn_scalar": None, "sliding_window": 512},
+    "gemma3_text": {"query_pre_attn_scalar": None, "sliding_window": GEMMA3_SLIDING_WINDOW},
 }
 
 
