@@ -173,6 +173,26 @@ def test_a_damaged_entry_is_moved_aside_named_and_rebuilt(damage, tmp_path, monk
     assert materialize_random(cfg, tok, on_cuda=False) == entry and "[cache]" not in capsys.readouterr().out
 
 
+def test_users_racing_on_a_damaged_entry_move_it_aside_once_and_build_it_once(tmp_path, monkeypatch, capsys):
+    """Four users of one damaged entry at once (threads: each takes the flock through its own open
+    file, as processes do): one moves it aside and builds; the others wait and read that build."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from grpo_sweep.trial.cache_entry import missing
+    from grpo_sweep.trial.models import materialize_random
+
+    monkeypatch.setenv("GRPO_SWEEP_CACHE", str(tmp_path))
+    cfg, tok, entry = _random_entry(tmp_path)
+    _overwrite(entry / "model.safetensors", 8, b"#" * 8)
+    capsys.readouterr()
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: materialize_random(cfg, tok, on_cuda=False), range(4)))
+    assert paths == [entry] * 4 and missing(entry) == []
+    out = capsys.readouterr().out
+    assert out.count("[cache]") == 1, out
+    assert sorted(p.name for p in tmp_path.glob("random-models/*.damaged-*")) == [f"{entry.name}.damaged-1"]
+
+
 def test_a_whole_entry_is_hashed_only_when_a_file_changed_since_its_last_check(tmp_path, monkeypatch):
     """The manifest holds each file's sha256; a use hashes only the files whose size, mtime or ctime
     moved since the hash last matched (recorded at publish and by each check that hashed)."""
