@@ -116,6 +116,12 @@ def _set_size(entry: Path, name: str, size) -> None:
     (entry / "entry.json").write_text(json.dumps(manifest))
 
 
+def _sizes_only(entry: Path) -> None:
+    manifest = json.loads((entry / "entry.json").read_text())
+    manifest["files"] = {name: spec["size"] for name, spec in manifest["files"].items()}
+    (entry / "entry.json").write_text(json.dumps(manifest))
+
+
 def _dangle(entry: Path) -> None:
     import shutil
 
@@ -136,6 +142,7 @@ DAMAGE = {
         lambda e: _set_size(e, "config.json", "abc"),
         "entry.json: config.json: size 'abc' is not a whole number of bytes",
     ),
+    "sizes-only manifest": (_sizes_only, "entry.json: no content hashes (an older version's manifest)"),
     "dangling link": (_dangle, "a dangling link to"),
 }
 
@@ -143,9 +150,9 @@ DAMAGE = {
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_entry_is_moved_aside_named_and_rebuilt(damage, tmp_path, monkeypatch, capsys):
     """A same-size overwrite of the weights' header or of their last bytes, a config file changed in
-    place, a manifest whose size is not a number, an entry that is a dangling link: the next use says in
-    one line which entry and what is wrong, keeps it as `<entry>.damaged-1`, and loads a rebuilt one
-    with the very weights the first build had."""
+    place, a manifest whose size is not a number, an older version's manifest without hashes, an entry
+    that is a dangling link: the next use says in one line which entry and what is wrong, keeps it as
+    `<entry>.damaged-1`, and loads a rebuilt one with the very weights the first build had."""
     import torch
     from transformers import AutoModelForCausalLM
 
