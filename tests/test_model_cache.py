@@ -67,10 +67,11 @@ def test_an_incomplete_entry_is_rebuilt_with_one_line_and_never_loaded(tmp_path,
     weights = target / "model.safetensors"
     size = weights.stat().st_size
     weights.write_bytes(weights.read_bytes()[:100])  # cut short (a full disk, a kill mid-copy)
-    assert missing(target) == [f"model.safetensors cut short (100 of {size} bytes)"]
+    assert missing(target) == [f"model.safetensors cut short (100 bytes, not {size})"]
     model_path(cfg, tok, on_cuda=False)
     assert (
-        f": model.safetensors cut short (100 of {size} bytes); moved aside to {target.name}.damaged-3" in capsys.readouterr().out
+        f": model.safetensors cut short (100 bytes, not {size}); moved aside to {target.name}.damaged-3"
+        in capsys.readouterr().out
     )
     AutoModelForCausalLM.from_pretrained(target)
     assert not [p.name for p in target.parent.iterdir() if ".tmp-" in p.name]

@@ -137,7 +137,7 @@ def missing(path: Path) -> list[str]:
             out.append(f"{name} missing")
             continue
         if st.st_size != size:
-            out.append(f"{name} {'cut short' if st.st_size < size else 'grown'} ({st.st_size} of {size} bytes)")
+            out.append(f"{name} {'cut short' if st.st_size < size else 'grown'} ({st.st_size} bytes, not {size})")
             continue
         stamps[name] = _stamp(st)
         if verified.get(name) == stamps[name]:
