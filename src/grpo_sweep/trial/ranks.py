@@ -94,7 +94,7 @@ def prepare_checkpoint(cfg: Any) -> None:
 def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
     """Run the ranks, wait for them, merge their records into `record`; write metrics.json."""
     from ..metrics import read_metrics, write_metrics
-    from .stopping import TrialStopped
+    from .stopping import TrialStopped, print_failure
 
     n, strategy = int(cfg.trial.num_processes), str(cfg.trial.strategy)
     try:
@@ -103,9 +103,7 @@ def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
         if isinstance(exc, TrialStopped):
             record["status"], record["error"] = exc.status, exc.reason
         else:
-            import traceback
-
-            traceback.print_exc()
+            print_failure(exc)
             record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
         record.update(world_size=n, strategy=strategy)
         write_metrics(run_path, record)

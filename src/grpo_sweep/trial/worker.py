@@ -24,7 +24,7 @@ from ..memory.estimator import estimate, generates_with_vllm
 from ..metrics import PRESCREEN_KEYS, empty_metrics, versions, write_metrics
 from .faults import fault_callbacks, inject_fault, perturb_callbacks
 from .process import end_now, own_process, quiet_progress, set_alloc_conf
-from .stopping import TrialStopped
+from .stopping import TrialStopped, print_failure
 
 WANDB_NOTE_FILE = "WANDB_RUN_NOT_FINISHED.txt"  # written by the parent when the W&B run was left open
 
@@ -85,7 +85,7 @@ class TrialRun:
     `train` (N real GRPO steps under the meters), then, as the context manager exits, `finish`.
 
     The context manager always writes metrics.json: a TrialStopped is its status and reason, any
-    other exception `oom` (its numbers parsed) or `failed` with its traceback printed; the exception
+    other exception `oom` (its numbers parsed) or `failed`, printed (stopping.print_failure); the exception
     is not raised further (the record is the trial's answer). The frames of a failed step are
     cleared before the record is finished: they hold its tensors.
 
@@ -229,7 +229,7 @@ class TrialRun:
             oom_text = str(exc) if oom else None  # the text, not the exception: its frames hold tensors
             self.record.update(status="oom" if oom else "failed", error=f"{type(exc).__name__}: {exc}")
             if not oom:
-                traceback.print_exception(exc)
+                print_failure(exc)
         if tb is not None:
             traceback.clear_frames(tb)
         del exc, tb
