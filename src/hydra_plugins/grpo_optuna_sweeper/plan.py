@@ -60,6 +60,15 @@ class SweepPlan:
         """Seconds a running trial may go without a heartbeat before another worker fails it."""
         return self.settings.grace_period or 4 * self.settings.heartbeat_interval
 
+    def refusal(self, recipe: dict) -> str | None:
+        """Why the sweeper refuses a point that trains `recipe` (levers.recipe_of its config): the
+        recipe settings it changes that hydra.sweeper.concessions does not allow; None when it may run.
+        The one copy of the rule: a trial (prepare), the start points and the plan all ask it."""
+        undeclared = sorted(set(concessions.diff(self.recipe, recipe)) - self.may_change)
+        if not undeclared:
+            return None
+        return f"changes the recipe's {', '.join(undeclared)}, not in hydra.sweeper.concessions"
+
 
 def storage_url(settings: DictConfig, sweep_dir: Path) -> str:
     """hydra.sweeper.storage, or the journal file in the sweep directory."""
