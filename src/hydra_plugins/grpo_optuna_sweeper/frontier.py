@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from . import handles, space
 
@@ -60,18 +60,18 @@ def space_candidates(
     """The points of a search space to judge: every point of a discrete space of at most `cap`,
     else `cap` distinct points drawn at random (seeded). A continuous interval is drawn from
     (space.draw) as a large discrete space is sampled; a discrete space draws as `candidates` does."""
-    grid = {key: space.values(dist) for key, dist in distributions.items()}
-    drawn = {key for key, choices in grid.items() if choices is None}
-    if not drawn:
-        yield from candidates(cast(dict[str, list], grid), seed, cap)
+    listed = {key: space.values(dist) for key, dist in distributions.items()}
+    grid = {key: choices for key, choices in listed.items() if choices is not None}
+    if len(grid) == len(listed):
+        yield from candidates(grid, seed, cap)
         return
     rng = random.Random(seed)
-    names = list(grid)
+    names = list(listed)
     seen: set[tuple] = set()
     for _ in range(cap * 20):  # bounded: a narrow interval rounds to few distinct values
         if len(seen) == cap:
             break
-        point = tuple(space.draw(distributions[n], rng) if n in drawn else rng.choice(grid[n]) for n in names)
+        point = tuple(rng.choice(grid[n]) if n in grid else space.draw(distributions[n], rng) for n in names)
         if point not in seen:
             seen.add(point)
             yield dict(zip(names, point))
