@@ -280,6 +280,18 @@ def test_plan_judges_the_recipes_own_point_when_it_samples():
         assert "Recipe's own point (the base config): peak" in text and "Recipe: the full recipe fits" in text
 
 
+def test_plan_judges_the_recipe_at_other_knobs_when_the_space_leaves_it_out():
+    """A 61 MiB card, where the recipe's own micro-batch 4 does not fit, and a rank concession whose
+    choices (8, 32) leave out the recipe's 16: no point of the space runs the full recipe, yet at
+    micro-batch 1 or 2 it fits. The plan judges the recipe over the knobs too and says it fits,
+    instead of proposing a rank."""
+    with tiny_sweeper("gpu.memory_gib=0.06", "lora_rank=choice(8,32)", concessions=["lora_rank"]) as tiny:
+        data = _plan_data(tiny, 512)
+        assert not data["sampled"] and all(p["params"]["lora_rank"] != 16 for p in data["points"])
+        assert data["cheapest_concession"] == {"recipe_fits": True}
+        assert data["recipe_point"]["fits"] is False and data["recipe_knob_points"] == 16
+
+
 def test_plan_and_start_never_propose_a_point_the_sweeper_refuses():
     """steps_per_generation=4 fixed on tiny_cpu (8 completions per step, the base micro-batch 4: one
     generation feeds 2 optimiser steps): every other micro-batch changes the recipe's

@@ -4,9 +4,10 @@ peak and verdict, and the throughput model's tokens/s.
 One pass over the space (a seeded sample when it is large or holds a continuous interval) that the
 start points (start.py: the model-first and the memory-first start) and `grpo-sweep plan`
 (preview.py) both read, so the start, the plan and the pre-screen judge every point by the same
-numbers, and neither proposes a point the sweeper refuses: a point's peak is the pre-screen's (calibrated by what the
-study measured, raw with the fixed margin before that), its verdict is `Prescreen.verdict`, and its
-speed is `prescreen.predicted_tokens_per_s` (the throughput model, generation waves charged).
+numbers, and neither proposes a point the sweeper refuses: a point's peak is the pre-screen's
+(calibrated by what the study measured, raw with the fixed margin before that), its verdict is
+`Prescreen.verdict`, and its speed is `prescreen.predicted_tokens_per_s` (the throughput model,
+generation waves charged).
 
 No `from __future__ import annotations`: Hydra's plugin scan loads this module outside
 sys.modules, where a dataclass's string annotations cannot be looked up (config.py says the same).

@@ -59,7 +59,7 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
     judged = [f for f in forecasts if f.error is None]
     ranking = forecast.fastest_first(judged, len(judged), settings.seed)
     sampled = size is None or len(forecasts) < size
-    at_recipe = _at_recipe(plan, prescreen, configs, sampled)
+    at_recipe = _at_recipe(plan, prescreen, configs, whole=not sampled and any(not f.taken for f in judged))
     data: dict[str, Any] = {
         "sweep": settings.study_name,
         "recipe": plan.recipe,
@@ -86,14 +86,16 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
     return data
 
 
-def _at_recipe(plan: SweepPlan, prescreen: Prescreen, configs: Any, sampled: bool) -> list[forecast.Forecast]:
+def _at_recipe(plan: SweepPlan, prescreen: Prescreen, configs: Any, whole: bool) -> list[forecast.Forecast]:
     """The held recipe's own point (the base config, its knobs as the sweep's config sets them),
-    judged always; then, when the space is sampled and holds concession parameters, a sample of its
-    knob-only sub-space (every concession parameter at the recipe's value): a sample of the whole
-    space may hold no point that takes no concession."""
+    judged always; then, unless the judged points hold the whole knob sub-space already (`whole`: the
+    space was enumerated and holds points that take no concession), a sample of that sub-space (the
+    knobs searched, every concession parameter left at the recipe's value): a sample of the whole
+    space may hold no point that takes no concession, nor may a space whose concession parameters
+    leave out the recipe's values."""
     own = forecast.one({}, plan, prescreen, configs, check_for_target)
     knobs = {k: d for k, d in plan.distributions.items() if k not in plan.concession_params}
-    if not sampled or not knobs or len(knobs) == len(plan.distributions):
+    if whole or not knobs or len(knobs) == len(plan.distributions):
         return [own]
     knob_plan = replace(plan, distributions=knobs)
     return [own, *forecast.forecast(knob_plan, prescreen, configs, check_for_target, cap=PLAN_CANDIDATES // 4)]
