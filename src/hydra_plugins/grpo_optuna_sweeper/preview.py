@@ -214,8 +214,9 @@ def format_text(data: dict) -> str:
     if data["not_judged"]["count"]:
         first = data["not_judged"]["first"]
         lines.append(
-            f"  {data['not_judged']['count']} the sweeper would refuse as trials (not composed, checked or estimated, "
-            "or a recipe change hydra.sweeper.concessions does not allow: never a start point), "
+            f"  {data['not_judged']['count']} points the sweeper would refuse as trials (not composed, checked or "
+            "estimated, or a recipe change hydra.sweeper.concessions does not allow: never a start point, though the "
+            "sampler may draw one, a failed trial), "
             f"e.g. {_point_text(first['params'])}: {first['error']}"
         )
     judged = pre["runs"] + pre["pruned"]
