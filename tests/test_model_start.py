@@ -292,34 +292,77 @@ def test_plan_judges_the_recipe_at_other_knobs_when_the_space_leaves_it_out():
         assert data["recipe_point"]["fits"] is False and data["recipe_knob_points"] == 16
 
 
-def test_plan_and_start_never_propose_a_point_the_sweeper_refuses():
-    """steps_per_generation=4 fixed on tiny_cpu (8 completions per step, the base micro-batch 4: one
-    generation feeds 2 optimiser steps): every other micro-batch changes the recipe's
-    optimiser_steps_per_generation. The plan calls those points refused and proposes none; the start
-    queues none (not tiny_cpu's enqueued micro-batches 1 and 8, not a frontier pick), so every trial
-    the start queued passes prepare, the sweeper's own check, and no refusal takes a counted trial."""
+def _start_and_prepare(tiny) -> list[dict]:
+    """The start's queued points (enqueue_start on a fresh in-memory study), each then asked and
+    prepared as the loop does: none may be refused (status invalid: a counted trial)."""
     import optuna
 
     from hydra_plugins.grpo_optuna_sweeper.prepare import prepare
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    refused = "changes the recipe's optimiser_steps_per_generation, not in hydra.sweeper.concessions"
-    with tiny_sweeper("steps_per_generation=4") as tiny:
-        data = _plan_data(tiny, 512)
-        for p in data["points"]:
-            assert ("error" in p) == (p["params"]["per_device_train_batch_size"] != 4), p
-            assert "error" not in p or p["error"] == refused
-        assert data["not_judged"]["count"] == 12 and data["recipe_point"]["fits"]
-        assert data["start"]["points"] and all(p["per_device_train_batch_size"] == 4 for p in data["start"]["points"])
+    study = optuna.create_study(direction="maximize")
+    enqueue_start(study, tiny.plan, tiny.prescreen, tiny.compose)
+    queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+    for _ in queued:
+        prepared = prepare(study.ask(), tiny.plan, tiny.prescreen, tiny.compose)
+        assert prepared.outcome is None or prepared.outcome.attrs.get("status") != "invalid", prepared.outcome.attrs
+    return queued
 
-        study = optuna.create_study(direction="maximize")
-        enqueue_start(study, tiny.plan, tiny.prescreen, tiny.compose)
-        queued = study.get_trials(deepcopy=False)
-        assert queued and all(t.system_attrs["fixed_params"]["per_device_train_batch_size"] == 4 for t in queued)
-        for _ in queued:
-            prepared = prepare(study.ask(), tiny.plan, tiny.prescreen, tiny.compose)
-            assert prepared.outcome is None or prepared.outcome.attrs.get("status") != "invalid", prepared.outcome
+
+REFUSED = "changes the recipe's optimiser_steps_per_generation, not in hydra.sweeper.concessions"
+
+
+def test_a_micro_batch_that_changes_the_recipe_is_never_proposed(caplog):
+    """steps_per_generation=4 fixed on tiny_cpu (8 completions per step, the base micro-batch 4: one
+    generation feeds 2 optimiser steps): every other micro-batch changes the recipe's
+    optimiser_steps_per_generation, so the space keeps micro-batch 4 alone (said in one log line, as
+    a micro-batch that does not divide the held total is dropped); the start queues neither of
+    tiny_cpu's enqueued micro-batches 1 and 8. With no micro-batch left, the sweep is refused in one line."""
+    import logging
+
+    with caplog.at_level(logging.INFO), tiny_sweeper("steps_per_generation=4") as tiny:
+        assert list(tiny.plan.distributions["per_device_train_batch_size"].choices) == [4]
+        data = _plan_data(tiny, 512)
+        assert data["not_judged"]["count"] == 0 and data["recipe_point"]["fits"] and data["start"]["points"]
+        queued = _start_and_prepare(tiny)
+        assert queued and all(p["per_device_train_batch_size"] == 4 for p in queued)
+    assert "per_device_train_batch_size [1, 2, 8] dropped (they change the recipe's optimiser_steps_per_generation" in caplog.text
+    from hydra_plugins.grpo_optuna_sweeper.config import SweeperSettingError
+
+    with (
+        pytest.raises(SweeperSettingError) as err,
+        tiny_sweeper("steps_per_generation=4", "per_device_train_batch_size=choice(1,2)"),
+    ):
+        pass
+    assert str(err.value).startswith(
+        "hydra.sweeper.params.per_device_train_batch_size=[1, 2]: every value changes the recipe's optimiser_steps_per_generation"
+    )
+
+
+def test_plan_and_start_never_propose_a_point_the_sweeper_refuses():
+    """steps_per_generation searched over (2, 4) beside the micro-batch (the base: one generation per
+    optimiser step): a point whose steps_per_generation exceeds its accumulation changes the
+    recipe, 12 of the 32. The plan calls each refused, with the sweeper's reason, and proposes none;
+    the start queues none (a refused `enqueue` point is dropped, a frontier pick is never one), and
+    every point it queues passes prepare, the sweeper's own check: no refusal takes a counted trial."""
+    enqueue = [
+        {"per_device_train_batch_size": 8, "steps_per_generation": 4},
+        {"per_device_train_batch_size": 2, "steps_per_generation": 2},
+    ]
+    with tiny_sweeper("steps_per_generation=choice(2,4)", enqueue=enqueue) as tiny:
+        data = _plan_data(tiny, 512)
+
+        def refused(p):
+            return p["steps_per_generation"] > 8 // p["per_device_train_batch_size"]
+
+        for p in data["points"]:
+            assert ("error" in p) == refused(p["params"]), p
+            assert "error" not in p or p["error"] == REFUSED
+        assert data["not_judged"]["count"] == 12 and data["recipe_point"]["fits"]
+        assert data["start"]["points"] and not any(refused(p) for p in data["start"]["points"])
+        queued = _start_and_prepare(tiny)
+        assert len(queued) > 1 and not any(refused(p) for p in queued) and enqueue[1] in queued
 
 
 SHIPPED_SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweeps").glob("*.yaml"))
