@@ -370,14 +370,14 @@ SHIPPED_SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweeps").glob("*.yaml"
 
 @pytest.mark.parametrize("sweep", SHIPPED_SWEEPS)
 def test_every_shipped_sweep_plans(sweep):
-    """`grpo-sweep plan +sweeps=<each shipped sweep>` builds (32 points judged: the cap is not the
+    """`grpo-sweep plan +sweeps=<each shipped sweep>` builds (16 points judged: the cap is not the
     subject): the recipe's own point is judged, and a continuous interval (llama3_2_1b_a100's
     gpu_memory_utilization) is drawn within its ends as a large space is sampled."""
     from optuna.distributions import FloatDistribution
 
     with tiny_sweeper(sweep=f"+sweeps={sweep}") as tiny:
-        data = _plan_data(tiny, 32)
-        assert data["judged"] == min(32, data["space"]["size"] or 32)
+        data = _plan_data(tiny, 16)
+        assert data["judged"] == min(16, data["space"]["size"] or 16)
         for key, dist in tiny.plan.distributions.items():
             if isinstance(dist, FloatDistribution) and dist.step is None:
                 assert data["space"]["size"] is None and data["sampled"]
