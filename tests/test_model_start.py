@@ -155,7 +155,7 @@ def test_plan_agrees_with_the_prescreen_and_imports_no_torch(sweep, fixed, cuda,
 
 def test_plan_names_the_cheapest_fix_when_nothing_fits(tmp_path):
     """A card too small for every point: the plan says so and hands over the doctor's smallest fix;
-    a bad start setting or a continuous interval is one line, before anything is judged."""
+    a bad start setting is one line, before anything is judged."""
     from grpo_sweep.cli import main
 
     data, stdout = _plan_in_a_fresh_interpreter(["+sweeps=tiny_cpu", "gpu.memory_gib=0.01"], tmp_path)
@@ -165,11 +165,6 @@ def test_plan_names_the_cheapest_fix_when_nothing_fits(tmp_path):
     assert "no point of the space is predicted to fit" in stdout
     for arg, line in [
         ("hydra.sweeper.start=fastest", "hydra.sweeper.start='fastest': must be one of model, memory, none"),
-        (
-            "gpu_memory_utilization=interval(0.1,0.5)",
-            "hydra.sweeper.params.gpu_memory_utilization: grpo-sweep plan needs discrete values (choice or range), "
-            "not a continuous interval",
-        ),
     ]:
         bad = subprocess.run(
             [sys.executable, "-m", "grpo_sweep.cli", "plan", "+sweeps=tiny_cpu", arg, "--json"],
@@ -250,3 +245,142 @@ def test_the_trust_line_says_when_rho_is_within_chance():
     assert said(0.85, 7) == "here the measured order follows it)"
     assert said(0.5, 26) == "here the measured order roughly follows it)"  # 1.96 / 5 = 0.39
     assert said(-0.6, 26) == "here the measured order runs against it)"
+
+
+def _plan_data(tiny, cap: int) -> dict:
+    """preview.build's data for a tiny_sweeper plan, judging at most `cap` points (the cap is set
+    after tiny_sweeper: Hydra's plugin scan reloads the plugin's modules)."""
+    from hydra_plugins.grpo_optuna_sweeper import preview
+
+    kept = preview.PLAN_CANDIDATES
+    preview.PLAN_CANDIDATES = cap
+    try:
+        return preview.build(tiny.plan, tiny.compose)
+    finally:
+        preview.PLAN_CANDIDATES = kept
+
+
+def test_plan_judges_the_recipes_own_point_when_it_samples():
+    """A sampled space whose drawn points all take a concession (lora_rank over 1..4096, the recipe's
+    16 never drawn): the plan still judges the recipe's own point, the base config, by the same
+    numbers as a trial's pre-screen, and says the full recipe fits instead of proposing a rank."""
+    with tiny_sweeper("lora_rank=range(1,4097)", concessions=["lora_rank"]) as tiny:
+        data = _plan_data(tiny, 32)
+        assert data["sampled"] and data["judged"] == 32 and data["space"]["size"] == 4096 * 16
+        assert all(p["params"]["lora_rank"] != 16 for p in data["points"])  # no drawn point holds the recipe
+        assert data["cheapest_concession"] == {"recipe_fits": True}
+        own = data["recipe_point"]
+        cfg = tiny.compose(list(tiny.plan.fixed))
+        validate(cfg, cuda=False)
+        assert own["params"] == {} and own["fits"]
+        assert own["predicted_peak_bytes"] == pytest.approx(estimate(cfg).total_bytes)
+        from hydra_plugins.grpo_optuna_sweeper.preview import format_text
+
+        text = format_text(data)
+        assert "Recipe's own point (the base config): peak" in text and "Recipe: the full recipe fits" in text
+
+
+def test_plan_judges_the_recipe_at_other_knobs_when_the_space_leaves_it_out():
+    """A 61 MiB card, where the recipe's own micro-batch 4 does not fit, and a rank concession whose
+    choices (8, 32) leave out the recipe's 16: no point of the space runs the full recipe, yet at
+    micro-batch 1 or 2 it fits. The plan judges the recipe over the knobs too and says it fits,
+    instead of proposing a rank."""
+    with tiny_sweeper("gpu.memory_gib=0.06", "lora_rank=choice(8,32)", concessions=["lora_rank"]) as tiny:
+        data = _plan_data(tiny, 512)
+        assert not data["sampled"] and all(p["params"]["lora_rank"] != 16 for p in data["points"])
+        assert data["cheapest_concession"] == {"recipe_fits": True}
+        assert data["recipe_point"]["fits"] is False and data["recipe_knob_points"] == 16
+
+
+def _start_and_prepare(tiny) -> list[dict]:
+    """The start's queued points (enqueue_start on a fresh in-memory study), each then asked and
+    prepared as the loop does: none may be refused (status invalid: a counted trial)."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.prepare import prepare
+    from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    enqueue_start(study, tiny.plan, tiny.prescreen, tiny.compose)
+    queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+    for _ in queued:
+        prepared = prepare(study.ask(), tiny.plan, tiny.prescreen, tiny.compose)
+        assert prepared.outcome is None or prepared.outcome.attrs.get("status") != "invalid", prepared.outcome.attrs
+    return queued
+
+
+REFUSED = "changes the recipe's optimiser_steps_per_generation, not in hydra.sweeper.concessions"
+
+
+def test_a_micro_batch_that_changes_the_recipe_is_never_proposed(caplog):
+    """steps_per_generation=4 fixed on tiny_cpu (8 completions per step, the base micro-batch 4: one
+    generation feeds 2 optimiser steps): every other micro-batch changes the recipe's
+    optimiser_steps_per_generation, so the space keeps micro-batch 4 alone (said in one log line, as
+    a micro-batch that does not divide the held total is dropped); the start queues neither of
+    tiny_cpu's enqueued micro-batches 1 and 8. With no micro-batch left, the sweep is refused in one line."""
+    import logging
+
+    with caplog.at_level(logging.INFO), tiny_sweeper("steps_per_generation=4") as tiny:
+        assert list(tiny.plan.distributions["per_device_train_batch_size"].choices) == [4]
+        data = _plan_data(tiny, 512)
+        assert data["not_judged"]["count"] == 0 and data["recipe_point"]["fits"] and data["start"]["points"]
+        queued = _start_and_prepare(tiny)
+        assert queued and all(p["per_device_train_batch_size"] == 4 for p in queued)
+    assert "per_device_train_batch_size [1, 2, 8] dropped (they change the recipe's optimiser_steps_per_generation" in caplog.text
+    from hydra_plugins.grpo_optuna_sweeper.config import SweeperSettingError
+
+    with (
+        pytest.raises(SweeperSettingError) as err,
+        tiny_sweeper("steps_per_generation=4", "per_device_train_batch_size=choice(1,2)"),
+    ):
+        pass
+    assert str(err.value).startswith(
+        "hydra.sweeper.params.per_device_train_batch_size=[1, 2]: every value changes the recipe's optimiser_steps_per_generation"
+    )
+
+
+def test_plan_and_start_never_propose_a_point_the_sweeper_refuses():
+    """steps_per_generation searched over (2, 4) beside the micro-batch (the base: one generation per
+    optimiser step): a point whose steps_per_generation exceeds its accumulation changes the
+    recipe, 12 of the 32. The plan calls each refused, with the sweeper's reason, and proposes none;
+    the start queues none (a refused `enqueue` point is dropped, a frontier pick is never one), and
+    every point it queues passes prepare, the sweeper's own check: no refusal takes a counted trial."""
+    enqueue = [
+        {"per_device_train_batch_size": 8, "steps_per_generation": 4},
+        {"per_device_train_batch_size": 2, "steps_per_generation": 2},
+    ]
+    with tiny_sweeper("steps_per_generation=choice(2,4)", enqueue=enqueue) as tiny:
+        data = _plan_data(tiny, 512)
+
+        def refused(p):
+            return p["steps_per_generation"] > 8 // p["per_device_train_batch_size"]
+
+        for p in data["points"]:
+            assert ("error" in p) == refused(p["params"]), p
+            assert "error" not in p or p["error"] == REFUSED
+        assert data["not_judged"]["count"] == 12 and data["recipe_point"]["fits"]
+        assert data["start"]["points"] and not any(refused(p) for p in data["start"]["points"])
+        queued = _start_and_prepare(tiny)
+        assert len(queued) > 1 and not any(refused(p) for p in queued) and enqueue[1] in queued
+
+
+SHIPPED_SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("sweep", SHIPPED_SWEEPS)
+def test_every_shipped_sweep_plans(sweep):
+    """`grpo-sweep plan +sweeps=<each shipped sweep>` builds (16 points judged: the cap is not the
+    subject): the recipe's own point is judged, and a continuous interval (llama3_2_1b_a100's
+    gpu_memory_utilization) is drawn within its ends as a large space is sampled."""
+    from optuna.distributions import FloatDistribution
+
+    with tiny_sweeper(sweep=f"+sweeps={sweep}") as tiny:
+        data = _plan_data(tiny, 16)
+        assert data["judged"] == min(16, data["space"]["size"] or 16)
+        for key, dist in tiny.plan.distributions.items():
+            if isinstance(dist, FloatDistribution) and dist.step is None:
+                assert data["space"]["size"] is None and data["sampled"]
+                drawn = {p["params"][key] for p in data["points"]}
+                assert len(drawn) > 8 and all(dist.low <= v <= dist.high for v in drawn), drawn
+        assert "error" not in data["recipe_point"], data["recipe_point"]

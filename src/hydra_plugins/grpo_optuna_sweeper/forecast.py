@@ -1,11 +1,13 @@
-"""The models' forecast for each point of a discrete space, before any trial: the pre-screen's
-predicted peak and verdict, and the throughput model's tokens/s.
+"""The models' forecast for each point of a space, before any trial: the pre-screen's predicted
+peak and verdict, and the throughput model's tokens/s.
 
-One pass over the space that the start points (start.py: the model-first and the memory-first
-start) and `grpo-sweep plan` (preview.py) both read, so the start, the plan and the pre-screen
-judge every point by the same numbers: a point's peak is the pre-screen's (calibrated by what the
-study measured, raw with the fixed margin before that), its verdict is `Prescreen.verdict`, and its
-speed is `prescreen.predicted_tokens_per_s` (the throughput model, generation waves charged).
+One pass over the space (a seeded sample when it is large or holds a continuous interval) that the
+start points (start.py: the model-first and the memory-first start) and `grpo-sweep plan`
+(preview.py) both read, so the start, the plan and the pre-screen judge every point by the same
+numbers, and neither proposes a point the sweeper refuses: a point's peak is the pre-screen's
+(calibrated by what the study measured, raw with the fixed margin before that), its verdict is
+`Prescreen.verdict`, and its speed is `prescreen.predicted_tokens_per_s` (the throughput model,
+generation waves charged).
 
 No `from __future__ import annotations`: Hydra's plugin scan loads this module outside
 sys.modules, where a dataclass's string annotations cannot be looked up (config.py says the same).
@@ -68,21 +70,26 @@ def forecast(
     configs: frontier.ComposeCache,
     check: Callable[[Any], object],
     cap: int = frontier.MAX_CANDIDATES,
-    purpose: str = "the start points",
 ) -> list[Forecast]:
-    """The forecast of every point of the plan's discrete space (`cap` drawn at random, with the
-    plan's seed, when it is larger). `check(cfg)` raises for a point that must not run: the sweep
-    checks with this machine's facts (validate_here, as each trial is checked), `grpo-sweep plan`
-    with the target card's (it may plan for an L4 on a laptop). A continuous parameter is a
-    ValueError naming it (`purpose` says what needed discrete values)."""
-    choices = space.grid_choices(plan.distributions, purpose=purpose)
-    return [_one(params, plan, prescreen, configs, check) for params in frontier.candidates(choices, plan.settings.seed, cap)]
+    """The forecast of every point of the plan's space (`cap` drawn at random, with the plan's seed,
+    when it is larger or holds a continuous interval: frontier.space_candidates). `check(cfg)` raises
+    for a point that must not run: the sweep checks with this machine's facts (validate_here, as each
+    trial is checked), `grpo-sweep plan` with the target card's (it may plan for an L4 on a laptop)."""
+    points = frontier.space_candidates(plan.distributions, plan.settings.seed, cap)
+    return [one(params, plan, prescreen, configs, check) for params in points]
 
 
-def _one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, check: Callable) -> Forecast:
+def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, check: Callable) -> Forecast:
+    """The forecast of one point (`{}`: the held recipe at the base config's own knobs). A point the
+    sweeper refuses (it cannot be composed, checked or estimated, or it changes a recipe setting the
+    concessions do not allow: SweepPlan.refusal, as a trial is refused) has its `error`."""
     try:
         cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
         check(cfg)
+        recipe = recipe_of(cfg)
+        refused = plan.refusal(recipe)
+        if refused:
+            raise ValueError(refused)
         est = estimate(cfg)
     except Exception as err:  # noqa: BLE001 - a point that cannot be composed, checked or estimated: said, never raised
         return Forecast(params, error=(str(err).splitlines() or [type(err).__name__])[0][:300])
@@ -96,7 +103,7 @@ def _one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: frontier.
         tokens_per_s=predicted_tokens_per_s(cfg),
         waves=est.assumptions.get("generation_waves") or 1,
         vllm_starts=est.kv_cache_ok is not False and est.assumptions.get("vllm_startup_ok", True) is not False,
-        taken=concessions.diff(plan.recipe, recipe_of(cfg)),
+        taken=concessions.diff(plan.recipe, recipe),
     )
 
 

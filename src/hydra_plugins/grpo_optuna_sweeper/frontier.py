@@ -23,12 +23,14 @@ import random
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import handles
+from . import handles, space
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Override
     from omegaconf import DictConfig
+
+    from .space import Distribution
 
 MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
 
@@ -50,6 +52,29 @@ def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATE
         if drawn not in seen:
             seen.add(drawn)
             yield dict(zip(names, drawn))
+
+
+def space_candidates(
+    distributions: dict[str, Distribution], seed: int | None, cap: int = MAX_CANDIDATES
+) -> Iterator[dict[str, Any]]:
+    """The points of a search space to judge: every point of a discrete space of at most `cap`,
+    else `cap` distinct points drawn at random (seeded). A continuous interval is drawn from
+    (space.draw) as a large discrete space is sampled; a discrete space draws as `candidates` does."""
+    listed = {key: space.values(dist) for key, dist in distributions.items()}
+    grid = {key: choices for key, choices in listed.items() if choices is not None}
+    if len(grid) == len(listed):
+        yield from candidates(grid, seed, cap)
+        return
+    rng = random.Random(seed)
+    names = list(listed)
+    seen: set[tuple] = set()
+    for _ in range(cap * 20):  # bounded: a narrow interval rounds to few distinct values
+        if len(seen) == cap:
+            break
+        point = tuple(rng.choice(grid[n]) if n in grid else space.draw(distributions[n], rng) for n in names)
+        if point not in seen:
+            seen.add(point)
+            yield dict(zip(names, point))
 
 
 def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None) -> list[dict[str, Any]]:

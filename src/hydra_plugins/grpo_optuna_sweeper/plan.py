@@ -10,7 +10,7 @@ and never changes it, so no step depends on another having run first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -59,6 +59,21 @@ class SweepPlan:
     def grace_period(self) -> int:
         """Seconds a running trial may go without a heartbeat before another worker fails it."""
         return self.settings.grace_period or 4 * self.settings.heartbeat_interval
+
+    def refusal(self, recipe: dict) -> str | None:
+        """Why the sweeper refuses a point that trains `recipe` (levers.recipe_of its config): the
+        recipe settings it changes that hydra.sweeper.concessions does not allow; None when it may run.
+        The one copy of the rule: a trial (prepare), the start points and the plan all ask it."""
+        undeclared = undeclared_changes(self.recipe, recipe, self.may_change)
+        if not undeclared:
+            return None
+        return f"changes the recipe's {', '.join(undeclared)}, not in hydra.sweeper.concessions"
+
+
+def undeclared_changes(held: dict, recipe: dict, may_change: Collection[str]) -> list[str]:
+    """The recipe settings `recipe` changes from the `held` one that `may_change` (the concessions
+    and their parameters' settings) does not allow: the sweeper's rule for refusing a point."""
+    return sorted(set(concessions.diff(held, recipe)) - set(may_change))
 
 
 def storage_url(settings: DictConfig, sweep_dir: Path) -> str:
@@ -144,6 +159,56 @@ def build_plan(
     )
 
 
+# Searched beside the micro-batch, these decide what a micro-batch does to the recipe (the accumulation
+# and the optimiser steps one generation feeds: levers.recipe_of), so no micro-batch is judged alone.
+_SPLIT_PARTNERS = (
+    "completions_per_step",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "trial.num_processes",
+    "loss_type",
+)
+
+
+def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callable, recipe: dict, may_change: set[str]) -> dict:
+    """Keep only the micro-batches that keep the held recipe, when the micro-batch alone decides it
+    (no partner setting or config group searched beside it): with steps_per_generation fixed above
+    a micro-batch's accumulation, one generation would feed several optimiser steps, a recipe change
+    the sweeper refuses (SweepPlan.refusal's rule), so such a micro-batch is never proposed, as a
+    micro-batch that does not divide the held completions_per_step is not (divisors_only)."""
+    from optuna.distributions import CategoricalDistribution
+
+    key = SPLIT[0]
+    dist = distributions.get(key)
+    others = [k for k in distributions if k != key]
+    if not isinstance(dist, CategoricalDistribution) or len(dist.choices) < 2:
+        return distributions
+    if any(k in _SPLIT_PARTNERS or k not in SCHEMA_KEYS for k in others):
+        return distributions
+    configs = frontier.ComposeCache(compose, lambda k: k not in SCHEMA_KEYS)
+    changed = {}
+    for value in dist.choices:
+        undeclared = undeclared_changes(recipe, recipe_of(configs.config([*fixed, space.to_override(key, value)])), may_change)
+        if undeclared:
+            changed[value] = undeclared
+    if not changed:
+        return distributions
+    keep = [v for v in dist.choices if v not in changed]
+    settings = sorted({s for names in changed.values() for s in names})
+    if not keep:
+        raise SweeperSettingError(
+            f"hydra.sweeper.params.{key}={list(dist.choices)}: every value changes the recipe's {', '.join(settings)}, "
+            f"not in hydra.sweeper.concessions; fix the setting that makes it so, or list it in hydra.sweeper.concessions"
+        )
+    log.info(
+        "Recipe held: %s %s dropped (they change the recipe's %s, not in hydra.sweeper.concessions; never proposed)",
+        key,
+        list(changed),
+        ", ".join(settings),
+    )
+    return {**distributions, key: CategoricalDistribution(keep)}
+
+
 def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str], compose: Callable) -> tuple:
     """Equal learning (concessions.py): the recipe is the sweep's base config (every trial trains it),
     completions_per_step is held (the split batch x accumulation is the knob), and a search parameter
@@ -176,6 +241,8 @@ def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str
         totals = list(space.grid_choices({concessions.CPS: dist})[concessions.CPS]) if dist is not None else []
     if totals:
         distributions = concessions.divisors_only(distributions, totals, log)
+    may_change = set(declared).union(*concession_params.values())
+    distributions = _split_keeping_recipe(distributions, fixed, compose, recipe, may_change)
     log.info(
         "Recipe held: %s%s",
         " ".join(f"{k}={concessions.fmt(v)}" for k, v in recipe.items() if v is not None),

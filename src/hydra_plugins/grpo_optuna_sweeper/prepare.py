@@ -84,10 +84,9 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
     taken = concessions.diff(plan.recipe, recipe)
     attrs[concessions.TAKEN_ATTR] = taken
     attrs[concessions.CPS] = recipe[concessions.CPS]
-    undeclared = sorted(set(taken) - plan.may_change)
-    if undeclared:
-        error = f"changes the recipe's {', '.join(undeclared)}, not in hydra.sweeper.concessions: not run"
-        return Prepared(overrides, attrs, Outcome("FAIL", attrs={"status": "invalid", "error": error}))
+    refused = plan.refusal(recipe)
+    if refused:
+        return Prepared(overrides, attrs, Outcome("FAIL", attrs={"status": "invalid", "error": f"{refused}: not run"}))
     budget = budget_bytes(cfg)
     if budget is not None:
         attrs["budget_bytes"] = budget

@@ -14,6 +14,7 @@ nothing to calibrate it with. Points are checked for the target card (config.sch
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,7 @@ from grpo_sweep.config.schema import validate
 from grpo_sweep.memory.shapes import target_device
 from grpo_sweep.units import format_size
 
-from . import concessions, forecast, space
-from .config import SweeperSettingError
+from . import concessions, forecast, frontier, neighbours, space, start
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
@@ -51,25 +51,24 @@ def run(plan: SweepPlan, compose: Composer) -> dict:
 def build(plan: SweepPlan, compose: Composer) -> dict:
     """The plan as data (`grpo-sweep plan --json`)."""
     settings = plan.settings
-    try:
-        grid = space.grid_choices(plan.distributions, purpose="grpo-sweep plan") if plan.distributions else {}
-    except ValueError as err:  # a continuous interval: one line, as any bad sweep setting
-        raise SweeperSettingError(str(err)) from None
-    size = 1
-    for values in grid.values():
-        size *= len(values)
+    size = space.size(plan.distributions)  # None: a continuous interval, sampled as a large space is
+    grid = {key: space.values(dist) or space.describe(dist) for key, dist in plan.distributions.items()}
     configs = compose.cache()
     prescreen = Prescreen(settings)
-    forecasts = forecast.forecast(plan, prescreen, configs, check_for_target, cap=PLAN_CANDIDATES, purpose="grpo-sweep plan")
+    forecasts = forecast.forecast(plan, prescreen, configs, check_for_target, cap=PLAN_CANDIDATES)
     judged = [f for f in forecasts if f.error is None]
     ranking = forecast.fastest_first(judged, len(judged), settings.seed)
+    sampled = size is None or len(forecasts) < size
+    at_recipe = _at_recipe(plan, prescreen, configs, whole=not sampled and any(not f.taken for f in judged))
     data: dict[str, Any] = {
         "sweep": settings.study_name,
         "recipe": plan.recipe,
         "concessions": list(plan.concessions),
         "space": {"size": size, "parameters": grid},
         "judged": len(forecasts),
-        "sampled": len(forecasts) < size,
+        "sampled": sampled,
+        "recipe_point": _point(at_recipe[0]),
+        "recipe_knob_points": len(at_recipe) - 1,
         "not_judged": _errors(forecasts),
         "prescreen": {
             "on": bool(settings.prescreen),
@@ -80,11 +79,26 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
         "fit": sum(f.fits for f in judged),
         "headroom": settings.headroom,
         "fastest": [_row(f, i + 1) for i, f in enumerate(ranking[:SHOWN])],
-        "start": _start(settings, ranking, judged),
-        "cheapest_concession": cheapest_concession(plan, judged, configs),
+        "start": _start(plan, forecasts),
+        "cheapest_concession": cheapest_concession(plan, judged, configs, at_recipe),
         "points": [_point(f) for f in forecasts],
     }
     return data
+
+
+def _at_recipe(plan: SweepPlan, prescreen: Prescreen, configs: Any, whole: bool) -> list[forecast.Forecast]:
+    """The held recipe's own point (the base config, its knobs as the sweep's config sets them),
+    judged always; then, unless the judged points hold the whole knob sub-space already (`whole`: the
+    space was enumerated and holds points that take no concession), a sample of that sub-space (the
+    knobs searched, every concession parameter left at the recipe's value): a sample of the whole
+    space may hold no point that takes no concession, nor may a space whose concession parameters
+    leave out the recipe's values."""
+    own = forecast.one({}, plan, prescreen, configs, check_for_target)
+    knobs = {k: d for k, d in plan.distributions.items() if k not in plan.concession_params}
+    if whole or not knobs or len(knobs) == len(plan.distributions):
+        return [own]
+    knob_plan = replace(plan, distributions=knobs)
+    return [own, *forecast.forecast(knob_plan, prescreen, configs, check_for_target, cap=PLAN_CANDIDATES // 4)]
 
 
 def _errors(forecasts: list[forecast.Forecast]) -> dict:
@@ -119,25 +133,34 @@ def _point(f: forecast.Forecast) -> dict:
     }
 
 
-def _start(settings: Any, ranking: list[forecast.Forecast], judged: list[forecast.Forecast]) -> dict:
+def _start(plan: SweepPlan, forecasts: list[forecast.Forecast]) -> dict:
     """What the sweep's start would queue first (hydra.sweeper.start, frontier_start), besides the
-    presets and `enqueue` points, which take their room first."""
+    presets and `enqueue` points, which take their room first: start.choose over the points the
+    start itself judges (frontier.space_candidates' first frontier.MAX_CANDIDATES, which the plan's
+    own sample holds), none of them a point the sweeper refuses."""
+    settings = plan.settings
     mode, count = settings.get("start", "model"), settings.frontier_start
     out: dict[str, Any] = {"mode": mode, "count": count}
-    if mode == "model" and count and settings.sampler != "grid":
-        out["points"] = [f.params for f in ranking[:count]]
+    if mode == "model" and count and settings.sampler != "grid" and plan.distributions:
+        by_point = {neighbours.point_key(f.params): f for f in forecasts}
+        points = frontier.space_candidates(plan.distributions, settings.seed, frontier.MAX_CANDIDATES)
+        theirs = [f for p in points if (f := by_point.get(neighbours.point_key(p))) is not None and f.error is None]
+        out["points"] = start.choose(mode, theirs, count, settings.seed)[1]
     return out
 
 
-def cheapest_concession(plan: SweepPlan, judged: list[forecast.Forecast], configs: Any) -> dict:
+def cheapest_concession(
+    plan: SweepPlan, judged: list[forecast.Forecast], configs: Any, at_recipe: list[forecast.Forecast]
+) -> dict:
     """Whether the full recipe fits, and if not the cheapest change that does.
 
-    - A point of the space that takes no concession fits: the recipe fits ({"recipe_fits": true}).
+    - The recipe's own point (`at_recipe`: its knob points too, _at_recipe) or a point of the space
+      that takes no concession fits: the recipe fits ({"recipe_fits": true}).
     - Only points that take concessions fit: the one taking the fewest, the fastest of those.
     - Nothing fits: the doctor's smallest change set (memory.doctor.diagnose, knobs first, recipe
       changes only when no knob suffices) for the point predicted nearest to fitting."""
     fitting = [f for f in judged if f.fits]
-    if any(not f.taken for f in fitting):
+    if any(f.fits for f in at_recipe) or any(not f.taken for f in fitting):
         return {"recipe_fits": True}
     if fitting:
         best = min(fitting, key=lambda f: (len(f.taken), -(f.tokens_per_s or 0.0)))
@@ -150,7 +173,7 @@ def cheapest_concession(plan: SweepPlan, judged: list[forecast.Forecast], config
             "predicted_peak_bytes": best.predicted_bytes,
             "limit_bytes": best.limit_bytes,
         }
-    near = [(f.share, f) for f in judged if f.share is not None]
+    near = [(f.share, f) for f in [*at_recipe, *judged] if f.share is not None]
     if not near:
         return {"recipe_fits": False, "source": None, "why": "no point of the space could be estimated against a memory budget"}
     nearest = min(near, key=lambda pair: pair[0])[1]
@@ -184,16 +207,27 @@ def format_text(data: dict) -> str:
     """The plan as the terminal shows it."""
     sp, pre = data["space"], data["prescreen"]
     names = ", ".join(sp["parameters"]) or "no parameters"
-    lines = [f"Plan for sweep {data['sweep']}: {sp['size']} points in the space ({names})"]
+    size = "a continuous space" if sp["size"] is None else f"{sp['size']} points in the space"
+    lines = [f"Plan for sweep {data['sweep']}: {size} ({names})"]
     if data["sampled"]:
         lines.append(f"  judged {data['judged']} of them, drawn at random (seeded)")
     if data["not_judged"]["count"]:
         first = data["not_judged"]["first"]
         lines.append(
-            f"  {data['not_judged']['count']} could not be composed, checked or estimated (they would fail as trials), "
+            f"  {data['not_judged']['count']} points the sweeper would refuse as trials (not composed, checked or "
+            "estimated, or a recipe change hydra.sweeper.concessions does not allow: never a start point, though the "
+            "sampler may draw one, a failed trial), "
             f"e.g. {_point_text(first['params'])}: {first['error']}"
         )
     judged = pre["runs"] + pre["pruned"]
+    own = data["recipe_point"]
+    if "error" in own:
+        lines.append(f"Recipe's own point (the base config): refused: {own['error']}")
+    else:
+        lines.append(
+            f"Recipe's own point (the base config): peak {_size(own['predicted_peak_bytes'])} of "
+            f"{_size(own['limit_bytes'])} allowed: {'fits' if own['fits'] else 'does not fit'}"
+        )
     if pre["on"]:
         lines.append(
             f"Pre-screen: {pre['runs']} of {judged} would run, {pre['pruned']} pruned (predicted over the allowed memory "
@@ -214,10 +248,12 @@ def format_text(data: dict) -> str:
         lines.append("Predicted fastest: none ranked (the card has no datasheet speeds: conf/gpu tflops_bf16, bandwidth_gbs)")
     cc = data["cheapest_concession"]
     if cc.get("recipe_fits"):
-        lines.append("Recipe: the full recipe fits (a point that takes no concession is predicted to fit)")
+        lines.append("Recipe: the full recipe fits (its own point, or a point that takes no concession, is predicted to fit)")
     elif cc.get("source") == "space":
+        knob = data["recipe_knob_points"]
+        where = f" nor at the {knob} knob settings judged" if knob else " nor at any knob setting of the space"
         lines.append(
-            f"Recipe: does not fit in this space; cheapest concession: {' '.join(cc['overrides'])} "
+            f"Recipe: does not fit at its own point{where}; cheapest concession: {' '.join(cc['overrides'])} "
             f"(at {_point_text(cc['params'])}: peak {_size(cc['predicted_peak_bytes'])} of {_size(cc['limit_bytes'])})"
         )
     elif cc.get("source") == "doctor":
@@ -230,11 +266,17 @@ def format_text(data: dict) -> str:
     else:
         lines.append(f"Recipe: {cc.get('why')}")
     start = data["start"]
-    if start.get("points"):
+    if start.get("points") and start["points"] == [r["params"] for r in data["fastest"][: len(start["points"])]]:
         lines.append(
             f"Start (hydra.sweeper.start=model): the first {len(start['points'])} search trials after the presets and "
             "enqueue points: the fastest above, in that order"
         )
+    elif start.get("points"):
+        lines.append(
+            f"Start (hydra.sweeper.start=model): the first {len(start['points'])} search trials after the presets and "
+            "enqueue points: the fastest predicted fits among the points the start judges, in this order"
+        )
+        lines += [f"  {_point_text(p)}" for p in start["points"]]
     else:
         lines.append(f"Start: hydra.sweeper.start={start['mode']}, frontier_start={start['count']}")
     return "\n".join(lines)

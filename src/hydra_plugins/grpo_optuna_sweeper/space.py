@@ -8,6 +8,8 @@ becomes `lora=qv` on the job's command line.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -94,6 +96,39 @@ def grid_choices(distributions: dict[str, Distribution], purpose: str = "sampler
                 f"hydra.sweeper.params.{key}: {purpose} needs discrete values (choice or range), not a continuous interval"
             )
     return grid
+
+
+def values(dist: Distribution) -> list | None:
+    """Every value of a discrete distribution (a choice, a range, an integer interval, log-scaled or
+    not), or None for a continuous interval (floats with no step): it is drawn from (draw)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    if isinstance(dist, IntDistribution):
+        return list(range(dist.low, dist.high + 1, dist.step))
+    if dist.step is not None:
+        return grid_choices({"_": dist})["_"]
+    return None
+
+
+def draw(dist: Distribution, rng: random.Random) -> float:
+    """One value of a continuous interval, uniform (log-uniform under tag(log)), to 3 significant
+    digits within its ends: a value a user could have typed."""
+    low, high = float(dist.low), float(dist.high)  # type: ignore[union-attr]  # a FloatDistribution (values() is None)
+    x = math.exp(rng.uniform(math.log(low), math.log(high))) if dist.log else rng.uniform(low, high)  # type: ignore[union-attr]
+    return min(high, max(low, float(f"{x:.3g}")))
+
+
+def size(distributions: dict[str, Distribution]) -> int | None:
+    """How many points the space holds; None when a continuous interval makes it unbounded."""
+    n = 1
+    for dist in distributions.values():
+        choices = values(dist)
+        if choices is None:
+            return None
+        n *= len(choices)
+    return n
 
 
 def to_override(key: str, value: Any) -> str:

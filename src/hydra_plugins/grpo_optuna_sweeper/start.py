@@ -17,7 +17,7 @@ from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of
 from grpo_sweep.units import budget_bytes
 
-from . import concessions, forecast, frontier, neighbours, space
+from . import forecast, frontier, neighbours, space
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 from .progress import room
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
     """Queue the start points: the presets (warm_start), the `enqueue` points, then the frontier.
+    A point the sweeper would refuse as a trial (outside the space, not composed or checked, or a
+    recipe change the concessions do not allow) is dropped with its reason: it never takes a trial.
 
     Never more than the search phase has room for (n_search less what the study already counts,
     runs or queues): a queued point the search never reaches would stay WAITING, and the
@@ -39,9 +41,10 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
     if settings.warm_start:
         _enqueue_presets(study, plan, compose)
     left_out = []
+    configs = compose.cache()
     for i, point in enumerate(settings.enqueue):
         params = cast(dict, OmegaConf.to_container(point))  # an `enqueue` entry is a mapping (config.check)
-        outside = outside_space(plan, params)
+        outside = outside_space(plan, params) or refused(plan, configs, params)
         if outside:  # the held recipe (or the space) leaves no room for it: dropped, never a failed trial
             log.info("Start point enqueue[%d]=%s dropped: %s", i, params, outside)
             continue
@@ -60,7 +63,7 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
         )
     frontier_count = min(settings.frontier_start, room(study, plan.n_search))
     if frontier_count > 0:
-        enqueue_frontier(study, plan, prescreen, compose.cache(), frontier_count)
+        enqueue_frontier(study, plan, prescreen, configs, frontier_count)
 
 
 def outside_space(plan: SweepPlan, params: dict) -> str | None:
@@ -71,6 +74,17 @@ def outside_space(plan: SweepPlan, params: dict) -> str | None:
         if dist is not None and not space.representable(dist, value):
             return f"{key}={value} is not in the space this sweep searches ({space.describe(dist)})"
     return None
+
+
+def refused(plan: SweepPlan, configs: frontier.ComposeCache, params: dict) -> str | None:
+    """Why the sweeper would refuse the point `params` as a trial (prepare's checks: it composes,
+    passes validate_here, and changes no recipe setting the concessions do not allow), or None."""
+    try:
+        cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
+        validate_here(cfg)
+    except Exception as err:  # noqa: BLE001 - a point that cannot be composed or checked: said, never raised
+        return (str(err).splitlines() or [type(err).__name__])[0][:300]
+    return plan.refusal(recipe_of(cfg))
 
 
 def _in_study(study: Study, params: dict) -> bool:
@@ -95,13 +109,9 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
             )
             continue
         cfg = compose([*plan.fixed, f"preset={preset}"])
-        undeclared = sorted(set(concessions.diff(plan.recipe, recipe_of(cfg))) - plan.may_change)
-        if undeclared:
-            log.warning(
-                "Warm start: preset=%s not queued: it changes the recipe's %s, not in hydra.sweeper.concessions",
-                preset,
-                ", ".join(undeclared),
-            )
+        refused = plan.refusal(recipe_of(cfg))
+        if refused:
+            log.warning("Warm start: preset=%s not queued: it %s", preset, refused)
             continue
         try:
             validate_here(cfg)  # e.g. its micro-batch does not divide the held completions_per_step
@@ -129,11 +139,7 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
         return
     if settings.sampler == "grid" or not plan.distributions:
         return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
-    try:
-        forecasts = forecast.forecast(plan, prescreen, configs, validate_here, purpose="the frontier start")
-    except ValueError as why:  # on by default: a continuous space is not an error
-        log.info("Frontier start skipped: %s", why)
-        return
+    forecasts = forecast.forecast(plan, prescreen, configs, validate_here)
     estimated = [f for f in forecasts if f.error is None]
     if not estimated:
         log.info(
@@ -215,7 +221,8 @@ def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) ->
 
 def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
     """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
-    point that composes, passes validate_here and is not pruned by the pre-screen."""
+    point that composes, passes validate_here, changes no recipe setting outside the concessions
+    (SweepPlan.refusal) and is not pruned by the pre-screen."""
     if plan.settings.sampler == "grid" or not plan.distributions:
         return
     try:
@@ -230,7 +237,8 @@ def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, confi
             try:
                 cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in point.items())])
                 validate_here(cfg)
-                verdicts[key] = prescreen.verdict(cfg, budget_bytes(cfg)) is None
+                allowed = plan.refusal(recipe_of(cfg)) is None
+                verdicts[key] = allowed and prescreen.verdict(cfg, budget_bytes(cfg)) is None
             except Exception:  # noqa: BLE001 - a point that cannot be composed or checked is not a move
                 verdicts[key] = False
         return verdicts[key]
