@@ -223,7 +223,7 @@ NOTEBOOK_CELLS = [
     "                  num_generations=2, max_completion_length=16, learning_rate=1e-5, report_to='none')",
     "best = grpo_sweep.sweep(training_args=args, reward_funcs=[has_answer], train_dataset=train_dataset, n_trials=3,\n"
     "                        study_name='nb', knobs=['per_device_train_batch_size', 'gradient_checkpointing'],\n"
-    "                        overrides=['trial.steps=2', 'hydra.sweeper.confirm_budget=0'])",
+    "                        overrides=['trial.steps=2', 'hydra.sweeper.confirm_top=0'])",
     "best.table",
     "best",
     "trainer = GRPOTrainer(model=MODEL_DIR, reward_funcs=[has_answer], train_dataset=train_dataset,\n"
@@ -235,7 +235,7 @@ NOTEBOOK_CELLS = [
 
 @pytest.mark.slow
 def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, monkeypatch, warm_model):
-    """Over 60 s: a real ipykernel runs the cells; 3 trials of the tiny model, then a GRPOTrainer step."""
+    """Over 20 s: a real ipykernel runs the cells; 3 trials of the tiny model, then a GRPOTrainer step."""
     import nbformat
     from nbclient import NotebookClient
     from test_your_data import save_tiny_model
@@ -269,7 +269,7 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
 
 @pytest.mark.slow
 def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_recipe(tmp_path, monkeypatch):
-    """Over 60 s: 2 trials from a `trl grpo` YAML through grpo_sweep.sweep, then `trl grpo --config` on the export."""
+    """Over 20 s: 2 trials from a `trl grpo` YAML through grpo_sweep.sweep, then `trl grpo --config` on the export."""
     from test_your_data import save_tiny_model, write_data
 
     import grpo_sweep
@@ -299,7 +299,7 @@ def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_reci
         study_name="rt",
         n_trials=2,
         knobs={"gradient_checkpointing": [False, True]},
-        overrides=["trial.steps=2", "hydra.sweeper.confirm_budget=0"],
+        overrides=["trial.steps=2", "hydra.sweeper.confirm_top=0"],
         progress=False,
     )
     exported = best.folder / "best.trl.yaml"
@@ -325,3 +325,19 @@ def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_reci
     ran = torch.load(out_dir / "training_args.bin", weights_only=False)
     for key in ("num_generations", "max_completion_length", "learning_rate", "beta", "temperature"):
         assert getattr(ran, key) == recipe[key], key
+
+
+def test_an_enum_field_and_a_bad_value_are_read_and_refused_before_anything_runs(tmp_path, monkeypatch):
+    """transformers' OptimizerNames is written by its value; a value no trial could run is one line."""
+    from trl import GRPOConfig
+
+    import grpo_sweep
+    from grpo_sweep.api import recipe_overrides
+
+    monkeypatch.chdir(tmp_path)
+    args = GRPOConfig(output_dir="x", use_cpu=True, optim="adamw_torch", per_device_train_batch_size=2, num_generations=2)
+    assert "optim=adamw_torch" in recipe_overrides(training_args=args)
+    args = GRPOConfig(output_dir="x", use_cpu=True, optim="adafactor", per_device_train_batch_size=2, num_generations=2)
+    with pytest.raises(ConfigError, match=r"^optim=adafactor: must be one of adamw_torch"):
+        grpo_sweep.sweep(training_args=args, n_trials=1)
+    assert not (tmp_path / "outputs").exists()  # nothing ran

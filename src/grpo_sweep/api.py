@@ -229,12 +229,18 @@ def recipe_overrides(
 
 
 def _compose(over: list[str]):
+    """The trial's config (hydra.* settings belong to the app's run, not to it), checked as
+    `grpo-sweep estimate` checks it, for the target card: a bad value is refused before anything runs."""
     from .config.compose import compose_train_config
+    from .config.schema import validate
+    from .memory.estimator import target_device
 
-    return compose_train_config(over)
+    cfg = compose_train_config([o for o in over if not o.lstrip("+~").startswith("hydra")])
+    validate(cfg, cuda=target_device(cfg) == "cuda")
+    return cfg
 
 
-def knob_space(cfg: Any, knobs: Any = None, concessions: list[str] | None = None) -> dict[str, str]:
+def knob_space(cfg: Any, knobs: Any = None, concessions: list[str] | None = None) -> dict[str, list]:
     """hydra.sweeper.params: `knobs` a list of names (their usual values) or {name: [values]}; None:
     DEFAULT_KNOBS. The micro-batch's values divide the config's completions per step."""
     from .levers import kind_of
@@ -254,17 +260,24 @@ def knob_space(cfg: Any, knobs: Any = None, concessions: list[str] | None = None
                 f"knobs: {name} is a recipe setting (it changes what is learned); "
                 "list it in concessions=[...] to let the sweep change it"
             )
-        space[name] = "choice(" + ",".join(value_text(v) for v in values) + ")"
+        space[name] = list(values)
     return space
 
 
 def _sweep_command(
     over: list[str], study_name: str, n_trials: int, folder: Path, space: dict, concessions: list[str] | None
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "grpo_sweep", "-m", "hydra/sweeper=grpo_optuna", *over]
+    """The app's command line: the fixed overrides, the study, the space as `key=choice(...)`; the
+    recipe's own value of each searched knob is enqueued as the first point (the starting point)."""
+    fixed = [o for o in over if o.lstrip("+").split("=", 1)[0] not in space]
+    given = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in over if "=" in o}
+    start = {k: given[k] for k in space if k in given and given[k] in [value_text(v) for v in space[k]]}
+    cmd = [sys.executable, "-m", "grpo_sweep", "-m", "hydra/sweeper=grpo_optuna", *fixed]
     cmd += [f"hydra.sweeper.study_name={value_text(study_name)}", f"hydra.sweeper.n_trials={int(n_trials)}"]
     cmd += [f"hydra.sweep.dir={value_text(str(folder.resolve()))}"]
-    cmd += [f"+hydra.sweeper.params.{k}={v}" for k, v in space.items()]
+    cmd += [f"{k}=choice({','.join(value_text(v) for v in values)})" for k, values in space.items()]
+    if start:
+        cmd.append("hydra.sweeper.enqueue=[{" + ",".join(f"{k}:{v}" for k, v in start.items()) + "}]")
     if concessions:
         cmd.append(f"hydra.sweeper.concessions={value_text(list(concessions))}")
     return cmd
@@ -278,15 +291,11 @@ def _env(folder: Path) -> dict:
 def estimate(*, logits_mode: str | None = None, **recipe: Any):
     """The predicted peak memory of the recipe on its card (memory.estimator.Estimate), without a GPU
     and without running anything. Takes recipe_overrides' arguments; data and rewards play no part."""
-    from .config.schema import validate
     from .memory.estimator import estimate as predict
-    from .memory.estimator import target_device
 
     recipe.pop("reward_funcs", None)
     recipe.pop("train_dataset", None)
-    cfg = _compose(recipe_overrides(**recipe))
-    validate(cfg, cuda=target_device(cfg) == "cuda")
-    return predict(cfg, logits_mode=logits_mode)
+    return predict(_compose(recipe_overrides(**recipe)), logits_mode=logits_mode)
 
 
 def plan(*, study_name: str = "notebook", knobs: Any = None, concessions: list[str] | None = None, **recipe: Any) -> dict:

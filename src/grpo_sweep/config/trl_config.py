@@ -9,6 +9,7 @@ the names TRL takes come from trl_fields.json (scripts/trl_fields.py regenerates
 
 from __future__ import annotations
 
+import enum
 import functools
 import importlib.metadata
 import json
@@ -171,7 +172,8 @@ def adapt(settings: dict, version: str, *, grpo_only: bool = False, known: set[s
 
 
 def value_text(value: Any) -> str:
-    """A Python value in Hydra's override grammar."""
+    """A Python value in Hydra's override grammar (an enum, such as transformers' OptimizerNames, by its value)."""
+    value = value.value if isinstance(value, enum.Enum) else value
     if value is None:
         return "null"
     if isinstance(value, bool):
