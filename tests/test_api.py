@@ -123,7 +123,9 @@ def test_a_grpo_config_and_a_lora_config_are_read_exactly():
     assert (cfg.learning_rate, cfg.beta, dict(cfg.trial.grpo_config)) == (2e-5, 0.01, {"temperature": 0.7})
     assert (cfg.lora_rank, cfg.lora_alpha, sorted(cfg.lora_target_modules)) == (4, 8, ["q_proj", "v_proj"])
     # get_peft_model's kwargs, as an Unsloth notebook passes them
-    kwargs = dict(r=16, lora_alpha=16, target_modules=["q_proj"], lora_dropout=0, bias="none", use_gradient_checkpointing="unsloth")
+    kwargs = dict(
+        r=16, lora_alpha=16, target_modules=["q_proj"], lora_dropout=0, bias="none", use_gradient_checkpointing="unsloth"
+    )
     cfg = compose(recipe_overrides(peft=kwargs))
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.gradient_checkpointing) == (16, 16, True)
     with pytest.raises(ConfigError, match=r"peft: use_dora=True: not an adapter setting grpo-sweep maps"):
@@ -240,7 +242,9 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
     from nbclient import NotebookClient
     from test_your_data import save_tiny_model
 
-    model_dir = save_tiny_model(tmp_path / "tiny-model", [f"{a} + {b} = <answer>{a + b}</answer>" for a in range(10) for b in range(10)])
+    model_dir = save_tiny_model(
+        tmp_path / "tiny-model", [f"{a} + {b} = <answer>{a + b}</answer>" for a in range(10) for b in range(10)]
+    )
     kernels = tmp_path / "jupyter" / "kernels" / "grpo-sweep-test"
     kernels.mkdir(parents=True)
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "language": "python"}
@@ -341,3 +345,19 @@ def test_an_enum_field_and_a_bad_value_are_read_and_refused_before_anything_runs
     with pytest.raises(ConfigError, match=r"^optim=adafactor: must be one of adamw_torch"):
         grpo_sweep.sweep(training_args=args, n_trials=1)
     assert not (tmp_path / "outputs").exists()  # nothing ran
+
+
+def test_a_dataset_of_prompts_only_becomes_trls_prompt_column(tmp_path):
+    """A notebook's Dataset often holds nothing but prompts; the trial's dataset keeps them all."""
+    import datasets
+
+    from grpo_sweep.api import recipe_overrides
+    from grpo_sweep.trial.models import load_tokenizer
+    from grpo_sweep.trial.tasks import get_task
+
+    data = datasets.Dataset.from_dict({"prompt": [f"{a} + 1 = " for a in range(5)]})
+    over = recipe_overrides(reward_funcs=["trl.rewards.think_format_reward"], train_dataset=data, folder=tmp_path)
+    cfg = compose([*over, "trial.steps=2"])
+    task = get_task(cfg)
+    built = task.dataset(load_tokenizer(cfg, task.corpus()))
+    assert built.column_names == ["prompt"] and len(built) == 5

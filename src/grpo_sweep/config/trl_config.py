@@ -193,8 +193,8 @@ def value_text(value: Any) -> str:
 def to_overrides(settings: dict, where: str, *, version: str | None = None) -> list[str]:
     """Hydra overrides for `trl grpo` settings (a YAML's keys, or a GRPOConfig's fields); `where` names
     the source in an error. Refuses a setting it cannot map, in one line naming it and what to do."""
-    version = version or installed_version()
-    known = fields(version) if version in _table() else None
+    version = version or installed_version() or "?"
+    known = fields(version) if version in _table() else None  # a TRL without a recorded list: passed on unchecked
     grpo_known = fields(version, grpo_only=True) if version in _table() else set()
     out: dict[str, Any] = {}
     s = {k: v for k, v in settings.items() if v is not None or k in MAPPED}
