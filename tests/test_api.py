@@ -259,7 +259,8 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
     sweep_text = "".join(o.get("text", "") for o in outputs[5])
     assert "trial 3/3" in sweep_text, sweep_text[-3000:]
     table = outputs[6][0]["data"]
-    assert "<table" in table["text/html"] and "per_device_train_batch_size" in table["text/html"] + table["text/plain"]
+    assert "<table" in table["text/html"] and "peak_memory_bytes" in table["text/html"]
+    assert "[3 rows x" in table["text/plain"]  # the three trials
     shown = outputs[7][0]["data"]["text/html"]
     assert 'class="grpo-sweep-best"' in shown and "data:image/png;base64," in shown and "Winner: trial" in shown
     steps = "".join(o.get("text", "") for o in outputs[8])
@@ -361,3 +362,22 @@ def test_a_dataset_of_prompts_only_becomes_trls_prompt_column(tmp_path):
     task = get_task(cfg)
     built = task.dataset(load_tokenizer(cfg, task.corpus()))
     assert built.column_names == ["prompt"] and len(built) == 5
+
+
+def test_estimate_and_plan_take_the_notebooks_objects(tmp_path, monkeypatch):
+    """estimate: no trial, no torch in the prediction; plan: the sweeper's forecast, nothing run."""
+    import grpo_sweep
+    from grpo_sweep.api import recipe_overrides
+
+    monkeypatch.chdir(tmp_path)
+    loading = dict(model_name="qwen2_5_0_5b", max_seq_length=512, load_in_4bit=True, fast_inference=True, max_lora_rank=16)
+    cfg = compose([*recipe_overrides(unsloth=loading, gpu="l4_24g"), "lora_rank=16"])
+    assert (cfg.backend.name, cfg.model.name, cfg.max_seq_length, cfg.load_in_4bit) == ("unsloth", "qwen2_5_0_5b", 512, True)
+    with pytest.raises(ConfigError, match=r"^unsloth: rope_scaling=2: not a from_pretrained argument grpo-sweep maps"):
+        recipe_overrides(unsloth={"rope_scaling": 2})
+    small = grpo_sweep.estimate(model="qwen2_5_0_5b", gpu=2, training_args={"per_device_train_batch_size": 8})
+    large = grpo_sweep.estimate(model="qwen2_5_0_5b", gpu=80, training_args={"per_device_train_batch_size": 8})
+    assert small.total_bytes == large.total_bytes and not small.fits and large.fits  # gpu in GiB: the budget
+    forecast = grpo_sweep.plan(training_args={"per_device_train_batch_size": 4, "num_generations": 2}, study_name="p")
+    assert forecast["space"]["size"] == 3 * 2 * 2, forecast  # batch 1,2,4 x checkpointing x attention
+    assert not (tmp_path / "outputs" / "sweeps" / "p" / "study.journal").exists()  # the storage never opened
