@@ -77,6 +77,12 @@ def test_the_trl_cli_docs_yaml_is_the_recipe(tmp_path, monkeypatch):
     done = cli("estimate", f"trl_config={path}", "model=qwen2_5_0_5b", "gpu=l4_24g", "lora_rank=8", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["assumptions"]["backend"]
+    oom = tmp_path / "oom.txt"
+    oom.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 22.06 GiB of which 1.10 GiB is free."
+    )
+    done = cli("doctor", "--message", str(oom), f"trl_config={path}", "model=qwen2_5_0_5b", "gpu=l4_24g", "--json")
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -130,6 +136,18 @@ def test_a_grpo_config_and_a_lora_config_are_read_exactly():
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.gradient_checkpointing) == (16, 16, True)
     with pytest.raises(ConfigError, match=r"peft: use_dora=True: not an adapter setting grpo-sweep maps"):
         recipe_overrides(peft={"r": 8, "use_dora": True})
+
+
+def test_train_and_plan_refuse_a_bad_trl_config_in_one_line(tmp_path):
+    from conftest import train_here
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("bogus_setting: 3\n")
+    named = f"trl_config={path}: bogus_setting=3: not a `trl grpo` setting of TRL"
+    run = train_here([f"trl_config={path}"], cwd=tmp_path)
+    assert run.returncode == 1 and f"Invalid configuration: {named}" in run.stderr
+    done = cli("plan", f"trl_config={path}")
+    assert done.returncode == 2 and named in done.stderr
 
 
 def test_a_reward_that_cannot_be_pickled_is_one_line_with_the_fix(tmp_path):
@@ -231,7 +249,8 @@ NOTEBOOK_CELLS = [
     "trainer = GRPOTrainer(model=MODEL_DIR, reward_funcs=[has_answer], train_dataset=train_dataset,\n"
     "                      args=best.training_args(output_dir='step', max_steps=1, use_cpu=True, report_to='none'))\n"
     "trainer.train()\n"
-    "print('STEPS', trainer.state.global_step, best.training_args().per_device_train_batch_size, best.notes)",
+    "print('STEPS', trainer.state.global_step, best.training_args().per_device_train_batch_size, best.notes)\n"
+    "print('UNSLOTH', best.unsloth_kwargs()['from_pretrained']['max_seq_length'], best.report_path.exists(), best.overrides)",
 ]
 
 
@@ -264,7 +283,10 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
     shown = outputs[7][0]["data"]["text/html"]
     assert 'class="grpo-sweep-best"' in shown and "data:image/png;base64," in shown and "Winner: trial" in shown
     steps = "".join(o.get("text", "") for o in outputs[8])
-    assert "STEPS 1" in steps, steps[-3000:]
+    assert "STEPS 1" in steps and "UNSLOTH 48 True [" in steps, steps[-3000:]
+    # the progress bar (tqdm.auto: a widget where ipywidgets is installed, else its text on stderr)
+    bar = [o for o in outputs[5] if o.get("name") == "stderr" or "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert bar and ("sweep nb" in json.dumps([o for o in bar]) or "widget" in json.dumps(bar)), outputs[5][:3]
     # the notebook's reward travelled by value, its data as a file in the study's folder
     folder = tmp_path / "outputs" / "sweeps" / "nb"
     assert (folder / "grpo_sweep_notebook_rewards.py").exists() and (folder / "train_dataset.parquet").exists()
@@ -314,6 +336,14 @@ def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_reci
     assert back["model_name_or_path"] == str(model_dir) and sorted(back["lora_target_modules"]) == ["q_proj", "v_proj"]
     assert back["temperature"] == 0.9
     assert back["per_device_train_batch_size"] * back["gradient_accumulation_steps"] == 2
+    # the same winner in TRL 0.22's names, for a notebook that pins it
+    done = cli("export", str(best.folder), "--trl-version", "0.22")
+    assert done.returncode == 0, done.stderr
+    old = yaml.safe_load((best.folder / "best.trl-0.22.yaml").read_text())
+    assert set(old) <= trl_config.fields("0.22") and old["max_prompt_length"] == back.get("max_prompt_length", 32)
+    assert {k: old[k] for k in ("lora_r", "num_generations", "max_completion_length")} == {
+        k: recipe[k] for k in ("lora_r", "num_generations", "max_completion_length")
+    }
     trl = shutil.which("trl", path=str(Path(sys.executable).parent))
     out_dir = tmp_path / "trl-out"
     run = subprocess.run(
