@@ -295,7 +295,7 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_recipe(tmp_path, monkeypatch):
+def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_recipe(tmp_path, monkeypatch, capsys):
     """Over 20 s: 2 trials from a `trl grpo` YAML through grpo_sweep.sweep, then `trl grpo --config` on the export."""
     from test_your_data import save_tiny_model, write_data
 
@@ -329,6 +329,18 @@ def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_reci
         overrides=["trial.steps=2", "hydra.sweeper.confirm_top=0"],
         progress=False,
     )
+    # the same call with the same study name resumes the study: its 2 trials are done, none runs again
+    capsys.readouterr()
+    again = grpo_sweep.sweep(
+        trl_config="mine.yaml",
+        study_name="rt",
+        n_trials=2,
+        knobs={"gradient_checkpointing": [False, True]},
+        overrides=["trial.steps=2", "hydra.sweeper.confirm_top=0"],
+        progress=False,
+    )
+    assert "Resuming study 'rt' with 2 trials" in capsys.readouterr().out
+    assert again.summary["best_trial"] == best.summary["best_trial"] and again.summary["trials"] == {"COMPLETE": 2}
     exported = best.folder / "best.trl.yaml"
     back = yaml.safe_load(exported.read_text())
     for key in ("reward_funcs", "lora_r", "lora_alpha", "num_generations", "max_completion_length", "learning_rate", "beta"):
