@@ -27,8 +27,9 @@ from conftest import cli, compose
 from grpo_sweep.config import trl_config
 from grpo_sweep.config.schema import ConfigError
 
-# The example of TRL's CLI docs (docs/source/clis.md, "Using a configuration file"), for `trl grpo`, with
-# dotted reward functions (an import path, as `--reward_funcs` takes) and the adapter and 4-bit keys.
+# TRL's CLI docs' configuration file (docs/source/clis.md, "Using Configuration Files" and "Scaling Up with
+# Accelerate": model_name_or_path, dataset_name, num_processes, accelerate_config), written for `trl grpo`
+# with dotted reward functions (import paths, as `--reward_funcs` takes them), the adapter and 4-bit keys.
 TRL_CLI_EXAMPLE = """\
 # grpo_config.yaml
 model_name_or_path: Qwen/Qwen2.5-0.5B
@@ -53,6 +54,8 @@ temperature: 0.9
 output_dir: Qwen2.5-0.5B-GRPO
 logging_steps: 10
 report_to: none
+num_processes: 2
+accelerate_config: zero2
 """
 REWARDS = "def contains_solution(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
 
@@ -73,6 +76,7 @@ def test_the_trl_cli_docs_yaml_is_the_recipe(tmp_path, monkeypatch):
     assert cfg.num_generations == 8 and cfg.max_seq_length - cfg.max_prompt_length == 256
     assert (cfg.learning_rate, cfg.beta) == (1e-5, 0.04)
     assert dict(cfg.trial.grpo_config) == {"temperature": 0.9}  # another GRPOConfig field: passed on as given
+    assert (cfg.trial.num_processes, cfg.trial.strategy) == (2, "zero2")  # the launcher's keys
     # the commands take it as trl_config=...; later overrides win
     done = cli("estimate", f"trl_config={path}", "model=qwen2_5_0_5b", "gpu=l4_24g", "lora_rank=8", "--json")
     assert done.returncode == 0, done.stderr
@@ -92,6 +96,7 @@ def test_the_trl_cli_docs_yaml_is_the_recipe(tmp_path, monkeypatch):
         ("bogus_setting: 3", "bogus_setting=3: not a `trl grpo` setting of TRL"),
         ("dataset_config: main", "dataset_config='main': a dataset configuration name is not supported"),
         ("gradient_accumulation_steps: 2", "given without per_device_train_batch_size"),
+        ("accelerate_config: fsdp2", "accelerate_config='fsdp2': grpo-sweep takes the profiles single_gpu"),
     ],
 )
 def test_a_setting_that_cannot_be_mapped_is_one_line_naming_it(tmp_path, line, named):

@@ -117,6 +117,10 @@ MEASURING = {
 }
 # Accepted only at the value grpo-sweep trains with (trial/backends/trl.py).
 FIXED = {"lora_dropout": 0.0, "lora_task_type": "CAUSAL_LM", "bnb_4bit_quant_type": "nf4", "trust_remote_code": False}
+# The `trl` launcher's own keys (TRL's CLI docs, docs/source/clis.md): processes, and accelerate's profiles
+# that are one of trial.strategy's (a path to an accelerate config, fsdp1/fsdp2 and zero1 are refused).
+LAUNCHER = {"num_processes": "trial.num_processes", "accelerate_config": "trial.strategy"}
+ACCELERATE_PROFILES = {"single_gpu": "ddp", "multi_gpu": "ddp", "zero2": "zero2", "zero3": "zero3"}
 # The gradient_checkpointing_kwargs keys that are levers; use_reentrant is the backend's choice.
 CHECKPOINTING_KWARGS = {"every_n_layers": "gradient_checkpointing_every_n_layers", "offload": "gradient_checkpointing_offload"}
 
@@ -204,6 +208,11 @@ def to_overrides(settings: dict, where: str, *, version: str | None = None) -> l
 
     for key, value in s.items():
         if key in MAPPED or key in READ_BELOW or key in MEASURING:
+            continue
+        if key in LAUNCHER:
+            if key == "accelerate_config" and value not in ACCELERATE_PROFILES:
+                raise refuse(key, f"grpo-sweep takes the profiles {', '.join(ACCELERATE_PROFILES)}; else give trial.strategy")
+            out[LAUNCHER[key]] = ACCELERATE_PROFILES.get(value, value) if key == "accelerate_config" else value
             continue
         if key in FIXED:
             if value != FIXED[key]:
