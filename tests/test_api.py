@@ -289,6 +289,7 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
     assert 'class="grpo-sweep-best"' in shown and "data:image/png;base64," in shown and "Winner: trial" in shown
     steps = "".join(o.get("text", "") for o in outputs[8])
     assert "STEPS 1" in steps and "UNSLOTH 48 True [" in steps, steps[-3000:]
+    assert f"max_prompt_length=32: dropped, TRL {trl_config.installed_version()} (installed) has no such setting" in steps
     # the progress bar (tqdm.auto: a widget where ipywidgets is installed, else its text on stderr)
     bar = [o for o in outputs[5] if o.get("name") == "stderr" or "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert bar and ("sweep nb" in json.dumps([o for o in bar]) or "widget" in json.dumps(bar)), outputs[5][:3]

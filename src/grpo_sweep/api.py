@@ -15,6 +15,7 @@ import base64
 import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -339,15 +340,21 @@ def sweep(
     lines: list[str] = []
     proc = subprocess.Popen(cmd, env=_env(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        print(line, end="", flush=True)
-        counted = re.search(r"\btrial (\d+)/(\d+)", line)
-        if bar is not None and counted:
-            bar.update(max(0, int(counted.group(1)) - bar.n))
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            print(line, end="", flush=True)
+            counted = re.search(r"\btrial (\d+)/(\d+)", line)
+            if bar is not None and counted:
+                bar.update(max(0, int(counted.group(1)) - bar.n))
+    except KeyboardInterrupt:  # Jupyter's stop button: the sweep stops as on Ctrl-C (the study keeps what ran)
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
     code = proc.wait()
-    if bar is not None:
-        bar.close()
     if code != 0 or not (folder / "best.yaml").exists():
         raise RuntimeError(f"the sweep {study_name} ended with exit status {code}:\n{''.join(lines[-30:])}")
     return Best(folder)
