@@ -11,15 +11,17 @@ import sys
 from ..config.compose import compose_train_config
 from ..config.model_arch import check_hub_lora_targets
 from ..config.schema import ConfigError, validate
+from ..config.trl_config import expand
 from ..memory.estimator import LOGITS_MODES, Estimate, estimate, verdict, waves_note
 from ..memory.shapes import target_device
 from ..units import GIB
 
-USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [logits_mode=chunked|full] [--json]
+USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [trl_config=my.yaml] [logits_mode=chunked|full] [--json]
 
 Predict peak memory for a config without a GPU, e.g.
   grpo-sweep estimate model=gemma3_1b gpu=l4_24g gpu.memory_gib=22 preset=seed_baseline logits_mode=full
-  grpo-sweep estimate model=gemma3_1b gpu=l4_24g trial.num_processes=4 trial.strategy=zero3   (per rank)"""
+  grpo-sweep estimate model=gemma3_1b gpu=l4_24g trial.num_processes=4 trial.strategy=zero3   (per rank)
+  grpo-sweep estimate trl_config=my_grpo.yaml gpu=l4_24g   (your `trl grpo --config` file as the recipe)"""
 
 
 def fmt_gib(n: int | None) -> str:
@@ -53,7 +55,7 @@ def format_rank_table(est: Estimate) -> str:
 
 
 def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
-    """Hydra overrides, the CLI-level logits_mode, and --json."""
+    """Hydra overrides (a `trl_config=my.yaml` read as its overrides), the CLI-level logits_mode, and --json."""
     overrides, mode, as_json = [], None, False
     for arg in argv:
         if arg == "--json":
@@ -64,7 +66,7 @@ def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
                 raise ConfigError(f"logits_mode={mode}: must be one of {', '.join(LOGITS_MODES)}")
         else:
             overrides.append(arg)
-    return overrides, mode, as_json
+    return expand(overrides), mode, as_json
 
 
 def cli(argv: list[str]) -> int:

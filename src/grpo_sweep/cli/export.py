@@ -1,6 +1,7 @@
 """`grpo-sweep export <sweep dir> [--trial N] [--out DIR]`: a trial's configuration in the user's own
 stack (report/export.py): `<prefix>.trl.yaml` for `trl grpo --config`, `<prefix>_grpo_config.py`
-(GRPOConfig, LoraConfig, BitsAndBytesConfig) and, for backend=unsloth, `<prefix>_unsloth.py`.
+(GRPOConfig, LoraConfig, BitsAndBytesConfig) and, for backend=unsloth, `<prefix>_unsloth.py`;
+with --trl-version 0.22, `<prefix>.trl-0.22.yaml` in that TRL's names.
 Without --trial: the sweep's best (best.yaml), written as best.*; with --trial N: trialN.*.
 A single run's directory (python train.py ...) works too: it is its own trial.
 """
@@ -12,7 +13,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..report.export import ExportError, best_trial_number, export_trial, held_recipe, trial_run_dir
+from ..config.schema import ConfigError
+from ..report.export import ExportError, best_trial_number, export_trial, export_trl_version, held_recipe, trial_run_dir
 
 
 def cli(argv: list[str]) -> int:
@@ -21,6 +23,11 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--trial", type=int, default=None, help="the trial number (default: the sweep's best)")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the sweep directory)")
     parser.add_argument("--force", action="store_true", help="export a trial that did not finish ok (the files say so)")
+    parser.add_argument(
+        "--trl-version",
+        default=None,
+        help="also write <prefix>.trl-<version>.yaml with that TRL's names (e.g. 0.22, Unsloth's pin)",
+    )
     args = parser.parse_args(argv)
     try:
         if not args.sweep_dir.is_dir():
@@ -33,7 +40,9 @@ def cli(argv: list[str]) -> int:
         files = export_trial(
             run_dir, args.out or args.sweep_dir, prefix=prefix, held=held_recipe(args.sweep_dir), force=args.force
         )
-    except (ExportError, OSError) as err:
+        if args.trl_version:
+            files.append(export_trl_version(run_dir, args.out or args.sweep_dir, args.trl_version, prefix=prefix))
+    except (ExportError, ConfigError, OSError) as err:
         print(f"grpo-sweep export: {err}", file=sys.stderr)
         return 2
     for path in files:

@@ -15,7 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-USAGE = """usage: grpo-sweep plan [HYDRA_OVERRIDES ...] [--json]
+from ..config.schema import ConfigError
+from ..config.trl_config import expand
+
+USAGE = """usage: grpo-sweep plan [HYDRA_OVERRIDES ...] [trl_config=my.yaml] [--json]
 
 Before any trial, what a sweep's space holds: its size, how many points the pre-screen predicts to
 fit, the predicted fastest points with their peak and headroom, the cheapest concession when the
@@ -37,7 +40,11 @@ def cli(argv: list[str]) -> int:
         print(USAGE)
         return 0
     as_json = "--json" in argv
-    overrides = [a for a in argv if a != "--json"]
+    try:
+        overrides = expand([a for a in argv if a != "--json"])  # trl_config=my.yaml: its overrides
+    except ConfigError as err:
+        print(f"grpo-sweep plan: {err}", file=sys.stderr)
+        return 2
     if not as_json:
         return subprocess.run(command(overrides, None), check=False).returncode
     with tempfile.TemporaryDirectory(prefix="grpo-sweep-plan-") as tmp:

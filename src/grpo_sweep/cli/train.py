@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from ..config.local import validate_here
 from ..config.schema import ConfigError, register
+from ..config.trl_config import expand
 from ..trial.parent import run_trial
 
 register()
@@ -25,8 +26,17 @@ register()
 FAILED = ("failed", "timeout")
 
 
+def main() -> None:
+    """train.py's entry point: a `trl_config=my.yaml` argument read as its overrides, then the Hydra app."""
+    try:
+        sys.argv = [sys.argv[0], *expand(sys.argv[1:])]
+    except ConfigError as err:
+        raise SystemExit(f"Invalid configuration: {err}") from None
+    app()
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(cfg: DictConfig) -> float:
+def app(cfg: DictConfig) -> float:
     try:
         validate_here(cfg)
     except ConfigError as err:

@@ -411,3 +411,42 @@ def held_recipe(sweep_dir: str | Path) -> dict | None:
     except (OSError, yaml.YAMLError):
         return None
     return (best or {}).get("recipe") or None
+
+
+def trl_yaml_for(
+    metrics: dict, config: dict, version: str, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None
+) -> str:
+    """trl_yaml with the setting names TRL `version` takes (config/trl_fields.json): a renamed field
+    under its old name, a field that version lacks dropped, max_prompt_length written where its
+    GRPOConfig has it; a comment for each change."""
+    import yaml
+
+    from ..config.trl_config import adapt, fields, source
+
+    text = trl_yaml(metrics, config, sweep=sweep, trial=trial, held=held)
+    comments = [line[2:] if line.startswith("# ") else "" for line in text.splitlines() if line.startswith("#")]
+    out = yaml.safe_load(text)
+    prompt = metrics["trainer_settings"].get("max_prompt_length")
+    if prompt is not None and "max_prompt_length" in fields(version, grpo_only=True):
+        out["max_prompt_length"] = prompt  # the prompt budget the sweep measured (TRL cuts prompts to it)
+    out, notes = adapt(out, version)
+    comments += [f"written for TRL {version} (its names from {source(version)})", *notes]
+    head = "".join(f"# {line}\n" if line else "#\n" for line in comments)
+    return head + yaml.safe_dump(out, sort_keys=False, default_flow_style=None)
+
+
+def export_trl_version(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    version: str,
+    *,
+    prefix: str = "best",
+    sweep: str | None = None,
+    held: dict | None = None,
+) -> Path:
+    """Write `<prefix>.trl-<version>.yaml` (trl_yaml_for) for the trial in `run_dir`; returns its path."""
+    metrics, config = _load(Path(run_dir))
+    trial = (config.get("trial") or {}).get("number")
+    path = Path(out_dir) / f"{prefix}.trl-{version}.yaml"
+    path.write_text(trl_yaml_for(metrics, config, version, sweep=sweep, trial=trial, held=held))
+    return path

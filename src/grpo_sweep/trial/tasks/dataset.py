@@ -135,6 +135,7 @@ class DatasetTask(Task):
             for p in prompts
         ]
         # TRL reads `prompt`: the prompt column becomes it (a different column of that name gives way)
-        return rows.remove_columns([c for c in dict.fromkeys((column, "prompt")) if c in rows.column_names]).add_column(
-            "prompt", fitted
-        )
+        others = rows.remove_columns([c for c in dict.fromkeys((column, "prompt")) if c in rows.column_names])
+        if not others.column_names:  # prompts only: no table is left to add the column to
+            return type(rows).from_dict({"prompt": fitted})
+        return others.add_column("prompt", fitted)
