@@ -5,12 +5,17 @@ name of any characters composes to itself, and the printed command is one shell-
 from __future__ import annotations
 
 import json
+import os
 import runpy
+import shlex
+import subprocess
 import sys
 import types
 
 import pytest
 import yaml
+from conftest import FAST, IN_PROCESS_TRIALS, ROOT, load_metrics, train_here
+from test_sweeper_helpers import NO_FILE_SPACE
 
 # Quotes, triple quotes, a newline and the line breaks YAML knows, `$(...)`, a backtick, `;|&<`, `${`.
 HOSTILE = (
@@ -130,3 +135,85 @@ def test_any_study_name_composes_to_itself(name):
 
     parsed = OverridesParser.create().parse_override(to_override("trial.study", name)).value()
     assert OmegaConf.to_container(OmegaConf.create({"x": parsed}), resolve=True)["x"] == name
+
+
+@pytest.mark.slow
+@IN_PROCESS_TRIALS
+def test_a_hostile_sweep_and_its_printed_command_run_under_the_users_own_configs(tmp_path, warm_model):
+    """One real trial: a study name holding `' " ; | & <`, a backtick and `$(...)`, a sweep folder
+    holding triple quotes, `gpu=mine` from the user's own hydra.searchpath. The trial runs ok, the
+    exports compile and parse with no side effect, and best.yaml's `command`, run through bash
+    (a stand-in `python` records the arguments bash hands it), reruns the winner as one trial.
+    Over 20 s: two real trials (the sweep's and the rerun's), with the sweep's report and exports."""
+    conf = tmp_path / "my_conf" / "gpu"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text((ROOT / "src/grpo_sweep/conf/gpu/cpu_sim.yaml").read_text().replace("cpu_sim", "mine"))
+    name = "a ' \" ; | & < ` $(touch PWNED) b"
+    sweep_dir = tmp_path / 'q"""+__import__("os").system("id>PWNED.txt")+"""x'
+    searchpath = f"hydra.searchpath=[file://{conf.parent}]"
+    result = train_here(
+        [
+            "-m",
+            "+sweeps=tiny_cpu",
+            f"hydra.sweep.dir='{sweep_dir}'",
+            "hydra.sweeper.study_name='a \\' \" ; | & < ` $(touch PWNED) b'",  # Hydra's quoting, by hand
+            NO_FILE_SPACE,
+            "hydra.sweeper.enqueue=[]",
+            "hydra.sweeper.frontier_start=0",
+            "hydra.sweeper.neighbour_every=0",
+            "hydra.sweeper.n_trials=1",
+            "gpu=mine",
+            "gpu.memory_gib=0.09375",
+            searchpath,
+            *FAST,
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
+    assert best["study"] == name and best["trials"] == {"COMPLETE": 1}, best
+    compile((sweep_dir / "best_grpo_config.py").read_text(), "best_grpo_config.py", "exec")
+    assert yaml.safe_load((sweep_dir / "best.trl.yaml").read_text())["use_peft"] is True
+    command = best["command"]
+    assert f"Run it:\n  {command}\n" in result.stdout and "\n" not in command
+    assert command.startswith(f"python train.py {shlex.quote(searchpath)} ")
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python").write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open('argv.json', 'w'))\n")
+    (shim / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, check=True, timeout=60)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[0] == "train.py" and searchpath in argv and "gpu=mine" in argv
+    rerun = train_here([*argv[1:], f"hydra.run.dir={tmp_path / 'rerun'}"], cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    metrics = load_metrics(tmp_path / "rerun")
+    assert metrics["status"] == "ok" and yaml.safe_load((tmp_path / "rerun" / "config.yaml").read_text())["gpu"]["name"] == "mine"
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_the_rerun_command_carries_the_hydra_settings_a_run_needs():
+    """hydra.searchpath (and the job's other Hydra settings) lead the command; what only concerns the
+    sweep (its dir, sweeper, launcher, mode) is left out; each argument is shell-quoted."""
+    from omegaconf import OmegaConf
+    from optuna.trial import create_trial
+
+    from hydra_plugins.grpo_optuna_sweeper.launch_config import HYDRA_OVERRIDES_ATTR, rerun_overrides
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    given = [
+        "hydra.searchpath=[file:///my conf]",
+        "hydra.mode=MULTIRUN",
+        "hydra.sweep.dir=out",
+        "hydra.sweeper.n_trials=3",
+        "hydra/launcher=basic",
+        "hydra.launcher.n_jobs=2",
+        "hydra.job.chdir=true",
+    ]
+    kept = rerun_overrides(OmegaConf.create({"hydra": {"overrides": {"hydra": given}}}))
+    assert kept == ["hydra.searchpath=[file:///my conf]", "hydra.job.chdir=true"]
+    point = ["gpu=mine", "trial.note='a b;c'"]
+    trial = create_trial(value=1.0, user_attrs={HYDRA_OVERRIDES_ATTR: kept, "overrides": point})
+    command = command_line(trial)
+    assert shlex.split(command) == ["python", "train.py", *kept, *point]

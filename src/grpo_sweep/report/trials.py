@@ -369,12 +369,18 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
     return rows
 
 
-def overrides(trial: Trial) -> str:
-    """The trial's config as the command line that reruns it (the sweeper's own overrides if stored)."""
-    if isinstance(trial.record.get("overrides"), list) and trial.record["overrides"]:
-        import shlex
+def rerun_command(overrides: list) -> str:
+    """`python train.py` with each override shell-quoted: one argument each, whatever it holds."""
+    import shlex
 
-        return "python train.py " + " ".join(shlex.quote(str(o)) for o in trial.record["overrides"])
+    return " ".join(["python train.py", *(shlex.quote(str(o)) for o in overrides)])
+
+
+def overrides(trial: Trial) -> str:
+    """The trial's config as the command line that reruns it (the sweeper's own overrides, after the
+    Hydra settings the run needs, if stored)."""
+    if isinstance(trial.record.get("overrides"), list) and trial.record["overrides"]:
+        return rerun_command([*(trial.record.get("hydra_overrides") or []), *trial.record["overrides"]])
     parts = []
     for group in ("model", "gpu"):
         name = (trial.config.get(group) or {}).get("name")
@@ -389,7 +395,7 @@ def overrides(trial: Trial) -> str:
         if key in trial.config:
             value = trial.config[key]
             parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
-    return "python train.py " + " ".join(parts)
+    return rerun_command(parts)
 
 
 def wandb_group(trials: list[Trial], study_name: str | None, root: Path | None) -> str | None:

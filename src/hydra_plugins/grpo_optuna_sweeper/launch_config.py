@@ -48,6 +48,23 @@ def slurm_resources(config: DictConfig) -> int | None:
     return gpus
 
 
+# Trial user attr: rerun_overrides, recorded so the command that reruns the trial carries them.
+HYDRA_OVERRIDES_ATTR = "hydra_overrides"
+# Hydra settings that only concern running the sweep: a single run of one trial's point needs none.
+SWEEP_ONLY = ("hydra.sweeper", "hydra/sweeper", "hydra.sweep", "hydra.launcher", "hydra/launcher", "hydra.mode")
+
+
+def rerun_overrides(config: DictConfig) -> list[str]:
+    """The command line's Hydra settings a single run of a trial's point needs (hydra.searchpath, the
+    job's logging, ...): hydra.overrides.hydra less the ones that only concern the sweep (SWEEP_ONLY)."""
+    out = []
+    for line in OmegaConf.select(config, "hydra.overrides.hydra") or []:
+        key = str(line).split("=", 1)[0].lstrip("+~")
+        if not any(key == prefix or key.startswith(prefix + ".") for prefix in SWEEP_ONLY):
+            out.append(str(line))
+    return out
+
+
 def mask_storage_in(config: DictConfig, url: str) -> None:
     """Keep a storage password out of every config Hydra writes (job .hydra/hydra.yaml, multirun.yaml).
 

@@ -24,6 +24,7 @@ from grpo_sweep.study.storage import SWEEP_JOURNAL
 from . import concessions, confirm, frontier, handles, space
 from .config import SweeperSettingError
 from .config import check as check_settings
+from .launch_config import rerun_overrides
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext
@@ -54,6 +55,9 @@ class SweepPlan:
     # hydra.sweeper.learning_tolerance: the relative departure that flags a trial as having changed the
     # learning (grpo_sweep.report.learning); None: per trial precision
     learning_tolerance: float | None = None
+    # the command line's Hydra settings a single run of a point needs (hydra.searchpath, ...):
+    # launch_config.rerun_overrides; they lead the printed command that reruns a trial
+    hydra_overrides: tuple[str, ...] = ()
 
     @property
     def grace_period(self) -> int:
@@ -141,6 +145,7 @@ def build_plan(
         sweep_dir=sweep_dir,
         storage_url=storage_url(settings, sweep_dir),
         learning_tolerance=settings.get("learning_tolerance"),
+        hydra_overrides=tuple(rerun_overrides(config)),
     )
 
 
