@@ -37,6 +37,10 @@ def _settings(model_name: str | None, cwd: str, column: str) -> dict:
         "reward_funcs": ["rewards.ok"],
         "cwd": cwd,
         "task": "your_data",
+        "unsloth": {
+            "from_pretrained": {"model_name": model_name, "max_seq_length": 128, "dtype": "float32"},
+            "get_peft_model": {"r": 8, "target_modules": ["q_proj", "v_proj"]},
+        },
     }
 
 
@@ -77,26 +81,28 @@ def _run_py(text: str, tmp_path, monkeypatch) -> dict:
 
     monkeypatch.setitem(sys.modules, "trl", types.SimpleNamespace(GRPOConfig=recorder("GRPOConfig")))
     monkeypatch.setitem(sys.modules, "peft", types.SimpleNamespace(LoraConfig=recorder("LoraConfig")))
+    unsloth_calls = types.SimpleNamespace(
+        from_pretrained=lambda **kw: (made.setdefault("from_pretrained", kw), None),
+        get_peft_model=lambda model, **kw: made.setdefault("get_peft_model", kw),
+    )
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=unsloth_calls))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(float32="torch.float32"))
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "exported.py"
     path.write_text(text)
     compile(text, str(path), "exec")
     ran = runpy.run_path(str(path))
-    return {
-        "made": made,
-        "model": ran["MODEL"],
-        "dataset": ran["DATASET"],
-        "rewards": ran["REWARD_FUNCS"],
-        "doc": ran.get("__doc__"),
+    return {"made": made, "doc": ran.get("__doc__")} | {
+        k.lower(): ran[k] for k in ("MODEL", "DATASET", "REWARD_FUNCS") if k in ran
     }
 
 
 def test_exports_under_hostile_names_run_and_parse_as_plain_ones(tmp_path, monkeypatch):
     """A run folder, study, GPU, working folder and prompt column holding quotes, triple quotes, a
-    newline, `$(...)`, a backtick and `;|&<`: best_grpo_config.py runs with no side effect and builds
-    what a plain name's export builds; best.trl.yaml parses to exactly the plain export's keys and values."""
+    newline, `$(...)`, a backtick and `;|&<`: best_grpo_config.py and best_unsloth.py run with no side
+    effect and build what a plain name's exports build; best.trl.yaml parses to exactly the plain export's keys and values."""
     hostile, plain = _export(tmp_path, HOSTILE, "h"), _export(tmp_path, "", "p")
-    assert sorted(hostile) == sorted(plain) == ["best.trl.yaml", "best_grpo_config.py"]
+    assert sorted(hostile) == sorted(plain) == ["best.trl.yaml", "best_grpo_config.py", "best_unsloth.py"]
 
     ran = _run_py(hostile["best_grpo_config.py"], tmp_path / "h", monkeypatch)
     assert not [p.name for p in tmp_path.rglob("PWNED*")]
@@ -104,9 +110,15 @@ def test_exports_under_hostile_names_run_and_parse_as_plain_ones(tmp_path, monke
     out_dir = ran["made"]["GRPOConfig"].pop("output_dir")
     assert "/" not in out_dir and out_dir.startswith("grpo-s") and out_dir.endswith("-trial3")  # one folder
     base["made"]["GRPOConfig"].pop("output_dir")
-    assert ran["made"] == base["made"] and ran["model"] is None and ran["rewards"] == ["rewards.ok"]
+    assert ran["made"] == base["made"] and ran["model"] is None and ran["reward_funcs"] == ["rewards.ok"]
     assert ran["doc"] == base["doc"]  # a fixed docstring: no name on the first lines
     assert ran["dataset"] == base["dataset"]
+
+    ran, base = (_run_py(files["best_unsloth.py"], tmp_path / d, monkeypatch) for files, d in ((hostile, "h"), (plain, "p")))
+    for made in (ran["made"], base["made"]):
+        made["GRPOConfig"].pop("output_dir")
+    assert ran["made"] == base["made"] and ran["made"]["get_peft_model"]["r"] == 8 and ran["doc"] == base["doc"]
+    assert not [p.name for p in tmp_path.rglob("PWNED*")]
 
     parsed, expected = yaml.safe_load(hostile["best.trl.yaml"]), yaml.safe_load(plain["best.trl.yaml"])
     assert list(parsed) == list(expected)
