@@ -15,7 +15,7 @@ import types
 import pytest
 import yaml
 from conftest import FAST, IN_PROCESS_TRIALS, ROOT, load_metrics, train_here
-from test_sweeper_helpers import NO_FILE_SPACE
+from test_sweeper_helpers import NO_FILE_SPACE, run_here, sweep_cmd
 
 # Quotes, triple quotes, a newline and the line breaks YAML knows, `$(...)`, a backtick, `;|&<`, `${`.
 HOSTILE = (
@@ -229,3 +229,17 @@ def test_the_rerun_command_carries_the_hydra_settings_a_run_needs():
     trial = create_trial(value=1.0, user_attrs={HYDRA_OVERRIDES_ATTR: kept, "overrides": point})
     command = command_line(trial)
     assert shlex.split(command) == ["python", "train.py", *kept, *point]
+
+
+def test_a_study_name_holding_a_literal_interpolation_is_refused_in_one_line(tmp_path):
+    """Hydra resolves the sweeper's node twice, so an escaped `\\${...}` in the name would open the study
+    under the resolved name: refused in one line before the storage opens. Quotes, `;|&<` and a
+    backtick in the same name are fine (test_any_study_name_composes_to_itself)."""
+    result = run_here(
+        sweep_cmd(tmp_path / "sweep", "hydra.sweeper.study_name='a;b \\${oc.env:HOME}'", "hydra.sweeper.n_trials=1")
+    )
+    assert result.returncode != 0
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("hydra.sweeper.study_name=") and "must not hold a literal '${'" in first, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "sweep").exists()  # no sweep dir, no journal, no trial

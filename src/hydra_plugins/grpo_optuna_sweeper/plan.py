@@ -22,7 +22,7 @@ from grpo_sweep.levers import recipe_of
 from grpo_sweep.study.storage import SWEEP_JOURNAL
 
 from . import concessions, confirm, frontier, handles, space
-from .config import SweeperSettingError
+from .config import SweeperSettingError, check_study_name
 from .config import check as check_settings
 from .launch_config import rerun_overrides
 
@@ -104,6 +104,8 @@ def build_plan(
     range or a recipe change not declared is one line (SweeperSettingError, concessions), before the
     storage opens and before any model loads."""
     check_settings(settings)
+    node = OmegaConf.select(config, "hydra.sweeper")
+    check_study_name(OmegaConf.to_container(node, resolve=False).get("study_name") if isinstance(node, DictConfig) else None)
     params = [f"{k}={v}" for k, v in (settings.get("params") or {}).items()] + list(arguments)
 
     def is_integer(key: str) -> bool:  # an `interval` over an integer lever samples integers
