@@ -1,5 +1,6 @@
 """What Hydra's config gives the launcher and writes beside every job, set before the first launch:
-SLURM's resources for the largest trial, and the storage URL with its password masked."""
+SLURM's resources for the largest trial, and the storage URL with its password masked; and the
+command line's Hydra settings a single run of a trial's point needs (rerun_overrides)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,9 @@ def build_plan(
     storage opens and before any model loads."""
     check_settings(settings)
     node = OmegaConf.select(config, "hydra.sweeper")
-    check_study_name(OmegaConf.to_container(node, resolve=False).get("study_name") if isinstance(node, DictConfig) else None)
+    # the node as written (unresolved); to_container of a DictConfig is a dict
+    written = cast(dict, OmegaConf.to_container(node, resolve=False)) if isinstance(node, DictConfig) else {}
+    check_study_name(written.get("study_name"))
     params = [f"{k}={v}" for k, v in (settings.get("params") or {}).items()] + list(arguments)
 
     def is_integer(key: str) -> bool:  # an `interval` over an integer lever samples integers
