@@ -222,6 +222,7 @@ def test_the_rerun_command_carries_the_hydra_settings_a_run_needs():
         "hydra/launcher=basic",
         "hydra.launcher.n_jobs=2",
         "hydra.job.chdir=true",
+        "hydra.run.dir=first",
     ]
     kept = rerun_overrides(OmegaConf.create({"hydra": {"overrides": {"hydra": given}}}))
     assert kept == ["hydra.searchpath=[file:///my conf]", "hydra.job.chdir=true"]
@@ -243,3 +244,20 @@ def test_a_study_name_holding_a_literal_interpolation_is_refused_in_one_line(tmp
     assert first.startswith("hydra.sweeper.study_name=") and "must not hold a literal '${'" in first, result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
     assert not (tmp_path / "sweep").exists()  # no sweep dir, no journal, no trial
+
+
+def test_a_run_folders_command_carries_its_recorded_hydra_settings(tmp_path):
+    """A run directory read without a study (grpo-sweep report <dir>): its rerun command is built from
+    its config, led by the Hydra settings Hydra recorded for it (.hydra/hydra.yaml)."""
+    from grpo_sweep.report.trials import load_dir, overrides
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "metrics.json").write_text(json.dumps({"status": "ok", "tokens_per_s": 1.0, "levers": {"lora_rank": 8}}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"gpu": {"name": "mine"}, "model": {"name": "tiny"}}))
+    recorded = {"hydra": {"overrides": {"hydra": ["hydra.searchpath=[file:///my conf]", "hydra.run.dir=x", "hydra.mode=RUN"]}}}
+    (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(recorded))
+    (trial,) = load_dir(tmp_path)
+    argv = shlex.split(overrides(trial))
+    assert argv[:3] == ["python", "train.py", "hydra.searchpath=[file:///my conf]"] and "gpu=mine" in argv
+    assert not [a for a in argv if a.startswith(("hydra.run", "hydra.mode"))]

@@ -10,6 +10,7 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_sweep.credentials import mask_url as mask
+from grpo_sweep.report.trials import rerun_hydra_settings
 
 from . import space
 
@@ -51,19 +52,12 @@ def slurm_resources(config: DictConfig) -> int | None:
 
 # Trial user attr: rerun_overrides, recorded so the command that reruns the trial carries them.
 HYDRA_OVERRIDES_ATTR = "hydra_overrides"
-# Hydra settings that only concern running the sweep: a single run of one trial's point needs none.
-SWEEP_ONLY = ("hydra.sweeper", "hydra/sweeper", "hydra.sweep", "hydra.launcher", "hydra/launcher", "hydra.mode")
 
 
 def rerun_overrides(config: DictConfig) -> list[str]:
     """The command line's Hydra settings a single run of a trial's point needs (hydra.searchpath, the
-    job's logging, ...): hydra.overrides.hydra less the ones that only concern the sweep (SWEEP_ONLY)."""
-    out = []
-    for line in OmegaConf.select(config, "hydra.overrides.hydra") or []:
-        key = str(line).split("=", 1)[0].lstrip("+~")
-        if not any(key == prefix or key.startswith(prefix + ".") for prefix in SWEEP_ONLY):
-            out.append(str(line))
-    return out
+    job's logging, ...): report.trials.rerun_hydra_settings of hydra.overrides.hydra."""
+    return rerun_hydra_settings(list(OmegaConf.select(config, "hydra.overrides.hydra") or []))
 
 
 def mask_storage_in(config: DictConfig, url: str) -> None:
