@@ -7,10 +7,17 @@ adapter, 4-bit loading, model and data, read back from the trainer that ran: tri
 `settings`) and the numbers it measured. Pure text: no torch, TRL or PEFT is imported here (the
 sweep's parent writes these files). Measuring-only settings are not exported (output_dir,
 max_steps, use_cpu, logging, the worst-case generation floor); the files say so.
+
+Folder, study and model names come from the user and may hold anything: every one reaches a file as
+a value (`repr()` in Python, yaml.safe_dump in YAML) or inside a `#` comment cut to one line
+(`one_line`); the Python files open with a fixed docstring, so no name lands on their first two
+lines, where Python reads an encoding declaration.
 """
 
 from __future__ import annotations
 
+import keyword
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,9 @@ from ..config.backends import VLLM_ENGINE_SETTINGS
 from ..files import write_atomic
 from ..metrics import read_metrics
 from ..units import GIB
+
+# The first line of each Python file: fixed text (what the trial measured follows as comments).
+PY_DOC = '"""{what} of one grpo-sweep trial: which trial and what it measured, below."""\n'
 
 FILES = {"trl": "{prefix}.trl.yaml", "python": "{prefix}_grpo_config.py", "unsloth": "{prefix}_unsloth.py"}
 
@@ -217,18 +227,36 @@ def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: in
     if model_note:
         comments.append(model_note)
     comments += _notes(metrics, settings, config)
-    text = "".join(f"# {line}\n" if line else "#\n" for line in comments)
-    return text + yaml.safe_dump(out, sort_keys=False, default_flow_style=None)
+    return comment_block(comments) + yaml.safe_dump(out, sort_keys=False, default_flow_style=None)
+
+
+def one_line(text: Any) -> str:
+    """`text` on one line: every line break Python or YAML knows (\\n, \\r, \\x85, \\u2028, ...) becomes a space."""
+    return " ".join(str(text).splitlines())
+
+
+def comment_block(lines: list[str]) -> str:
+    """`lines` as `#` comments, each cut to one line, so nothing in them becomes code or a YAML key."""
+    return "".join(f"# {one_line(line)}\n" if line else "#\n" for line in lines)
 
 
 def _output_dir(config: dict, sweep: str | None, trial: int | None) -> str:
     trial_cfg = config.get("trial") or {}
     label = trial if trial is not None else trial_cfg.get("number")
-    return f"grpo-{sweep or trial_cfg.get('study') or 'run'}" + (f"-trial{label}" if label is not None else "")
+    name = f"grpo-{sweep or trial_cfg.get('study') or 'run'}" + (f"-trial{label}" if label is not None else "")
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)  # one folder under the user's working directory
 
 
 def _call(name: str, kwargs: dict, indent: str = "    ") -> str:
-    body = "".join(f"{indent}{k}={v if isinstance(v, _Code) else repr(v)},\n" for k, v in kwargs.items())
+    """`name(k=v, ...)`: each value by repr (a _Code as written); a key that is not a plain identifier
+    as `**{'key': value}`."""
+
+    def arg(k: str, v: Any) -> str:
+        value = v if isinstance(v, _Code) else repr(v)
+        plain = k.isidentifier() and not keyword.iskeyword(k)
+        return f"{k}={value}" if plain else f"**{{{k!r}: {value}}}"
+
+    body = "".join(f"{indent}{arg(str(k), v)},\n" for k, v in kwargs.items())
     return f"{name}(\n{body})"
 
 
@@ -242,7 +270,7 @@ def grpo_config_py(
     """A short script building the same GRPOConfig, LoraConfig and BitsAndBytesConfig."""
     settings = metrics["trainer_settings"]
     name, model_note = _model_name(settings)
-    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
+    doc = comment_block(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
     quant = settings.get("quantization")
     lora = settings.get("lora")
     grpo = {"output_dir": _output_dir(config, sweep, trial), **settings["grpo_config"]}
@@ -251,8 +279,8 @@ def grpo_config_py(
     imports = ["import torch"] if quant else []
     imports += ["from peft import LoraConfig"] if lora else []
     imports += ["from transformers import BitsAndBytesConfig"] if quant else []
-    lines = [f'"""{doc}\n"""', "", *imports, "from trl import GRPOConfig", ""]
-    lines.append(f"MODEL = {name!r}" + (f"  # {model_note}" if model_note else ""))
+    lines = [PY_DOC.format(what="GRPOConfig, LoraConfig and BitsAndBytesConfig"), doc, *imports, "from trl import GRPOConfig", ""]
+    lines.append(f"MODEL = {name!r}" + (f"  # {one_line(model_note)}" if model_note else ""))
     dataset = settings.get("dataset")
     if dataset:
         fields = {k: v for k, v in dataset.items() if k in ("path", "data_files", "split")}
@@ -295,7 +323,7 @@ def unsloth_py(
     calls = settings.get("unsloth")
     if not calls:
         return None
-    doc = "\n".join(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
+    doc = comment_block(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
     loaded = dict(calls["from_pretrained"])
     name, model_note = _model_name(settings)
     loaded["model_name"] = name if name else loaded.get("model_name")
@@ -304,8 +332,8 @@ def unsloth_py(
     grpo = {"output_dir": _output_dir(config, sweep, trial), **settings["grpo_config"]}
     grpo["gradient_checkpointing"] = False  # Unsloth checkpoints through get_peft_model(use_gradient_checkpointing=...)
     lines = [
-        f'"""{doc}\n"""',
-        "",
+        PY_DOC.format(what="Unsloth's model and LoRA calls and the GRPOConfig"),
+        doc,
         "from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL on import",
         "",
         "import torch",

@@ -369,12 +369,48 @@ def lever_effects(trials: list[Trial]) -> list[dict]:
     return rows
 
 
-def overrides(trial: Trial) -> str:
-    """The trial's config as the command line that reruns it (the sweeper's own overrides if stored)."""
-    if isinstance(trial.record.get("overrides"), list) and trial.record["overrides"]:
-        import shlex
+# Hydra settings a single rerun of a point does without: the sweep's own (sweeper, sweep folder,
+# launcher, mode) and the first run's folder (the rerun writes its own).
+NOT_FOR_A_RERUN = ("hydra.sweeper", "hydra/sweeper", "hydra.sweep", "hydra.launcher", "hydra/launcher", "hydra.mode", "hydra.run")
 
-        return "python train.py " + " ".join(shlex.quote(str(o)) for o in trial.record["overrides"])
+
+def rerun_hydra_settings(lines: list) -> list[str]:
+    """The command line's Hydra settings (hydra.overrides.hydra) a rerun of the point needs
+    (hydra.searchpath, the job's logging, ...): all but NOT_FOR_A_RERUN."""
+    out = []
+    for line in lines:
+        key = str(line).split("=", 1)[0].lstrip("+~")
+        if not any(key == prefix or key.startswith(prefix + ".") for prefix in NOT_FOR_A_RERUN):
+            out.append(str(line))
+    return out
+
+
+def _run_hydra_settings(run_dir: str | None) -> list[str]:
+    """rerun_hydra_settings of the run Hydra recorded in `run_dir` (.hydra/hydra.yaml), or []."""
+    path = Path(run_dir) / ".hydra" / "hydra.yaml" if run_dir else None
+    if path is None or not path.exists():
+        return []
+    import yaml
+
+    try:
+        written = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    return rerun_hydra_settings(((written.get("hydra") or {}).get("overrides") or {}).get("hydra") or [])
+
+
+def rerun_command(overrides: list) -> str:
+    """`python train.py` with each override shell-quoted: one argument each, whatever it holds."""
+    import shlex
+
+    return " ".join(["python train.py", *(shlex.quote(str(o)) for o in overrides)])
+
+
+def overrides(trial: Trial) -> str:
+    """The trial's config as the command line that reruns it (the sweeper's own overrides, after the
+    Hydra settings the run needs, if stored)."""
+    if isinstance(trial.record.get("overrides"), list) and trial.record["overrides"]:
+        return rerun_command([*(trial.record.get("hydra_overrides") or []), *trial.record["overrides"]])
     parts = []
     for group in ("model", "gpu"):
         name = (trial.config.get(group) or {}).get("name")
@@ -389,7 +425,7 @@ def overrides(trial: Trial) -> str:
         if key in trial.config:
             value = trial.config[key]
             parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
-    return "python train.py " + " ".join(parts)
+    return rerun_command([*_run_hydra_settings(trial.run_dir), *parts])
 
 
 def wandb_group(trials: list[Trial], study_name: str | None, root: Path | None) -> str | None:

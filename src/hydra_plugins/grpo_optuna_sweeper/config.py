@@ -204,3 +204,14 @@ def check(conf: Mapping[str, Any]) -> None:
             f"hydra.sweeper.grace_period={grace!r}: must be greater than hydra.sweeper.heartbeat_interval={beat!r} "
             "(a live trial beats once per interval; a shorter grace fails and retries it), or null: 4 x heartbeat_interval"
         )
+
+
+def check_study_name(written: Any) -> None:
+    """hydra.sweeper.study_name as written in the sweep's config (unresolved): an escaped `\\${` is
+    refused. Hydra resolves the sweeper's node twice, so the name would reach the study with the
+    interpolation resolved; any other character works (space.quoted quotes it for each trial)."""
+    if isinstance(written, str) and "\\${" in written:
+        raise SweeperSettingError(
+            f"hydra.sweeper.study_name={written!r}: must not hold a literal '${{' (Hydra resolves it as an interpolation "
+            "before the study opens); any other character works"
+        )

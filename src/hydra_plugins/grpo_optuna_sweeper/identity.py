@@ -21,8 +21,11 @@ search (the old trials' points may lie outside it), so it is refused too.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from . import space
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -100,6 +103,9 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)[:200]
 
 
+STUDY_NAME = "hydra.sweeper.study_name"
+
+
 def enforce(study: Study, fields: dict[str, Any], storage: str = "") -> None:
     """Record `fields` on a study that does not hold them; StudyMismatch when it holds different ones.
 
@@ -110,7 +116,7 @@ def enforce(study: Study, fields: dict[str, Any], storage: str = "") -> None:
         raise StudyMismatch(
             f"study {study.study_name!r}{f' in {storage}' if storage else ''} is another search: "
             + "; ".join(found)
-            + f". Run this one under a new name (hydra.sweeper.study_name={study.study_name}-2), "
+            + f". Run this one under a new name ({shlex.quote(space.to_override(STUDY_NAME, f'{study.study_name}-2'))}), "
             "or run the study's own search again to resume it"
         )
     for field, value in fields.items():

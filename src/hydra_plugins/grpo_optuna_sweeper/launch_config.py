@@ -1,5 +1,6 @@
 """What Hydra's config gives the launcher and writes beside every job, set before the first launch:
-SLURM's resources for the largest trial, and the storage URL with its password masked."""
+SLURM's resources for the largest trial, and the storage URL with its password masked; and the
+command line's Hydra settings a single run of a trial's point needs (rerun_overrides)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_sweep.credentials import mask_url as mask
+from grpo_sweep.report.trials import rerun_hydra_settings
 
 from . import space
 
@@ -46,6 +48,16 @@ def slurm_resources(config: DictConfig) -> int | None:
         " + the vLLM server's" if gpus > max(counts) else "",
     )
     return gpus
+
+
+# Trial user attr: rerun_overrides, recorded so the command that reruns the trial carries them.
+HYDRA_OVERRIDES_ATTR = "hydra_overrides"
+
+
+def rerun_overrides(config: DictConfig) -> list[str]:
+    """The command line's Hydra settings a single run of a trial's point needs (hydra.searchpath, the
+    job's logging, ...): report.trials.rerun_hydra_settings of hydra.overrides.hydra."""
+    return rerun_hydra_settings(list(OmegaConf.select(config, "hydra.overrides.hydra") or []))
 
 
 def mask_storage_in(config: DictConfig, url: str) -> None:

@@ -22,8 +22,9 @@ from grpo_sweep.levers import recipe_of
 from grpo_sweep.study.storage import SWEEP_JOURNAL
 
 from . import concessions, confirm, frontier, handles, space
-from .config import SweeperSettingError
+from .config import SweeperSettingError, check_study_name
 from .config import check as check_settings
+from .launch_config import rerun_overrides
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext
@@ -54,6 +55,9 @@ class SweepPlan:
     # hydra.sweeper.learning_tolerance: the relative departure that flags a trial as having changed the
     # learning (grpo_sweep.report.learning); None: per trial precision
     learning_tolerance: float | None = None
+    # the command line's Hydra settings a single run of a point needs (hydra.searchpath, ...):
+    # launch_config.rerun_overrides; they lead the printed command that reruns a trial
+    hydra_overrides: tuple[str, ...] = ()
 
     @property
     def grace_period(self) -> int:
@@ -115,6 +119,10 @@ def build_plan(
     range or a recipe change not declared is one line (SweeperSettingError, concessions), before the
     storage opens and before any model loads."""
     check_settings(settings)
+    node = OmegaConf.select(config, "hydra.sweeper")
+    # the node as written (unresolved); to_container of a DictConfig is a dict
+    written = cast(dict, OmegaConf.to_container(node, resolve=False)) if isinstance(node, DictConfig) else {}
+    check_study_name(written.get("study_name"))
     params = [f"{k}={v}" for k, v in (settings.get("params") or {}).items()] + list(arguments)
 
     def is_integer(key: str) -> bool:  # an `interval` over an integer lever samples integers
@@ -156,6 +164,7 @@ def build_plan(
         sweep_dir=sweep_dir,
         storage_url=storage_url(settings, sweep_dir),
         learning_tolerance=settings.get("learning_tolerance"),
+        hydra_overrides=tuple(rerun_overrides(config)),
     )
 
 

@@ -21,6 +21,7 @@ from grpo_sweep.levers import recipe_of, requested_levers
 from grpo_sweep.units import budget_bytes
 
 from . import calibration, concessions, confirm, handles, space
+from .launch_config import HYDRA_OVERRIDES_ATTR
 from .outcome import Outcome, stop_threshold
 from .plan import SweepPlan
 from .prescreen import Prescreen
@@ -66,6 +67,8 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
     early: dict[str, Any] = {}
     overrides += _stop_override(trial, plan, early)
     early[confirm.OVERRIDES_ATTR] = point
+    if plan.hydra_overrides:
+        early[HYDRA_OVERRIDES_ATTR] = list(plan.hydra_overrides)
     if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is None:
         first = confirm.repeat_of(trial.study, trial, point)  # the same point again: its runs pool with the first's
         if first is not None:

@@ -8,6 +8,7 @@ becomes `lora=qv` on the job's command line.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -135,7 +136,48 @@ def to_override(key: str, value: Any) -> str:
     """`key=value` in Hydra's grammar (None -> null, True -> true, strings quoted when needed)."""
     if isinstance(value, bool) or value is None:
         return f"{key}={'null' if value is None else str(value).lower()}"
-    return f"{key}={handles.override_value(value)}"
+    return f"{key}={override_text(value)}"
+
+
+def override_text(value: Any) -> str:
+    """A value as Hydra writes it back, or, for a string Hydra's plain form would not read back as the
+    same string (quotes, `;|&<`, a backtick, a newline, `${`, a number's look), a quoted string that does."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_text(v) for v in value) + "]"
+    plain = handles.override_value(value)
+    if not isinstance(value, str) or _reads_back(plain, value):
+        return plain
+    return quoted(value)
+
+
+def quoted(text: str) -> str:
+    """`text` as a single-quoted Hydra string that composes to exactly `text`: `${` escaped for
+    OmegaConf (a literal backslash run before it doubled), then each quote escaped and each backslash
+    run before a quote or the closing quote doubled (Hydra's quoted-string rules)."""
+    import re
+
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
+    return f"'{text}'"
+
+
+def _reads_back(text: str, value: str) -> bool:
+    """Whether Hydra parses `k=<text>` to the string `value`, with no interpolation for OmegaConf to resolve."""
+    if "${" in value:
+        return False
+    try:
+        parsed = _parser().parse_override(f"k={text}").value()
+    except Exception:  # noqa: BLE001 - Hydra's grammar refuses it: not a plain value
+        return False
+    return isinstance(parsed, str) and parsed == value
+
+
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def representable(dist: Distribution, value: Any) -> bool:

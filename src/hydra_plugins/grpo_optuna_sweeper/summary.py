@@ -16,12 +16,13 @@ from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.files import write_atomic
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from grpo_sweep.report.learning import check_trials, verdict_lines, winner_first
-from grpo_sweep.report.trials import trials_from_study
+from grpo_sweep.report.trials import rerun_command, trials_from_study
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
 from .failures import NOTHING_FITS, Stop, why_no_best
+from .launch_config import HYDRA_OVERRIDES_ATTR
 from .soak import SOAK_ATTR
 from .soak import words as soak_words
 from .tables import finalist_table, stop_words, table
@@ -283,7 +284,9 @@ def _plain_dumper():
 
 
 def command_line(trial: FrozenTrial) -> str:
-    return "python train.py " + " ".join(shlex.quote(o) for o in trial.user_attrs.get("overrides", []))
+    """The shell line that runs the trial's point alone: its Hydra settings (hydra.searchpath, ...), then the point."""
+    attrs = trial.user_attrs
+    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get("overrides") or [])])
 
 
 def dashboard_command(storage_url: str) -> str:
