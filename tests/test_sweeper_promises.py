@@ -375,6 +375,30 @@ def test_systematic_failure_is_recognised_and_advised(tmp_path):
     assert systematic_failure(study, since, 3, command_line) is None
 
 
+def test_prescreened_trial_keeps_the_failure_streak(tmp_path):
+    """A pre-screened point never ran: between two failures it neither counts nor breaks the run,
+    so three failures around it still stop the sweep. A trial that ran (an OOM) breaks it."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    since = sweeper.progress.started
+    error = "ModuleNotFoundError: No module named 'vllm'"
+    first = _fail(sweeper, study, error)
+    _fail(sweeper, study, error)
+    trial = study.ask()
+    trial.set_user_attr("overrides", [f"trial.number={trial.number}"])
+    _tell(sweeper, study, trial, prescreen_verdict(2 * BUDGET, BUDGET, 0.1))
+    assert study.trials[trial.number].state.name == "PRUNED"
+    last = _fail(sweeper, study, error)
+    stop = systematic_failure(study, since, 3, command_line)
+    assert stop is not None and stop.trials == [first, first + 1, last]
+    _tell_record(sweeper, study, dict(OOM), headroom=None)
+    assert systematic_failure(study, since, 1, command_line) is None
+
+
 def test_stop_message_by_hand():
     """What a systematic failure prints and writes to best.yaml, written out by hand."""
     from hydra_plugins.grpo_optuna_sweeper.failures import Stop
@@ -411,10 +435,9 @@ def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
 
 
 def test_systematic_failure_edges(tmp_path):
-    """A negative max_failures_in_a_row is off, like 0; a pre-screened (PRUNED) point is an answer
-    that breaks a run of failures, as an OOM does."""
+    """A negative max_failures_in_a_row is off, like 0 (a pre-screened point:
+    test_prescreened_trial_keeps_the_failure_streak)."""
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
-    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
     from hydra_plugins.grpo_optuna_sweeper.summary import command_line
 
     sweeper = _sweeper(tmp_path)
@@ -424,11 +447,6 @@ def test_systematic_failure_edges(tmp_path):
         _fail(sweeper, study, "RuntimeError: boom")
     assert systematic_failure(study, since, 3, command_line) is not None
     assert systematic_failure(study, since, -1, command_line) is None
-    _tell(sweeper, study, study.ask(), prescreen_verdict(2.0 * GIB, GIB, 0.1))
-    assert study.trials[-1].state.name == "PRUNED"
-    _fail(sweeper, study, "RuntimeError: boom")
-    assert systematic_failure(study, since, 3, command_line) is None
-    assert systematic_failure(study, since, 1, command_line) is not None
 
 
 def test_failure_reasons_and_advice_by_hand(tmp_path):
