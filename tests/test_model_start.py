@@ -248,5 +248,9 @@ def test_the_trust_line_says_when_rho_is_within_chance():
 
     assert said(0.32, 7) == "over 7 configs a rho within +-0.80 is what chance gives: too few to tell)"
     assert said(0.85, 7) == "here the measured order follows it)"
+    # Below 5 configs the bound exceeds 1: no rho can clear it, and no bound above 1 is printed.
+    assert said(0.5, 3) == "over 3 configs any rho, even 1, is what chance can give: too few to tell)"
+    assert said(-1.0, 4) == "over 4 configs any rho, even 1, is what chance can give: too few to tell)"
+    assert said(1.0, 5) == "here the measured order follows it)"  # 1.96 / 2 = 0.98
     assert said(0.5, 26) == "here the measured order roughly follows it)"  # 1.96 / 5 = 0.39
     assert said(-0.6, 26) == "here the measured order runs against it)"
