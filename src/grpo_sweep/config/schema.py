@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
 
-from ..levers import LOSS_TYPES, OPTIMS
+from ..levers import KNOB_OPTIMS, LOSS_TYPES, OPTIMS, RECIPE_OPTIMS
 from ..metrics import TrialMetrics
 from . import backends
 
@@ -463,6 +463,12 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             + (" with load_in_4bit=true" if cfg.load_in_4bit else "")
             + f" needs packages that are not installed: {', '.join(missing)} "
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
+        )
+    # transformers 5.17 training_args.py OptimizerNames: every RECIPE_OPTIMS optimiser is bitsandbytes'.
+    if installed is not None and cfg.optim in RECIPE_OPTIMS and not installed("bitsandbytes"):
+        raise ConfigError(
+            f"optim={cfg.optim}: needs the package bitsandbytes, which is not installed (pip install bitsandbytes); "
+            f"or one of {', '.join(KNOB_OPTIMS)}"
         )
     return cfg
 
