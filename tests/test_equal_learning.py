@@ -590,8 +590,12 @@ def test_checkpointing_settings_reach_gradient_checkpointing_kwargs_only_when_ch
             "Invalid configuration: use_transformers_continuous_batching=true: HF generation only, and backend=trl_vllm "
             "generates with vLLM (TRL uses vLLM first); use backend=trl",
         ),
+        (
+            ["backend=trl_vllm", "gpu=cpu_sim", "backend.vllm_kv_cache_memory_bytes=1"],
+            "Invalid configuration: backend.vllm_kv_cache_memory_bytes=1: too small for one sequence of max_model_len",
+        ),
     ],
-    ids=["offload-on-cpu", "unsloth-on-cpu", "fp32-head-tied", "continuous-batching-with-vllm"],
+    ids=["offload-on-cpu", "unsloth-on-cpu", "fp32-head-tied", "continuous-batching-with-vllm", "kv-bytes-too-small"],
 )
 def test_a_trainer_setting_this_machine_cannot_run_is_one_line_before_any_model_loads(tmp_path, overrides, line):
     result = train_here([*overrides, f"hydra.run.dir={tmp_path}/run"])

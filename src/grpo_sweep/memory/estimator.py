@@ -27,10 +27,10 @@ from typing import Any
 from ..config import backends
 from ..config.backends import generates_with_vllm
 from ..config.model_arch import arch_of
-from ..config.schema import processes_of, split_of
+from ..config.schema import ConfigError, processes_of, split_of
 from ..units import GIB as GiB
 from ..units import MIB as MiB
-from ..units import budget_bytes
+from ..units import budget_bytes, format_size
 
 LOGITS_MODES = ("chunked", "full")
 # TRL 1.16 trl/trainer/utils.py `_CHUNKED_LOGPROB_CHUNK_SIZE` (vocabulary columns per tile) and
@@ -728,6 +728,37 @@ def vllm_cpu_plan(s: Shapes, share: int | None, *, kv_cache_bytes: int | None = 
         "kv_cache_min_bytes": whole_batch["min_bytes"],
         "pool_bytes": weights + kv,
     }
+
+
+def check_kv_cache_bytes(cfg: Any) -> None:
+    """backend.vllm_kv_cache_memory_bytes against what is known before anything loads: at most the
+    card's budget (`gpu.memory_gib`; vLLM reserves it whole, vllm/v1/worker/gpu_worker.py
+    `determine_available_memory`), and at least one sequence of max_model_len (= max_seq_length) in
+    whole blocks besides the null block (`kv_cache_capacity`: vLLM's `_check_enough_kv_cache_memory`),
+    from the model's own numbers. Either way a ConfigError in one line; null: vLLM sizes the cache."""
+    kv = cfg.backend.get("vllm_kv_cache_memory_bytes")
+    device = target_device(cfg)
+    if kv is None or resolve_backend_for(cfg, device) != "trl_vllm":
+        return  # null, or a backend without grpo-sweep's vLLM engine (schema.check_vllm_engine refuses it)
+    key = f"backend.vllm_kv_cache_memory_bytes={kv}"
+    budget = budget_bytes(cfg)
+    if budget is not None and kv > budget:
+        raise ConfigError(
+            f"{key}: more than the card's {format_size(budget)} (gpu={cfg.gpu.name}, gpu.memory_gib={cfg.gpu.memory_gib}); "
+            f"use at most {budget}, or null (vLLM sizes it from gpu_memory_utilization)"
+        )
+    s = shapes(cfg, "trl_vllm", device)
+    if device == "cpu":
+        capacity = kv_cache_capacity(s, kv, VLLM_CPU_BLOCK_TOKENS, 4)
+    else:
+        capacity = kv_cache_capacity(s, kv, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_bytes(backends.vllm_engine_settings(cfg), 2))
+    if not capacity["one_sequence_ok"]:
+        raise ConfigError(
+            f"{key}: too small for one sequence of max_model_len {s.S} tokens "
+            f"({capacity['blocks_per_sequence']} + 1 blocks of {capacity['block_tokens']} tokens, "
+            f"{format_size(capacity['block_bytes'])} each for this model); use at least {capacity['min_bytes']}, "
+            "or null (vLLM sizes it from gpu_memory_utilization)"
+        )
 
 
 # ----------------------------------------------------------------------------- ranks
