@@ -534,9 +534,15 @@ def test_the_new_trainer_settings_kinds_ranges_and_an_unchanged_recipe():
         ("gradient_checkpointing_every_n_layers=0", r"^gradient_checkpointing_every_n_layers=0: must be >= 1$"),
         ("torch_empty_cache_steps=0", r"^torch_empty_cache_steps=0: must be >= 1, or null$"),
         ("pad_to_multiple_of=0", r"^pad_to_multiple_of=0: must be >= 1, or null$"),
+        (  # read only with checkpointing on: with it off, the setting would do nothing
+            "gradient_checkpointing_every_n_layers=5",
+            r"^gradient_checkpointing_every_n_layers=5: only with gradient_checkpointing=true \(transformers reads it "
+            r"only then\); use 1, or gradient_checkpointing=true$",
+        ),
     ):
         with pytest.raises(ConfigError, match=line):
             validate(compose([override]))
+    validate(compose(["gradient_checkpointing=true", "gradient_checkpointing_every_n_layers=5"]))
 
 
 def test_checkpointing_settings_reach_gradient_checkpointing_kwargs_only_when_checkpointing():

@@ -484,6 +484,11 @@ def check_trainer_knobs(cfg: Any) -> None:
             f"gradient_checkpointing_every_n_layers={cfg.gradient_checkpointing_every_n_layers}: not with backend=unsloth "
             "(Unsloth checkpoints every layer through get_peft_model); use 1, or backend=trl or trl_vllm"
         )
+    if cfg.get("gradient_checkpointing_every_n_layers", 1) != 1 and not cfg.get("gradient_checkpointing"):
+        raise ConfigError(
+            f"gradient_checkpointing_every_n_layers={cfg.gradient_checkpointing_every_n_layers}: only with "
+            "gradient_checkpointing=true (transformers reads it only then); use 1, or gradient_checkpointing=true"
+        )
     arch = cfg.model.get("arch")
     if isinstance(arch, DictConfig) and "tie_word_embeddings" in arch and not OmegaConf.is_missing(arch, "tie_word_embeddings"):
         check_fp32_head(cfg, tied=bool(arch.tie_word_embeddings))  # a hub model's from its config.json: model_arch.py
@@ -517,6 +522,11 @@ def check_vllm_server(cfg: Any) -> None:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ConfigError(f"backend.vllm_tensor_parallel_size={tp}: must be an integer >= 1")
     if cfg.backend.vllm_mode != "server":
+        if tp != 1:  # trl_vllm builds TRL's colocated engine without it (trial/backends/trl_vllm.py)
+            raise ConfigError(
+                f"backend.vllm_tensor_parallel_size={tp}: only with backend.vllm_mode=server (the colocated engine "
+                f"runs in each training process, tensor parallel 1; got vllm_mode={cfg.backend.vllm_mode}); use 1"
+            )
         return
     if cfg.backend.name != "trl_vllm":
         raise ConfigError(
