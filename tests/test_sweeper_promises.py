@@ -399,6 +399,28 @@ def test_prescreened_trial_keeps_the_failure_streak(tmp_path):
     assert systematic_failure(study, since, 1, command_line) is None
 
 
+def test_an_enqueue_key_the_sweep_does_not_search_is_one_line():
+    """A trial sets only the searched parameters: an `enqueue` value for any other key (all of them
+    when hydra.sweeper.params is empty) would be dropped without a word. It is refused in one line
+    before the storage opens, naming the point, the key and the space."""
+    from test_sweeper_helpers import tiny_sweeper
+
+    # Exception: Hydra's plugin discovery may import the sweeper's modules again (another class object)
+    with pytest.raises(Exception) as err:
+        with tiny_sweeper(params=None, enqueue=[{"per_device_train_batch_size": 2}]):
+            pass
+    assert type(err.value).__name__ == "SweeperSettingError"
+    assert str(err.value) == (
+        "hydra.sweeper.enqueue[0].per_device_train_batch_size=2: not a parameter this sweep searches (search space: "
+        "empty); search it in hydra.sweeper.params, or set it for every trial as a plain override"
+    )
+    with pytest.raises(Exception, match=r"^hydra.sweeper.enqueue\[1\].lora_rank=16: not a parameter this sweep"):
+        with tiny_sweeper(enqueue=[{"per_device_train_batch_size": 2}, {"per_device_train_batch_size": 2, "lora_rank": 16}]):
+            pass
+    with tiny_sweeper(enqueue=[{"per_device_train_batch_size": 2}]) as tiny:  # a searched key: queued as before
+        assert "per_device_train_batch_size" in tiny.plan.distributions
+
+
 def test_stop_message_by_hand():
     """What a systematic failure prints and writes to best.yaml, written out by hand."""
     from hydra_plugins.grpo_optuna_sweeper.failures import Stop
@@ -592,7 +614,7 @@ def test_start_points_never_overflow_the_search_phase(caplog):
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    points = [{"max_seq_length": 64, "per_device_train_batch_size": b, "lora_rank": r} for b in (2, 4) for r in (8, 16)]
+    points = [{"per_device_train_batch_size": b, "gradient_checkpointing": c} for b in (2, 4) for c in (False, True)]
 
     def waiting(study):
         return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]
