@@ -23,7 +23,7 @@ from grpo_sweep.memory.estimator import target_device
 from grpo_sweep.units import format_size
 
 from . import concessions, forecast, space
-from .config import SweeperSettingError
+from .config import SweepError, SweeperSettingError
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
@@ -39,12 +39,22 @@ def check_for_target(cfg: Any) -> None:
 
 
 def run(plan: SweepPlan, compose: Composer) -> dict:
-    """Print the plan (and write it as JSON to hydra.sweeper.plan_json when set); returns it."""
+    """Print the plan (and write it as JSON to hydra.sweeper.plan_json when set); returns it. A
+    plan_json whose folder is missing is refused before the plan is built; a write that fails (a
+    full disk) is one line."""
+    path = plan.settings.get("plan_json")
+    if path and not Path(path).parent.is_dir():
+        raise SweeperSettingError(
+            f"hydra.sweeper.plan_json={path}: its folder {Path(path).parent} does not exist; create it, or name a file "
+            "in an existing folder"
+        )
     data = build(plan, compose)
     print(format_text(data))
-    path = plan.settings.get("plan_json")
     if path:
-        Path(path).write_text(json.dumps(data, indent=1, default=str))
+        try:
+            Path(path).write_text(json.dumps(data, indent=1, default=str))
+        except OSError as err:
+            raise SweepError(f"hydra.sweeper.plan_json={path}: cannot write it ({err.strerror or err})") from None
     return data
 
 
