@@ -238,6 +238,21 @@ def test_report_shows_predicted_against_measured_rank(tmp_path):
     assert "Model vs measured rank" in html and "Spearman rho 0.50" in html and "id=model-ranks" in html
 
 
+def test_the_plan_counts_what_the_start_queues_and_says_one_point():
+    """The plan's start line names as many points as the start queues: frontier_start=5, but the
+    search phase's 4 trials leave room for 2 after tiny_cpu's 2 enqueue points. A space of one
+    point is "1 point"."""
+    from hydra_plugins.grpo_optuna_sweeper import preview
+
+    with tiny_sweeper(n_trials=4, confirm_top=0, frontier_start=5) as tiny:
+        data = preview.build(tiny.plan, tiny.compose)
+    assert data["start"]["count"] == 2 and len(data["start"]["points"]) == 2
+    assert "the first 2 search trials after the presets and enqueue points" in preview.format_text(data)
+    with tiny_sweeper(params=None, enqueue=[], frontier_start=5) as tiny:
+        text = preview.format_text(preview.build(tiny.plan, tiny.compose))
+    assert "Plan for sweep tiny_cpu: 1 point in the space (no parameters)" in text
+
+
 def test_plan_json_into_a_missing_folder_or_onto_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
     """hydra.sweeper.plan_json in a folder that does not exist is refused before the plan is built;
     a write that fails (/dev/full: a full disk) is one line; `grpo-sweep plan --json` without a

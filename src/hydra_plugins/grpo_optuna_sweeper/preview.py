@@ -90,7 +90,7 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
         "fit": sum(f.fits for f in judged),
         "headroom": settings.headroom,
         "fastest": [_row(f, i + 1) for i, f in enumerate(ranking[:SHOWN])],
-        "start": _start(settings, ranking, judged),
+        "start": _start(settings, ranking, judged, _room(plan)),
         "cheapest_concession": cheapest_concession(plan, judged, configs),
         "points": [_point(f) for f in forecasts],
     }
@@ -129,11 +129,19 @@ def _point(f: forecast.Forecast) -> dict:
     }
 
 
-def _start(settings: Any, ranking: list[forecast.Forecast], judged: list[forecast.Forecast]) -> dict:
+def _room(plan: SweepPlan) -> int:
+    """The search trials the frontier start has room for (start.enqueue_start): the search phase
+    less the `enqueue` points and, with warm_start, the presets, which are queued first."""
+    settings = plan.settings
+    before = len(settings.get("enqueue") or []) + (len(settings.presets) if settings.warm_start else 0)
+    return max(plan.n_search - before, 0)
+
+
+def _start(settings: Any, ranking: list[forecast.Forecast], judged: list[forecast.Forecast], room: int) -> dict:
     """What the sweep's start would queue first (hydra.sweeper.start, frontier_start), besides the
-    presets and `enqueue` points, which take their room first."""
-    mode, count = settings.get("start", "model"), settings.frontier_start
-    out: dict[str, Any] = {"mode": mode, "count": count}
+    presets and `enqueue` points, which take their room first (`room`: what they leave)."""
+    mode, count = settings.get("start", "model"), min(settings.frontier_start, room)
+    out: dict[str, Any] = {"mode": mode, "count": count, "frontier_start": settings.frontier_start}
     if mode == "model" and count and settings.sampler != "grid":
         out["points"] = [f.params for f in ranking[:count]]
     return out
@@ -194,7 +202,8 @@ def format_text(data: dict) -> str:
     """The plan as the terminal shows it."""
     sp, pre = data["space"], data["prescreen"]
     names = ", ".join(sp["parameters"]) or "no parameters"
-    lines = [f"Plan for sweep {data['sweep']}: {sp['size']} points in the space ({names})"]
+    size = sp["size"]
+    lines = [f"Plan for sweep {data['sweep']}: {size} point{'' if size == 1 else 's'} in the space ({names})"]
     if data["sampled"]:
         lines.append(f"  judged {data['judged']} of them, drawn at random (seeded)")
     if data["not_judged"]["count"]:
@@ -241,10 +250,11 @@ def format_text(data: dict) -> str:
         lines.append(f"Recipe: {cc.get('why')}")
     start = data["start"]
     if start.get("points"):
+        n = len(start["points"])
         lines.append(
-            f"Start (hydra.sweeper.start=model): the first {len(start['points'])} search trials after the presets and "
-            "enqueue points: the fastest above, in that order"
+            f"Start (hydra.sweeper.start=model): the first {'search trial' if n == 1 else f'{n} search trials'} after "
+            "the presets and enqueue points: the fastest above, in that order"
         )
     else:
-        lines.append(f"Start: hydra.sweeper.start={start['mode']}, frontier_start={start['count']}")
+        lines.append(f"Start: hydra.sweeper.start={start['mode']}, frontier_start={start.get('frontier_start', start['count'])}")
     return "\n".join(lines)
