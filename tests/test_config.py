@@ -41,6 +41,20 @@ def test_cuda_only_levers_need_cuda():
             validate_here(compose(["quant=nf4"]), cuda=True)
 
 
+@pytest.mark.parametrize("optim", ["adamw_8bit", "paged_adamw_32bit"])
+def test_a_bitsandbytes_optimiser_needs_bitsandbytes_before_loading(optim):
+    """The 8-bit and paged optimisers are bitsandbytes': without it the config is refused in one
+    line naming optim, the package and the optimisers that need none, before any model loads."""
+    cfg = compose([f"optim={optim}"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, cuda=False, installed=lambda package: package != "bitsandbytes")
+    line = str(err.value)
+    assert line.startswith(f"optim={optim}: needs the package bitsandbytes") and "adamw_torch_fused" in line
+    assert "\n" not in line
+    validate(cfg, cuda=False, installed=lambda package: True)
+    validate(compose(["optim=adamw_torch_fused"]), cuda=False, installed=lambda package: package != "bitsandbytes")
+
+
 def test_groups_set_top_level_levers():
     cfg = compose(["preset=seed_optimized", "lora=all_linear"])
     assert (cfg.max_seq_length, cfg.per_device_train_batch_size, cfg.load_in_4bit) == (512, 2, True)

@@ -534,9 +534,15 @@ def test_the_new_trainer_settings_kinds_ranges_and_an_unchanged_recipe():
         ("gradient_checkpointing_every_n_layers=0", r"^gradient_checkpointing_every_n_layers=0: must be >= 1$"),
         ("torch_empty_cache_steps=0", r"^torch_empty_cache_steps=0: must be >= 1, or null$"),
         ("pad_to_multiple_of=0", r"^pad_to_multiple_of=0: must be >= 1, or null$"),
+        (  # read only with checkpointing on: with it off, the setting would do nothing
+            "gradient_checkpointing_every_n_layers=5",
+            r"^gradient_checkpointing_every_n_layers=5: only with gradient_checkpointing=true \(transformers reads it "
+            r"only then\); use 1, or gradient_checkpointing=true$",
+        ),
     ):
         with pytest.raises(ConfigError, match=line):
             validate(compose([override]))
+    validate(compose(["gradient_checkpointing=true", "gradient_checkpointing_every_n_layers=5"]))
 
 
 def test_checkpointing_settings_reach_gradient_checkpointing_kwargs_only_when_checkpointing():
@@ -590,8 +596,12 @@ def test_checkpointing_settings_reach_gradient_checkpointing_kwargs_only_when_ch
             "Invalid configuration: use_transformers_continuous_batching=true: HF generation only, and backend=trl_vllm "
             "generates with vLLM (TRL uses vLLM first); use backend=trl",
         ),
+        (
+            ["backend=trl_vllm", "gpu=cpu_sim", "backend.vllm_kv_cache_memory_bytes=1"],
+            "Invalid configuration: backend.vllm_kv_cache_memory_bytes=1: too small for one sequence of max_model_len",
+        ),
     ],
-    ids=["offload-on-cpu", "unsloth-on-cpu", "fp32-head-tied", "continuous-batching-with-vllm"],
+    ids=["offload-on-cpu", "unsloth-on-cpu", "fp32-head-tied", "continuous-batching-with-vllm", "kv-bytes-too-small"],
 )
 def test_a_trainer_setting_this_machine_cannot_run_is_one_line_before_any_model_loads(tmp_path, overrides, line):
     result = train_here([*overrides, f"hydra.run.dir={tmp_path}/run"])

@@ -291,6 +291,40 @@ def test_vllm_engine_settings_terms():
     assert est.assumptions["kv_cache_available_bytes"] == 4 * 65536 and est.components["vllm_pool"] == plan["pool_bytes"]
 
 
+def test_kv_cache_bytes_known_impossible_before_loading_are_one_line():
+    """backend.vllm_kv_cache_memory_bytes larger than the card, or too small for one max_model_len
+    sequence of this model (its block bytes from the model's numbers), is refused in one line before
+    anything loads; the smallest value that holds one sequence passes. vLLM-CPU: 128-token blocks of
+    float32 (64 KiB for the tiny model); a card: 16-token blocks in the model's bf16."""
+    from grpo_sweep.config.schema import ConfigError
+    from grpo_sweep.memory.vllm import check_kv_cache_bytes
+
+    def refusal(overrides):
+        try:
+            check_kv_cache_bytes(compose(["backend=trl_vllm", "max_seq_length=256", *overrides]))
+        except ConfigError as err:
+            assert "\n" not in str(err)
+            return str(err)
+        return None
+
+    huge = refusal(["gpu=cpu_sim", f"backend.vllm_kv_cache_memory_bytes={10**15}"])
+    assert huge.startswith(f"backend.vllm_kv_cache_memory_bytes={10**15}: more than the card's 1.00 GiB (gpu=cpu_sim")
+    assert "use at most 1073741824, or null" in huge
+    small = refusal(["gpu=cpu_sim", "backend.vllm_kv_cache_memory_bytes=1"])
+    assert small == (
+        "backend.vllm_kv_cache_memory_bytes=1: too small for one sequence of max_model_len 256 tokens (2 + 1 blocks "
+        "of 128 tokens, 64.00 KiB each for this model); use at least 196608, or null (vLLM sizes it from "
+        "gpu_memory_utilization)"
+    )
+    assert refusal(["gpu=cpu_sim", "backend.vllm_kv_cache_memory_bytes=196608"]) is None
+    assert refusal(["gpu=cpu_sim", "backend.vllm_kv_cache_memory_bytes=196607"]) is not None
+    card = refusal(["gpu=l4_24g", "backend.vllm_kv_cache_memory_bytes=1"])
+    assert "(16 + 1 blocks of 16 tokens" in card and "use at least" in card
+    assert refusal(["gpu=l4_24g", f"backend.vllm_kv_cache_memory_bytes={10**9}"]) is None
+    assert refusal(["gpu=cpu_sim"]) is None  # null: vLLM sizes it
+    assert refusal(["gpu=cpu_sim", "gpu.memory_gib=null", "backend.vllm_kv_cache_memory_bytes=196608"]) is None
+
+
 def _qwen3_8b(**kw):
     """Qwen3-8B's published config (hidden 4096, intermediate 12288, 36 layers, 32 heads, 8 KV heads, head_dim
     128, vocabulary 151936, untied head) as the Unsloth DeepSeek-R1-0528-Qwen3-8B GRPO notebook ran it: 4-bit,

@@ -378,7 +378,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
     """A one-trial study over lora_rank=choice(8,16,32), maximize tokens_per_s. Re-run with a
     different choice list, an added parameter, the other direction, another objective: each stops
     with exit 1 and one line naming each difference and a new study_name, and the study still holds
-    its one trial. The same search again resumes it ("Resuming study ... with 1 trials")."""
+    its one trial. The same search again resumes it ("Resuming study ... with 1 trial done")."""
     sweep_dir = tmp_path / "sweep"
     rank = "lora_rank=choice(8,16,32)"
     base = [a for a in QUICK if a != "lora_rank=8"] + [rank, "hydra.sweeper.concessions=[lora_rank]", "hydra.sweeper.n_trials=1"]
@@ -420,7 +420,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
         assert "Traceback" not in out
         assert len(load_study(storage).trials) == 1  # no trial was asked or queued
     again = run_here(sweep_cmd(sweep_dir, *base))
-    assert again.returncode == 0 and "Resuming study 'tiny_cpu' with 1 trials" in again.stdout + again.stderr
+    assert again.returncode == 0 and "Resuming study 'tiny_cpu' with 1 trial done" in again.stdout + again.stderr
     assert len(load_study(storage).trials) == 1
 
 

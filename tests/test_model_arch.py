@@ -62,6 +62,36 @@ def test_defaults_follow_transformers():
         )
 
 
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("num_attention_heads", 0), ("hidden_size", "big"), ("num_hidden_layers", -2), ("vocab_size", True), ("head_dim", 1.5)],
+)
+def test_impossible_config_json_numbers_are_one_line(tmp_path, key, value):
+    """A config.json size that is 0, negative, non-numeric or fractional is refused in one line
+    naming the key and the value, by the pre-load check and by arch_of alike, never as a raw
+    ZeroDivisionError or int() error. A whole float (2048.0) is the integer."""
+    from grpo_sweep.config.local import validate_here
+
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, key: value}))
+    cfg = compose(["model=hub", f"model.hub_id={tmp_path}"])
+    for check in (validate_here, arch_of):
+        with pytest.raises(ConfigError) as err:
+            check(cfg)
+        line = str(err.value)
+        assert f"{key}={value!r}" in line and "integer >= 1" in line and f"model.arch.{key}" in line and "\n" not in line
+    assert arch_from_config({**LLAMA, "hidden_size": 64.0})["hidden_size"] == 64
+
+
 def _estimate_cli(*args: str) -> subprocess.CompletedProcess:
     code = (
         "import sys; from grpo_sweep.cli import main; rc = main(['estimate', *sys.argv[1:]]); "

@@ -233,6 +233,57 @@ def test_report_shows_predicted_against_measured_rank(tmp_path):
     assert "Model vs measured rank" in html and "Spearman rho 0.50" in html and "id=model-ranks" in html
 
 
+def test_the_plan_counts_what_the_start_queues_and_says_one_point():
+    """The plan's start line names as many points as the start queues: frontier_start=5, but the
+    search phase's 4 trials leave room for 2 after tiny_cpu's 2 enqueue points. A space of one
+    point is "1 point"."""
+    from hydra_plugins.grpo_optuna_sweeper import preview
+
+    with tiny_sweeper(n_trials=4, confirm_top=0, frontier_start=5) as tiny:
+        data = preview.build(tiny.plan, tiny.compose)
+    assert data["start"]["count"] == 2 and len(data["start"]["points"]) == 2
+    assert "the first 2 search trials after the presets and enqueue points" in preview.format_text(data)
+    with tiny_sweeper(params=None, enqueue=[], frontier_start=5) as tiny:
+        text = preview.format_text(preview.build(tiny.plan, tiny.compose))
+    assert "Plan for sweep tiny_cpu: 1 point in the space (no parameters)" in text
+
+
+def test_plan_json_into_a_missing_folder_or_onto_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    """hydra.sweeper.plan_json in a folder that does not exist is refused before the plan is built;
+    a write that fails (/dev/full: a full disk) is one line; `grpo-sweep plan --json` without a
+    usable temporary folder is one line too. None is a traceback."""
+    import tempfile
+    from pathlib import Path
+
+    from conftest import cli
+
+    from hydra_plugins.grpo_optuna_sweeper import preview
+
+    missing = tmp_path / "no" / "plan.json"
+    with tiny_sweeper(plan_json=str(missing)) as tiny:
+        with pytest.raises(Exception) as err:  # Hydra may import the plugin's modules again: another class object
+            preview.run(tiny.plan, tiny.compose)
+    assert type(err.value).__name__ == "SweeperSettingError"
+    assert (
+        str(err.value)
+        == f"hydra.sweeper.plan_json={missing}: its folder {missing.parent} does not exist; create it, or name a file in an existing folder"
+    )
+    assert capsys.readouterr().out == ""  # refused before the plan was built and printed
+    if Path("/dev/full").exists():
+        with tiny_sweeper(plan_json="/dev/full") as tiny:
+            with pytest.raises(Exception) as err:
+                preview.run(tiny.plan, tiny.compose)
+        assert type(err.value).__name__ == "SweepError"
+        assert str(err.value) == "hydra.sweeper.plan_json=/dev/full: cannot write it (No space left on device)"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    out = cli("plan", "+sweeps=tiny_cpu", "--json")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip() == (
+        f"grpo-sweep plan --json: cannot use a temporary folder in {tmp_path / 'gone'} (No such file or directory); "
+        "set TMPDIR to a writable folder with free space"
+    )
+
+
 def test_the_trust_line_says_when_rho_is_within_chance():
     """A rank correlation over few configs is said to be chance unless it clears 1.96 of its sd
     under no relation (1 / sqrt(n - 1)); past that, its sign and size are put in words."""
@@ -243,6 +294,10 @@ def test_the_trust_line_says_when_rho_is_within_chance():
 
     assert said(0.32, 7) == "over 7 configs a rho within +-0.80 is what chance gives: too few to tell)"
     assert said(0.85, 7) == "here the measured order follows it)"
+    # Below 5 configs the bound exceeds 1: no rho can clear it, and no bound above 1 is printed.
+    assert said(0.5, 3) == "over 3 configs any rho, even 1, is what chance can give: too few to tell)"
+    assert said(-1.0, 4) == "over 4 configs any rho, even 1, is what chance can give: too few to tell)"
+    assert said(1.0, 5) == "here the measured order follows it)"  # 1.96 / 2 = 0.98
     assert said(0.5, 26) == "here the measured order roughly follows it)"  # 1.96 / 5 = 0.39
     assert said(-0.6, 26) == "here the measured order runs against it)"
 

@@ -347,6 +347,11 @@ def test_server_mode_takes_the_pool_off_the_training_card():
             ["backend=trl_vllm", "backend.vllm_mode=server", "backend.vllm_tensor_parallel_size=2", "trial.vllm_devices=[3]"],
             "backend.vllm_tensor_parallel_size=2: more than the 1 trial.vllm_devices=[3]",
         ),
+        (  # the colocated engine is built without it: refused, not ignored
+            ["backend=trl_vllm", "backend.vllm_tensor_parallel_size=2"],
+            "backend.vllm_tensor_parallel_size=2: only with backend.vllm_mode=server (the colocated engine runs in each "
+            "training process, tensor parallel 1; got vllm_mode=colocate); use 1",
+        ),
     ],
 )
 def test_bad_server_settings_are_one_line(overrides, needle):

@@ -65,6 +65,26 @@ def test_grammar_to_distributions():
     assert "lora_rank" not in dists and fixed["lora_rank"] == "lora_rank=32"
 
 
+def test_the_resume_line_counts_done_trials_apart_from_queued_and_running():
+    """The resume line names the trials done (those counted toward n_trials) and the queued and
+    running ones apart: 4 done and 2 queued are not "6 trials"."""
+    import optuna
+
+    from hydra_plugins.grpo_optuna_sweeper.opening import resume_line
+
+    study = optuna.create_study(study_name="s")
+    for _ in range(4):
+        study.tell(study.ask(), 1.0)
+    study.enqueue_trial({"x": 1})
+    study.enqueue_trial({"x": 2})
+    assert resume_line(study) == "Resuming study 's' with 4 trials done, 2 queued"
+    study.ask()  # takes a queued one: running
+    assert resume_line(study) == "Resuming study 's' with 4 trials done, 1 queued, 1 running"
+    one = optuna.create_study(study_name="one")
+    one.tell(one.ask(), 1.0)
+    assert resume_line(one) == "Resuming study 'one' with 1 trial done"
+
+
 def test_metrics_to_optuna_outcome():
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 

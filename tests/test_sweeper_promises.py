@@ -375,6 +375,52 @@ def test_systematic_failure_is_recognised_and_advised(tmp_path):
     assert systematic_failure(study, since, 3, command_line) is None
 
 
+def test_prescreened_trial_keeps_the_failure_streak(tmp_path):
+    """A pre-screened point never ran: between two failures it neither counts nor breaks the run,
+    so three failures around it still stop the sweep. A trial that ran (an OOM) breaks it."""
+    from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+
+    sweeper = _sweeper(tmp_path)
+    study = _study(sweeper)
+    since = sweeper.progress.started
+    error = "ModuleNotFoundError: No module named 'vllm'"
+    first = _fail(sweeper, study, error)
+    _fail(sweeper, study, error)
+    trial = study.ask()
+    trial.set_user_attr("overrides", [f"trial.number={trial.number}"])
+    _tell(sweeper, study, trial, prescreen_verdict(2 * BUDGET, BUDGET, 0.1))
+    assert study.trials[trial.number].state.name == "PRUNED"
+    last = _fail(sweeper, study, error)
+    stop = systematic_failure(study, since, 3, command_line)
+    assert stop is not None and stop.trials == [first, first + 1, last]
+    _tell_record(sweeper, study, dict(OOM), headroom=None)
+    assert systematic_failure(study, since, 1, command_line) is None
+
+
+def test_an_enqueue_key_the_sweep_does_not_search_is_one_line():
+    """A trial sets only the searched parameters: an `enqueue` value for any other key (all of them
+    when hydra.sweeper.params is empty) would be dropped without a word. It is refused in one line
+    before the storage opens, naming the point, the key and the space."""
+    from test_sweeper_helpers import tiny_sweeper
+
+    # Exception: Hydra's plugin discovery may import the sweeper's modules again (another class object)
+    with pytest.raises(Exception) as err:
+        with tiny_sweeper(params=None, enqueue=[{"per_device_train_batch_size": 2}]):
+            pass
+    assert type(err.value).__name__ == "SweeperSettingError"
+    assert str(err.value) == (
+        "hydra.sweeper.enqueue[0].per_device_train_batch_size=2: not a parameter this sweep searches (search space: "
+        "empty); search it in hydra.sweeper.params, or set it for every trial as a plain override"
+    )
+    with pytest.raises(Exception, match=r"^hydra.sweeper.enqueue\[1\].lora_rank=16: not a parameter this sweep"):
+        with tiny_sweeper(enqueue=[{"per_device_train_batch_size": 2}, {"per_device_train_batch_size": 2, "lora_rank": 16}]):
+            pass
+    with tiny_sweeper(enqueue=[{"per_device_train_batch_size": 2}]) as tiny:  # a searched key: queued as before
+        assert "per_device_train_batch_size" in tiny.plan.distributions
+
+
 def test_stop_message_by_hand():
     """What a systematic failure prints and writes to best.yaml, written out by hand."""
     from hydra_plugins.grpo_optuna_sweeper.failures import Stop
@@ -411,10 +457,9 @@ def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
 
 
 def test_systematic_failure_edges(tmp_path):
-    """A negative max_failures_in_a_row is off, like 0; a pre-screened (PRUNED) point is an answer
-    that breaks a run of failures, as an OOM does."""
+    """A negative max_failures_in_a_row is off, like 0 (a pre-screened point:
+    test_prescreened_trial_keeps_the_failure_streak)."""
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
-    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
     from hydra_plugins.grpo_optuna_sweeper.summary import command_line
 
     sweeper = _sweeper(tmp_path)
@@ -424,11 +469,6 @@ def test_systematic_failure_edges(tmp_path):
         _fail(sweeper, study, "RuntimeError: boom")
     assert systematic_failure(study, since, 3, command_line) is not None
     assert systematic_failure(study, since, -1, command_line) is None
-    _tell(sweeper, study, study.ask(), prescreen_verdict(2.0 * GIB, GIB, 0.1))
-    assert study.trials[-1].state.name == "PRUNED"
-    _fail(sweeper, study, "RuntimeError: boom")
-    assert systematic_failure(study, since, 3, command_line) is None
-    assert systematic_failure(study, since, 1, command_line) is not None
 
 
 def test_failure_reasons_and_advice_by_hand(tmp_path):
@@ -574,7 +614,7 @@ def test_start_points_never_overflow_the_search_phase(caplog):
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    points = [{"max_seq_length": 64, "per_device_train_batch_size": b, "lora_rank": r} for b in (2, 4) for r in (8, 16)]
+    points = [{"per_device_train_batch_size": b, "gradient_checkpointing": c} for b in (2, 4) for c in (False, True)]
 
     def waiting(study):
         return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]

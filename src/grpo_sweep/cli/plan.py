@@ -47,12 +47,20 @@ def cli(argv: list[str]) -> int:
         return 2
     if not as_json:
         return subprocess.run(command(overrides, None), check=False).returncode
-    with tempfile.TemporaryDirectory(prefix="grpo-sweep-plan-") as tmp:
-        path = Path(tmp) / "plan.json"
-        # The app's own lines (Hydra's log, the text plan) are not data: kept off stdout, shown on a failure.
-        done = subprocess.run(command(overrides, path), check=False, stdout=subprocess.PIPE, text=True)
-        if done.returncode != 0 or not path.exists():
-            sys.stderr.write(done.stdout[-3000:])
-            return done.returncode or 1
-        print(path.read_text())
+    try:
+        with tempfile.TemporaryDirectory(prefix="grpo-sweep-plan-") as tmp:
+            path = Path(tmp) / "plan.json"
+            # The app's own lines (Hydra's log, the text plan) are not data: kept off stdout, shown on a failure.
+            done = subprocess.run(command(overrides, path), check=False, stdout=subprocess.PIPE, text=True)
+            if done.returncode != 0 or not path.exists():
+                sys.stderr.write(done.stdout[-3000:])
+                return done.returncode or 1
+            print(path.read_text())
+    except OSError as err:  # no temporary folder (a full or missing TMPDIR): one line, no traceback
+        print(
+            f"grpo-sweep plan --json: cannot use a temporary folder in {tempfile.gettempdir()} ({err.strerror or err}); "
+            "set TMPDIR to a writable folder with free space",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from ..config.local import validate_here
 from ..config.schema import ConfigError, register
 from ..config.trl_config import expand
+from ..memory.vllm import check_kv_cache_bytes
 from ..trial.parent import run_trial
 
 register()
@@ -39,6 +40,7 @@ def main() -> None:
 def app(cfg: DictConfig) -> float:
     try:
         validate_here(cfg)
+        check_kv_cache_bytes(cfg)  # the model's numbers against the KV bytes: known before loading
     except ConfigError as err:
         raise SystemExit(f"Invalid configuration: {err}") from None
     single = HydraConfig.get().mode == RunMode.RUN

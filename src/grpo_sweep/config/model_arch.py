@@ -63,21 +63,41 @@ def arch_from_config(data: dict) -> dict[str, Any]:
     missing = [k for k in REQUIRED if text.get(k) is None]
     if missing:
         raise ConfigError(f"config.json has no {', '.join(missing)} (model_type={text.get('model_type')}): set model.arch.*")
-    heads = int(text["num_attention_heads"])
     model_type = str(text["model_type"])
+
+    def number(key: str, default: int | None = None) -> int:
+        """A size the file must give (no default), or one it may leave out or set to 0/null (the default)."""
+        value = text[key] if default is None else (text.get(key) or default)
+        return _positive_int(value, key, model_type)
+
+    heads = number("num_attention_heads")
+    hidden = number("hidden_size")
     tied = data.get("tie_word_embeddings", text.get("tie_word_embeddings"))
     return {
         "model_type": model_type,
-        "hidden_size": int(text["hidden_size"]),
-        "num_hidden_layers": int(text["num_hidden_layers"]),
+        "hidden_size": hidden,
+        "num_hidden_layers": number("num_hidden_layers"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(text.get("num_key_value_heads") or heads),
-        "head_dim": int(text.get("head_dim") or int(text["hidden_size"]) // heads),
-        "intermediate_size": int(text["intermediate_size"]),
-        "vocab_size": int(text["vocab_size"]),
+        "num_key_value_heads": number("num_key_value_heads", heads),
+        "head_dim": number("head_dim", hidden // heads),
+        "intermediate_size": number("intermediate_size"),
+        "vocab_size": number("vocab_size"),
         "tie_word_embeddings": bool(model_type in TIED_BY_DEFAULT if tied is None else tied),
-        "max_position_embeddings": int(text.get("max_position_embeddings") or DEFAULT_POSITIONS),
+        "max_position_embeddings": number("max_position_embeddings", DEFAULT_POSITIONS),
     }
+
+
+def _positive_int(value: Any, key: str, model_type: str) -> int:
+    """A config.json size as an integer >= 1 (a whole float such as 2048.0 too); anything else is
+    refused in one line naming the key, so no ZeroDivisionError or int() error comes later."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"config.json {key}={value!r} (model_type={model_type}): must be an integer >= 1; "
+            f"fix the file or set model.arch.{key}"
+        )
+    return value
 
 
 @functools.lru_cache(maxsize=32)
@@ -92,13 +112,19 @@ def _read(hub_id: str) -> dict[str, Any]:
 def arch_of(cfg: Any) -> DictConfig:
     """`cfg.model.arch` complete: what the config sets, the rest from the model's config.json."""
     arch = cfg.model.arch
-    given = {k: arch[k] for k in ARCH_KEYS if k in arch and not OmegaConf.is_missing(arch, k)}
+    given = _given(cfg)
     if len(given) == len(ARCH_KEYS):
         return arch if isinstance(arch, DictConfig) else OmegaConf.create(dict(arch))
     if not cfg.model.get("hub_id"):
         absent = [k for k in ARCH_KEYS if k not in given]
         raise ConfigError(f"model.arch: {', '.join(absent)} missing and no model.hub_id to read a config.json from")
     return OmegaConf.create({**_read(str(cfg.model.hub_id)), **given})
+
+
+def _given(cfg: Any) -> dict[str, Any]:
+    """The architecture numbers the config itself sets (they win over config.json's)."""
+    arch = cfg.model.arch
+    return {k: arch[k] for k in ARCH_KEYS if k in arch and not OmegaConf.is_missing(arch, k)}
 
 
 def fill_arch(cfg: Any) -> None:
@@ -127,8 +153,9 @@ def cached_config_json(hub_id: str) -> Path | None:
 def check_hub_lora_targets(cfg: Any) -> None:
     """`model=hub`: check lora_target_modules against the model_type its config.json names (the one
     table, schema.LORA_MODULES), and cast_lm_head_to_fp32 against its tied embeddings
-    (schema.check_fp32_head), before anything downloads, where that config.json is local or cached. A
-    model whose config is not here yet is checked by PEFT and TRL when it loads."""
+    (schema.check_fp32_head), and its architecture numbers (arch_from_config: each present, an
+    integer >= 1), before anything downloads, where that config.json is local or cached. A model
+    whose config is not here yet is checked by PEFT and TRL when it loads."""
     arch = cfg.model.get("arch")
     if isinstance(arch, DictConfig) and "model_type" in arch and not OmegaConf.is_missing(arch, "model_type"):
         return  # given in the config: schema.validate checked it
@@ -143,8 +170,10 @@ def check_hub_lora_targets(cfg: Any) -> None:
     model_type = (data.get("text_config") or data).get("model_type")
     if model_type:
         check_lora_modules(cfg, model_type=str(model_type))
-        try:
-            tied = bool(arch_from_config(data)["tie_word_embeddings"])
-        except ConfigError:
-            return  # numbers missing: arch_of says so with its own message
+    # The numbers as arch_of reads them (the config's win): a missing or impossible one is refused
+    # here, before anything loads.
+    given = _given(cfg)
+    text = {**(data.get("text_config") or data), **given}
+    tied = bool({**arch_from_config({**data, "text_config": text}), **given}["tie_word_embeddings"])
+    if model_type:
         check_fp32_head(cfg, tied=tied)

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
 
-from ..levers import LOSS_TYPES, OPTIMS
+from ..levers import KNOB_OPTIMS, LOSS_TYPES, OPTIMS, RECIPE_OPTIMS
 from ..metrics import TrialMetrics
 from . import backends
 
@@ -464,6 +464,12 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             + f" needs packages that are not installed: {', '.join(missing)} "
             f"(on a CUDA machine: {backends.install_hint(backend, missing)}; or choose backend=trl or auto)"
         )
+    # transformers 5.17 training_args.py OptimizerNames: every RECIPE_OPTIMS optimiser is bitsandbytes'.
+    if installed is not None and cfg.optim in RECIPE_OPTIMS and not installed("bitsandbytes"):
+        raise ConfigError(
+            f"optim={cfg.optim}: needs the package bitsandbytes, which is not installed (pip install bitsandbytes); "
+            f"or one of {', '.join(KNOB_OPTIMS)}"
+        )
     return cfg
 
 
@@ -477,6 +483,11 @@ def check_trainer_knobs(cfg: Any) -> None:
         raise ConfigError(
             f"gradient_checkpointing_every_n_layers={cfg.gradient_checkpointing_every_n_layers}: not with backend=unsloth "
             "(Unsloth checkpoints every layer through get_peft_model); use 1, or backend=trl or trl_vllm"
+        )
+    if cfg.get("gradient_checkpointing_every_n_layers", 1) != 1 and not cfg.get("gradient_checkpointing"):
+        raise ConfigError(
+            f"gradient_checkpointing_every_n_layers={cfg.gradient_checkpointing_every_n_layers}: only with "
+            "gradient_checkpointing=true (transformers reads it only then); use 1, or gradient_checkpointing=true"
         )
     arch = cfg.model.get("arch")
     if isinstance(arch, DictConfig) and "tie_word_embeddings" in arch and not OmegaConf.is_missing(arch, "tie_word_embeddings"):
@@ -511,6 +522,11 @@ def check_vllm_server(cfg: Any) -> None:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ConfigError(f"backend.vllm_tensor_parallel_size={tp}: must be an integer >= 1")
     if cfg.backend.vllm_mode != "server":
+        if tp != 1:  # trl_vllm builds TRL's colocated engine without it (trial/backends/trl_vllm.py)
+            raise ConfigError(
+                f"backend.vllm_tensor_parallel_size={tp}: only with backend.vllm_mode=server (the colocated engine "
+                f"runs in each training process, tensor parallel 1; got vllm_mode={cfg.backend.vllm_mode}); use 1"
+            )
         return
     if cfg.backend.name != "trl_vllm":
         raise ConfigError(

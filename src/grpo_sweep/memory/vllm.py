@@ -10,9 +10,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..config import backends
+from ..config.schema import ConfigError
 from ..units import GIB as GiB
 from ..units import MIB as MiB
-from .shapes import CUDA_CONTEXT_BYTES, Shapes, kv_bytes_per_token, linear_shapes, param_counts, weights_bytes
+from ..units import budget_bytes, format_size
+from .shapes import (
+    CUDA_CONTEXT_BYTES,
+    Shapes,
+    kv_bytes_per_token,
+    linear_shapes,
+    param_counts,
+    resolve_backend_for,
+    shapes,
+    target_device,
+    weights_bytes,
+)
 
 # vLLM's engine settings where neither the config nor the caller sets them: TRL 1.16 colocate passes
 # max_num_batched_tokens=4096 (trl/generation/vllm_generation.py); max_num_seqs is vLLM's EngineArgs default.
@@ -301,3 +314,34 @@ def vllm_cpu_plan(s: Shapes, share: int | None, *, kv_cache_bytes: int | None = 
         "kv_cache_min_bytes": whole_batch["min_bytes"],
         "pool_bytes": weights + kv,
     }
+
+
+def check_kv_cache_bytes(cfg: Any) -> None:
+    """backend.vllm_kv_cache_memory_bytes against what is known before anything loads: at most the
+    card's budget (`gpu.memory_gib`; vLLM reserves it whole, vllm/v1/worker/gpu_worker.py
+    `determine_available_memory`), and at least one sequence of max_model_len (= max_seq_length) in
+    whole blocks besides the null block (`kv_cache_capacity`: vLLM's `_check_enough_kv_cache_memory`),
+    from the model's own numbers. Either way a ConfigError in one line; null: vLLM sizes the cache."""
+    kv = cfg.backend.get("vllm_kv_cache_memory_bytes")
+    device = target_device(cfg)
+    if kv is None or resolve_backend_for(cfg, device) != "trl_vllm":
+        return  # null, or a backend without grpo-sweep's vLLM engine (schema.check_vllm_engine refuses it)
+    key = f"backend.vllm_kv_cache_memory_bytes={kv}"
+    budget = budget_bytes(cfg)
+    if budget is not None and kv > budget:
+        raise ConfigError(
+            f"{key}: more than the card's {format_size(budget)} (gpu={cfg.gpu.name}, gpu.memory_gib={cfg.gpu.memory_gib}); "
+            f"use at most {budget}, or null (vLLM sizes it from gpu_memory_utilization)"
+        )
+    s = shapes(cfg, "trl_vllm", device)
+    if device == "cpu":
+        capacity = kv_cache_capacity(s, kv, VLLM_CPU_BLOCK_TOKENS, 4)
+    else:
+        capacity = kv_cache_capacity(s, kv, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_bytes(backends.vllm_engine_settings(cfg), 2))
+    if not capacity["one_sequence_ok"]:
+        raise ConfigError(
+            f"{key}: too small for one sequence of max_model_len {s.S} tokens "
+            f"({capacity['blocks_per_sequence']} + 1 blocks of {capacity['block_tokens']} tokens, "
+            f"{format_size(capacity['block_bytes'])} each for this model); use at least {capacity['min_bytes']}, "
+            "or null (vLLM sizes it from gpu_memory_utilization)"
+        )

@@ -514,8 +514,11 @@ def model_trust_line(result: dict) -> str:
     rho, n = result["rho"], result["configs"]
     # Under no relation rho has variance 1/(n - 1) (normal approximation): a |rho| below 1.96 of its
     # sd is what chance alone gives in 95 % of studies of n configs, so it says nothing either way.
+    # Below 5 configs that bound exceeds 1, the largest |rho| there is: no order can clear it.
     chance = 1.96 / math.sqrt(n - 1)
-    if abs(rho) < chance:
+    if chance >= 1:
+        said = f"over {n} configs any rho, even 1, is what chance can give: too few to tell"
+    elif abs(rho) < chance:
         said = f"over {n} configs a rho within +-{chance:.2f} is what chance gives: too few to tell"
     else:
         said = (

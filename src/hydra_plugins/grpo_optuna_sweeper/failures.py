@@ -5,7 +5,8 @@ a model that cannot be loaded (no Hub access), a missing package, a reward funct
 Each such trial costs a model load and tells the sampler nothing, so after
 `hydra.sweeper.max_failures_in_a_row` trials in a row fail for one reason that is not memory, the
 sweep stops with that reason and what to do. OOM and pre-screened trials are never failures here:
-they are the search's own answers ("this does not fit").
+they are the search's own answers ("this does not fit"). A pre-screened point never ran, so it
+does not break a run of failures either.
 """
 
 # No `from __future__ import annotations` here: Hydra's plugin scan loads this module without
@@ -102,8 +103,10 @@ def systematic_failure(
         for t in study.get_trials(deepcopy=False)
         if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and t.datetime_complete is not None and t.datetime_complete >= since
     ]
-    # A retried or surplus FAIL is bookkeeping, not an answer: it neither counts nor breaks a run.
-    finished = [t for t in finished if t.state.name != "FAIL" or t.user_attrs.get("status") not in ("surplus", "interrupted")]
+    # A retried or surplus FAIL is bookkeeping, not an answer: it neither counts nor breaks a run. A
+    # pre-screened point never ran, so it shows nothing about the failing setup: it neither counts
+    # nor breaks a run either. A trial that ran (ok, OOM, slow) breaks it.
+    finished = [t for t in finished if t.user_attrs.get("status") not in ("surplus", "interrupted", "pruned")]
     finished.sort(key=lambda t: (t.datetime_complete, t.number))
     last = finished[-limit:]
     if len(last) < limit:

@@ -16,6 +16,7 @@ from grpo_sweep.study.storage import open_storage, study_names
 from . import identity, space
 from .config import check_setting
 from .plan import SweepPlan
+from .progress import counts
 from .workers import retry
 
 if TYPE_CHECKING:
@@ -62,10 +63,19 @@ def open_study(plan: SweepPlan, task: DictConfig) -> Study:
     study.set_user_attr("recipe", plan.recipe)  # plain names for the report and readers of the study
     study.set_user_attr("concessions", list(plan.concessions))
     if existed:
-        log.info("Resuming study %r with %d trials", study.study_name, len(study.get_trials(deepcopy=False)))
+        log.info(resume_line(study))
     else:
         log.info("New study %r", study.study_name)
     return study
+
+
+def resume_line(study: Study) -> str:
+    """What a resumed study holds: the trials done (those that count toward n_trials,
+    progress.counts), then the queued and running ones, each named apart."""
+    counted, running = counts(study)
+    queued = sum(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
+    extra = "".join(f", {n} {what}" for n, what in ((queued, "queued"), (len(running), "running")) if n)
+    return f"Resuming study {study.study_name!r} with {counted} trial{'' if counted == 1 else 's'} done{extra}"
 
 
 def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> BaseSampler:

@@ -137,6 +137,7 @@ def build_plan(
         raise SweeperSettingError(str(err)) from None
     declared = tuple(str(c) for c in (settings.get("concessions") or []))
     recipe, concession_params, fixed_held, distributions = _hold_recipe(declared, distributions, list(fixed.values()), compose)
+    check_enqueue(settings.get("enqueue") or [], distributions)
     n_trials = settings.n_trials
     if settings.sampler == "grid":
         size = 1
@@ -216,6 +217,19 @@ def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callab
         ", ".join(settings),
     )
     return {**distributions, key: CategoricalDistribution(keep)}
+
+
+def check_enqueue(points: Sequence[Any], distributions: dict) -> None:
+    """Every key of every `enqueue` point is a parameter the sweep searches: a trial sets only the
+    searched ones, so any other value would be dropped without a word. One line otherwise."""
+    for i, point in enumerate(points):
+        for key in point:
+            if key not in distributions:
+                raise SweeperSettingError(
+                    f"hydra.sweeper.enqueue[{i}].{key}={point[key]}: not a parameter this sweep searches "
+                    f"(search space: {', '.join(distributions) or 'empty'}); search it in hydra.sweeper.params, "
+                    "or set it for every trial as a plain override"
+                )
 
 
 def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str], compose: Callable) -> tuple:

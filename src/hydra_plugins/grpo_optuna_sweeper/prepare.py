@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of, requested_levers
+from grpo_sweep.memory.vllm import check_kv_cache_bytes
 from grpo_sweep.units import budget_bytes
 
 from . import calibration, concessions, confirm, handles, space
@@ -78,6 +79,7 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
     try:
         cfg = compose(overrides)
         validate_here(cfg)  # resolves the split (gradient_accumulation_steps from completions_per_step)
+        check_kv_cache_bytes(cfg)
     except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
         if cfg is not None:
             attrs["levers"] = requested_levers(cfg)

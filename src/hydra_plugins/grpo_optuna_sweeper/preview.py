@@ -24,6 +24,7 @@ from grpo_sweep.memory.shapes import target_device
 from grpo_sweep.units import format_size
 
 from . import concessions, forecast, frontier, neighbours, space, start
+from .config import SweepError, SweeperSettingError
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
@@ -39,12 +40,22 @@ def check_for_target(cfg: Any) -> None:
 
 
 def run(plan: SweepPlan, compose: Composer) -> dict:
-    """Print the plan (and write it as JSON to hydra.sweeper.plan_json when set); returns it."""
+    """Print the plan (and write it as JSON to hydra.sweeper.plan_json when set); returns it. A
+    plan_json whose folder is missing is refused before the plan is built; a write that fails (a
+    full disk) is one line."""
+    path = plan.settings.get("plan_json")
+    if path and not Path(path).parent.is_dir():
+        raise SweeperSettingError(
+            f"hydra.sweeper.plan_json={path}: its folder {Path(path).parent} does not exist; create it, or name a file "
+            "in an existing folder"
+        )
     data = build(plan, compose)
     print(format_text(data))
-    path = plan.settings.get("plan_json")
     if path:
-        Path(path).write_text(json.dumps(data, indent=1, default=str))
+        try:
+            Path(path).write_text(json.dumps(data, indent=1, default=str))
+        except OSError as err:
+            raise SweepError(f"hydra.sweeper.plan_json={path}: cannot write it ({err.strerror or err})") from None
     return data
 
 
@@ -133,14 +144,22 @@ def _point(f: forecast.Forecast) -> dict:
     }
 
 
+def _room(plan: SweepPlan) -> int:
+    """The search trials the frontier start has room for (start.enqueue_start): the search phase
+    less the `enqueue` points and, with warm_start, the presets, which are queued first."""
+    settings = plan.settings
+    before = len(settings.get("enqueue") or []) + (len(settings.presets) if settings.warm_start else 0)
+    return max(plan.n_search - before, 0)
+
+
 def _start(plan: SweepPlan, forecasts: list[forecast.Forecast]) -> dict:
     """What the sweep's start would queue first (hydra.sweeper.start, frontier_start), besides the
-    presets and `enqueue` points, which take their room first: start.choose over the points the
-    start itself judges (frontier.space_candidates' first frontier.MAX_CANDIDATES, which the plan's
-    own sample holds), none of them a point the sweeper refuses."""
+    presets and `enqueue` points, which take their room first (`_room`: what they leave):
+    start.choose over the points the start itself judges (frontier.space_candidates' first
+    frontier.MAX_CANDIDATES, which the plan's own sample holds), none of them a point the sweeper refuses."""
     settings = plan.settings
-    mode, count = settings.get("start", "model"), settings.frontier_start
-    out: dict[str, Any] = {"mode": mode, "count": count}
+    mode, count = settings.get("start", "model"), min(settings.frontier_start, _room(plan))
+    out: dict[str, Any] = {"mode": mode, "count": count, "frontier_start": settings.frontier_start}
     if mode == "model" and count and settings.sampler != "grid" and plan.distributions:
         by_point = {neighbours.point_key(f.params): f for f in forecasts}
         points = frontier.space_candidates(plan.distributions, settings.seed, frontier.MAX_CANDIDATES)
@@ -207,8 +226,9 @@ def format_text(data: dict) -> str:
     """The plan as the terminal shows it."""
     sp, pre = data["space"], data["prescreen"]
     names = ", ".join(sp["parameters"]) or "no parameters"
-    size = "a continuous space" if sp["size"] is None else f"{sp['size']} points in the space"
-    lines = [f"Plan for sweep {data['sweep']}: {size} ({names})"]
+    size = sp["size"]
+    size_text = "a continuous space" if size is None else f"{size} point{'' if size == 1 else 's'} in the space"
+    lines = [f"Plan for sweep {data['sweep']}: {size_text} ({names})"]
     if data["sampled"]:
         lines.append(f"  judged {data['judged']} of them, drawn at random (seeded)")
     if data["not_judged"]["count"]:
@@ -266,17 +286,19 @@ def format_text(data: dict) -> str:
     else:
         lines.append(f"Recipe: {cc.get('why')}")
     start = data["start"]
-    if start.get("points") and start["points"] == [r["params"] for r in data["fastest"][: len(start["points"])]]:
+    n = len(start.get("points") or [])
+    trials = "search trial" if n == 1 else f"{n} search trials"
+    if start.get("points") and start["points"] == [r["params"] for r in data["fastest"][:n]]:
         lines.append(
-            f"Start (hydra.sweeper.start=model): the first {len(start['points'])} search trials after the presets and "
-            "enqueue points: the fastest above, in that order"
+            f"Start (hydra.sweeper.start=model): the first {trials} after the presets and enqueue points: "
+            "the fastest above, in that order"
         )
     elif start.get("points"):
         lines.append(
-            f"Start (hydra.sweeper.start=model): the first {len(start['points'])} search trials after the presets and "
-            "enqueue points: the fastest predicted fits among the points the start judges, in this order"
+            f"Start (hydra.sweeper.start=model): the first {trials} after the presets and enqueue points: "
+            "the fastest predicted fits among the points the start judges, in this order"
         )
         lines += [f"  {_point_text(p)}" for p in start["points"]]
     else:
-        lines.append(f"Start: hydra.sweeper.start={start['mode']}, frontier_start={start['count']}")
+        lines.append(f"Start: hydra.sweeper.start={start['mode']}, frontier_start={start.get('frontier_start', start['count'])}")
     return "\n".join(lines)

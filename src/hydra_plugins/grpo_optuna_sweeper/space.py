@@ -60,7 +60,10 @@ def _distribution(override: Override, key: str, is_integer: Callable[[str], bool
     # value() is typed as any parsed element (its optional fields are set by the grammar on a sweep).
     value: Any = override.value()
     if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
-        choices = list(override.sweep_iterator(transformer=Transformer.encode))
+        # `null` stays None (Hydra's encode would spell it as the string "null", which a string value
+        # must not be read as); every other element as Hydra encodes it.
+        raw = override.sweep_iterator(transformer=Transformer.identity)
+        choices = [x if x is None else Transformer.encode(x) for x in raw]
         return CategoricalDistribution(choices)  # type: ignore[arg-type]  # encoded: str/int/float/bool/None
     if override.is_range_sweep():
         if any(isinstance(x, float) for x in (value.start, value.stop, value.step)):
