@@ -903,3 +903,36 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
     report = cli("report", str(sweep_dir), "--out", str(tmp_path / "again"))
     assert report.returncode == 0, report.stderr
     assert f"best: trial {best['best_trial']} " in report.stdout and f"best trial 2 {said}" in report.stdout
+
+
+@pytest.mark.parametrize(
+    ("param", "setting"),
+    [
+        ("+trial.grpo_config.temperature=choice(0.7,1.0)", "trial.grpo_config"),
+        ("+trial.grpo_config.num_iterations=choice(1,4)", "trial.grpo_config"),
+        ("seed=choice(0,1)", "seed"),
+        ("task.num_prompts=choice(64,128)", "task"),
+        ("task.max_operand=choice(9,99)", "task"),
+        ("backend.vllm_max_num_seqs=choice(2,4)", "backend.vllm_max_num_seqs"),
+    ],
+)
+def test_every_setting_not_listed_as_a_knob_is_recipe(param, setting):
+    """GRPOConfig's own arguments, the seed, the task's settings and vLLM's sequence cap change what is learned:
+    searching one is refused in one line naming it, before any trial, unless hydra.sweeper.concessions lists it."""
+    key = param.split("=")[0].lstrip("+")
+    with pytest.raises(ValueError) as err, tiny_sweeper(param):
+        pass
+    text = str(err.value)
+    assert type(err.value).__name__ == "SweeperSettingError" and "\n" not in text
+    assert text.startswith(f"hydra.sweeper.params.{param.split('=')[0]}: changes the recipe ({setting}: "), text
+    assert f"hydra.sweeper.concessions=[{key}]" in text, text
+    with tiny_sweeper(param, concessions=[key]) as tiny:  # listed: searched, a concession
+        assert tiny.plan.concession_params[param.split("=")[0]] == {setting}
+        assert setting in tiny.plan.may_change
+    assert kind_of(key) == RECIPE
+
+
+def test_a_grpo_config_argument_is_part_of_the_recipe_recorded():
+    """trial.grpo_config enters the recipe only when it sets something: a study recorded without it keeps its identity."""
+    assert "trial.grpo_config" not in recipe_of(compose([]))
+    assert recipe_of(compose(["+trial.grpo_config.num_iterations=4"]))["trial.grpo_config"] == {"num_iterations": 4}
