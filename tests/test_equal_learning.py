@@ -10,6 +10,7 @@ import json
 import shutil
 from copy import deepcopy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -936,3 +937,64 @@ def test_a_grpo_config_argument_is_part_of_the_recipe_recorded():
     """trial.grpo_config enters the recipe only when it sets something: a study recorded without it keeps its identity."""
     assert "trial.grpo_config" not in recipe_of(compose([]))
     assert recipe_of(compose(["+trial.grpo_config.num_iterations=4"]))["trial.grpo_config"] == {"num_iterations": 4}
+
+
+def test_a_trial_with_no_peer_is_unchecked_not_same():
+    """A trial alone in its recipe and seed (seed=1 beside seed=0 trials) had nothing compared with it: `unchecked`."""
+    from grpo_sweep.report.learning import check_trials, compare, verdict_of
+
+    def rec(g2):
+        return {"recipe": {"x": 1}, "device": "cpu", "history": [{"grad_norm": 0.5, "entropy": 1.0}, {"grad_norm": g2}]}
+
+    checked = compare([(0, rec(0.7), 0), (1, rec(0.7), 0), (2, rec(0.9), 1)])
+    assert dict(checked) == {} and checked.unchecked == {2}
+    assert [verdict_of(n, checked) for n in (0, 1, 2)] == ["same", "same", "unchecked"]
+    # the report's trials: the same rule, by the config's seed
+    report = [_checked_trial(0, 10.0, 1.0), _checked_trial(1, 11.0, 1.0), _checked_trial(2, 12.0, 1.0)]
+    report[2].config["seed"] = 1
+    assert check_trials(report).unchecked == {2}
+
+
+def test_the_learning_check_says_which_trials_agree():
+    """vllm_max_num_seqs at 4, 1, 4, 1: trials 0 and 2 agree exactly, as do 1 and 3; no pair outnumbers the other,
+    so all four are flagged and each line says which agree. A pair beside two lone configs is the reference."""
+    from grpo_sweep.report.learning import Verdict, compare, verdict_lines
+
+    def rec(g2):
+        return {"recipe": {"x": 1}, "device": "cpu", "history": [{"grad_norm": 0.5, "entropy": 1.0}, {"grad_norm": g2}]}
+
+    pairs = compare([(0, rec(0.7), 0), (1, rec(0.8), 0), (2, rec(0.7), 0), (3, rec(0.8), 0)])
+    assert sorted(pairs) == [0, 1, 2, 3]
+    said = "trials 0 and 2 agree; trials 1 and 3 agree; the groups differ and none outnumbers the others"
+    assert all(said in d.text for d in pairs.values()), pairs[0].text
+    winner = SimpleNamespace(item=SimpleNamespace(number=0), members=[SimpleNamespace(number=0)])
+    (line, *_) = verdict_lines(Verdict([winner], [], True), pairs, lambda t: t.number, lambda n: f"trial {n}")
+    assert "no trial of its recipe and seed agrees" not in line and said in line.split("flagged: ")[1], line
+    lone = compare([(0, rec(0.7), 0), (1, rec(0.8), 0), (2, rec(0.7), 0), (3, rec(0.9), 0)])
+    assert sorted(lone) == [1, 3] and not lone[1].agreement and lone[1].keys[0]["reference"] == 0.7
+
+
+def test_every_output_of_the_learning_check_says_unchecked(tmp_path):
+    """A trial alone in its seed: report.html's section and table, the printed table and lines, and best.yaml's
+    `learning_unchecked` name it unchecked, never `same`; the winner alone in its seed is said to be unchecked."""
+    from grpo_sweep.report.html import write_report
+    from grpo_sweep.report.trials import learning_check
+    from hydra_plugins.grpo_optuna_sweeper.summary import learning_lines, learning_summary
+    from hydra_plugins.grpo_optuna_sweeper.tables import table
+
+    trials = [_checked_trial(0, 100.0, 0.7), _checked_trial(1, 120.0, 0.7), _checked_trial(2, 150.0, 0.7)]
+    trials[2].config["seed"] = 1
+    verdict, flagged = learning_check(trials)
+    assert dict(flagged) == {} and flagged.unchecked == {2} and verdict.ranked[0].item.number == 2
+    page = write_report(trials, tmp_path, title="alone").read_text()
+    assert "the 2 ok trials compared took the same first steps" in page
+    assert "<p id=unchecked-learning>Unchecked: trial 2 (no other config of its recipe and seed ran" in page
+    assert ">unchecked: no other config of its recipe and seed ran<" in page
+    lines = learning_lines(verdict, flagged, 3)
+    assert "none of the 2 ok trials compared changed the learning" in lines and "unchecked: trial 2 (" in lines, lines
+    summary = learning_summary(verdict, flagged, None)
+    assert "changed_the_learning" not in summary
+    assert summary["learning_unchecked"]["trials"] == [2] and summary["learning_unchecked"]["winner_unchecked"] is True
+    ok = [SimpleNamespace(number=n, value=v, params={}, user_attrs={}) for n, v in ((2, 150.0), (1, 120.0), (0, 100.0))]
+    rows = {line.split()[1]: line.split()[-1] for line in table(ok, "tokens_per_s", 3, set(), {2}).splitlines()[1:]}
+    assert rows == {"2": "unchecked", "1": "same", "0": "same"}, rows
