@@ -454,7 +454,7 @@ def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, D
     """The Equal learning section: which trials changed the learning (their first steps' numbers against
     the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
     winner (learning.winner_first)."""
-    unchecked = getattr(flagged, "unchecked", frozenset())
+    unchecked: frozenset = getattr(flagged, "unchecked", frozenset())
     compared = [t for t in trials if t.status == "ok" and t.record.get("history") and key_of(t) not in unchecked]
     tolerance = trials[0].learning_tolerance if trials else None
     at = f"tolerance {tolerance:g} relative" if tolerance is not None else "tolerance per precision: float32 1e-4, bf16 2e-2"

@@ -122,8 +122,8 @@ class Checked(dict):
     """`check_trials`' answer: the trials that changed the learning, by key, each with its Departure;
     `unchecked`: the ok trials with no other config of their recipe and seed, so nothing was compared with them."""
 
-    def __init__(self, flagged: Mapping[Hashable, Departure] = (), unchecked: Iterable[Hashable] = ()):
-        super().__init__(flagged)
+    def __init__(self, flagged: Mapping[Hashable, Departure] | None = None, unchecked: Iterable[Hashable] = ()):
+        super().__init__(flagged or {})
         self.unchecked: frozenset = frozenset(unchecked)
 
 

@@ -11,7 +11,7 @@ gave up and what each concession bought, from trials that differ only there wher
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import TYPE_CHECKING, Any, cast
 
 from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, listed_as, why_in
@@ -34,17 +34,17 @@ def diff(recipe: dict, other: dict) -> dict:
     return {k: other.get(k) for k in keys if other.get(k) != recipe.get(k)}
 
 
-def allowed_names(groups: set[str], searched: set[str] = frozenset()) -> list[str]:
+def allowed_names(groups: set[str], searched: Set[str] = frozenset()) -> list[str]:
     listed = [*RECIPE_SETTINGS, "model", "task", "seed"]
     return [*listed, *sorted((set(groups) | _recipe_params(searched)) - set(listed))]
 
 
-def _recipe_params(searched: set[str], recipe: dict | None = None) -> set[str]:
+def _recipe_params(searched: Set[str], recipe: dict | None = None) -> set[str]:
     """The searched settings that are recipe, by name (an override's `+`/`~` left off)."""
     return {key.lstrip("+~") for key in searched if kind_in(key, recipe) == RECIPE}
 
 
-def check_list(concessions: list[str], groups: set[str], recipe: dict | None = None, searched: set[str] = frozenset()) -> None:
+def check_list(concessions: list[str], groups: set[str], recipe: dict | None = None, searched: Set[str] = frozenset()) -> None:
     """Each entry of hydra.sweeper.concessions names a recipe setting, a searched config group, or a searched
     setting that is recipe (levers.kind_of: every setting not listed as a knob), once.
     recipe: the held recipe, for the settings whose kind depends on it (levers.CONDITIONS: the split under bnpo)."""
