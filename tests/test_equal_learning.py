@@ -937,6 +937,8 @@ def test_a_grpo_config_argument_is_part_of_the_recipe_recorded():
     """trial.grpo_config enters the recipe only when it sets something: a study recorded without it keeps its identity."""
     assert "trial.grpo_config" not in recipe_of(compose([]))
     assert recipe_of(compose(["+trial.grpo_config.num_iterations=4"]))["trial.grpo_config"] == {"num_iterations": 4}
+    engine = "+trial.grpo_config.transformers_continuous_batching_config={num_blocks:64}"  # listed as a knob
+    assert kind_of(engine.split("=")[0]) == KNOB and "trial.grpo_config" not in recipe_of(compose([engine]))
 
 
 def test_a_trial_with_no_peer_is_unchecked_not_same():
@@ -987,11 +989,11 @@ def test_every_output_of_the_learning_check_says_unchecked(tmp_path):
     verdict, flagged = learning_check(trials)
     assert dict(flagged) == {} and flagged.unchecked == {2} and verdict.ranked[0].item.number == 2
     page = write_report(trials, tmp_path, title="alone").read_text()
-    assert "the 2 ok trials compared took the same first steps" in page
+    assert "the 2 ok trials took the same first steps" in page
     assert "<p id=unchecked-learning>Unchecked: trial 2 (no other config of its recipe and seed ran" in page
     assert ">unchecked: no other config of its recipe and seed ran<" in page
     lines = learning_lines(verdict, flagged, 3)
-    assert "none of the 2 ok trials compared changed the learning" in lines and "unchecked: trial 2 (" in lines, lines
+    assert "none of the 2 ok trials changed the learning" in lines and "unchecked: trial 2 (" in lines, lines
     summary = learning_summary(verdict, flagged, None)
     assert "changed_the_learning" not in summary
     assert summary["learning_unchecked"]["trials"] == [2] and summary["learning_unchecked"]["winner_unchecked"] is True

@@ -235,6 +235,11 @@ KINDS: dict[str, Kind] = {
     "trial.grpo_config": Kind(
         RECIPE, "any other GRPOConfig argument (temperature, num_iterations, ...): TRL's own recipe settings"
     ),
+    "trial.grpo_config.transformers_continuous_batching_config": Kind(
+        KNOB,
+        "the paged engine's blocks and batch tokens under use_transformers_continuous_batching: how generation is "
+        "scheduled (TRL 1.16 trl/trainer/grpo_config.py transformers_continuous_batching_config)",
+    ),
 }
 # Sections that never change what is learned: how a trial is measured, launched and logged, the card it
 # runs on, and how the backend generates (vLLM colocated or a server, its parallelism, Unsloth's engine).
@@ -390,8 +395,8 @@ def recipe_of(cfg) -> dict:
             node = node.get(part) if hasattr(node, "get") else None
             if node is None:
                 return None
-        if key == "trial.grpo_config":  # GRPOConfig arguments as plain values, sorted: {} when none is set
-            return {k: _plain(node[k]) for k in sorted(node)}
+        if key == "trial.grpo_config":  # its recipe arguments as plain values, sorted: {} when none is set
+            return {k: _plain(node[k]) for k in sorted(node) if kind_of(f"{key}.{k}") == RECIPE}
         return list(node) if key == "lora_target_modules" else node
 
     out = {key: get(key) for key in RECIPE_SETTINGS}

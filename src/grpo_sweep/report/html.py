@@ -468,8 +468,8 @@ def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, D
         if len(compared) < 2:
             return alone
         return (
-            f"<p id=same-learning>No trial changed the learning: the {len(compared)} ok trials compared took the same "
-            f"first steps as the others of their recipe and seed ({_e(at)}).</p>" + alone
+            f"<p id=same-learning>No trial changed the learning: the {len(compared)} ok trials took the same first "
+            f"steps as the others of their recipe and seed ({_e(at)}).</p>" + alone
         )
     rows = "".join(f"<tr><td class=l>{_e(_label(trials, k))}</td><td class=l>{_e(d.text)}</td></tr>" for k, d in flagged.items())
     return (

@@ -152,9 +152,8 @@ def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
         checked = compared - len(unchecked)
         if checked < 2:
             return f"\nLearning checked: none; {alone}" if alone else ""
-        return (
-            f"\nLearning checked: none of the {checked} ok trials compared changed the learning (compared by recipe "
-            "and seed)" + (f"; {alone}" if alone else "")
+        return f"\nLearning checked: none of the {checked} ok trials changed the learning (compared by recipe and seed)" + (
+            f"; {alone}" if alone else ""
         )
     said = verdict_lines(verdict, flagged, lambda t: t.number, lambda n: f"trial {n}") + ([alone] if alone else [])
     return "\nLearning checked:\n" + "\n".join(f"  {line[0].upper()}{line[1:]}" for line in said)
