@@ -105,6 +105,8 @@ def test_every_shipped_sweep_holds_its_recipe():
         ("max_seq_length=choice(64,128)", "max_seq_length"),
         ("lora=choice(qv,all_linear)", "lora_target_modules"),  # a group: found by composing its choices
         ("gradient_accumulation_steps=choice(1,2)", "search per_device_train_batch_size"),
+        ("+trial.grpo_config.temperature=choice(0.7,1.0)", "concessions=[trial.grpo_config.temperature]"),
+        ("seed=choice(0,1)", "seed: the seed"),
     ],
 )
 def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, names):
