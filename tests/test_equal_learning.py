@@ -1002,3 +1002,15 @@ def test_every_output_of_the_learning_check_says_unchecked(tmp_path):
     ok = [SimpleNamespace(number=n, value=v, params={}, user_attrs={}) for n, v in ((2, 150.0), (1, 120.0), (0, 100.0))]
     rows = {line.split()[1]: line.split()[-1] for line in table(ok, "tokens_per_s", 3, set(), {2}).splitlines()[1:]}
     assert rows == {"2": "unchecked", "1": "same", "0": "same"}, rows
+
+
+def test_a_task_concession_is_another_group_for_the_learning_check():
+    """task.num_prompts searched as a concession: the recipe names the task only, so the check groups by the
+    task's settings too; a trial with other prompts is unchecked, not flagged against the others."""
+    from grpo_sweep.report.learning import check_trials
+
+    trials = [_checked_trial(0, 100.0, 0.7), _checked_trial(1, 120.0, 0.7), _checked_trial(2, 150.0, 0.9)]
+    for n, t in enumerate(trials):
+        t.config["task"] = {"name": "arithmetic", "num_prompts": 128 if n == 2 else 64}
+    checked = check_trials(trials)
+    assert dict(checked) == {} and checked.unchecked == {2}

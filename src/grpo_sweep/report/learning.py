@@ -236,13 +236,24 @@ def departures(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: fl
 
 def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> Checked:
     """`compare` over the report's trials (report.trials.Trial: `record`, `config`, `number`, `name`, `status`):
-    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`,
-    a config's runs (study.best.config_group: repeats and confirmation runs) one vote.
+    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`
+    and `task` section (the recipe names the task only; a `task.*` concession is another task), a config's
+    runs (study.best.config_group: repeats and confirmation runs) one vote.
     The one place the sweep's summary and the report read the flags from."""
     return compare(
-        ((key_of(t), t.record, (t.config or {}).get("seed")) for t in trials if t.status == "ok"),
+        ((key_of(t), t.record, _seed_and_task(t.config or {})) for t in trials if t.status == "ok"),
         tolerance,
         config=lambda key, record: best_rule.config_group(record, key),
+    )
+
+
+def _seed_and_task(config: Mapping) -> object:
+    """A trial's seed, with its task's settings when its config holds them."""
+    task = config.get("task")
+    return (
+        (config.get("seed"), sorted((str(k), repr(v)) for k, v in task.items()))
+        if isinstance(task, Mapping)
+        else config.get("seed")
     )
 
 
