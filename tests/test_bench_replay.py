@@ -168,13 +168,13 @@ def test_calibration_replay_learns_a_biased_estimator():
 
 def test_the_landscape_recorder_enumerates_a_shipped_sweeps_knob_space():
     """bench/record_grid.py --sweep: every point of the sweep file's space, each value as the file names it;
-    tiny_cpu_vllm's space is at least 100 knob points at its held recipe."""
+    tiny_cpu_vllm's space is at least 100 points at its held recipe: knobs, and vLLM's sequence cap, its concession."""
     import record_grid
 
     from grpo_sweep.levers import KNOB, kind_of
 
     points = record_grid.sweep_points("tiny_cpu_vllm")
     assert len(points) >= 100 and len({tuple(sorted(p.items())) for p in points}) == len(points)
-    assert all(kind_of(k) == KNOB for k in points[0])
+    assert {k for k in points[0] if kind_of(k) != KNOB} == {"backend.vllm_max_num_seqs"}
     assert {p["gpu_memory_utilization"] for p in points} == {0.004, 0.1, 0.3, 0.5, 0.7, 0.9}
     assert {p["backend.vllm_enable_prefix_caching"] for p in points} == {False, True}

@@ -10,6 +10,7 @@ import json
 import shutil
 from copy import deepcopy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -104,6 +105,8 @@ def test_every_shipped_sweep_holds_its_recipe():
         ("max_seq_length=choice(64,128)", "max_seq_length"),
         ("lora=choice(qv,all_linear)", "lora_target_modules"),  # a group: found by composing its choices
         ("gradient_accumulation_steps=choice(1,2)", "search per_device_train_batch_size"),
+        ("+trial.grpo_config.temperature=choice(0.7,1.0)", "concessions=[trial.grpo_config.temperature]"),
+        ("seed=choice(0,1)", "seed: the seed"),
     ],
 )
 def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, names):
@@ -913,3 +916,111 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
     report = cli("report", str(sweep_dir), "--out", str(tmp_path / "again"))
     assert report.returncode == 0, report.stderr
     assert f"best: trial {best['best_trial']} " in report.stdout and f"best trial 2 {said}" in report.stdout
+
+
+@pytest.mark.parametrize(
+    ("param", "setting"),
+    [
+        ("+trial.grpo_config.temperature=choice(0.7,1.0)", "trial.grpo_config"),
+        ("+trial.grpo_config.num_iterations=choice(1,4)", "trial.grpo_config"),
+        ("seed=choice(0,1)", "seed"),
+        ("task.num_prompts=choice(64,128)", "task"),
+        ("task.max_operand=choice(9,99)", "task"),
+        ("backend.vllm_max_num_seqs=choice(2,4)", "backend.vllm_max_num_seqs"),
+    ],
+)
+def test_every_setting_not_listed_as_a_knob_is_recipe(param, setting):
+    """GRPOConfig's own arguments, the seed, the task's settings and vLLM's sequence cap change what is learned:
+    searching one is refused in one line naming it, before any trial, unless hydra.sweeper.concessions lists it."""
+    key = param.split("=")[0].lstrip("+")
+    with pytest.raises(ValueError) as err, tiny_sweeper(param):
+        pass
+    text = str(err.value)
+    assert type(err.value).__name__ == "SweeperSettingError" and "\n" not in text
+    assert text.startswith(f"hydra.sweeper.params.{param.split('=')[0]}: changes the recipe ({setting}: "), text
+    assert f"hydra.sweeper.concessions=[{key}]" in text, text
+    with tiny_sweeper(param, concessions=[key]) as tiny:  # listed: searched, a concession
+        assert tiny.plan.concession_params[param.split("=")[0]] == {setting}
+        assert setting in tiny.plan.may_change
+    assert kind_of(key) == RECIPE
+
+
+def test_a_grpo_config_argument_is_part_of_the_recipe_recorded():
+    """trial.grpo_config enters the recipe only when it sets something: a study recorded without it keeps its identity."""
+    assert "trial.grpo_config" not in recipe_of(compose([]))
+    assert recipe_of(compose(["+trial.grpo_config.num_iterations=4"]))["trial.grpo_config"] == {"num_iterations": 4}
+    engine = "+trial.grpo_config.transformers_continuous_batching_config={num_blocks:64}"  # listed as a knob
+    assert kind_of(engine.split("=")[0]) == KNOB and "trial.grpo_config" not in recipe_of(compose([engine]))
+
+
+def test_a_trial_with_no_peer_is_unchecked_not_same():
+    """A trial alone in its recipe and seed (seed=1 beside seed=0 trials) had nothing compared with it: `unchecked`."""
+    from grpo_sweep.report.learning import check_trials, compare, verdict_of
+
+    def rec(g2):
+        return {"recipe": {"x": 1}, "device": "cpu", "history": [{"grad_norm": 0.5, "entropy": 1.0}, {"grad_norm": g2}]}
+
+    checked = compare([(0, rec(0.7), 0), (1, rec(0.7), 0), (2, rec(0.9), 1)])
+    assert dict(checked) == {} and checked.unchecked == {2}
+    assert [verdict_of(n, checked) for n in (0, 1, 2)] == ["same", "same", "unchecked"]
+    # the report's trials: the same rule, by the config's seed
+    report = [_checked_trial(0, 10.0, 1.0), _checked_trial(1, 11.0, 1.0), _checked_trial(2, 12.0, 1.0)]
+    report[2].config["seed"] = 1
+    assert check_trials(report).unchecked == {2}
+
+
+def test_the_learning_check_says_which_trials_agree():
+    """vllm_max_num_seqs at 4, 1, 4, 1: trials 0 and 2 agree exactly, as do 1 and 3; no pair outnumbers the other,
+    so all four are flagged and each line says which agree. A pair beside two lone configs is the reference."""
+    from grpo_sweep.report.learning import Verdict, compare, verdict_lines
+
+    def rec(g2):
+        return {"recipe": {"x": 1}, "device": "cpu", "history": [{"grad_norm": 0.5, "entropy": 1.0}, {"grad_norm": g2}]}
+
+    pairs = compare([(0, rec(0.7), 0), (1, rec(0.8), 0), (2, rec(0.7), 0), (3, rec(0.8), 0)])
+    assert sorted(pairs) == [0, 1, 2, 3]
+    said = "trials 0 and 2 agree; trials 1 and 3 agree; the groups differ and none outnumbers the others"
+    assert all(said in d.text for d in pairs.values()), pairs[0].text
+    winner = SimpleNamespace(item=SimpleNamespace(number=0), members=[SimpleNamespace(number=0)])
+    (line, *_) = verdict_lines(Verdict([winner], [], True), pairs, lambda t: t.number, lambda n: f"trial {n}")
+    assert "no trial of its recipe and seed agrees" not in line and said in line.split("flagged: ")[1], line
+    lone = compare([(0, rec(0.7), 0), (1, rec(0.8), 0), (2, rec(0.7), 0), (3, rec(0.9), 0)])
+    assert sorted(lone) == [1, 3] and not lone[1].agreement and lone[1].keys[0]["reference"] == 0.7
+
+
+def test_every_output_of_the_learning_check_says_unchecked(tmp_path):
+    """A trial alone in its seed: report.html's section and table, the printed table and lines, and best.yaml's
+    `learning_unchecked` name it unchecked, never `same`; the winner alone in its seed is said to be unchecked."""
+    from grpo_sweep.report.html import write_report
+    from grpo_sweep.report.trials import learning_check
+    from hydra_plugins.grpo_optuna_sweeper.summary import learning_lines, learning_summary
+    from hydra_plugins.grpo_optuna_sweeper.tables import table
+
+    trials = [_checked_trial(0, 100.0, 0.7), _checked_trial(1, 120.0, 0.7), _checked_trial(2, 150.0, 0.7)]
+    trials[2].config["seed"] = 1
+    verdict, flagged = learning_check(trials)
+    assert dict(flagged) == {} and flagged.unchecked == {2} and verdict.ranked[0].item.number == 2
+    page = write_report(trials, tmp_path, title="alone").read_text()
+    assert "the 2 ok trials took the same first steps" in page
+    assert "<p id=unchecked-learning>Unchecked: trial 2 (no other config of its recipe and seed ran" in page
+    assert ">unchecked: no other config of its recipe and seed ran<" in page
+    lines = learning_lines(verdict, flagged, 3)
+    assert "none of the 2 ok trials changed the learning" in lines and "unchecked: trial 2 (" in lines, lines
+    summary = learning_summary(verdict, flagged, None)
+    assert "changed_the_learning" not in summary
+    assert summary["learning_unchecked"]["trials"] == [2] and summary["learning_unchecked"]["winner_unchecked"] is True
+    ok = [SimpleNamespace(number=n, value=v, params={}, user_attrs={}) for n, v in ((2, 150.0), (1, 120.0), (0, 100.0))]
+    rows = {line.split()[1]: line.split()[-1] for line in table(ok, "tokens_per_s", 3, set(), {2}).splitlines()[1:]}
+    assert rows == {"2": "unchecked", "1": "same", "0": "same"}, rows
+
+
+def test_a_task_concession_is_another_group_for_the_learning_check():
+    """task.num_prompts searched as a concession: the recipe names the task only, so the check groups by the
+    task's settings too; a trial with other prompts is unchecked, not flagged against the others."""
+    from grpo_sweep.report.learning import check_trials
+
+    trials = [_checked_trial(0, 100.0, 0.7), _checked_trial(1, 120.0, 0.7), _checked_trial(2, 150.0, 0.9)]
+    for n, t in enumerate(trials):
+        t.config["task"] = {"name": "arithmetic", "num_prompts": 128 if n == 2 else 64}
+    checked = check_trials(trials)
+    assert dict(checked) == {} and checked.unchecked == {2}

@@ -956,6 +956,9 @@ def test_timed_steps_by_hand():
     assert timed_steps({"history": history}, "tokens_per_s") == [(2, 20.0), (7, 70.0)]
     assert timed_steps({"history": history}, "step_time_s") == []
     assert timed_steps(None, "tokens_per_s") == timed_steps({}, "tokens_per_s") == []
+    # num_iterations=2: every other step trains the last generation again, 0 new tokens: no tokens/s of its own
+    reuse = [{"step": s, "tokens": 96 if s % 2 else 0, "tokens_per_s": 50.0 if s % 2 else 0.0} for s in range(1, 6)]
+    assert timed_steps({"history": reuse}, "tokens_per_s") == [(3, 50.0), (5, 50.0)]
 
 
 def test_trials_csv_rows_by_hand(tmp_path):

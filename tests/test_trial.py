@@ -105,3 +105,45 @@ def test_a_multirun_console_is_its_trials_lines_only(tmp_path):
     assert console.count("trial ok |") == 2, console[-3000:]
     for noise in ("leaked semaphore", "resource_tracker", "Loading weights", "Writing model shards", "it/s]"):
         assert noise not in console, (noise, console[-3000:])
+
+
+@IN_PROCESS_TRIALS
+def test_a_trial_whose_only_generation_is_the_warm_up_is_not_ok(tmp_path, warm_model):
+    """num_iterations=4: one generation feeds the 4 optimiser steps. Every step is logged, but only step 1 (the
+    untimed warm-up) generated, so no timed step measured the throughput: the trial says so and is not ok."""
+    record = run_trial(compose(["trial.steps=4", "+trial.grpo_config.num_iterations=4"]), tmp_path)
+    assert [row["step"] for row in record["history"]] == [1, 2, 3, 4]
+    assert [bool(row["tokens"]) for row in record["history"]] == [True, False, False, False]
+    assert record["status"] == "failed" and "only step 1, the untimed warm-up, generated" in record["error"], record["error"]
+    assert record["measured_steps"] == 0 and record.get("tokens_per_s") is None
+
+
+def _meter_rows(tokens: list[int], tracked: list[bool] | None = None):
+    """A StepMeter fed one log per optimiser step, as the trainer calls it (`tokens` each step trained anew)."""
+    from types import SimpleNamespace
+
+    from grpo_sweep.trial.measure.speed_meter import StepMeter
+
+    meter, seen = StepMeter(len(tokens), 4), 0
+    for step, (new, was_tracked) in enumerate(zip(tokens, tracked or [False] * len(tokens)), 1):
+        meter.on_step_begin(None, SimpleNamespace(num_input_tokens_seen=seen), None)
+        seen += new
+        meter.on_step_end(None, SimpleNamespace(global_step=step, num_input_tokens_seen=seen), None)
+        meter.on_log(None, None, None, logs={"loss": 0.1, **({"reward": 1.0} if new else {})})
+        meter.rows[-1]["tracked"] = was_tracked
+    return meter
+
+
+def test_the_steady_state_is_whole_generation_cycles_after_the_first():
+    every = _meter_rows([96] * 4)  # every step generates: every step after the first
+    assert [r["step"] for r in every.timed_rows()] == [2, 3, 4] and every.unmeasured() is None
+    cycles = _meter_rows([96, 0, 96, 0, 96, 0, 96])  # num_iterations=2: the two whole cycles after the first
+    assert [r["step"] for r in cycles.timed_rows()] == [3, 4, 5, 6]
+    assert cycles.summary()["measured_steps"] == 4 and cycles.summary()["steps"] == 7
+    clean = _meter_rows([96, 0, 96, 0, 96, 0], tracked=[True, True, True, False, False, False])
+    assert [r["step"] for r in clean.timed_rows()] == [5, 6]  # the cycle the tracker slowed is left out
+    partial = _meter_rows([96, 0, 0, 0, 96, 0])  # no whole cycle after the first: the partial one
+    assert [r["step"] for r in partial.timed_rows()] == [5, 6]
+    first_only = _meter_rows([96, 0, 0, 0])
+    assert first_only.timed_rows() == [] and "only step 1" in first_only.unmeasured()
+    assert first_only.summary() == {"steps": 4, "measured_steps": 0}

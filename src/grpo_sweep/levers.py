@@ -74,8 +74,9 @@ class Kind:
     why: str  # one phrase: why it is (or is not) part of what is learned
 
 
-# The kind of every lever and companion (and of the backend settings a sweep may search). A setting
-# not listed here (nor under a KNOB_PREFIXES section) counts as recipe: a sweep must name it in
+# The kind of every lever and companion (and of the backend settings a sweep may search). A dotted
+# setting takes the kind of its nearest listed parent (`trial.grpo_config.temperature`: recipe); one
+# neither listed nor under a KNOB_SECTIONS section counts as recipe: a sweep must name it in
 # hydra.sweeper.concessions, since nothing says it leaves the training unchanged.
 KINDS: dict[str, Kind] = {
     "completions_per_step": Kind(RECIPE, "completions per optimiser step: the effective batch the gradient averages"),
@@ -141,7 +142,11 @@ KINDS: dict[str, Kind] = {
     "backend.unsloth_standby": Kind(KNOB, "vLLM and training share the weights: same samples, less memory"),
     # vLLM engine settings (config/backends.py VLLM_ENGINE_SETTINGS; vLLM 0.31 vllm/engine/arg_utils.py EngineArgs)
     "backend.vllm_max_num_seqs": Kind(
-        KNOB, "sequences vLLM's scheduler runs at once (vllm/config/scheduler.py): the rest wait, same samples, other waves"
+        RECIPE,
+        "sequences vLLM's scheduler runs at once (vllm/config/scheduler.py): another batch draws other samples, "
+        "since TRL seeds the engine once, not each request (TRL 1.16 trl/generation/vllm_generation.py "
+        "LLM(seed=...), SamplingParams without a seed), and vLLM's outputs depend on the batch unless "
+        "VLLM_BATCH_INVARIANT=1 (docs.vllm.ai features/batch_invariance)",
     ),
     "backend.vllm_max_num_batched_tokens": Kind(
         KNOB, "tokens per engine step (vllm/config/scheduler.py; chunked prefill): how prefill is split, same samples"
@@ -226,6 +231,15 @@ KINDS: dict[str, Kind] = {
     "trial.full_finetune": Kind(RECIPE, "every weight learns instead of a LoRA adapter"),
     "model": Kind(RECIPE, "the model that learns"),
     "task": Kind(RECIPE, "the prompts and rewards it learns from"),
+    "seed": Kind(RECIPE, "the seed of the adapter's initialisation and of sampling: other completions, other steps"),
+    "trial.grpo_config": Kind(
+        RECIPE, "any other GRPOConfig argument (temperature, num_iterations, ...): TRL's own recipe settings"
+    ),
+    "trial.grpo_config.transformers_continuous_batching_config": Kind(
+        KNOB,
+        "the paged engine's blocks and batch tokens under use_transformers_continuous_batching: how generation is "
+        "scheduled (TRL 1.16 trl/trainer/grpo_config.py transformers_continuous_batching_config)",
+    ),
 }
 # Sections that never change what is learned: how a trial is measured, launched and logged, the card it
 # runs on, and how the backend generates (vLLM colocated or a server, its parallelism, Unsloth's engine).
@@ -321,15 +335,25 @@ def why_in(setting: str, recipe: dict | None) -> str:
     return KINDS[setting].why if setting in KINDS else ""
 
 
+def listed_as(setting: str) -> str:
+    """The KINDS entry a dotted setting falls under: itself, else its nearest listed parent, else itself
+    (an override's `+`/`~` left off)."""
+    setting = setting.lstrip("+~")
+    parts = setting.split(".")
+    return next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in KINDS), setting)
+
+
 def kind_of(setting: str) -> str:
     """KNOB or RECIPE for a dotted setting (a lever, a companion, a section or one of its keys)."""
-    if setting in KINDS:
-        return KINDS[setting].kind
-    return KNOB if setting.split(".")[0] in KNOB_SECTIONS else RECIPE
+    listed = listed_as(setting)
+    if listed in KINDS:
+        return KINDS[listed].kind
+    return KNOB if listed.split(".")[0] in KNOB_SECTIONS else RECIPE
 
 
 # The recipe settings a config states (top-level or dotted keys; groups such as `lora` set them).
-RECIPE_SETTINGS: tuple[str, ...] = tuple(k for k, v in KINDS.items() if v.kind == RECIPE and k not in ("model", "task"))
+# The seed is not one of them: the learning check groups trials by it, and a study's identity never held it.
+RECIPE_SETTINGS: tuple[str, ...] = tuple(k for k, v in KINDS.items() if v.kind == RECIPE and k not in ("model", "task", "seed"))
 # Recipe settings recorded as plain booleans (a YAML 0/1 or a flag's truthy value compares equal across studies).
 _BOOLEAN_RECIPE: tuple[str, ...] = (
     "load_in_4bit",
@@ -339,7 +363,16 @@ _BOOLEAN_RECIPE: tuple[str, ...] = (
 )
 # Recipe settings recorded only when turned on: off is the upstream default every existing study trained, so a
 # study recorded before the setting existed keeps its identity (study identity compares the recipe key by key).
-_RECORDED_WHEN_ON: tuple[str, ...] = ("cast_lm_head_to_fp32",)
+_RECORDED_WHEN_ON: tuple[str, ...] = ("cast_lm_head_to_fp32", "trial.grpo_config")
+
+
+def _plain(value):
+    """A config value as plain Python (mappings and sequences of an OmegaConf node copied)."""
+    if hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
 
 
 def requested_levers(cfg) -> dict:
@@ -362,6 +395,8 @@ def recipe_of(cfg) -> dict:
             node = node.get(part) if hasattr(node, "get") else None
             if node is None:
                 return None
+        if key == "trial.grpo_config":  # its recipe arguments as plain values, sorted: {} when none is set
+            return {k: _plain(node[k]) for k in sorted(node) if kind_of(f"{key}.{k}") == RECIPE}
         return list(node) if key == "lora_target_modules" else node
 
     out = {key: get(key) for key in RECIPE_SETTINGS}

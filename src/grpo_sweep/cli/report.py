@@ -90,6 +90,8 @@ def cli(argv: list[str]) -> int:
     names = {key_of(t): t.name for t in trials}
     for line in verdict_lines(verdict, flagged, key_of, lambda k: names.get(k, str(k))):
         print(f"  {line}")
+    if unchecked := sorted(names.get(k, str(k)) for k in getattr(flagged, "unchecked", ())):
+        print(f"  learning unchecked: {', '.join(unchecked)} (no other config of its recipe and seed ran)")
     if args.wandb:
         from ..report.wandb_report import build_and_save
 

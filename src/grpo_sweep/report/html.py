@@ -138,8 +138,9 @@ def _columns(trials: list[Trial], flagged: dict | None = None) -> list[tuple[str
     if all(t.number is None for t in trials):
         cols.pop(0)  # a plain multirun has no Optuna trial numbers
     cols += [c for c in optional if any(c[2](t) is not None for t in trials)]
-    if flagged:
-        cols.append(("learning", "learning", lambda t: flagged[key_of(t)].text if key_of(t) in flagged else None))
+    unchecked = getattr(flagged, "unchecked", ())
+    if flagged or unchecked:
+        cols.append(("learning", "learning", lambda t: _learning_cell(t, flagged or {}, unchecked)))
     if any((t.record.get("world_size") or 1) > 1 for t in trials):  # trials of N processes (trial.num_processes)
         cols += [
             ("world_size", "ranks", lambda t: t.record.get("world_size")),
@@ -161,6 +162,12 @@ def _columns(trials: list[Trial], flagged: dict | None = None) -> list[tuple[str
         ("error", "error", lambda t: (t.record.get("error") or "").splitlines()[0][:120] if t.record.get("error") else None),
     ]
     return cols
+
+
+def _learning_cell(t: Trial, flagged: dict, unchecked) -> str | None:
+    if key_of(t) in flagged:
+        return flagged[key_of(t)].text
+    return "unchecked: no other config of its recipe and seed ran" if key_of(t) in unchecked else None
 
 
 def trials_table(trials: list[Trial], best: Trial | None, flagged: dict | None = None) -> str:
@@ -447,15 +454,22 @@ def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, D
     """The Equal learning section: which trials changed the learning (their first steps' numbers against
     the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
     winner (learning.winner_first)."""
-    compared = [t for t in trials if t.status == "ok" and t.record.get("history")]
+    unchecked: frozenset = getattr(flagged, "unchecked", frozenset())
+    compared = [t for t in trials if t.status == "ok" and t.record.get("history") and key_of(t) not in unchecked]
     tolerance = trials[0].learning_tolerance if trials else None
     at = f"tolerance {tolerance:g} relative" if tolerance is not None else "tolerance per precision: float32 1e-4, bf16 2e-2"
+    alone = (
+        f"<p id=unchecked-learning>Unchecked: {_e(', '.join(_label(trials, k) for k in sorted(unchecked, key=_numbers_first)))} "
+        "(no other config of its recipe and seed ran, so nothing was compared with it).</p>"
+        if unchecked
+        else ""
+    )
     if not flagged:
         if len(compared) < 2:
-            return ""
+            return alone
         return (
             f"<p id=same-learning>No trial changed the learning: the {len(compared)} ok trials took the same first "
-            f"steps as the others of their recipe and seed ({_e(at)}).</p>"
+            f"steps as the others of their recipe and seed ({_e(at)}).</p>" + alone
         )
     rows = "".join(f"<tr><td class=l>{_e(_label(trials, k))}</td><td class=l>{_e(d.text)}</td></tr>" for k, d in flagged.items())
     return (
@@ -463,8 +477,12 @@ def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, D
         f"the others of their recipe and seed ({_e(at)}). A knob must not change what is learned: such a trial "
         "trained something else, and wins only when no other config can.</p>"
         f"<table id=changed-learning-trials><thead><tr><th class=l>trial</th><th class=l>what differed</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
+        f"<tbody>{rows}</tbody></table>" + alone
     )
+
+
+def _numbers_first(key: object) -> tuple:
+    return (not isinstance(key, int), key if isinstance(key, int) else 0, str(key))
 
 
 def _label(trials: list[Trial], key: object) -> str:

@@ -25,8 +25,13 @@ sets its own with hydra.sweeper.learning_tolerance (null: these, per trial preci
 it (user attr `learning_tolerance`) for `grpo-sweep report`.
 
 Which trials are compared: those that finished `ok` (the ones that can win), by their metrics.json
-`recipe` and their config's `seed`. The flag is shown wherever results are: the sweep's table, best.yaml
-(`changed_the_learning:`), report.html and `grpo-sweep report`.
+`recipe` and their config's `seed`. A trial with no other config of its recipe and seed is `unchecked`:
+nothing was compared with it (`Checked.unchecked`). Within a group, configs whose numbers agree form a
+cluster; the largest cluster, when one outnumbers every other, is the reference and the configs outside
+it changed the learning. When none does (two pairs that disagree), every config is flagged and the text
+says which agree ("trials 0 and 2 agree; trials 1 and 3 agree; ..."). The flag is shown wherever
+results are: the sweep's table, best.yaml (`changed_the_learning:`, `learning_unchecked:`), report.html
+and `grpo-sweep report`.
 
 The winner rule (`winner_first`): a flagged trial never wins silently, and it wins only when nothing
 else can. A user sweeps to find the fastest way to train *their* recipe; a trial that trained
@@ -89,64 +94,139 @@ def _group_key(record: Mapping, seed) -> str:
 
 @dataclass(frozen=True)
 class Departure:
-    """What one trial's fingerprint changed: each key beyond the tolerance, against its group's median."""
+    """What one trial's fingerprint changed: each key beyond the tolerance, against its group's reference
+    (the median of the configs that agree, or of all when no cluster of agreeing configs outnumbers the others)."""
 
     keys: list[dict]  # {key, value, reference, relative (None when compared absolutely)}
     group_size: int  # configs of this recipe and seed compared (each config one vote, however many runs)
     tolerance: float  # relative
+    agreement: str = ""  # which trials agree, when no cluster of agreeing configs outnumbers the others
 
     @property
     def text(self) -> str:
         differed = "; ".join(
             f"{k['key']} {k['value']:.6g} vs {k['reference']:.6g} ({_rel(k['value'], k['reference'])})" for k in self.keys
         )
+        agree = f"; {self.agreement}" if self.agreement else ""
         return (
             f"changed the learning: {differed} (the median of {self.group_size} configs of this recipe "
-            f"and seed; tolerance {self.tolerance:g} relative)"
+            f"and seed; tolerance {self.tolerance:g} relative{agree})"
         )
 
     def as_dict(self) -> dict:
-        return {"differed": self.keys, "compared_with": self.group_size, "tolerance": self.tolerance, "text": self.text}
+        out = {"differed": self.keys, "compared_with": self.group_size, "tolerance": self.tolerance, "text": self.text}
+        return out | ({"agreement": self.agreement} if self.agreement else {})
+
+
+class Checked(dict):
+    """`check_trials`' answer: the trials that changed the learning, by key, each with its Departure;
+    `unchecked`: the ok trials with no other config of their recipe and seed, so nothing was compared with them."""
+
+    def __init__(self, flagged: Mapping[Hashable, Departure] | None = None, unchecked: Iterable[Hashable] = ()):
+        super().__init__(flagged or {})
+        self.unchecked: frozenset = frozenset(unchecked)
+
+
+def verdict_of(key: Hashable, checked: Mapping[Hashable, Departure]) -> str:
+    """One trial's word in a table: "changed", "unchecked" (no peer to compare with) or "same"."""
+    if key in checked:
+        return "changed"
+    return "unchecked" if key in getattr(checked, "unchecked", ()) else "same"
 
 
 def compare(
     trials: Iterable[tuple[Hashable, Mapping, object]],
     tolerance: float | None = None,
     config: Callable[[Hashable, Mapping], Hashable] | None = None,
-) -> dict[Hashable, Departure]:
+) -> Checked:
     """The trials whose fingerprint departs from the others of their recipe and seed, each with what differed.
 
     `trials`: (key, metrics record, seed). Only trials that trained (a `history`) are compared.
     The reference is each key's median over the group's configs, each config one vote (the median of
     its runs): a config run again (confirmation) repeats its own numbers, so its runs must not outvote
     the other configs. `config(key, record)`: the config a run belongs to; None: each trial its own.
-    Of three configs or more, the one that departs is named; of two that disagree, both are.
-    `tolerance` None: tolerance_for each trial."""
-    groups: dict[str, list[tuple[Hashable, Mapping, dict]]] = {}
-    for number, record, seed in trials:
-        fp = fingerprint(record)
-        if fp:
-            groups.setdefault(_group_key(record, seed), []).append((number, record, fp))
-    out: dict[Hashable, Departure] = {}
-    for members in groups.values():
+    Of three configs or more, those outside the largest cluster of agreeing configs are named when it
+    outnumbers every other cluster; of two that disagree, or of clusters of equal size, all are, each
+    with which trials agree. `tolerance` None: tolerance_for each trial. `Checked.unchecked`: the trials
+    whose group holds one config."""
+    out = Checked()
+    alone: set[Hashable] = set()
+    for members in _groups(trials).values():
         votes: dict[Hashable, list[dict]] = {}
+        runs_of: dict[Hashable, list[Hashable]] = {}
         for number, record, fp in members:
-            votes.setdefault(config(number, record) if config else number, []).append(fp)
+            group = config(number, record) if config else number
+            votes.setdefault(group, []).append(fp)
+            runs_of.setdefault(group, []).append(number)
         if len(votes) < 2:
+            alone.update(number for number, _, _ in members)
             continue
         keys = set.intersection(*(set(fp) for _, _, fp in members))
-        reference = {k: statistics.median(statistics.median(fp[k] for fp in runs) for runs in votes.values()) for k in keys}
+        tol0 = tolerance if tolerance is not None else tolerance_for(members[0][1])
+        medians = {g: {k: statistics.median(fp[k] for fp in runs) for k in keys} for g, runs in votes.items()}
+        clusters = _clusters(medians, tol0)
+        sizes = sorted((len(c) for c in clusters), reverse=True)
+        leading = clusters[0] if len(sizes) > 1 and sizes[0] > sizes[1] else list(medians)
+        tied = len(sizes) > 1 and sizes[0] == sizes[1] > 1  # clusters of agreeing configs, none the largest
+        agreement = _agreement(clusters, runs_of) if tied else ""
+        reference = {k: statistics.median(medians[g][k] for g in leading) for k in keys}
         for number, record, fp in members:
             tol = tolerance if tolerance is not None else tolerance_for(record)
             differed = []
             for k in sorted(keys):
                 ref, value = reference[k], fp[k]
-                if abs(value - ref) > tol * max(abs(ref), FLOOR):
+                if not _agree(value, ref, tol):
                     relative = (value - ref) / abs(ref) if abs(ref) >= FLOOR else None
                     differed.append({"key": k, "value": value, "reference": ref, "relative": relative})
             if differed:
-                out[number] = Departure(differed, len(votes), tol)
+                out[number] = Departure(differed, len(votes), tol, agreement)
+    out.unchecked = frozenset(alone)
     return out
+
+
+def _groups(trials: Iterable[tuple[Hashable, Mapping, object]]) -> dict[str, list[tuple[Hashable, Mapping, dict]]]:
+    """The trials that trained (a fingerprint), by recipe and seed."""
+    groups: dict[str, list[tuple[Hashable, Mapping, dict]]] = {}
+    for number, record, seed in trials:
+        fp = fingerprint(record)
+        if fp:
+            groups.setdefault(_group_key(record, seed), []).append((number, record, fp))
+    return groups
+
+
+def _agree(value: float, ref: float, tol: float) -> bool:
+    return abs(value - ref) <= tol * max(abs(ref), FLOOR)
+
+
+def _clusters(medians: Mapping[Hashable, Mapping[str, float]], tol: float) -> list[list[Hashable]]:
+    """The configs, each joined to the first cluster whose first config it agrees with on every key;
+    the largest cluster first (ties in the order the configs came)."""
+    clusters: list[list[Hashable]] = []
+    for g, fp in medians.items():
+        home = next((c for c in clusters if all(_agree(fp[k], medians[c[0]][k], tol) for k in fp)), None)
+        if home is None:
+            clusters.append([g])
+        else:
+            home.append(g)
+    return sorted(clusters, key=len, reverse=True)
+
+
+def _agreement(clusters: list[list[Hashable]], runs_of: Mapping[Hashable, list[Hashable]]) -> str:
+    """Which trials agree, cluster by cluster: "trials 0 and 2 agree; trials 1 and 3 agree; the groups differ"."""
+    parts = []
+    for cluster in clusters:
+        runs = [r for g in cluster for r in runs_of[g]]
+        parts.append(f"{_names(runs)} agree" if len(runs) > 1 else f"{_names(runs)} agrees with no other")
+    return "; ".join(parts) + "; the groups differ and none outnumbers the others"
+
+
+def _names(keys: list[Hashable]) -> str:
+    """ "trials 0 and 2" for trial numbers; the names themselves otherwise."""
+    words = [str(k) for k in sorted(keys, key=lambda k: (not isinstance(k, int), k if isinstance(k, int) else str(k)))]
+    joined = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+    if all(isinstance(k, int) for k in keys):
+        return ("trials " if len(words) > 1 else "trial ") + joined
+    return joined
 
 
 def departures(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: float | None = None) -> dict[Hashable, str]:
@@ -154,15 +234,26 @@ def departures(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: fl
     return {number: d.text for number, d in compare(trials, tolerance).items()}
 
 
-def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> dict[Hashable, Departure]:
+def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> Checked:
     """`compare` over the report's trials (report.trials.Trial: `record`, `config`, `number`, `name`, `status`):
-    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`,
-    a config's runs (study.best.config_group: repeats and confirmation runs) one vote.
+    the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`
+    and `task` section (the recipe names the task only; a `task.*` concession is another task), a config's
+    runs (study.best.config_group: repeats and confirmation runs) one vote.
     The one place the sweep's summary and the report read the flags from."""
     return compare(
-        ((key_of(t), t.record, (t.config or {}).get("seed")) for t in trials if t.status == "ok"),
+        ((key_of(t), t.record, _seed_and_task(t.config or {})) for t in trials if t.status == "ok"),
         tolerance,
         config=lambda key, record: best_rule.config_group(record, key),
+    )
+
+
+def _seed_and_task(config: Mapping) -> object:
+    """A trial's seed, with its task's settings when its config holds them."""
+    task = config.get("task")
+    return (
+        (config.get("seed"), sorted((str(k), repr(v)) for k, v in task.items()))
+        if isinstance(task, Mapping)
+        else config.get("seed")
     )
 
 
@@ -227,9 +318,12 @@ def verdict_lines(
             lead = "best" if i == 0 else "also above the winner:"
             lines.append(f"{lead} {runs(f)}; the best that did not: {clean} (the winner)")
         if verdict.winner_flagged:
+            found = flagged_runs(verdict.ranked[0], flagged, key)
+            agreement = next((d.agreement for _, d in found if d.agreement), "")
             lines.append(
                 f"the winner {runs(verdict.ranked[0])}. It wins only because every config that competed is flagged: "
-                "no trial of its recipe and seed agrees with it, so none is known to have trained the recipe"
+                + (agreement or "no trial of its recipe and seed agrees with it")
+                + ", so none is known to have trained the recipe"
             )
     if rest:
         lines += [f"{label(k)} {d.text}" for k, d in flagged.items() if k not in said]

@@ -215,6 +215,15 @@ class TrialRun:
         if hasattr(self.backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
             self.backend.after_train(self.trainer, self.record)
         self.record.update(status="slow" if self.meter.stopped else "ok", error=self.meter.stopped)
+        logged, asked = len(self.meter.rows), int(self.cfg.trial.steps)
+        if not self.meter.stopped and logged < asked:  # its throughput would come from the steps that did log
+            self.record.update(
+                status="failed",
+                error=f"logged {logged} of trial.steps={asked} optimiser steps: the trainer ended or logged fewer "
+                "steps than asked, so its throughput and peak do not cover the run",
+            )
+        elif not self.meter.stopped and (why := self.meter.unmeasured()):
+            self.record.update(status="failed", error=why)
 
     def __enter__(self) -> TrialRun:
         return self

@@ -11,10 +11,10 @@ gave up and what each concession bought, from trials that differ only there wher
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import TYPE_CHECKING, Any, cast
 
-from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, why_in
+from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, listed_as, why_in
 
 from .config import SweeperSettingError
 
@@ -28,16 +28,25 @@ CPS = "completions_per_step"
 
 
 def diff(recipe: dict, other: dict) -> dict:
-    """{setting: other's value} for each recipe setting where `other` differs from `recipe`."""
-    return {k: other.get(k) for k in recipe if other.get(k) != recipe.get(k)}
+    """{setting: other's value} for each recipe setting where `other` differs from `recipe` (one recorded
+    only when set, levers._RECORDED_WHEN_ON, counts where either has it)."""
+    keys = [*recipe, *(k for k in other if k not in recipe)]
+    return {k: other.get(k) for k in keys if other.get(k) != recipe.get(k)}
 
 
-def allowed_names(groups: set[str]) -> list[str]:
-    return [*RECIPE_SETTINGS, "model", "task", *sorted(groups)]
+def allowed_names(groups: set[str], searched: Set[str] = frozenset()) -> list[str]:
+    listed = [*RECIPE_SETTINGS, "model", "task", "seed"]
+    return [*listed, *sorted((set(groups) | _recipe_params(searched)) - set(listed))]
 
 
-def check_list(concessions: list[str], groups: set[str], recipe: dict | None = None) -> None:
-    """Each entry of hydra.sweeper.concessions names a recipe setting (or a searched config group), once.
+def _recipe_params(searched: Set[str], recipe: dict | None = None) -> set[str]:
+    """The searched settings that are recipe, by name (an override's `+`/`~` left off)."""
+    return {key.lstrip("+~") for key in searched if kind_in(key, recipe) == RECIPE}
+
+
+def check_list(concessions: list[str], groups: set[str], recipe: dict | None = None, searched: Set[str] = frozenset()) -> None:
+    """Each entry of hydra.sweeper.concessions names a recipe setting, a searched config group, or a searched
+    setting that is recipe (levers.kind_of: every setting not listed as a knob), once.
     recipe: the held recipe, for the settings whose kind depends on it (levers.CONDITIONS: the split under bnpo)."""
     twice = sorted({name for name in concessions if list(concessions).count(name) > 1})
     if twice:
@@ -45,19 +54,19 @@ def check_list(concessions: list[str], groups: set[str], recipe: dict | None = N
             f"hydra.sweeper.concessions={list(concessions)}: {', '.join(twice)} listed twice; name each once"
         )
     for name in concessions:
-        if name in groups or (name in KINDS and kind_in(name, recipe) == RECIPE):
+        if name in groups or (name in KINDS and kind_in(name, recipe) == RECIPE) or name in _recipe_params(searched, recipe):
             continue
         why = (
             f"{name} is a knob ({why_in(name, recipe)}): searching it never needs a concession"
             if name in KINDS
             else f"{name} is not a recipe setting"
         )
-        raise SweeperSettingError(f"hydra.sweeper.concessions: {why}; allowed: {', '.join(allowed_names(groups))}")
+        raise SweeperSettingError(f"hydra.sweeper.concessions: {why}; allowed: {', '.join(allowed_names(groups, searched))}")
 
 
 def covered(setting: str, via: str, concessions: list[str]) -> bool:
     """Whether a change of `setting` made by the search parameter `via` is a declared concession."""
-    return setting in concessions or via in concessions
+    return setting in concessions or via.lstrip("+~") in concessions
 
 
 def check_space(
@@ -85,11 +94,14 @@ def check_space(
             changed.discard(CPS)  # the split of a held total: a knob
         missing = sorted(s for s in changed if not covered(s, key, concessions))
         if missing:
-            reasons = "; ".join(f"{s}: {why_in(s, recipe)}" if s in KINDS else s for s in missing)
+            reasons = "; ".join(
+                f"{s}: {why_in(s, recipe)}" if s in KINDS else f"{s}: not listed as a knob (levers.KINDS)" for s in missing
+            )
+            names = [key.lstrip("+~") if s == listed_as(key) else s for s in missing]  # the searched setting itself
             raise SweeperSettingError(
                 f"hydra.sweeper.params.{key}: changes the recipe ({reasons}). A sweep holds the recipe and searches "
-                f"knobs; to let it trade {', '.join(missing)} for speed, list {'it' if len(missing) == 1 else 'them'} in "
-                f"hydra.sweeper.concessions (e.g. hydra.sweeper.concessions=[{','.join(missing)}]), or fix the value"
+                f"knobs; to let it trade {', '.join(names)} for speed, list {'it' if len(names) == 1 else 'them'} in "
+                f"hydra.sweeper.concessions (e.g. hydra.sweeper.concessions=[{','.join(names)}]), or fix the value"
             )
         if changed:
             out[key] = changed
@@ -97,9 +109,11 @@ def check_space(
 
 
 def setting_changes(key: str, recipe: dict | None = None) -> set[str]:
-    """The recipe settings a searched top-level setting changes (itself when it is one, under the held
-    recipe: levers.kind_in, e.g. the micro-batch under loss_type=bnpo)."""
-    return {key} if kind_in(key, recipe) == RECIPE and key in KINDS else set()
+    """The recipe settings a searched setting changes: the KINDS entry it falls under (levers.listed_as:
+    `trial.grpo_config.temperature` changes trial.grpo_config) when it is recipe under the held recipe
+    (levers.kind_in, e.g. the micro-batch under loss_type=bnpo), and any setting KINDS does not call a
+    knob is recipe; none for a knob."""
+    return {listed_as(key)} if kind_in(key, recipe) == RECIPE else set()
 
 
 def divisors_only(distributions: dict, totals: list[int], log: Logger) -> dict:

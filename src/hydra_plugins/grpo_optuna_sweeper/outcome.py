@@ -156,9 +156,15 @@ def _number(value: object) -> TypeGuard[float]:
 
 def timed_steps(record: Record | None, objective: str) -> list[tuple[int, float]]:
     """(step, value) for each timed step of a trial (its history after the warm-up step): what the
-    sweeper reports to Optuna as intermediate values. Only for an objective the history carries."""
+    sweeper reports to Optuna as intermediate values. Only for an objective the history carries; a step
+    that trained a generation again (no new `tokens`, num_iterations) has no tokens/s of its own."""
     rows = (record or {}).get("history") or []
-    return [(int(r["step"]), float(r[objective])) for r in rows[1:] if _number(r.get(objective)) and "step" in r]
+    reused = {i for i, r in enumerate(rows) if i and r.get("tokens") == 0 and objective == "tokens_per_s"}
+    return [
+        (int(r["step"]), float(r[objective]))
+        for i, r in enumerate(rows)
+        if i and i not in reused and _number(r.get(objective)) and "step" in r
+    ]
 
 
 def stop_threshold(best_value: float | None, stop_below: float | None, objective: str, direction: str) -> float | None:

@@ -238,10 +238,12 @@ def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str
     that changes a recipe setting must be listed in hydra.sweeper.concessions.
     Returns (recipe, concession_params, fixed, distributions)."""
     recipe = recipe_of(compose(fixed))
-    concessions.check_list(list(declared), {k for k in distributions if k not in SCHEMA_KEYS}, recipe)
+    concessions.check_list(
+        list(declared), {k for k in distributions if k not in SCHEMA_KEYS and "." not in k}, recipe, set(distributions)
+    )
 
     def changes(key: str) -> set[str]:
-        if key in SCHEMA_KEYS:
+        if key in SCHEMA_KEYS or "." in key:  # a setting (a config group is a top-level name)
             changed = concessions.setting_changes(key, recipe)
             if key in SPLIT:
                 changed.add(concessions.CPS)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.files import write_atomic
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
-from grpo_sweep.report.learning import check_trials, verdict_lines, winner_first
+from grpo_sweep.report.learning import check_trials, verdict_lines, verdict_of, winner_first
 from grpo_sweep.report.trials import rerun_command, trials_from_study
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
@@ -116,10 +116,20 @@ def learning_verdict(study: Any, tolerance: float | None, ruling: best_rule.Verd
 
 def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> dict:
     """best.yaml's `changed_the_learning`: each flagged trial with its numbers, the flagged configs that
-    ranked above the winner, and whether the winner itself is flagged; {} when none is flagged."""
+    ranked above the winner, and whether the winner itself is flagged; and `learning_unchecked`: the ok
+    trials with no peer of their recipe and seed, and whether the winner is one; {} when neither."""
+    out = {}
+    unchecked = sorted(getattr(flagged, "unchecked", ()))
+    if unchecked:
+        winner = verdict.ranked[0].members if verdict.ranked else []
+        out["learning_unchecked"] = {
+            "trials": unchecked,
+            "why": "no other config of their recipe and seed ran, so nothing was compared with them",
+            "winner_unchecked": bool(winner) and all(m.number in unchecked for m in winner),
+        }
     if not flagged:
-        return {}
-    return {
+        return out
+    return out | {
         "changed_the_learning": {
             "tolerance": tolerance,  # null: per precision (float32 1e-4, bf16 2e-2)
             "trials": [{"trial": n, **d.as_dict()} for n, d in sorted(flagged.items())],
@@ -130,12 +140,23 @@ def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> di
 
 
 def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
-    """The printout's words on the learning check: what it did to the winner, and every flagged trial."""
+    """The printout's words on the learning check: what it did to the winner, every flagged trial, and
+    the trials it could not check (no peer of their recipe and seed)."""
+    unchecked = sorted(getattr(flagged, "unchecked", ()))
+    alone = (
+        f"unchecked: trial{'s' if len(unchecked) > 1 else ''} {', '.join(map(str, unchecked))} (no other config of "
+        "its recipe and seed ran, so nothing was compared with it)"
+        if unchecked
+        else ""
+    )
     if not flagged:
-        if compared < 2:
-            return ""
-        return f"\nLearning checked: none of the {compared} ok trials changed the learning (compared by recipe and seed)"
-    said = verdict_lines(verdict, flagged, lambda t: t.number, lambda n: f"trial {n}")
+        checked = compared - len(unchecked)
+        if checked < 2:
+            return f"\nLearning checked: none; {alone}" if alone else ""
+        return f"\nLearning checked: none of the {checked} ok trials changed the learning (compared by recipe and seed)" + (
+            f"; {alone}" if alone else ""
+        )
+    said = verdict_lines(verdict, flagged, lambda t: t.number, lambda n: f"trial {n}") + ([alone] if alone else [])
     return "\nLearning checked:\n" + "\n".join(f"  {line[0].upper()}{line[1:]}" for line in said)
 
 
@@ -240,7 +261,8 @@ def _lever_names(trials: list) -> list[str]:
 
 def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dict]]:
     """trials.csv: one row per trial. `flagged`: the learning check's flagged trials by number (its
-    `learning` column says "changed" for those, "same" for the other ok trials it compared)."""
+    `learning` column says "changed" for those, "unchecked" for the ok trials with no peer, "same" for the
+    other ok trials it compared)."""
     trials = study.get_trials(deepcopy=False)
     levers = _lever_names(trials)
     out = []
@@ -260,7 +282,7 @@ def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dic
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
             row[name] = " ".join(value) if isinstance(value, list) else value
-        learning = "changed" if t.number in (flagged or {}) else ("same" if flagged is not None and _is_ok(t) else "")
+        learning = verdict_of(t.number, flagged) if flagged is not None and (_is_ok(t) or t.number in flagged) else ""
         for key in LAST_COLUMNS:
             if key == "learning":  # the check's verdict, not a trial attribute
                 row[key] = learning
@@ -409,7 +431,7 @@ def write_summary(
         ok = best_rule.ranked(
             [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
         )
-        print(table(ok, objective, top_k, changed=set(flagged)))
+        print(table(ok, objective, top_k, changed=set(flagged), unchecked=set(getattr(flagged, "unchecked", ()))))
         print(finalist_table(summary, objective))
         for note in ("tie_note", "lead_note"):
             if summary.get(note):

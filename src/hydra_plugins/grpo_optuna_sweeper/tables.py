@@ -29,9 +29,11 @@ def rank_peaks_text(attrs: dict) -> str:
     return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
 
 
-def table(ok: list, objective: str, top_k: int, changed: set | None = None) -> str:
+def table(ok: list, objective: str, top_k: int, changed: set | None = None, unchecked: set | None = None) -> str:
     """The top `top_k` of `ok` (the study's ok trials, best first) as aligned text. changed: the numbers
-    of the trials that changed the learning (grpo_sweep.report.learning): a `learning` column when any."""
+    of the trials that changed the learning (grpo_sweep.report.learning), unchecked: those with no peer to
+    compare with: a `learning` column when any."""
+    unchecked = unchecked or set()
     keys = sorted({k for t in ok[:top_k] for k in t.params})
     multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
     header = [
@@ -43,7 +45,7 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None) -> s
         *(["ranks", "per-rank GiB"] if multi else []),
         "reward",
         "reward change",
-        *(["learning"] if changed else []),
+        *(["learning"] if changed or unchecked else []),
         *keys,
     ]
     lines = [header]
@@ -61,7 +63,11 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None) -> s
                     _fmt(t.user_attrs.get(k)) if t.user_attrs.get(k) is not None else "-"
                     for k in ("reward_mean", "reward_change")
                 ],
-                *([("CHANGED" if t.number in changed else "same")] if changed else []),
+                *(
+                    [("CHANGED" if t.number in (changed or ()) else "unchecked" if t.number in unchecked else "same")]
+                    if changed or unchecked
+                    else []
+                ),
                 *[_fmt(t.params.get(k, "")) for k in keys],
             ]
         )

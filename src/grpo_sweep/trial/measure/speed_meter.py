@@ -3,7 +3,11 @@
 Memory is measured by memory_meter.MemoryMeter; StepMeter only reads its peak for the progress line.
 
 Throughput counts prompt + completion tokens trained per second in steady state: the first step
-(CUDA/kernel warm-up, lazy allocations) is excluded when more than one step ran.
+(CUDA/kernel warm-up, lazy allocations) is excluded when more than one step ran. Where one generation
+feeds several optimiser steps (TRL's num_iterations; steps_per_generation above the accumulation),
+only the steps that generated count tokens: the steady state is then the whole generation cycles
+after the first one, and a run whose only generation was its first step has no timed step
+(`unmeasured`, the worker's status `failed`).
 
 Early stop (trial.stop_below, set by the sweeper to a fraction of the best feasible throughput so
 far): after the first timed step that comes once the peak is measured (`first_timed_step`: step 2
@@ -90,7 +94,9 @@ class StepMeter(TrainerCallback):
             self._pending["tracked"] = bool(self.tracking())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self._pending or logs is None or "reward" not in logs:
+        # Every optimiser step's log has its loss; the rewards only a step that generated (TRL reuses a
+        # generation for num_iterations x steps_per_generation micro-steps). The end-of-training log has neither.
+        if not self._pending or logs is None or ("loss" not in logs and "reward" not in logs):
             return
         row = dict(self._pending)
         self._pending = {}
@@ -114,7 +120,8 @@ class StepMeter(TrainerCallback):
         )
         if self.on_step is not None:
             self.on_step(row)
-        if self.stop_below is not None and not self.stopped and row["step"] >= self.first_timed_step:
+        reused = row["tokens"] == 0 and any(r["tokens"] for r in self.rows)  # trained a generation again
+        if self.stop_below is not None and not self.stopped and row["step"] >= self.first_timed_step and not reused:
             if row["tokens_per_s"] < self.stop_below and row["step"] < self.total_steps:
                 self.stopped = (
                     f"stopped early after step {row['step']}: {row['tokens_per_s']:.1f} tokens/s < "
@@ -123,17 +130,45 @@ class StepMeter(TrainerCallback):
                 print(f"[trial] {self.stopped}", flush=True)
                 control.should_training_stop = True
 
+    def timed_rows(self) -> list[dict]:
+        """The steady-state steps: every step after the first; where only some steps generate (their
+        `tokens`), the whole generation cycles after the first cycle; none when only the first generated."""
+        rows = self.rows
+        if len(rows) <= 1:
+            return rows
+        starts = [i for i, r in enumerate(rows) if r.get("tokens")]
+        if not starts or len(starts) == len(rows):
+            return [r for r in rows[1:] if not r.get("tracked")] or rows[1:]
+        if len(starts) < 2:
+            return []
+        size = starts[1] - starts[0]
+        # the last cycle only when no whole one ran after the first
+        cycles = [rows[i : i + size] for i in range(starts[1], len(rows) - size + 1, size)] or [rows[starts[1] :]]
+        clean = [c for c in cycles if not any(r.get("tracked") for r in c)] or cycles
+        return [r for c in clean for r in c]
+
+    def unmeasured(self) -> str | None:
+        """Why no step was timed (None when one was): only the untimed first step generated."""
+        if len(self.rows) <= 1 or self.timed_rows():
+            return None
+        return (
+            f"only step 1, the untimed warm-up, generated completions in its {len(self.rows)} steps (one generation "
+            "feeds several optimiser steps: num_iterations or steps_per_generation): no timed step measured the "
+            "throughput; raise trial.steps to cover a second generation"
+        )
+
     def summary(self) -> dict:
         """Steady-state throughput over steps after the first (all steps when only one ran).
 
-        Steps the CPU tensor tracker slowed (`tracked`) are left out when untracked ones exist;
-        `throughput_tracked` says whether the throughput includes the tracker's overhead.
+        Steps the CPU tensor tracker slowed (`tracked`) are left out when untracked ones exist (whole
+        generation cycles of them: timed_rows); `throughput_tracked` says whether the throughput includes
+        the tracker's overhead.
         """
-        rows = self.rows[1:] if len(self.rows) > 1 else self.rows
-        if not rows:
+        if not self.rows:
             return {"steps": 0}
-        clean = [r for r in rows if not r.get("tracked")]
-        rows = clean or rows
+        rows = self.timed_rows()
+        if not rows:
+            return {"steps": len(self.rows), "measured_steps": 0}
         time_s = sum(r["step_time_s"] for r in rows)
         tokens = sum(r["tokens"] for r in rows)
         samples = sum(r.get("samples", 0) for r in rows)
