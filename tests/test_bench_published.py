@@ -46,7 +46,7 @@ def test_every_run_has_a_source_a_known_split_a_card_we_have_and_positive_number
         assert run["source"].strip(), run["id"]
         assert run["split"] in pr.SPLITS, run["id"]
         assert (GPU_DIR / f"{run['card']}.yaml").exists(), (run["id"], run["card"])
-        assert run["quant"] in ("4bit", "16bit"), run["id"]
+        assert run["quant"] in ("4bit", "16bit", "fp8"), run["id"]
         for key in POSITIVE:
             value = run.get(key)
             assert value is None or (isinstance(value, int | float) and value > 0), (run["id"], key, value)
