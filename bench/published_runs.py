@@ -6,9 +6,9 @@ Reads bench/data/published_grpo_runs.json (each run with its source, card, setti
 step time; how they were collected and how fit/heldout was chosen is in that file). Each run the model
 can express (`predictable`) becomes our config: the card's conf/gpu file, conf/model where we have the
 model, else `model=hub` with the architecture numbers the data file records beside their source, the
-Unsloth backend (every run is an Unsloth notebook) with its vLLM switch, all-linear LoRA with
-gradient checkpointing (Unsloth's notebooks), and one prompt's `num_generations` completions per
-micro-batch. Today's model (`memory.throughput.relative_step_time`) predicts each at the full
+Unsloth backend (every run is an Unsloth notebook) with its vLLM switch, the run's LoRA targets and
+gradient checkpointing, and one prompt's `num_generations` completions per micro-batch (Unsloth
+logs "Total batch size (6 x 1 x 1)" for per_device_train_batch_size=1, num_generations=6). Today's model (`memory.throughput.relative_step_time`) predicts each at the full
 completion budget, as the sweep uses it. Reported per split: the factor off max(p/m, m/p), its median
 and worst, Spearman's rho of predicted against measured, and each same-setup card pair's ratio error
 |predicted ratio / measured ratio - 1|. Beside them, informational: the prediction at the run's
@@ -65,8 +65,9 @@ def overrides(run: dict, completion_tokens: int | None = None) -> list[str]:
         f"backend.fast_inference={'true' if run['use_vllm'] else 'false'}",
         f"load_in_4bit={'true' if run['quant'] == '4bit' else 'false'}",
         f"lora_rank={run['lora_rank']}",
-        "lora=all_linear",
-        "gradient_checkpointing=true",
+        lora_targets(run["lora_target_modules"]),
+        # use_gradient_checkpointing="unsloth" in every notebook that sets it; unset is taken as on
+        f"gradient_checkpointing={'false' if run.get('gradient_checkpointing') is False else 'true'}",
         f"num_generations={run['num_generations']}",
         f"per_device_train_batch_size={max(run['per_device_train_batch_size'], run['num_generations'])}",
         f"gradient_accumulation_steps={run['gradient_accumulation_steps']}",
@@ -76,6 +77,12 @@ def overrides(run: dict, completion_tokens: int | None = None) -> list[str]:
     if run.get("gpu_memory_utilization") is not None:
         out.append(f"gpu_memory_utilization={run['gpu_memory_utilization']}")
     return out
+
+
+def lora_targets(targets) -> str:
+    if targets == "all_linear":
+        return "lora=all_linear"
+    return f"lora_target_modules=[{','.join(targets)}]"
 
 
 def predict(run: dict, completion_tokens: int | None = None) -> dict:

@@ -57,7 +57,14 @@ def test_every_run_has_a_source_a_known_split_a_card_we_have_and_positive_number
 
 def test_predictable_runs_carry_what_the_harness_maps_and_the_arch_has_a_source(data):
     for run in (r for r in data["runs"] if r["predictable"]):
-        for key in ("lora_rank", "num_generations", "max_prompt_length", "max_completion_length", "use_vllm"):
+        for key in (
+            "lora_rank",
+            "num_generations",
+            "max_prompt_length",
+            "max_completion_length",
+            "use_vllm",
+            "lora_target_modules",
+        ):
             assert run[key] is not None, (run["id"], key)
         if run["model_conf"]:
             assert (MODEL_DIR / f"{run['model_conf']}.yaml").exists(), run["id"]
