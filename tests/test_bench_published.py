@@ -1,0 +1,107 @@
+"""bench/data/published_grpo_runs.json is well-formed and bench/published_runs.py judges today's
+throughput model on it.
+
+Seconds: composing a config per run and the arithmetic model, no trial.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import published_runs as pr  # noqa: E402
+
+GPU_DIR = ROOT / "src" / "grpo_sweep" / "conf" / "gpu"
+MODEL_DIR = ROOT / "src" / "grpo_sweep" / "conf" / "model"
+POSITIVE = (
+    "lora_rank",
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_prompt_length",
+    "max_completion_length",
+    "steps",
+    "elapsed_s",
+    "seconds_per_step",
+    "completion_length_mean",
+    "completion_length_max",
+    "params_b",
+)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return pr.load()
+
+
+def test_every_run_has_a_source_a_known_split_a_card_we_have_and_positive_numbers(data):
+    ids = [r["id"] for r in data["runs"]]
+    assert len(ids) == len(set(ids))
+    for run in data["runs"]:
+        assert run["source"].strip(), run["id"]
+        assert run["split"] in pr.SPLITS, run["id"]
+        assert (GPU_DIR / f"{run['card']}.yaml").exists(), (run["id"], run["card"])
+        assert run["quant"] in ("4bit", "16bit", "fp8"), run["id"]
+        for key in POSITIVE:
+            value = run.get(key)
+            assert value is None or (isinstance(value, int | float) and value > 0), (run["id"], key, value)
+        assert run["seconds_per_step"], run["id"]
+        if run["steps"] and run["elapsed_s"]:
+            assert math.isclose(run["seconds_per_step"], run["elapsed_s"] / run["steps"], rel_tol=0.01), run["id"]
+
+
+def test_predictable_runs_carry_what_the_harness_maps_and_the_arch_has_a_source(data):
+    for run in (r for r in data["runs"] if r["predictable"]):
+        for key in (
+            "lora_rank",
+            "num_generations",
+            "max_prompt_length",
+            "max_completion_length",
+            "use_vllm",
+            "lora_target_modules",
+        ):
+            assert run[key] is not None, (run["id"], key)
+        if run["model_conf"]:
+            assert (MODEL_DIR / f"{run['model_conf']}.yaml").exists(), run["id"]
+        else:
+            assert set(pr.ARCH_KEYS) <= set(run["arch"]) and run["arch"]["source"].strip(), run["id"]
+
+
+def test_heldout_is_a_third_and_holds_a_same_setup_card_pair(data):
+    runs = [r for r in data["runs"] if r["predictable"]]
+    held = {r["id"] for r in runs if r["split"] == "heldout"}
+    assert 3 * len(held) >= len(runs)
+    cards = {r["id"]: r["card"] for r in runs}
+    assert any(a in held and b in held and cards[a] != cards[b] for a, b in data["card_pairs"])
+    assert len({r["card"] for r in data["runs"]}) >= 3
+
+
+def test_the_harness_reports_every_figure_from_todays_model(data):
+    result = pr.evaluate(data)
+    predictable = [r for r in data["runs"] if r["predictable"]]
+    assert len(result["rows"]) == len(predictable)
+    assert len(result["not_predicted"]) == len(data["runs"]) - len(predictable)
+    for row in result["rows"]:
+        assert row["predicted_s"] > 0 and row["factor"] >= 1
+    for split in pr.SPLITS:
+        summary = result["splits"][split]
+        assert summary["runs"] and 1 <= summary["median_factor"] <= summary["worst_factor"]
+        assert -1 <= summary["spearman_rho"] <= 1
+    assert result["published_heldout_worst_factor"] == result["splits"]["heldout"]["worst_factor"]
+    assert result["published_card_ratio_error"] >= 0
+
+
+def test_the_harness_follows_the_data_it_is_given(data):
+    """A run's measured time moves its factor, so the figures come from the file, not from constants."""
+    run = next(r for r in data["runs"] if r["predictable"] and r["split"] == "fit")
+    before = next(r for r in pr.evaluate(data)["rows"] if r["id"] == run["id"])
+    changed = copy.deepcopy(data)
+    target = next(r for r in changed["runs"] if r["id"] == run["id"])
+    target["seconds_per_step"] = before["predicted_s"]
+    after = next(r for r in pr.evaluate(changed)["rows"] if r["id"] == run["id"])
+    assert after["factor"] == pytest.approx(1.0)
