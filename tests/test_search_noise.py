@@ -731,3 +731,47 @@ def test_a_lead_no_noise_can_judge_is_said_to_rest_on_one_run():
     assert once["lead_note"].startswith("No config ran twice") and "trial 1's lead of 10% over trial 0" in once["lead_note"]
     twice = summary_of([("a", 1051.0), ("a", 1060.0), ("b", 1152.0)])
     assert "lead_note" not in twice and twice["top_two_within_noise"] in (True, False)
+
+
+def test_a_confirm_budget_too_small_for_one_run_gives_its_runs_back(tmp_path, capsys, monkeypatch):
+    """confirm_budget=0.01 of 4 search trials' 40 s has no room for one 10 s run: confirmation stops
+    (`budget`) before its first round and gives its reserved runs back to the search, as an
+    undecidable one does, so the loop runs the search on to n_trials; the summary lists no
+    "Confirmed finalists" (none was confirmed)."""
+    import logging
+    import types
+
+    from hydra_plugins.grpo_optuna_sweeper.loop import Loop
+    from hydra_plugins.grpo_optuna_sweeper.summary import write_summary
+
+    log = logging.getLogger("test")
+    study, space = _search([(1, 100.0), (2, 180.0), (3, 90.0), (4, 176.0)])
+    seconds = {t.number: 10.0 for t in study.trials}
+    confirm.choose(study, 3, log)
+    called: list[tuple[int, bool]] = []
+    loop = types.SimpleNamespace(
+        study=study,
+        stopped=None,
+        plan=types.SimpleNamespace(n_search=4, n_trials=10, confirm_top=3, settings=types.SimpleNamespace(confirm_budget=0.01)),
+        _phase=lambda target, search=False: called.append((target, search)),
+    )
+    original = confirm.next_round  # the trials' seconds, as the replay gives them
+    monkeypatch.setattr(
+        confirm, "next_round", lambda study, budget, log: original(study, budget, log, seconds_of=lambda t: seconds.get(t.number))
+    )
+    Loop._confirm(loop)
+    state = study.user_attrs["confirmation"]
+    assert (state["stopped"], state["runs"], state["finalists"], state["chosen"]) == ("budget", [], [], [1, 3, 0])
+    assert confirm.given_back(study) and "reserved runs went back to the search" in state["why"]
+    assert called == [(4, False), (10, True)]  # the search runs on to n_trials
+    write_summary(
+        study,
+        tmp_path,
+        storage_url=f"journal:{tmp_path / 's.journal'}",
+        objective="tokens_per_s",
+        fixed=[],
+        top_k=5,
+        headroom=None,
+    )
+    out = capsys.readouterr().out
+    assert "Confirmed finalists" not in out and "stopped: the next run would take confirmation past confirm_budget=0.01" in out

@@ -259,7 +259,7 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
         repeated = [f for f in ranked if len(f.runs) > 1 and f is not winner]
         also = "".join(f" {_e(f.item.name)} ran {len(f.runs)} times (its median counted)." for f in repeated)
         why = (
-            "confirmation found the measured noise beyond what its budget could settle and gave its runs to the search"
+            "confirmation found the measured noise beyond what its budget could settle, or no run within its budget, and gave its runs to the search"
             if given_back
             else "hydra.sweeper.confirm_top is 0, or the sweep had too few trials for one"
         )

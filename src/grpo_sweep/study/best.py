@@ -84,8 +84,9 @@ def competing(study_user_attrs: dict) -> list | None:
 
 
 def gave_back(plan: dict | None) -> bool:
-    """Whether confirmation (`plan`: the study's PLAN_ATTR), undecidable before its first round, gave
-    its reserved runs back to the search: it ran nothing, and every config competes by its median."""
+    """Whether confirmation (`plan`: the study's PLAN_ATTR), undecidable or unaffordable before its
+    first round, gave its reserved runs back to the search: it ran nothing, and every config competes
+    by its median."""
     return bool((plan or {}).get("given_back"))
 
 

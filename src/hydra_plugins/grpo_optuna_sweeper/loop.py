@@ -107,7 +107,7 @@ class Loop:
                 return
             if not confirm.next_round(self.study, settings.confirm_budget, log):
                 break
-        if confirm.given_back(self.study):  # undecidable from the start: its reserved runs search instead
+        if confirm.given_back(self.study):  # undecidable or unaffordable from the start: its reserved runs search instead
             self._phase(plan.n_trials, search=True)
 
     def _soak(self, steps: int) -> None:
