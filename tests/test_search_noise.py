@@ -775,3 +775,61 @@ def test_a_confirm_budget_too_small_for_one_run_gives_its_runs_back(tmp_path, ca
     )
     out = capsys.readouterr().out
     assert "Confirmed finalists" not in out and "stopped: the next run would take confirmation past confirm_budget=0.01" in out
+
+
+def test_a_flagged_config_in_a_tie_never_wins_anywhere(tmp_path, capsys):
+    """b=2 (trial 1: 180, 90 % of the budget) and b=4 (trial 3: 178, 60 %) tie within 5 % of each
+    other, and b=4's runs changed the learning (their grad_norm departs from the other configs').
+    study.best.decide settles the tie among the configs that did not, once: trial 1 wins in best.yaml,
+    the printout and report.html, and no tie line names trial 3 as the winner."""
+    import optuna
+    import yaml
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, learning_verdict, write_summary
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize")
+    space = {"b": optuna.distributions.CategoricalDistribution([1, 2, 3, 4])}
+    peaks = {1: 500, 2: 900, 3: 500, 4: 600}
+    for b, value in [(1, 100.0), (2, 180.0), (3, 90.0), (4, 178.0), *[(3, 90.0)] * 4, (2, 180.0), (4, 178.0)]:
+        study.enqueue_trial({"b": b})
+        trial = study.ask(space)
+        trial.set_user_attr("overrides", [f"b={b}"])
+        confirm.mark_repeat(study, trial, [f"b={b}"])
+        _record(trial, b, peaks)
+        trial.set_user_attr("metrics", {"history": [{"grad_norm": 0.75 if b == 4 else 0.7}]})
+        study.tell(trial, value)
+    ruling, flagged = learning_verdict(study, None)
+    assert sorted(flagged) == [3, 9] and ruling.winner.item.number == best_trial(study).number == 1
+    assert ruling.tie == [] and not ruling.winner_flagged and ruling.passed_over == []
+    write_summary(
+        study,
+        tmp_path,
+        storage_url=f"journal:{tmp_path / 's.journal'}",
+        objective="tokens_per_s",
+        fixed=[],
+        top_k=5,
+        headroom=None,
+    )
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best["best_trial"] == 1 and "tie_note" not in best and "tie" not in best
+    assert best["changed_the_learning"]["passed_over"] == [] and not best["changed_the_learning"]["winner_flagged"]
+    out = capsys.readouterr().out
+    assert "\nBest: trial 1," in out and "trial 3 wins" not in out
+    report = (tmp_path / "report.html").read_text()
+    assert "Best feasible trial: <b>trial 1</b>" in report and "trial 3 wins" not in report
+
+    # decide by hand: a flagged leader is passed over (named), a tie is settled among the others;
+    # every config flagged: the best wins, flagged.
+    runs = [("a", 200.0), ("b", 180.0), ("c", 100.0)]
+    kwargs = {"value": lambda r: r[1], "group": lambda r: r[0], "direction": "maximize"}
+    passed = best_rule.decide(runs, **kwargs, flagged=lambda r: r[0] == "a")
+    assert (passed.winner.item, [f.item for f in passed.passed_over], passed.winner_flagged) == (
+        ("b", 180.0),
+        [("a", 200.0)],
+        False,
+    )
+    assert [f.item[0] for f in passed.ranked] == ["b", "a", "c"]
+    every = best_rule.decide(runs, **kwargs, flagged=lambda r: True)
+    assert (every.winner.item, every.passed_over, every.winner_flagged) == (("a", 200.0), [], True)
+    assert best_rule.decide(runs, **kwargs).winner.item == ("a", 200.0)

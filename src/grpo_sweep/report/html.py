@@ -15,7 +15,7 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from . import figures as figs
-from .learning import Departure, Verdict, key_of, verdict_lines
+from .learning import Departure, key_of, verdict_lines
 from .trials import (
     REPORT_FILE,
     Trial,
@@ -26,7 +26,6 @@ from .trials import (
     model_trust_line,
     model_vs_measured,
     overrides,
-    verdict,
 )
 
 CSS = """
@@ -259,7 +258,8 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
         repeated = [f for f in ranked if len(f.runs) > 1 and f is not winner]
         also = "".join(f" {_e(f.item.name)} ran {len(f.runs)} times (its median counted)." for f in repeated)
         why = (
-            "confirmation found the measured noise beyond what its budget could settle, or no run within its budget, and gave its runs to the search"
+            "confirmation found the measured noise beyond what its budget could settle, or no run within its "
+            "budget, and gave its runs to the search"
             if given_back
             else "hydra.sweeper.confirm_top is 0, or the sweep had too few trials for one"
         )
@@ -443,10 +443,10 @@ def concessions_html(tags: dict, objective: str) -> str:
     return html
 
 
-def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, Departure]) -> str:
+def learning_html(trials: list[Trial], verdict: best_rule.Verdict, flagged: dict[object, Departure]) -> str:
     """The Equal learning section: which trials changed the learning (their first steps' numbers against
     the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
-    winner (learning.winner_first)."""
+    winner (study.best.decide's `flagged`)."""
     compared = [t for t in trials if t.status == "ok" and t.record.get("history")]
     tolerance = trials[0].learning_tolerance if trials else None
     at = f"tolerance {tolerance:g} relative" if tolerance is not None else "tolerance per precision: float32 1e-4, bf16 2e-2"
@@ -502,9 +502,9 @@ def write_report(
     confirmation: dict | None = None,
 ) -> Path:
     out = Path(out)
-    ruling = verdict(trials)  # the median-of-runs rule, its noise and tie
-    learned, flagged = learning_check(trials, ruling)  # then the learning check's winner rule
-    ranked = learned.ranked  # ranked[0].item is best_trial(trials)
+    ruling, flagged = learning_check(trials)  # the median-of-runs rule, its noise, tie and the learning check
+    learned = ruling
+    ranked = ruling.ranked  # ranked[0].item is best_trial(trials)
     best = ranked[0].item if ranked else None
     budget = budget_gib(trials)
     objective = trials[0].objective_name

@@ -116,7 +116,7 @@ class Loop:
         from .workers import worker_dead
 
         study = self.study
-        winner = best_trial(study)
+        winner = best_trial(study, self.plan.learning_tolerance)  # the winner best.yaml names
         if winner is None:
             log.info("Soak skipped: no feasible config to soak")
             return
