@@ -31,7 +31,7 @@ from .trials import (
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
 h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
-img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem}
+img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem} .warn{color:#a30}
 table{border-collapse:collapse;font-size:.85rem} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
 th{background:#f3f3f3;cursor:pointer;user-select:none} td{white-space:nowrap}
 td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-align:left}
@@ -343,6 +343,14 @@ def _tie_winner(ruling: best_rule.Verdict) -> str:
     )
 
 
+def soak_warning_html(soak: dict | None) -> str:
+    """The line that flags the winner when its soak ran out of memory, passed the budget or grew
+    (the sweeper's soak.warning, recorded with the soak); empty otherwise."""
+    if not soak or not soak.get("warning"):
+        return ""
+    return f"<p id=soak-warning class=warn><b>Not recommended as it is:</b> {_e(soak['warning'])}.</p>"
+
+
 def soak_html(soak: dict) -> str:
     """The Soak section: the winner run hydra.sweeper.soak_steps more steps (the sweeper's soak.py),
     whether its peak grew over them, and every step's own peak."""
@@ -350,17 +358,28 @@ def soak_html(soak: dict) -> str:
     def _mib1(n) -> str:  # a tiny model's step peaks differ by tenths of a MiB
         return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
 
-    head = f"trial {_e(soak.get('trial'))}'s config, {_e(soak.get('steps'))} steps"
+    asked = f" of {_e(soak['steps_asked'])}" if soak.get("steps_asked") and soak.get("steps") is not None else ""
+    head = f"trial {_e(soak.get('trial'))}'s config, {_e(soak.get('steps', soak.get('steps_asked')))}{asked} steps"
+    warn = soak_warning_html(soak)
+    if soak.get("status") == "running":
+        return f"<p id=soak-note>Soak of {head}: running in worker {_e(soak.get('worker'))}; its verdict comes when it ends.</p>"
+    if soak.get("status") == "interrupted":
+        return (
+            f"<p id=soak-note>Soak of {head}: interrupted ({_e(soak.get('error'))}), no verdict. Resume it with:</p>"
+            f"<pre id=soak-resume>{_e(soak.get('resume') or 'the sweep command, run again')}</pre>"
+        )
     if soak.get("status") != "ok":
-        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>"
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>{warn}"
     if soak.get("grew") is None:
-        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>"
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>{warn}"
     verdict = "Memory grew" if soak["grew"] else "Memory held"
+    highest = soak.get("highest_peak_bytes", soak["last_peak_bytes"])
     note = (
         f"<p id=soak-note>Soak of {head}: <b>{verdict}</b>. Step {_e(soak['first_timed_step'])} peaked at "
-        f"{_mib1(soak['first_peak_bytes'])} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
-        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: more than {soak['grew_share']:.0%} above "
-        f"step {_e(soak['first_timed_step'])}).</p>"
+        f"{_mib1(soak['first_peak_bytes'])} MiB, the highest step (step {_e(soak.get('highest_step'))}) at "
+        f"{_mib1(highest)} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
+        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: a step more than {soak['grew_share']:.0%} "
+        f"above step {_e(soak['first_timed_step'])}).</p>{warn}"
     )
     rows = "".join(f"<tr><td>{_e(step)}</td><td>{_mib1(peak)}</td></tr>" for step, peak in soak.get("step_peaks") or [])
     return note + f"<table id=soak><thead><tr><th>step</th><th>peak MiB</th></tr></thead><tbody>{rows}</tbody></table>"
@@ -528,6 +547,8 @@ def write_report(
         said = verdict_lines(learned, flagged, key_of, lambda k: _label(trials, k), rest=False)
         if said:
             best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
+        if soak and soak.get("trial") == best.number:  # the winner's soak: a warning flags it here too
+            best_html += soak_warning_html(soak)
         best_html += finalists_html(
             ruling,
             objective,

@@ -396,7 +396,10 @@ def write_summary(
         )
         soaked = study.user_attrs.get(SOAK_ATTR)
         if soaked:
-            summary["soak"] = {k: v for k, v in soaked.items() if k not in ("worker", "started_unix")}
+            running = soaked.get("status") == "running"  # which worker runs it is said; else no worker
+            summary["soak"] = {k: v for k, v in soaked.items() if k != "started_unix" and (k != "worker" or running)}
+            if soaked.get("warning") and soaked.get("trial") == best.number:  # its soak says the winner may not hold
+                summary["soak_warning"] = soaked["warning"]
         confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
         if confirmation:
             summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
@@ -443,7 +446,10 @@ def write_summary(
                 print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
         if summary.get("soak"):
             print(soak_words(summary["soak"]))
-        print(f"Run it:\n  {summary['command']}")
+        if summary.get("soak_warning"):
+            print(f"Run it (not recommended as it is: {summary['soak_warning']}):\n  {summary['command']}")
+        else:
+            print(f"Run it:\n  {summary['command']}")
         exported = summary.get("export") or {}
         if exported.get("files"):
             print(
