@@ -200,6 +200,7 @@ def test_an_interrupted_soak_says_so_with_the_command_that_resumes_it(tmp_path):
 
     from omegaconf import OmegaConf
 
+    from grpo_sweep.report.html import soak_html
     from hydra_plugins.grpo_optuna_sweeper.loop import Interrupted, Loop
 
     study = _study_with_one_winner(tmp_path)
@@ -236,6 +237,11 @@ def test_an_interrupted_soak_says_so_with_the_command_that_resumes_it(tmp_path):
         == f"Soak of trial 0: interrupted (SIGTERM) before it recorded a step, no verdict; resume it with: {resume}"
     )
     assert soak.due(study, study.trials[0], 30, lambda worker, started: False)  # a resumed sweep runs it again
+    page = soak_html(record)
+    assert "trial 0's config, 30 steps: interrupted (SIGTERM)" in page and "None" not in page
+    assert (
+        "<pre id=soak-resume>python train.py -m hydra.sweeper.soak_steps=30 +sweeps=tiny_cpu &#x27;name=a b&#x27;</pre>" in page
+    )
     running = {"trial": 0, "steps_asked": 30, "status": "running", "worker": "host:42"}
     assert soak.words(running) == (
         "Soak of trial 0, 30 steps: running in worker host:42, which writes its verdict into best.yaml when it ends"

@@ -359,7 +359,8 @@ def soak_html(soak: dict) -> str:
         return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
 
     asked = f" of {_e(soak['steps_asked'])}" if soak.get("steps_asked") and soak.get("steps") is not None else ""
-    head = f"trial {_e(soak.get('trial'))}'s config, {_e(soak.get('steps', soak.get('steps_asked')))}{asked} steps"
+    ran = soak.get("steps") if soak.get("steps") is not None else soak.get("steps_asked")
+    head = f"trial {_e(soak.get('trial'))}'s config, {_e(ran)}{asked} steps"
     warn = soak_warning_html(soak)
     if soak.get("status") == "running":
         return f"<p id=soak-note>Soak of {head}: running in worker {_e(soak.get('worker'))}; its verdict comes when it ends.</p>"
