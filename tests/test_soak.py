@@ -214,7 +214,14 @@ def test_an_interrupted_soak_says_so_with_the_command_that_resumes_it(tmp_path):
         return OmegaConf.create({"trial": {"timeout_s": 60.0, "steps": 3}})
 
     compose.config = OmegaConf.create(
-        {"hydra": {"overrides": {"hydra": ["hydra.sweeper.soak_steps=30"], "task": ["+sweeps=tiny_cpu", "name=a b"]}}}
+        {
+            "hydra": {
+                "overrides": {
+                    "hydra": ["hydra.mode=MULTIRUN", "hydra.sweeper.soak_steps=30"],
+                    "task": ["+sweeps=tiny_cpu", "name=a b"],
+                }
+            }
+        }
     )
     settings = types.SimpleNamespace(study_name="s")
     loop = types.SimpleNamespace(

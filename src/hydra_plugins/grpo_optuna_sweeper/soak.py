@@ -65,6 +65,7 @@ def resume_command(config: Any) -> str | None:
     from omegaconf import OmegaConf
 
     said = [*(OmegaConf.select(config, "hydra.overrides.hydra") or []), *(OmegaConf.select(config, "hydra.overrides.task") or [])]
+    said = [o for o in said if not str(o).startswith("hydra.mode=")]  # -m says it
     if not said:
         return None
     return "python train.py -m " + " ".join(shlex.quote(str(o).replace("\n", " ")) for o in said)
