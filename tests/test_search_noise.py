@@ -731,3 +731,105 @@ def test_a_lead_no_noise_can_judge_is_said_to_rest_on_one_run():
     assert once["lead_note"].startswith("No config ran twice") and "trial 1's lead of 10% over trial 0" in once["lead_note"]
     twice = summary_of([("a", 1051.0), ("a", 1060.0), ("b", 1152.0)])
     assert "lead_note" not in twice and twice["top_two_within_noise"] in (True, False)
+
+
+def test_a_confirm_budget_too_small_for_one_run_gives_its_runs_back(tmp_path, capsys, monkeypatch):
+    """confirm_budget=0.01 of 4 search trials' 40 s has no room for one 10 s run: confirmation stops
+    (`budget`) before its first round and gives its reserved runs back to the search, as an
+    undecidable one does, so the loop runs the search on to n_trials; the summary lists no
+    "Confirmed finalists" (none was confirmed)."""
+    import logging
+    import types
+
+    from hydra_plugins.grpo_optuna_sweeper.loop import Loop
+    from hydra_plugins.grpo_optuna_sweeper.summary import write_summary
+
+    log = logging.getLogger("test")
+    study, space = _search([(1, 100.0), (2, 180.0), (3, 90.0), (4, 176.0)])
+    seconds = {t.number: 10.0 for t in study.trials}
+    confirm.choose(study, 3, log)
+    called: list[tuple[int, bool]] = []
+    loop = types.SimpleNamespace(
+        study=study,
+        stopped=None,
+        plan=types.SimpleNamespace(n_search=4, n_trials=10, confirm_top=3, settings=types.SimpleNamespace(confirm_budget=0.01)),
+        _phase=lambda target, search=False: called.append((target, search)),
+    )
+    original = confirm.next_round  # the trials' seconds, as the replay gives them
+    monkeypatch.setattr(
+        confirm, "next_round", lambda study, budget, log: original(study, budget, log, seconds_of=lambda t: seconds.get(t.number))
+    )
+    Loop._confirm(loop)
+    state = study.user_attrs["confirmation"]
+    assert (state["stopped"], state["runs"], state["finalists"], state["chosen"]) == ("budget", [], [], [1, 3, 0])
+    assert confirm.given_back(study) and "reserved runs went back to the search" in state["why"]
+    assert called == [(4, False), (10, True)]  # the search runs on to n_trials
+    write_summary(
+        study,
+        tmp_path,
+        storage_url=f"journal:{tmp_path / 's.journal'}",
+        objective="tokens_per_s",
+        fixed=[],
+        top_k=5,
+        headroom=None,
+    )
+    out = capsys.readouterr().out
+    assert "Confirmed finalists" not in out and "stopped: the next run would take confirmation past confirm_budget=0.01" in out
+
+
+def test_a_flagged_config_in_a_tie_never_wins_anywhere(tmp_path, capsys):
+    """b=2 (trial 1: 180, 90 % of the budget) and b=4 (trial 3: 178, 60 %) tie within 5 % of each
+    other, and b=4's runs changed the learning (their grad_norm departs from the other configs').
+    study.best.decide settles the tie among the configs that did not, once: trial 1 wins in best.yaml,
+    the printout and report.html, and no tie line names trial 3 as the winner."""
+    import optuna
+    import yaml
+
+    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, learning_verdict, write_summary
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize")
+    space = {"b": optuna.distributions.CategoricalDistribution([1, 2, 3, 4])}
+    peaks = {1: 500, 2: 900, 3: 500, 4: 600}
+    for b, value in [(1, 100.0), (2, 180.0), (3, 90.0), (4, 178.0), *[(3, 90.0)] * 4, (2, 180.0), (4, 178.0)]:
+        study.enqueue_trial({"b": b})
+        trial = study.ask(space)
+        trial.set_user_attr("overrides", [f"b={b}"])
+        confirm.mark_repeat(study, trial, [f"b={b}"])
+        _record(trial, b, peaks)
+        trial.set_user_attr("metrics", {"history": [{"grad_norm": 0.75 if b == 4 else 0.7}]})
+        study.tell(trial, value)
+    ruling, flagged = learning_verdict(study, None)
+    assert sorted(flagged) == [3, 9] and ruling.winner.item.number == best_trial(study).number == 1
+    assert ruling.tie == [] and not ruling.winner_flagged and ruling.passed_over == []
+    write_summary(
+        study,
+        tmp_path,
+        storage_url=f"journal:{tmp_path / 's.journal'}",
+        objective="tokens_per_s",
+        fixed=[],
+        top_k=5,
+        headroom=None,
+    )
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best["best_trial"] == 1 and "tie_note" not in best and "tie" not in best
+    assert best["changed_the_learning"]["passed_over"] == [] and not best["changed_the_learning"]["winner_flagged"]
+    out = capsys.readouterr().out
+    assert "\nBest: trial 1," in out and "trial 3 wins" not in out
+    report = (tmp_path / "report.html").read_text()
+    assert "Best feasible trial: <b>trial 1</b>" in report and "trial 3 wins" not in report
+
+    # decide by hand: a flagged leader is passed over (named), a tie is settled among the others;
+    # every config flagged: the best wins, flagged.
+    runs = [("a", 200.0), ("b", 180.0), ("c", 100.0)]
+    kwargs = {"value": lambda r: r[1], "group": lambda r: r[0], "direction": "maximize"}
+    passed = best_rule.decide(runs, **kwargs, flagged=lambda r: r[0] == "a")
+    assert (passed.winner.item, [f.item for f in passed.passed_over], passed.winner_flagged) == (
+        ("b", 180.0),
+        [("a", 200.0)],
+        False,
+    )
+    assert [f.item[0] for f in passed.ranked] == ["b", "a", "c"]
+    every = best_rule.decide(runs, **kwargs, flagged=lambda r: True)
+    assert (every.winner.item, every.passed_over, every.winner_flagged) == (("a", 200.0), [], True)
+    assert best_rule.decide(runs, **kwargs).winner.item == ("a", 200.0)

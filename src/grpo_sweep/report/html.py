@@ -15,7 +15,7 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from . import figures as figs
-from .learning import Departure, Verdict, key_of, verdict_lines
+from .learning import Departure, key_of, verdict_lines
 from .trials import (
     REPORT_FILE,
     Trial,
@@ -26,13 +26,12 @@ from .trials import (
     model_trust_line,
     model_vs_measured,
     overrides,
-    verdict,
 )
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
 h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
-img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem}
+img{max-width:100%;border:1px solid #eee} .note{color:#666;font-size:.9rem} .warn{color:#a30}
 table{border-collapse:collapse;font-size:.85rem} th,td{border:1px solid #ddd;padding:3px 6px;text-align:right}
 th{background:#f3f3f3;cursor:pointer;user-select:none} td{white-space:nowrap}
 td.error{max-width:28em;overflow:hidden;text-overflow:ellipsis} td.l,th.l{text-align:left}
@@ -266,7 +265,8 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
         repeated = [f for f in ranked if len(f.runs) > 1 and f is not winner]
         also = "".join(f" {_e(f.item.name)} ran {len(f.runs)} times (its median counted)." for f in repeated)
         why = (
-            "confirmation found the measured noise beyond what its budget could settle and gave its runs to the search"
+            "confirmation found the measured noise beyond what its budget could settle, or no run within its "
+            "budget, and gave its runs to the search"
             if given_back
             else "hydra.sweeper.confirm_top is 0, or the sweep had too few trials for one"
         )
@@ -350,6 +350,14 @@ def _tie_winner(ruling: best_rule.Verdict) -> str:
     )
 
 
+def soak_warning_html(soak: dict | None) -> str:
+    """The line that flags the winner when its soak ran out of memory, passed the budget or grew
+    (the sweeper's soak.warning, recorded with the soak); empty otherwise."""
+    if not soak or not soak.get("warning"):
+        return ""
+    return f"<p id=soak-warning class=warn><b>Not recommended as it is:</b> {_e(soak['warning'])}.</p>"
+
+
 def soak_html(soak: dict) -> str:
     """The Soak section: the winner run hydra.sweeper.soak_steps more steps (the sweeper's soak.py),
     whether its peak grew over them, and every step's own peak."""
@@ -357,17 +365,29 @@ def soak_html(soak: dict) -> str:
     def _mib1(n) -> str:  # a tiny model's step peaks differ by tenths of a MiB
         return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
 
-    head = f"trial {_e(soak.get('trial'))}'s config, {_e(soak.get('steps'))} steps"
+    asked = f" of {_e(soak['steps_asked'])}" if soak.get("steps_asked") and soak.get("steps") is not None else ""
+    ran = soak.get("steps") if soak.get("steps") is not None else soak.get("steps_asked")
+    head = f"trial {_e(soak.get('trial'))}'s config, {_e(ran)}{asked} steps"
+    warn = soak_warning_html(soak)
+    if soak.get("status") == "running":
+        return f"<p id=soak-note>Soak of {head}: running in worker {_e(soak.get('worker'))}; its verdict comes when it ends.</p>"
+    if soak.get("status") == "interrupted":
+        return (
+            f"<p id=soak-note>Soak of {head}: interrupted ({_e(soak.get('error'))}), no verdict. Resume it with:</p>"
+            f"<pre id=soak-resume>{_e(soak.get('resume') or 'the sweep command, run again')}</pre>"
+        )
     if soak.get("status") != "ok":
-        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>"
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>{warn}"
     if soak.get("grew") is None:
-        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>"
+        return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>{warn}"
     verdict = "Memory grew" if soak["grew"] else "Memory held"
+    highest = soak.get("highest_peak_bytes", soak["last_peak_bytes"])
     note = (
         f"<p id=soak-note>Soak of {head}: <b>{verdict}</b>. Step {_e(soak['first_timed_step'])} peaked at "
-        f"{_mib1(soak['first_peak_bytes'])} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
-        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: more than {soak['grew_share']:.0%} above "
-        f"step {_e(soak['first_timed_step'])}).</p>"
+        f"{_mib1(soak['first_peak_bytes'])} MiB, the highest step (step {_e(soak.get('highest_step'))}) at "
+        f"{_mib1(highest)} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
+        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: a step more than {soak['grew_share']:.0%} "
+        f"above step {_e(soak['first_timed_step'])}).</p>{warn}"
     )
     rows = "".join(f"<tr><td>{_e(step)}</td><td>{_mib1(peak)}</td></tr>" for step, peak in soak.get("step_peaks") or [])
     return note + f"<table id=soak><thead><tr><th>step</th><th>peak MiB</th></tr></thead><tbody>{rows}</tbody></table>"
@@ -450,10 +470,10 @@ def concessions_html(tags: dict, objective: str) -> str:
     return html
 
 
-def learning_html(trials: list[Trial], verdict: Verdict, flagged: dict[object, Departure]) -> str:
+def learning_html(trials: list[Trial], verdict: best_rule.Verdict, flagged: dict[object, Departure]) -> str:
     """The Equal learning section: which trials changed the learning (their first steps' numbers against
     the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
-    winner (learning.winner_first)."""
+    winner (study.best.decide's `flagged`)."""
     unchecked: frozenset = getattr(flagged, "unchecked", frozenset())
     compared = [t for t in trials if t.status == "ok" and t.record.get("history") and key_of(t) not in unchecked]
     tolerance = trials[0].learning_tolerance if trials else None
@@ -520,9 +540,9 @@ def write_report(
     confirmation: dict | None = None,
 ) -> Path:
     out = Path(out)
-    ruling = verdict(trials)  # the median-of-runs rule, its noise and tie
-    learned, flagged = learning_check(trials, ruling)  # then the learning check's winner rule
-    ranked = learned.ranked  # ranked[0].item is best_trial(trials)
+    ruling, flagged = learning_check(trials)  # the median-of-runs rule, its noise, tie and the learning check
+    learned = ruling
+    ranked = ruling.ranked  # ranked[0].item is best_trial(trials)
     best = ranked[0].item if ranked else None
     budget = budget_gib(trials)
     objective = trials[0].objective_name
@@ -546,6 +566,8 @@ def write_report(
         said = verdict_lines(learned, flagged, key_of, lambda k: _label(trials, k), rest=False)
         if said:
             best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
+        if soak and soak.get("trial") == best.number:  # the winner's soak: a warning flags it here too
+            best_html += soak_warning_html(soak)
         best_html += finalists_html(
             ruling,
             objective,

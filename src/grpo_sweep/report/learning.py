@@ -33,14 +33,16 @@ says which agree ("trials 0 and 2 agree; trials 1 and 3 agree; ..."). The flag i
 results are: the sweep's table, best.yaml (`changed_the_learning:`, `learning_unchecked:`), report.html
 and `grpo-sweep report`.
 
-The winner rule (`winner_first`): a flagged trial never wins silently, and it wins only when nothing
-else can. A user sweeps to find the fastest way to train *their* recipe; a trial that trained
-something else answers another question, however fast it ran. So the winner is the best config none
-of whose runs changed the learning, and each flagged config that ranked above it is named with what
-differed. Only when every config that competes is flagged (two trials that disagree, with no third to
-say which departs) does the best one win, and it is then named as flagged. The rule applies where the
-sweep's results are read (its summary, the report); during the search, the best so far (progress, early
-stop, neighbour moves) is by value, as the flags need the finished trials' records.
+The winner rule (study.best.decide with `flagged`, the one place it is applied): a flagged trial
+never wins silently, and it wins only when nothing else can. A user sweeps to find the fastest way
+to train *their* recipe; a trial that trained something else answers another question, however fast
+it ran. So the winner is the best config none of whose runs changed the learning, and each flagged
+config that ranked above it is named with what differed. Only when every config that competes is
+flagged (two trials that disagree, with no third to say which departs) does the best one win, and it
+is then named as flagged. A tie within noise is settled among the unflagged configs, so the tie,
+best.yaml and the report name one winner. The rule applies where the sweep's results are read (its
+summary, the soak, the report); during the search, the best so far (progress, early stop, neighbour
+moves) is by value, as the flags need the finished trials' records.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..study import best as best_rule
@@ -262,29 +264,9 @@ def key_of(trial: Any) -> Hashable:
     return trial.number if trial.number is not None else trial.name
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The winner rule applied (module docstring): `ranked` the finalists with the winner first,
-    `passed_over` the flagged configs that ranked above it, `winner_flagged` when every competing
-    config was flagged and the best won anyway."""
-
-    ranked: list
-    passed_over: list = field(default_factory=list)
-    winner_flagged: bool = False
-
-
-def winner_first(ranked: list, flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hashable]) -> Verdict:
-    """`ranked` (study.best.finalists, best first) with the best config none of whose runs (`members`,
-    by `key`) is in `flagged` moved first; the others keep their order. Every config flagged: unchanged,
-    the best wins flagged."""
-
-    def is_flagged(finalist: Any) -> bool:
-        return any(key(m) in flagged for m in finalist.members)
-
-    clean = next((i for i, f in enumerate(ranked) if not is_flagged(f)), None)
-    if clean is None:
-        return Verdict(list(ranked), [], bool(ranked))
-    return Verdict([ranked[clean], *ranked[:clean], *ranked[clean + 1 :]], list(ranked[:clean]), False)
+def is_flagged(flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hashable]) -> Callable[[Any], bool]:
+    """study.best.decide's `flagged`: whether a run (by `key`) changed the learning."""
+    return lambda run: key(run) in flagged
 
 
 def flagged_runs(finalist: Any, flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hashable]) -> list:
@@ -293,7 +275,7 @@ def flagged_runs(finalist: Any, flagged: Mapping[Hashable, Departure], key: Call
 
 
 def verdict_lines(
-    verdict: Verdict,
+    verdict: best_rule.Verdict,
     flagged: Mapping[Hashable, Departure],
     key: Callable[[Any], Hashable],
     label: Callable[[Hashable], str],

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, KINDS, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
-from .learning import Departure, Verdict, check_trials, key_of, winner_first
+from .learning import Departure, check_trials, is_flagged, key_of
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
 CATEGORIES = ("feasible", "over_headroom", "oom", "slow", "pruned", "failed")
@@ -223,8 +223,9 @@ def match_preset(levers: dict, presets: dict[str, dict]) -> str | None:
 
 def best_trial(trials: list[Trial]) -> Trial | None:
     """The first run of the winning config (verdict): the best median of its runs, only the sweep's
-    confirmed finalists competing once it chose them, and from a tie within noise the safer config."""
-    winner = verdict(trials).winner
+    confirmed finalists competing once it chose them, and from a tie within noise the safer config;
+    a config that changed the learning only when every competing config did (learning_check)."""
+    winner = learning_check(trials)[0].winner
     return winner.item if winner is not None else None
 
 
@@ -232,13 +233,14 @@ def finalists(trials: list[Trial]) -> list:
     """Each config's runs (a repeat or a confirmation run, record keys `repeats` / `confirms`, joins
     the config's first trial), the winner first and then by median; once the sweep's confirmation
     phase chose its finalists (record key `finalist`), only they compete (grpo_sweep.study.best.decide:
-    a tie within noise goes to the config with the most memory headroom). Then the learning check's rule
-    (learning.winner_first): a trial that changed the learning wins only when every competing config did."""
+    a tie within noise goes to the config with the most memory headroom), a trial that changed the
+    learning winning only when every competing config did (learning_check)."""
     return learning_check(trials)[0].ranked
 
 
-def verdict(trials: list[Trial]) -> best_rule.Verdict:
-    """grpo_sweep.study.best.decide over the trials: the noise measured, the leader, the tie, the winner."""
+def verdict(trials: list[Trial], flagged: dict[object, Departure] | None = None) -> best_rule.Verdict:
+    """grpo_sweep.study.best.decide over the trials: the noise measured, the leader, the tie, the winner;
+    `flagged` (learning.check_trials): the runs that changed the learning, out of the running."""
     if not trials:
         return best_rule.Verdict([], None, 0, [], None, {})
     runs = [t for t in trials if t.category == "feasible" or best_rule.config_group(t.record, None) is not None]
@@ -251,16 +253,17 @@ def verdict(trials: list[Trial]) -> best_rule.Verdict:
         compete=chosen or None,
         peak_of=lambda t: t.record.get("peak_memory_bytes"),
         budget_of=lambda t: t.record.get("budget_bytes"),
+        flagged=is_flagged(flagged, key_of) if flagged else None,
     )
 
 
-def learning_check(trials: list[Trial], ruling: best_rule.Verdict | None = None) -> tuple[Verdict, dict[object, Departure]]:
-    """The trials that changed the learning (learning.check_trials, at the sweep's tolerance) and the
-    winner rule applied to the finalists `verdict` ranks (`ruling`, when the caller has it)."""
+def learning_check(trials: list[Trial]) -> tuple[best_rule.Verdict, dict[object, Departure]]:
+    """(verdict, flagged): the trials that changed the learning (learning.check_trials, at the sweep's
+    tolerance) and `verdict` with them out of the running: the one winner every output names."""
     if not trials:
-        return Verdict([]), {}
+        return verdict(trials), {}
     flagged = check_trials(trials, trials[0].learning_tolerance)
-    return winner_first((ruling or verdict(trials)).ranked, flagged, key_of), flagged
+    return verdict(trials, flagged), flagged
 
 
 def budget_gib(trials: list[Trial]) -> float | None:

@@ -84,8 +84,9 @@ def competing(study_user_attrs: dict) -> list | None:
 
 
 def gave_back(plan: dict | None) -> bool:
-    """Whether confirmation (`plan`: the study's PLAN_ATTR), undecidable before its first round, gave
-    its reserved runs back to the search: it ran nothing, and every config competes by its median."""
+    """Whether confirmation (`plan`: the study's PLAN_ATTR), undecidable or unaffordable before its
+    first round, gave its reserved runs back to the search: it ran nothing, and every config competes
+    by its median."""
     return bool((plan or {}).get("given_back"))
 
 
@@ -235,7 +236,10 @@ class Verdict(Generic[T]):
     each other, so the safer one for a long run wins. A tied config not shown to be within
     INDIFFERENCE may be that much slower: the best median wins over it (at a noise of 20 % the
     headroom among every tied config would pick the slower, leaner config as often as not).
-    `ranked`: by_median with the winner moved first (what best.yaml and the report list)."""
+    `ranked`: by_median with the winner moved first (what best.yaml and the report list).
+    With `flagged` (decide): a config with a run that changed the learning competes only when every
+    config does; `passed_over` the flagged configs ranked above the winner, `winner_flagged` when
+    every competing config was flagged and the best won anyway."""
 
     by_median: list[Finalist[T]]
     sigma: float | None
@@ -244,6 +248,8 @@ class Verdict(Generic[T]):
     winner: Finalist[T] | None
     used: dict[int, tuple[float | None, float | None]]  # id(finalist) -> memory_used
     close: list[Finalist[T]] = field(default_factory=list)
+    passed_over: list[Finalist[T]] = field(default_factory=list)
+    winner_flagged: bool = False
 
     @property
     def leader(self) -> Finalist[T] | None:
@@ -281,9 +287,13 @@ def decide(
     compete: Collection[object] | None = None,
     peak_of: Callable[[T], object] = lambda _: None,
     budget_of: Callable[[T], object] = lambda _: None,
+    flagged: Callable[[T], bool] | None = None,
 ) -> Verdict[T]:
     """The verdict over `items` (see Verdict): the noise measured on every config of the study, the
-    competing configs (`compete`, as in finalists) ranked, the tie around the leader, its winner."""
+    competing configs (`compete`, as in finalists) ranked, the tie around the leader, its winner.
+    flagged(item): a run that changed the learning (grpo_sweep.report.learning.check_trials). The
+    leader, its tie and the winner are then chosen among the configs none of whose runs is flagged;
+    only when every competing config is flagged do they all compete (`winner_flagged`)."""
     items = list(items)
     every = finalists(items, value=value, group=group, direction=direction)
     sigma, configs = relative_noise(every)
@@ -291,13 +301,22 @@ def decide(
     if not ranked_:
         return Verdict([], sigma, configs, [], None, {})
     used = {id(f): memory_used(f, peak_of, budget_of) for f in ranked_}
-    leader = ranked_[0]
-    tie = [f for f in ranked_ if f is leader or within_noise(leader, f, sigma)]
+    marked = [f for f in ranked_ if flagged is not None and any(flagged(m) for m in f.members)]
+    field_ = [f for f in ranked_ if not any(f is m for m in marked)] or ranked_
+    every_flagged = bool(marked) and len(marked) == len(ranked_)
+
+    def settled(tie: list[Finalist[T]], winner: Finalist[T], close: list[Finalist[T]] | None = None) -> Verdict[T]:
+        above = [] if every_flagged else ranked_[: next(i for i, f in enumerate(ranked_) if f is winner)]
+        passed = [f for f in above if any(f is m for m in marked)]
+        return Verdict(ranked_, sigma, configs, tie, winner, used, close or [], passed, every_flagged)
+
+    leader = field_[0]
+    tie = [f for f in field_ if f is leader or within_noise(leader, f, sigma)]
     if len(tie) < 2:
-        return Verdict(ranked_, sigma, configs, [], leader, used)
+        return settled([], leader)
     close = [f for f in tie if f is leader or indifferent(leader, f, sigma)]
     if len(close) < 2:
-        return Verdict(ranked_, sigma, configs, tie, leader, used)
+        return settled(tie, leader)
     by_share = all(used[id(f)][1] is not None for f in close)
 
     def risk(f: Finalist) -> float:
@@ -306,4 +325,4 @@ def decide(
         return known if known is not None else math.inf  # an unmeasured peak never counts as safer
 
     winner = min(close, key=lambda f: (risk(f), close.index(f)))  # equal headroom: the better median
-    return Verdict(ranked_, sigma, configs, tie, winner, used, close)
+    return settled(tie, winner, close)

@@ -25,17 +25,17 @@ configs, could not settle any undecided finalist at the medians and noise measur
 spending them bought no better picks in bench/search_real_space.py), or, a bound for
 confirm_budget=1, once it has run as many trials as the search.
 
-Undecidable before its first round, confirmation gives its reserved runs back to the search
-(given_back): it runs nothing, the search runs on to n_trials trials, and the finalists are dropped,
-so every config competes by the median of its runs, as in a sweep without confirmation. Finalists
-chosen on one or two runs each at a noise no budget could settle are a guess among a few configs,
-and often a guess without the best one in it (a run slowed by the machine ranks a fast config out of
-them); the same runs spent on the search find and repeat more configs, and cost no seconds beyond
-the n_trials the user asked for. Once a round has run, the finalists stay (their runs were bought to
-tell them apart). The study records what it spent
-and why it stopped (study user attr `confirmation`). A leader never separated is a tie
-(grpo_sweep.study.best.decide: the configs within noise; among those shown within 5 % of the leader
-the safer one wins, else the best median).
+Undecidable before its first round, or with a budget too small for one run (`budget` before any
+run), confirmation gives its reserved runs back to the search (given_back): it runs nothing, the
+search runs on to n_trials trials, and the finalists are dropped, so every config competes by the
+median of its runs, as in a sweep without confirmation. Finalists chosen on one or two runs each at
+a noise no budget could settle are a guess among a few configs, and often a guess without the best
+one in it (a run slowed by the machine ranks a fast config out of them); the same runs spent on the
+search find and repeat more configs, and cost no seconds beyond the n_trials the user asked for.
+Once a round has run, the finalists stay (their runs were bought to tell them apart). The study
+records what it spent and why it stopped (study user attr `confirmation`). A leader never separated
+is a tie (grpo_sweep.study.best.decide: the configs within noise; among those shown within 5 % of
+the leader the safer one wins, else the best median).
 
 Budget: `confirm_repeats` runs per finalist are reserved in n_trials: the search phase gets
 n_trials - top x repeats trials, and confirmation needs the search to keep at least two thirds of
@@ -247,7 +247,7 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
     current = study.user_attrs.get(PLAN_ATTR) or {}
     if current.get("rounds", 0) != state.get("rounds", 0) or current.get("stopped"):
         return not current.get("stopped")  # another worker decided this round first: its runs are the ones
-    if stop == "undecidable" and not state.get("runs"):
+    if stop in ("undecidable", "budget") and not state.get("runs"):  # nothing bought: the search gets the runs
         state.update(chosen=state.get("finalists"), finalists=[], given_back=True)
         why = f"{why}; its reserved runs went back to the search, and every config competes by its median"
     if stop is not None:

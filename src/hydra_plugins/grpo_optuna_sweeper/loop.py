@@ -107,7 +107,7 @@ class Loop:
                 return
             if not confirm.next_round(self.study, settings.confirm_budget, log):
                 break
-        if confirm.given_back(self.study):  # undecidable from the start: its reserved runs search instead
+        if confirm.given_back(self.study):  # undecidable or unaffordable from the start: its reserved runs search instead
             self._phase(plan.n_trials, search=True)
 
     def _soak(self, steps: int) -> None:
@@ -116,7 +116,7 @@ class Loop:
         from .workers import worker_dead
 
         study = self.study
-        winner = best_trial(study)
+        winner = best_trial(study, self.plan.learning_tolerance)  # the winner best.yaml names
         if winner is None:
             log.info("Soak skipped: no feasible config to soak")
             return
@@ -124,22 +124,32 @@ class Loop:
             return
         record = {
             "trial": winner.number,
-            "steps": steps,
+            "steps_asked": steps,
             "status": "running",
             "worker": this_worker(),
             "started_unix": time.time(),
         }
         study.set_user_attr(soak.SOAK_ATTR, record)
-        overrides = soak.overrides(
-            list(winner.user_attrs.get(confirm.OVERRIDES_ATTR) or []), self.plan.settings.study_name, steps
-        )
+        point = list(winner.user_attrs.get(confirm.OVERRIDES_ATTR) or [])
+        trial_cfg = self.compose(point).trial  # the trials' own timeout, sized for their trial.steps
+        timeout = soak.timeout_s(trial_cfg.timeout_s, trial_cfg.steps, steps)
+        overrides = soak.overrides(point, self.plan.settings.study_name, steps, timeout)
         log.info(
-            "Soak: trial %d's config runs %d steps, each step's peak measured (not a trial of the study)", winner.number, steps
+            "Soak: trial %d's config runs %d steps within %.0f s, each step's peak measured (not a trial of the study)",
+            winner.number,
+            steps,
+            timeout,
         )
-        self._check_stop()
         self.in_job = True
         try:
+            self._check_stop()
             (ret,) = self.launcher.launch([overrides], initial_job_idx=self.job_idx)
+        except Interrupted as stop:
+            resume = soak.resume_command(self.compose.config)
+            record = soak.interrupted(record, str(stop), self.plan.sweep_dir / soak.SOAK_DIR, resume)
+            study.set_user_attr(soak.SOAK_ATTR, record)
+            log.warning(soak.words(record))
+            raise
         finally:
             self.in_job = False
         self.job_idx += 1

@@ -9,14 +9,26 @@ metrics.json history rows' step_peak_memory_bytes), in the sweep directory's `so
 is recorded on the study (user attr `soak`: the per-step peaks, their trend, whether memory grew)
 and read by best.yaml (`soak:`), the printed summary and report.html.
 
-Grew: the largest step peak of the last quarter of the timed steps is more than GREW_SHARE above the
-first timed step's (step 2: step 1 creates the optimiser state, step 2 is the first to run with it).
-The slope is the least-squares fit of the timed steps' peaks, in bytes per step.
+The job's trial.timeout_s is the trials' own scaled by soak_steps / trial.steps (never below it), so
+a soak of many steps is not cut short by a limit sized for a few. `steps` is what ran (metrics.json's
+finished steps), `steps_asked` what was asked.
+
+The verdict judges the highest step peak of the whole run, not only its end: `over_budget` when it
+passed the budget, `grew` when the highest timed step's peak is more than GREW_SHARE above the first
+timed step's (step 2: step 1 creates the optimiser state, step 2 is the first to run with it), so a
+spike in the middle of the run counts as well as a creep to its end. A soak that ran out of memory,
+passed the budget or grew has a `warning`: best.yaml, the summary (beside `Run it:`) and report.html
+flag the winner with it. The slope is the least-squares fit of the timed steps' peaks, in bytes per
+step.
+
+A soak stopped by SIGINT/SIGTERM is recorded `interrupted` with the command that resumes it (the
+sweep's own, run again); a resumed sweep runs it again. Another worker finding it `running` says
+which worker runs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import space
@@ -27,15 +39,36 @@ FIRST_TIMED_STEP = 2
 SOAK_DIR = "soak"
 
 
-def overrides(point: list[str], study_name: str, steps: int) -> list[str]:
-    """The soak job's command line: the winner's point, run `steps` steps with per-step peaks."""
+def overrides(point: list[str], study_name: str, steps: int, timeout: float | None = None) -> list[str]:
+    """The soak job's command line: the winner's point, run `steps` steps with per-step peaks, under
+    `timeout` seconds (timeout_s; None: the trials' own)."""
     return [
         *point,
         space.to_override("trial.study", study_name),
         f"trial.steps={steps}",
+        *([f"trial.timeout_s={float(timeout)!r}"] if timeout is not None else []),
         "trial.soak=true",
         f"hydra.sweep.subdir={SOAK_DIR}",
     ]
+
+
+def timeout_s(trial_timeout_s: float, trial_steps: int, steps: int) -> float:
+    """The soak's trial.timeout_s: the trials' own scaled by steps / trial.steps, never below it."""
+    return float(trial_timeout_s) * max(1.0, steps / max(1, trial_steps))
+
+
+def resume_command(config: Any) -> str | None:
+    """The sweep's own command (the config's hydra.overrides), which resumes the study and its soak;
+    None when the config does not have them."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    said = [*(OmegaConf.select(config, "hydra.overrides.hydra") or []), *(OmegaConf.select(config, "hydra.overrides.task") or [])]
+    said = [o for o in said if not str(o).startswith("hydra.mode=")]  # -m says it
+    if not said:
+        return None
+    return "python train.py -m " + " ".join(shlex.quote(str(o).replace("\n", " ")) for o in said)
 
 
 def trend(history: list[dict]) -> dict:
@@ -55,31 +88,94 @@ def trend(history: list[dict]) -> dict:
     slope = sum((s - mean_s) * (p - mean_p) for s, p in timed) / var if var else 0.0
     first = timed[0][1]
     last = max(p for _, p in timed[-max(1, n // 4) :])
-    grew = last > first * (1 + GREW_SHARE)
+    high_step, high = max(timed, key=lambda sp: (sp[1], -sp[0]))  # the highest timed peak, its first step
     out.update(
         first_timed_step=timed[0][0],
         first_peak_bytes=first,
         last_peak_bytes=last,
+        highest_step=high_step,
+        highest_peak_bytes=high,
         slope_bytes_per_step=slope,
-        grew=grew,
+        grew=high > first * (1 + GREW_SHARE),
     )
     return out
 
 
+def judge(record: dict, metrics: Mapping[str, Any]) -> dict:
+    """The soak's record completed from its metrics.json: status, the steps that ran, peak and budget,
+    the per-step trend, whether the highest step peak passed the budget, and the warning (if any)."""
+    history = metrics.get("history") or []
+    steps_ran = metrics.get("steps")
+    out = {
+        **record,
+        "status": metrics.get("status"),
+        "error": (metrics.get("error") or None) and str(metrics["error"])[:1000],
+        "steps": int(steps_ran) if steps_ran is not None else len(history),
+        "peak_memory_bytes": metrics.get("peak_memory_bytes"),
+        "budget_bytes": metrics.get("budget_bytes"),
+        "memory_source": metrics.get("memory_source"),
+        **trend(history),
+    }
+    budget, step_peaks = out["budget_bytes"], out["step_peaks"]
+    if budget and step_peaks:
+        step, peak = max(step_peaks, key=lambda sp: (sp[1], -sp[0]))  # every step, step 1 too
+        out.update(over_budget=peak > budget, over_budget_step=step if peak > budget else None)
+    out["warning"] = warning(out)
+    return out
+
+
+def warning(soak: dict) -> str | None:
+    """The line that flags the winner when its soak shows it may not hold a long run: out of memory,
+    a step's peak over the budget, or a step's peak above step 2's; None otherwise."""
+    mib, trial = 2**20, soak.get("trial")
+    if soak.get("status") == "oom":
+        at = f" at step {soak['steps'] + 1}" if soak.get("steps") is not None else ""
+        return f"trial {trial}'s config ran out of memory{at} of its {soak.get('steps_asked') or '?'}-step soak"
+    if soak.get("over_budget"):
+        return (
+            f"trial {trial}'s config peaked over the budget ({max(p for _, p in soak['step_peaks']) / mib:.1f} of "
+            f"{soak['budget_bytes'] / mib:.1f} MiB) at step {soak['over_budget_step']} of its soak"
+        )
+    if soak.get("grew"):
+        return (
+            f"trial {trial}'s memory rose in its soak: step {soak['highest_step']} peaked at "
+            f"{soak['highest_peak_bytes'] / mib:.1f} MiB, {soak['highest_peak_bytes'] / soak['first_peak_bytes'] - 1:.0%} "
+            f"above step {soak['first_timed_step']}'s"
+        )
+    return None
+
+
 def words(soak: dict) -> str:
     """The summary's line about the soak."""
-    if soak.get("status") != "ok":
-        return f"Soak of trial {soak.get('trial')}: {soak.get('status')} ({soak.get('error') or 'no record'})"
+    steps = f"{soak.get('steps')} of {soak['steps_asked']}" if soak.get("steps_asked") else f"{soak.get('steps')}"
+    status = soak.get("status")
+    if status == "running":
+        return (
+            f"Soak of trial {soak.get('trial')}, {soak.get('steps_asked') or soak.get('steps')} steps: running in worker "
+            f"{soak.get('worker') or '?'}, which writes its verdict into best.yaml when it ends"
+        )
+    if status == "interrupted":
+        ran = f"after {steps} steps" if soak.get("steps") is not None else "before it recorded a step"
+        return (
+            f"Soak of trial {soak.get('trial')}: interrupted ({soak.get('error')}) {ran}, no verdict; resume it with: "
+            f"{soak.get('resume') or 'the sweep command, run again'}"
+        )
+    if status != "ok":
+        ran = f", {steps} steps" if soak.get("steps") is not None else ""
+        said = f"Soak of trial {soak.get('trial')}{ran}: {status} ({soak.get('error') or 'no record'})"
+        return said + (f". WARNING: {soak['warning']}" if soak.get("warning") else "")
     if soak.get("grew") is None:
-        return f"Soak of trial {soak['trial']}, {soak['steps']} steps: {soak.get('why')}"
+        return f"Soak of trial {soak['trial']}, {steps} steps: {soak.get('why')}"
     mib = 2**20
     verdict = "memory GREW" if soak["grew"] else "memory held"
-    return (
-        f"Soak of trial {soak['trial']}, {soak['steps']} steps: {verdict}: step {soak['first_timed_step']} peaked at "
-        f"{soak['first_peak_bytes'] / mib:.1f} MiB, the last steps at {soak['last_peak_bytes'] / mib:.1f} MiB "
-        f"({soak['slope_bytes_per_step'] / mib:+.3f} MiB/step; grew means more than {GREW_SHARE:.0%} above step "
-        f"{soak['first_timed_step']})"
+    said = (
+        f"Soak of trial {soak['trial']}, {steps} steps: {verdict}: step {soak['first_timed_step']} peaked at "
+        f"{soak['first_peak_bytes'] / mib:.1f} MiB, the highest (step {soak.get('highest_step')}) at "
+        f"{soak.get('highest_peak_bytes', soak['last_peak_bytes']) / mib:.1f} MiB, the last steps at "
+        f"{soak['last_peak_bytes'] / mib:.1f} MiB ({soak['slope_bytes_per_step'] / mib:+.3f} MiB/step; grew means "
+        f"a step more than {GREW_SHARE:.0%} above step {soak['first_timed_step']})"
     )
+    return said + (f". WARNING: {soak['warning']}" if soak.get("warning") else "")
 
 
 def due(study: Any, winner: Any, steps: int, worker_dead: Callable[[Any, Any], bool]) -> bool:
@@ -89,7 +185,9 @@ def due(study: Any, winner: Any, steps: int, worker_dead: Callable[[Any, Any], b
     import datetime
 
     done = study.user_attrs.get(SOAK_ATTR) or {}
-    if done.get("trial") != winner.number or done.get("steps") != steps:
+    if done.get("trial") != winner.number or done.get("steps_asked", done.get("steps")) != steps:
+        return True
+    if done.get("status") == "interrupted":
         return True
     if done.get("status") != "running":
         return False
@@ -112,12 +210,18 @@ def finish(record: dict, ret: Any) -> dict:
         return {**record, "status": "failed", "error": str(err)[:1000]}
     if metrics is None:
         return {**record, "status": "failed", "error": "the soak job wrote no metrics.json"}
-    record.update(
-        status=metrics.get("status"),
-        error=(metrics.get("error") or None) and str(metrics["error"])[:1000],
-        peak_memory_bytes=metrics.get("peak_memory_bytes"),
-        budget_bytes=metrics.get("budget_bytes"),
-        memory_source=metrics.get("memory_source"),
-    )
-    record.update(trend(metrics.get("history") or []))
-    return record
+    return judge(record, metrics)
+
+
+def interrupted(record: dict, signal_name: str, run_dir: Any, resume: str | None) -> dict:
+    """The soak's record when a signal stopped it: the steps its metrics.json says ran (if it wrote
+    one), and the command that resumes it."""
+    from pathlib import Path
+
+    from grpo_sweep.metrics import read_metrics
+
+    try:
+        metrics = read_metrics(Path(run_dir)) or {}
+    except Exception:  # noqa: BLE001 - a killed job's record may be missing or torn
+        metrics = {}
+    return {**record, "status": "interrupted", "error": signal_name, "steps": metrics.get("steps"), "resume": resume}

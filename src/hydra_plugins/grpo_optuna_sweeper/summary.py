@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.files import write_atomic
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
-from grpo_sweep.report.learning import check_trials, verdict_lines, verdict_of, winner_first
+from grpo_sweep.report.learning import check_trials, is_flagged, verdict_lines, verdict_of
 from grpo_sweep.report.trials import rerun_command, trials_from_study
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
@@ -61,10 +61,12 @@ def _is_ok(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and _feasible(trial)
 
 
-def best_trial(study: Study) -> FrozenTrial | None:
-    """The first run of the winning config (verdict): the best median of its runs, once confirmation
-    chose its finalists only they compete, and from a tie within noise the safer config."""
-    winner = verdict(study).winner
+def best_trial(study: Study, tolerance: float | None = None) -> FrozenTrial | None:
+    """The first run of the winning config (learning_verdict): the best median of its runs, once
+    confirmation chose its finalists only they compete, from a tie within noise the safer config, and
+    a config that changed the learning only when every competing config did. tolerance:
+    hydra.sweeper.learning_tolerance (None: per precision)."""
+    winner = learning_verdict(study, tolerance)[0].winner
     return winner.item if winner is not None else None
 
 
@@ -88,13 +90,15 @@ def finalists(study: Study) -> list[best_rule.Finalist[FrozenTrial]]:
     return best_rule.finalists(_runs(study), **_by_config(study))
 
 
-def verdict(study: Study) -> best_rule.Verdict:
-    """grpo_sweep.study.best.decide over the study: the noise it measured, the leader, the tie, the winner."""
+def verdict(study: Study, flagged: dict | None = None) -> best_rule.Verdict:
+    """grpo_sweep.study.best.decide over the study: the noise it measured, the leader, the tie, the
+    winner; `flagged` (learning_verdict): the trials that changed the learning, out of the running."""
     return best_rule.decide(
         _runs(study),
         **_by_config(study),
         peak_of=lambda t: t.user_attrs.get("peak_memory_bytes"),
         budget_of=lambda t: t.user_attrs.get("budget_bytes"),
+        flagged=is_flagged(flagged, lambda t: t.number) if flagged else None,
     )
 
 
@@ -104,14 +108,13 @@ def best_finalist(study: Study) -> best_rule.Finalist[FrozenTrial] | None:
     return ranked[0] if ranked else None
 
 
-def learning_verdict(study: Any, tolerance: float | None, ruling: best_rule.Verdict | None = None) -> tuple[Any, dict]:
-    """(learning.Verdict, flagged): the trials that changed the learning (grpo_sweep.report.learning,
-    read from their metrics.json as the report reads them) and the winner rule applied to the configs
-    `verdict` ranks (`ruling`, when the caller has it): a flagged config wins only when every competing
-    config is flagged. tolerance: hydra.sweeper.learning_tolerance."""
+def learning_verdict(study: Any, tolerance: float | None) -> tuple[best_rule.Verdict, dict]:
+    """(verdict, flagged): the trials that changed the learning (grpo_sweep.report.learning, read from
+    their metrics.json as the report reads them) and `verdict` with them out of the running (a
+    flagged config wins only when every competing config is flagged): the one winner best.yaml, the
+    printout, the tie, the soak and the exports name. tolerance: hydra.sweeper.learning_tolerance."""
     flagged = check_trials(trials_from_study(study), tolerance)
-    ranked = (ruling or verdict(study)).ranked
-    return winner_first(ranked, flagged, key=lambda t: t.number), flagged
+    return verdict(study, flagged), flagged
 
 
 def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> dict:
@@ -357,8 +360,8 @@ def write_summary(
     import yaml
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    ruling = verdict(study)  # the median-of-runs rule, its noise and tie
-    learned, flagged = learning or learning_verdict(study, learning_tolerance, ruling)
+    ruling, flagged = learning or learning_verdict(study, learning_tolerance)  # the median-of-runs rule, noise, tie
+    learned = ruling
     columns, data = rows(study, flagged)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns)
@@ -412,7 +415,10 @@ def write_summary(
         )
         soaked = study.user_attrs.get(SOAK_ATTR)
         if soaked:
-            summary["soak"] = {k: v for k, v in soaked.items() if k not in ("worker", "started_unix")}
+            running = soaked.get("status") == "running"  # which worker runs it is said; else no worker
+            summary["soak"] = {k: v for k, v in soaked.items() if k != "started_unix" and (k != "worker" or running)}
+            if soaked.get("warning") and soaked.get("trial") == best.number:  # its soak says the winner may not hold
+                summary["soak_warning"] = soaked["warning"]
         confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
         if confirmation:
             summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
@@ -459,7 +465,10 @@ def write_summary(
                 print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
         if summary.get("soak"):
             print(soak_words(summary["soak"]))
-        print(f"Run it:\n  {summary['command']}")
+        if summary.get("soak_warning"):
+            print(f"Run it (not recommended as it is: {summary['soak_warning']}):\n  {summary['command']}")
+        else:
+            print(f"Run it:\n  {summary['command']}")
         exported = summary.get("export") or {}
         if exported.get("files"):
             print(
