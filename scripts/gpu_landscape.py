@@ -12,7 +12,8 @@ The points run in value order: the base point, each knob moved alone, then two a
 (AXES: the first value of each axis is the base). A point starts only while the time left holds it
 and the reruns still owed; then the best `top` points run again until each has `repeats` runs.
 Per run: tokens/s, the generation and training seconds (metrics.json's `generation_s`/`training_s`
-where the trial records them, else `generation_time_s` and the step less it), `mfu_training` and
+where the trial records them, else `generation_time_s` times TRL's generation calls a step, and
+the step less it), `mfu_training` and
 `decode_bandwidth_use` where recorded, the allocator and NVML peaks, and the throughput model's
 prediction of the same point (memory/throughput.py relative_step_time).
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -82,7 +82,6 @@ RECIPE_CPU = [
 RUN = ["trial.steps=2", "trial.start_method=forkserver"]
 TRIAL_CAP_S = {"gpu": 120, "cpu": 60}  # trial.timeout_s of one point, cut to the time left
 FIRST_GUESS_S = {"gpu": 25.0, "cpu": 4.0}  # a run's seconds until the first one is measured
-FORK_CUDA = re.compile(r"re-initialize CUDA in forked subprocess", re.I)
 
 
 def ordered_points(axes: dict) -> list[dict]:
@@ -126,17 +125,32 @@ def gpu_conf_for(env: dict) -> str:
     return min(found)[1]
 
 
-def speed_fields(m: dict) -> dict:
-    """The generation and training seconds of a run, and how they were found: metrics.json's own
-    split and the card's fractions where the trial records them, else derived from generation_time_s."""
+def speed_fields(m: dict, calls_per_step: int) -> dict:
+    """The generation and training seconds of a run's steps, and how they were found: metrics.json's own
+    split and the card's fractions where the trial records them, else derived: generation_time_s is the
+    median of TRL's generation calls, `calls_per_step` of them in each optimiser step."""
     out = {k: m.get(k) for k in ("generation_s", "training_s", "mfu_training", "decode_bandwidth_use") if m.get(k) is not None}
     if "generation_s" in out:
         out["speed_source"] = "metrics.json"
         return out
     gen, step = m.get("generation_time_s"), m.get("step_time_s")
     if gen is not None and step is not None:
-        out.update(generation_s=gen, training_s=max(step - gen, 0.0), speed_source="step_time_s - generation_time_s")
+        gen *= calls_per_step
+        out.update(
+            generation_s=gen,
+            training_s=max(step - gen, 0.0),
+            speed_source=f"generation_time_s x {calls_per_step} calls a step; the step time less it",
+        )
     return out
+
+
+def calls_per_step(cfg) -> int:
+    """TRL's generation calls in one optimiser step: the accumulation over steps_per_generation (one
+    call per generation batch), at least one."""
+    from grpo_sweep.config.schema import split_of
+
+    accum = split_of(cfg)[1] or 1
+    return max(1, accum // (cfg.get("steps_per_generation") or accum))
 
 
 def predicted(cfg) -> dict:
@@ -219,11 +233,13 @@ def record(
         started = time.monotonic()
         m = run_trial(cfg, work / f"{len(costs)}")
         costs.append(time.monotonic() - started)
-        if FORK_CUDA.search(m.get("error") or "") and "trial.start_method=spawn" not in run:
-            # the forkserver initialised CUDA on import: every later trial spawns instead
+        forked = "trial.start_method=forkserver" in run
+        if forked and not cpu and not data["points"] and m["status"] not in ("ok", "oom"):
+            # The first trial on the card failed under the forkserver (one that initialised CUDA on
+            # import leaves no forked trial a working CUDA): that point and every later one spawn.
             run[run.index("trial.start_method=forkserver")] = "trial.start_method=spawn"
             data["run_overrides"] = run
-            data["start_method_note"] = "forkserver could not use CUDA (initialised on import): spawn"
+            data["start_method_note"] = f"the first trial failed under forkserver, so all spawn: {(m.get('error') or '')[:300]}"
             return run_point(point, attempt)
         row = rows.get(key(point))
         if row is None:
@@ -234,7 +250,7 @@ def record(
             {
                 **run_record(m),
                 "status": m.get("status"),
-                **speed_fields(m),
+                **speed_fields(m, calls_per_step(cfg)),
                 **{k: m.get(k) for k in ("peak_memory_bytes", "peak_reserved_bytes", "nvml_peak_bytes")},
             }
         )
@@ -276,8 +292,27 @@ def record(
                 continue
             run_point(row["levers"], attempt)
     save()
+    say(table(data))
     say(f"wrote {path} ({len(data['points'])} points, {len(costs)} runs, {time.monotonic() - t0:.0f} s)")
     return path
+
+
+def table(data: dict) -> str:
+    """The points as a person reads them: the knobs that differ from the base, measured and modelled."""
+    axes = data["grid"]
+    base = {k: v[0] for k, v in axes.items()}
+    rows = [
+        f"{'point (moved from the base)':<44} {'status':<7} {'tok/s':>7} {'model':>7} {'runs':>4} {'gen s':>6} {'train s':>7} {'peak GiB':>8}"
+    ]
+    for p in data["points"]:
+        moved = " ".join(f"{k}={v}" for k, v in p["levers"].items() if v != base[k]) or "base"
+        num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        rows.append(
+            f"{moved[:44]:<44} {str(p['status'])[:7]:<7} {num(p['tokens_per_s'], '.0f'):>7} "
+            f"{num(p.get('predicted_tokens_per_s'), '.0f'):>7} {len(p['runs']):>4} {num(p['generation_s'], '.2f'):>6} "
+            f"{num(p['training_s'], '.2f'):>7} {num(p['peak_memory_bytes'] and p['peak_memory_bytes'] / 2**30, '.2f'):>8}"
+        )
+    return "\n".join(rows)
 
 
 def key(levers: dict) -> tuple:

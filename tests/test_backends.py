@@ -555,8 +555,25 @@ def test_gpu_landscape_points_validate_on_the_card():
         spg = point["steps_per_generation"] or cfg.gradient_accumulation_steps
         configs.add((*(v for k, v in point.items() if k != "steps_per_generation"), spg))
         assert g.predicted(cfg)["predicted_tokens_per_s"] > 0
+        calls = g.calls_per_step(cfg)
+        assert calls == (cfg.gradient_accumulation_steps if point["steps_per_generation"] == 1 else 1), point
     assert len(recipes) == 1 and len(configs) == len(points)
     assert compose([*g.RECIPE_CPU, *g.RUN]).model.name == "tiny"
+
+
+def test_gpu_landscape_speed_split():
+    """metrics.json's own generation/training split wins; without it, generation_time_s (the median
+    of TRL's generation calls) counts once per call of the step: 4 calls of 1 s in a 5 s step leave
+    1 s of training, not 4."""
+    g = _gpu_landscape()
+    assert g.speed_fields({"generation_time_s": 1.0, "step_time_s": 5.0}, 4) == {
+        "generation_s": 4.0,
+        "training_s": 1.0,
+        "speed_source": "generation_time_s x 4 calls a step; the step time less it",
+    }
+    own = {"generation_s": 2.5, "training_s": 2.5, "mfu_training": 0.3, "generation_time_s": 1.0, "step_time_s": 5.0}
+    assert g.speed_fields(own, 4) == {"generation_s": 2.5, "training_s": 2.5, "mfu_training": 0.3, "speed_source": "metrics.json"}
+    assert g.speed_fields({"status": "oom"}, 1) == {}
 
 
 @IN_PROCESS_TRIALS
