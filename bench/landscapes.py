@@ -17,6 +17,8 @@ gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B
     error drawn like the estimator's measured GPU error), throughput and step seconds from
     grpo_sweep.memory.throughput.relative_step_time, start seconds from the H200 check's measured
     trial (bench/results/gpu_check_h200.json), noise drawn like the tiny grid's measured runs.
+gpu_landscape(path): a landscape the device check measured on a card (scripts/gpu_landscape.py), each
+    point with its runs and the sweeper's models' forecast of it.
 """
 
 from __future__ import annotations

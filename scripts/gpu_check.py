@@ -23,6 +23,8 @@ left than it needs is recorded as skipped, never half-run.
 
 Part a needs the base wheels + bitsandbytes, part b the base wheels + Unsloth's (two carries of
 < 64 MiB, scripts/gpu_wheels.sh); `--part all` runs both where everything is installed.
+`--part landscape` (base wheels only) runs scripts/gpu_landscape.py instead: one recipe's knob
+landscape for the speed model, written as landscape_gpu_<card>_<date>.json.
 
 `--cpu-dry-run` runs the same flow on CPU: the tiny model, simulated budgets (gpu=cpu_sim), and
 "skipped: needs CUDA" for what needs a card (4-bit, Unsloth, the CUDA allocator). Writes

@@ -8,8 +8,8 @@
 #   carry [".whl/base", ".whl/unsloth"]  command: scripts/gpu_check.sh --part b    timeout_s 590
 # The CUDA-only speed knobs, a third call when the device time allows:
 #   carry [".whl/base"]                  command: scripts/gpu_check.sh --part d    timeout_s 590
-# The landscape for the speed model (issue order: a, landscape, then Unsloth's part b if time is left):
-#   carry [".whl/base"]                  command: scripts/gpu_check.sh --part landscape --budget-s 400   timeout_s 460
+# The landscape for the speed model, right after part a (docs/contributing.md: B = min(budget left - 60, 520)):
+#   carry [".whl/base"]                  command: scripts/gpu_check.sh --part landscape --budget-s B    timeout_s B + 45
 # then here:     .venv/bin/python scripts/gpu_check.py --merge <part a json> <part b json>
 #
 # Writes $OUT/gpu_check_<card>_<date>.json (+ gpu_check.log, nvidia_smi.csv), or outputs/gpu_check/.

@@ -40,14 +40,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import measured_at  # noqa: E402 - bench/ is not a package
 from record_grid import run_record  # noqa: E402
 
-# The knobs, each axis's first value the base point's. steps_per_generation null is the accumulation
-# (one generation per optimiser step); 1 generates each micro-batch on its own.
+# The knobs, each axis's first value the base point's; among points that move as many knobs, those
+# moving an earlier axis run first. steps_per_generation null is the accumulation (one generation per
+# optimiser step); 1 generates each micro-batch on its own, the dearest points (up to 8 calls a step).
 AXES = {
     "per_device_train_batch_size": [8, 4, 16, 32],
-    "steps_per_generation": [None, 1],
     "gradient_checkpointing": [False, True],
     "attn_implementation": ["sdpa", "eager"],
     "optim": ["adamw_torch", "adamw_torch_fused"],
+    "steps_per_generation": [None, 1],
 }
 AXES_CPU = {**AXES, "per_device_train_batch_size": [4, 2, 8]}
 # The recipe every point holds. 480-token prompts and 32-token completions: the training pass is long
