@@ -214,7 +214,8 @@ def record(
         return budget_s - (time.monotonic() - t0)
 
     def per_run() -> float:
-        return statistics.median(costs) if costs else FIRST_GUESS_S[flavour]
+        """A run's seconds so far; the first run also started the forkserver, so it counts alone only."""
+        return statistics.median(costs[1:] or costs) if costs else FIRST_GUESS_S[flavour]
 
     def save() -> None:
         data["elapsed_s"] = round(time.monotonic() - t0, 1)
