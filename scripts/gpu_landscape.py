@@ -109,8 +109,9 @@ def overrides_of(point: dict) -> list[str]:
 
 
 def gpu_conf_for(env: dict) -> str:
-    """The conf/gpu/*.yaml of the card this runs on (its name and memory), so the throughput model
-    predicts for the card that measures. An unknown card stops the part: its numbers are needed."""
+    """The conf/gpu/*.yaml of the card this runs on (its family in the name, its memory within 15 %), so
+    the throughput model predicts for the card that measures. An unknown card stops the part: its
+    datasheet numbers are needed."""
     import yaml
 
     name = (env.get("gpu") or "").lower()
@@ -119,8 +120,10 @@ def gpu_conf_for(env: dict) -> str:
     for path in sorted((ROOT / "src" / "grpo_sweep" / "conf" / "gpu").glob("*.yaml")):
         conf = yaml.safe_load(path.read_text())
         family = path.stem.split("_")[0]
-        if not conf.get("simulated") and family in name.replace(" ", ""):
-            found.append((abs(conf["memory_gib"] - total), path.stem))
+        gib = conf.get("memory_gib") or 0
+        near = abs(gib - total) <= 0.15 * gib  # an L40S is no L4
+        if not conf.get("simulated") and family in name.replace(" ", "") and near:
+            found.append((abs(gib - total), path.stem))
     if not found:
         raise SystemExit(f"gpu_landscape: no conf/gpu/*.yaml for the card {env.get('gpu')!r}; add one (ARCHITECTURE.md: a card)")
     return min(found)[1]

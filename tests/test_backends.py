@@ -538,6 +538,9 @@ def test_gpu_landscape_points_validate_on_the_card():
     assert card == "h200_141g"
     with pytest.raises(SystemExit, match="no conf/gpu"):
         g.gpu_conf_for({"gpu": "NVIDIA B300", "total_memory_bytes": 288 * GIB})
+    with pytest.raises(SystemExit, match="L40S"):
+        g.gpu_conf_for({"gpu": "NVIDIA L40S", "total_memory_bytes": 44 * GIB})  # "l4" in its name, not an L4
+    assert g.gpu_conf_for({"gpu": "NVIDIA A100-SXM4-40GB", "total_memory_bytes": 39 * GIB}) == "a100_40g"
     points = g.ordered_points(g.AXES)
     base = {k: v[0] for k, v in g.AXES.items()}
     assert points[0] == base and 20 <= len(points) <= 64
