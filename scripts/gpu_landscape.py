@@ -296,10 +296,35 @@ def record(
                 data.setdefault("reruns_skipped", []).append(row["levers"])
                 continue
             run_point(row["levers"], attempt)
+    data["knob_ratios"] = knob_ratios(data)
     save()
     say(table(data))
+    for name, r in data["knob_ratios"].items():
+        say(f"  {name}: measured x{r['measured']:.3f}, model x{r['model']:.3f} ({r['disagreement']:+.0%})")
     say(f"wrote {path} ({len(data['points'])} points, {len(costs)} runs, {time.monotonic() - t0:.0f} s)")
     return path
+
+
+def knob_ratios(data: dict) -> dict:
+    """Each knob moved alone against the base point: its measured speed ratio (median tokens/s over the
+    base's), the throughput model's, and how far they disagree (measured / model - 1): the numbers the
+    Performance page reports per knob. Only points where both ran and the model predicted."""
+    axes = data["grid"]
+    base_levers = {k: v[0] for k, v in axes.items()}
+    by = {key(p["levers"]): p for p in data["points"] if p["status"] == "ok" and p.get("tokens_per_s")}
+    base = by.get(key(base_levers))
+    out = {}
+    if base is None or not base.get("predicted_tokens_per_s"):
+        return out
+    for name, values in axes.items():
+        for value in values[1:]:
+            p = by.get(key({**base_levers, name: value}))
+            if p is None or not p.get("predicted_tokens_per_s"):
+                continue
+            measured = p["tokens_per_s"] / base["tokens_per_s"]
+            model = p["predicted_tokens_per_s"] / base["predicted_tokens_per_s"]
+            out[f"{name}={value}"] = {"measured": measured, "model": model, "disagreement": measured / model - 1}
+    return out
 
 
 def table(data: dict) -> str:

@@ -584,7 +584,8 @@ def test_gpu_landscape_speed_split():
 def test_gpu_landscape_dry_run_replays(tmp_path):
     """The landscape part's flow on CPU (the tiny model, 3 points, the best rerun once: ~10 s of
     trials) writes a file the search bench's loader replays: each point's runs, its forecast, the
-    measured noise."""
+    measured noise; and each knob moved alone against the base, measured and modelled."""
+    import json
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -603,6 +604,10 @@ def test_gpu_landscape_dry_run_replays(tmp_path):
         assert f.runs and f.tokens_per_s > 0 and f.predicted_bytes > 0 and f.limit_bytes == GIB
         assert p["generation_s"] > 0 and p["training_s"] >= 0 and p["runs"][0]["speed_source"]
     assert land["measured_sigma"] >= 0 and land["by_key"][landscapes.key(best["levers"])] is best
+    ratios = json.loads(path.read_text())["knob_ratios"]  # the 2nd and 3rd points each move one knob
+    assert set(ratios) == {"per_device_train_batch_size=2", "per_device_train_batch_size=8"}
+    base, moved = land["points"][0], land["points"][1]
+    assert ratios["per_device_train_batch_size=2"]["measured"] == pytest.approx(moved["tokens_per_s"] / base["tokens_per_s"])
 
 
 def test_vllm_readback_reports_the_pool_in_process():
