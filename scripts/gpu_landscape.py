@@ -180,6 +180,7 @@ def record(
     """Run the landscape within `budget_s` seconds; return the written file's path."""
     from grpo_sweep.config.compose import compose_train_config
     from grpo_sweep.config.local import validate_here
+    from grpo_sweep.config.schema import ConfigError
     from grpo_sweep.trial.parent import run_trial
 
     t0 = time.monotonic()
@@ -233,13 +234,26 @@ def record(
 
     def run_point(point: dict, attempt: int) -> dict:
         cfg = compose_train_config([*recipe, *overrides_of(point), *run])
-        validate_here(cfg, cuda=not cpu)
+        try:
+            validate_here(cfg, cuda=not cpu)
+        except ConfigError as err:  # refused before any model loads: recorded, never run (the loader skips it)
+            row = {
+                "levers": point,
+                "status": "refused",
+                "tokens_per_s": None,
+                "tokens_per_s_runs": [],
+                "runs": [],
+                "error": str(err),
+            }
+            data["points"].append(row)
+            say(f"[landscape] {point} refused: {err}")
+            return row
         cfg.trial.timeout_s = int(max(10, min(TRIAL_CAP_S[flavour], left() - 5)))
         started = time.monotonic()
         m = run_trial(cfg, work / f"{len(costs)}")
         costs.append(time.monotonic() - started)
         forked = "trial.start_method=forkserver" in run
-        if forked and not cpu and not data["points"] and m["status"] not in ("ok", "oom"):
+        if forked and not cpu and len(costs) == 1 and m["status"] not in ("ok", "oom"):
             # The first trial on the card failed under the forkserver (one that initialised CUDA on
             # import leaves no forked trial a working CUDA): that point and every later one spawn.
             run[run.index("trial.start_method=forkserver")] = "trial.start_method=spawn"
@@ -339,8 +353,8 @@ def table(data: dict) -> str:
         num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         rows.append(
             f"{moved[:44]:<44} {str(p['status'])[:7]:<7} {num(p['tokens_per_s'], '.0f'):>7} "
-            f"{num(p.get('predicted_tokens_per_s'), '.0f'):>7} {len(p['runs']):>4} {num(p['generation_s'], '.2f'):>6} "
-            f"{num(p['training_s'], '.2f'):>7} {num(p['peak_memory_bytes'] and p['peak_memory_bytes'] / 2**30, '.2f'):>8}"
+            f"{num(p.get('predicted_tokens_per_s'), '.0f'):>7} {len(p['runs']):>4} {num(p.get('generation_s'), '.2f'):>6} "
+            f"{num(p.get('training_s'), '.2f'):>7} {num(p.get('peak_memory_bytes') and p['peak_memory_bytes'] / 2**30, '.2f'):>8}"
         )
     return "\n".join(rows)
 

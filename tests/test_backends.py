@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -577,6 +578,26 @@ def test_gpu_landscape_speed_split():
     own = {"generation_s": 2.5, "training_s": 2.5, "mfu_training": 0.3, "generation_time_s": 1.0, "step_time_s": 5.0}
     assert g.speed_fields(own, 4) == {"generation_s": 2.5, "training_s": 2.5, "mfu_training": 0.3, "speed_source": "metrics.json"}
     assert g.speed_fields({"status": "oom"}, 1) == {}
+
+
+def test_gpu_landscape_refused_point_is_recorded_not_run(tmp_path, monkeypatch):
+    """A point the config check refuses (a micro-batch of 3 does not divide 8 completions a step) is
+    recorded with the refusal and never run; the part goes on, and a file with no fitting point is
+    refused by the loader in one line."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import landscapes
+
+    g = _gpu_landscape()
+    monkeypatch.setattr(g, "AXES_CPU", {**g.AXES_CPU, "per_device_train_batch_size": [3]})
+    lines = []
+    path = g.record(cpu=True, budget_s=60, out_dir=tmp_path, env={}, max_points=1, work=tmp_path / "w", say=lines.append)
+    (row,) = json.loads(path.read_text())["points"]
+    assert row["status"] == "refused" and row["runs"] == [] and "completions_per_step" in row["error"]
+    assert not (tmp_path / "w").exists() and any("refused" in line for line in lines)
+    with pytest.raises(ValueError, match="no point of the landscape fitted"):
+        landscapes.gpu_landscape(path)
 
 
 @IN_PROCESS_TRIALS
