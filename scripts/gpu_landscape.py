@@ -191,6 +191,7 @@ def record(
     run = list(RUN)
     order = ordered_points(axes)[:max_points]
     slug = "cpu" if cpu else card.split("_")[0]
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"landscape_gpu_{slug}_{time.strftime('%Y-%m-%d')}.json"
     data = {
         "how": "scripts/gpu_check.sh --part landscape"
