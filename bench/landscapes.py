@@ -17,6 +17,8 @@ gemma3_1b_l4: a MODEL, not a measurement: the seed's search space for Gemma 3 1B
     error drawn like the estimator's measured GPU error), throughput and step seconds from
     grpo_sweep.memory.throughput.relative_step_time, start seconds from the H200 check's measured
     trial (bench/results/gpu_check_h200.json), noise drawn like the tiny grid's measured runs.
+gpu_landscape(path): a landscape the device check measured on a card (scripts/gpu_landscape.py), each
+    point with its runs and the sweeper's models' forecast of it.
 """
 
 from __future__ import annotations
@@ -322,22 +324,7 @@ def tiny_cpu_vllm(path: Path = TINY_VLLM, sigma: float | None = None) -> dict:
     data = json.loads(path.read_text())
     plan = forecasts(plan_of("tiny_cpu_vllm", ("+sweeps=tiny_cpu_vllm",)))
     recorded = [p for p in data["points"] if p["status"] is not None and p["runs"]]
-    points = []
-    for p in recorded:
-        runs = [run_costs(r) for r in p["runs"]]
-        point = with_forecast(
-            {**p, "cost_source": "measured", "refused": REFUSED in (p.get("error") or "")}, plan[key(p["levers"])]
-        )
-        point["oom_s"] = statistics.fmean(r["wall_s"] for r in runs)
-        if p["status"] == "ok":
-            ok = [r for r in runs if r["tokens_per_s"]]
-            point["measured_runs"] = ok
-            point["start_s"] = statistics.fmean(r["start_s"] for r in ok)
-            point["step_s"] = [statistics.fmean(r["step_s"][i] for r in ok) for i in range(len(ok[0]["step_s"]))]
-        else:
-            point["deficit_bytes"] = None  # the recording keeps no deficit: the sampler learns only "infeasible"
-            point["memory_source"] = "tracker"
-        points.append(point)
+    points = [measured_point(p, plan[key(p["levers"])], "tracker") for p in recorded]
     run_sigma = measured_sigma(recorded) if any(repeated_runs(p) for p in recorded) else 0.0  # one pass only: no spread yet
     steps = len(next(p["step_s"] for p in points if p["status"] == "ok"))
     return finish(
@@ -358,6 +345,74 @@ def tiny_cpu_vllm(path: Path = TINY_VLLM, sigma: float | None = None) -> dict:
             "sessions": data.get("sessions", []),
             "how": f"{data['how']}; {len(recorded)} of {len(data['points'])} points recorded, "
             f"{sum(len(p['runs']) for p in recorded)} runs",
+        }
+    )
+
+
+def measured_point(p: dict, f, memory_source: str) -> dict:
+    """A recorded point (record_grid.py --sweep, scripts/gpu_landscape.py) as the replay runs it: its
+    forecast, its measured runs and their mean costs; a point that did not fit is charged its runs' wall
+    time and keeps no deficit (the sampler learns only "infeasible")."""
+    runs = [run_costs(r) for r in p["runs"]]
+    point = with_forecast({**p, "cost_source": "measured", "refused": REFUSED in (p.get("error") or "")}, f)
+    point["oom_s"] = statistics.fmean(r["wall_s"] for r in runs)
+    if p["status"] == "ok":
+        ok = [r for r in runs if r["tokens_per_s"]]
+        point["measured_runs"] = ok
+        point["start_s"] = statistics.fmean(r["start_s"] for r in ok)
+        point["step_s"] = [statistics.fmean(r["step_s"][i] for r in ok) for i in range(len(ok[0]["step_s"]))]
+    else:
+        point["deficit_bytes"] = None
+        point["memory_source"] = memory_source
+    return point
+
+
+def gpu_landscape(path: Path, sigma: float | None = None) -> dict:
+    """A landscape measured on a card by the device check (scripts/gpu_check.sh --part landscape:
+    landscape_gpu_<card>_<date>.json, or its CPU dry run): one recipe's knob points, each with its runs
+    and the sweeper's models' forecast of it recorded beside them (the estimator's peak against the
+    trial's budget, the throughput model's tokens/s). Replayed like tiny_cpu_vllm: sigma None draws one
+    of a point's measured runs, a number its median x exp(N(0, sigma)). The grid is the part's axes; a
+    point the recording did not reach is absent (the replay fails it unrun, as TRL's refusal)."""
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+    from hydra_plugins.grpo_optuna_sweeper.forecast import Forecast
+    from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
+
+    data = json.loads(Path(path).read_text())
+    margin = GrpoOptunaSweeperConf().prescreen_margin
+    recorded = [p for p in data["points"] if p["status"] is not None and p["runs"]]
+    points = []
+    for p in recorded:
+        limit, peak = p.get("limit_bytes"), p.get("predicted_peak_bytes")
+        f = Forecast(
+            p["levers"],
+            predicted_bytes=peak,
+            limit_bytes=limit,
+            runs=peak is None or prescreen_verdict(peak, limit, margin) is None,
+            tokens_per_s=p.get("predicted_tokens_per_s"),
+        )
+        points.append(measured_point(p, f, p.get("memory_source") or "cuda"))
+    run_sigma = measured_sigma(recorded) if any(repeated_runs(p) for p in recorded) else 0.0
+    ok = [p for p in points if p["status"] == "ok"]
+    if not ok:
+        raise ValueError(f"{path}: no point of the landscape fitted; nothing to replay")
+    return finish(
+        {
+            "name": Path(path).stem,
+            "grid": data["grid"],
+            "points": points,
+            "budget_bytes": max(p.get("limit_bytes") or 0 for p in recorded) or None,
+            "steps": len(ok[0]["step_s"]),
+            "first_timed_step": 2,  # two steps a point: the first is warm-up, the second measured
+            "noise": "measured runs" if sigma is None else f"log-normal sigma {sigma:.3f}",
+            "sigma": run_sigma if sigma is None else sigma,
+            "measured_sigma": run_sigma,
+            "spread": spread_of(recorded) if sigma is None else sigma * RANGE_IN_SIGMAS,
+            "recorded_points": len(recorded),
+            "runs": sum(len(p["runs"]) for p in recorded),
+            "card": data.get("card"),
+            "sessions": data.get("sessions", []),
+            "how": f"{data['how']}; {len(recorded)} points recorded, {sum(len(p['runs']) for p in recorded)} runs",
         }
     )
 

@@ -23,6 +23,8 @@ left than it needs is recorded as skipped, never half-run.
 
 Part a needs the base wheels + bitsandbytes, part b the base wheels + Unsloth's (two carries of
 < 64 MiB, scripts/gpu_wheels.sh); `--part all` runs both where everything is installed.
+`--part landscape` (base wheels only) runs scripts/gpu_landscape.py instead: one recipe's knob
+landscape for the speed model, written as landscape_gpu_<card>_<date>.json.
 
 `--cpu-dry-run` runs the same flow on CPU: the tiny model, simulated budgets (gpu=cpu_sim), and
 "skipped: needs CUDA" for what needs a card (4-bit, Unsloth, the CUDA allocator). Writes
@@ -93,7 +95,9 @@ CASES = {
 MULTI_GPU_CASES = ("multi_ddp", "multi_fsdp", "multi_zero2", "multi_zero3", "vllm_server")
 # Seconds of cases per device call: 15 minutes of device time hold one machine start (~1.5 min),
 # two transfers and installs (~1 min) and 330 + 370 s of cases; each call stays under 600 s.
-PART_BUDGET_S = {"a": 330, "b": 370, "c": 560, "d": 560}
+PART_BUDGET_S = {"a": 330, "b": 370, "c": 560, "d": 560, "landscape": 400}
+# The landscape part on CPU (--cpu-dry-run): a few points, the best two run twice: the flow, not the numbers.
+LANDSCAPE_DRY_RUN = {"max_points": 4, "top": 2, "repeats": 2}
 KNOB_CASES = {
     "knob_ckpt": [],
     "knob_every2": ["gradient_checkpointing_every_n_layers=2"],
@@ -562,8 +566,9 @@ def main() -> int:
     ap.add_argument(
         "--part",
         default="all",
-        choices=("a", "b", "c", "d", "all"),
-        help="a: TRL + bitsandbytes cases, b: Unsloth's, c: >= 2 GPUs, d: the CUDA-only speed knobs",
+        choices=("a", "b", "c", "d", "landscape", "all"),
+        help="a: TRL + bitsandbytes cases, b: Unsloth's, c: >= 2 GPUs, d: the CUDA-only speed knobs, "
+        "landscape: one recipe's knob landscape (scripts/gpu_landscape.py)",
     )
     ap.add_argument("--only", default=None, help="comma-separated cases (default: all of the part)")
     ap.add_argument("--budget-s", type=float, default=None, help=f"skip cases that would not fit (default {PART_BUDGET_S})")
@@ -584,6 +589,13 @@ def main() -> int:
     if not cpu and not env["cuda"]:
         print("gpu_check: no CUDA device; use --cpu-dry-run", file=sys.stderr)
         return 2
+    if parts == ["landscape"]:
+        import gpu_landscape
+
+        gpu_landscape.record(
+            cpu=cpu, budget_s=budget, out_dir=out_dir, env=env, work=WORK / "landscape", **(LANDSCAPE_DRY_RUN if cpu else {})
+        )
+        return 0
     cases = plan(cpu)
     wanted = [n for n, (part, _, _) in CASES.items() if part in parts]
     if args.only:

@@ -8,6 +8,8 @@
 #   carry [".whl/base", ".whl/unsloth"]  command: scripts/gpu_check.sh --part b    timeout_s 590
 # The CUDA-only speed knobs, a third call when the device time allows:
 #   carry [".whl/base"]                  command: scripts/gpu_check.sh --part d    timeout_s 590
+# The landscape for the speed model, right after part a (docs/contributing.md: B = min(budget left - 60, 520)):
+#   carry [".whl/base"]                  command: scripts/gpu_check.sh --part landscape --budget-s B    timeout_s B + 45
 # then here:     .venv/bin/python scripts/gpu_check.py --merge <part a json> <part b json>
 #
 # Writes $OUT/gpu_check_<card>_<date>.json (+ gpu_check.log, nvidia_smi.csv), or outputs/gpu_check/.
@@ -18,12 +20,19 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [[ " $* " != *" --cpu-dry-run "* ]]; then
   # Base wheels (+ bitsandbytes) into one site; Unsloth's (with TRL 1.15, which it pins) into its
   # own, put first on the path for the Unsloth case only (scripts/gpu_check.py unsloth_env).
+  # The landscape's trials fork from one forkserver: its site holds no bitsandbytes (peft imports it,
+  # and it initialises CUDA on import, which no forked trial survives).
+  site=/tmp/site
   base=$(ls .whl/base/*.whl .whl/bnb/*.whl 2>/dev/null)
+  if [[ " $* " == *" --part landscape "* ]]; then
+    site=/tmp/site_landscape
+    base=$(ls .whl/base/*.whl 2>/dev/null)
+  fi
   if [[ -n "$base" ]]; then
     # shellcheck disable=SC2086
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $base \
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site $base \
       || { echo "gpu_check: installing .whl/base (+bnb) failed" >&2; exit 3; }
-    export PYTHONPATH=/tmp/site:$PYTHONPATH
+    export PYTHONPATH=$site:$PYTHONPATH
   fi
   if ls .whl/unsloth/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_unsloth .whl/unsloth/*.whl \

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, compose, load_metrics, train_here
+from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, train_here
 
 from grpo_sweep.config import backends
 from grpo_sweep.config.local import cuda_available, installed, validate_here
@@ -512,6 +513,122 @@ def test_gpu_check_cpu_dry_run(tmp_path):
     assert sweep["parent_rc"] == 0 and len(sweep["trials"]) == 4
     assert all(t["status"] in STATUSES for t in sweep["trials"])
     assert "seed_baseline" in proc.stdout and "skipped: needs CUDA" in proc.stdout  # the printed table
+
+
+def _gpu_landscape():
+    import sys
+
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import gpu_landscape
+
+    return gpu_landscape
+
+
+def test_gpu_landscape_points_validate_on_the_card():
+    """The landscape's every point is a valid trial on the card it plans for (an H200 by torch's
+    numbers), of one recipe: the base point first, then each knob moved alone; no point repeats
+    another's config; the throughput model predicts each one (the card's datasheet numbers)."""
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.levers import recipe_of
+
+    g = _gpu_landscape()
+    card = g.gpu_conf_for({"gpu": "NVIDIA H200", "total_memory_bytes": H200})
+    assert card == "h200_141g"
+    with pytest.raises(SystemExit, match="no conf/gpu"):
+        g.gpu_conf_for({"gpu": "NVIDIA B300", "total_memory_bytes": 288 * GIB})
+    with pytest.raises(SystemExit, match="L40S"):
+        g.gpu_conf_for({"gpu": "NVIDIA L40S", "total_memory_bytes": 44 * GIB})  # "l4" in its name, not an L4
+    assert g.gpu_conf_for({"gpu": "NVIDIA A100-SXM4-40GB", "total_memory_bytes": 39 * GIB}) == "a100_40g"
+    points = g.ordered_points(g.AXES)
+    base = {k: v[0] for k, v in g.AXES.items()}
+    assert points[0] == base and 20 <= len(points) <= 64
+    moved = [sum(p[k] != base[k] for k in base) for p in points]
+    assert moved == sorted(moved) and moved[1:8] == [1] * 7
+    composed = compose([*g.RECIPE, f"gpu={card}", *g.RUN])
+    recipes, configs = set(), set()
+    for point in points:
+        cfg = composed.copy()
+        for name, value in point.items():
+            OmegaConf.update(cfg, name, value)
+        cfg.gradient_accumulation_steps = None  # derived from completions_per_step, as composing does
+        validate_here(cfg, cuda=True)
+        recipes.add(repr(sorted(recipe_of(cfg).items())))
+        spg = point["steps_per_generation"] or cfg.gradient_accumulation_steps
+        configs.add((*(v for k, v in point.items() if k != "steps_per_generation"), spg))
+        assert g.predicted(cfg)["predicted_tokens_per_s"] > 0
+        calls = g.calls_per_step(cfg)
+        assert calls == (cfg.gradient_accumulation_steps if point["steps_per_generation"] == 1 else 1), point
+    assert len(recipes) == 1 and len(configs) == len(points)
+    assert compose([*g.RECIPE_CPU, *g.RUN]).model.name == "tiny"
+
+
+def test_gpu_landscape_speed_split():
+    """metrics.json's own generation/training split wins; without it, generation_time_s (the median
+    of TRL's generation calls) counts once per call of the step: 4 calls of 1 s in a 5 s step leave
+    1 s of training, not 4."""
+    g = _gpu_landscape()
+    assert g.speed_fields({"generation_time_s": 1.0, "step_time_s": 5.0}, 4) == {
+        "generation_s": 4.0,
+        "training_s": 1.0,
+        "speed_source": "generation_time_s x 4 calls a step; the step time less it",
+    }
+    own = {"generation_s": 2.5, "training_s": 2.5, "mfu_training": 0.3, "generation_time_s": 1.0, "step_time_s": 5.0}
+    assert g.speed_fields(own, 4) == {"generation_s": 2.5, "training_s": 2.5, "mfu_training": 0.3, "speed_source": "metrics.json"}
+    assert g.speed_fields({"status": "oom"}, 1) == {}
+
+
+def test_gpu_landscape_refused_point_is_recorded_not_run(tmp_path, monkeypatch):
+    """A point the config check refuses (a micro-batch of 3 does not divide 8 completions a step) is
+    recorded with the refusal and never run; the part goes on, and a file with no fitting point is
+    refused by the loader in one line."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import landscapes
+
+    g = _gpu_landscape()
+    monkeypatch.setattr(g, "AXES_CPU", {**g.AXES_CPU, "per_device_train_batch_size": [3]})
+    lines = []
+    path = g.record(cpu=True, budget_s=60, out_dir=tmp_path, env={}, max_points=1, work=tmp_path / "w", say=lines.append)
+    (row,) = json.loads(path.read_text())["points"]
+    assert row["status"] == "refused" and row["runs"] == [] and "completions_per_step" in row["error"]
+    assert not (tmp_path / "w").exists() and any("refused" in line for line in lines)
+    with pytest.raises(ValueError, match="no point of the landscape fitted"):
+        landscapes.gpu_landscape(path)
+
+
+@IN_PROCESS_TRIALS
+@pytest.mark.slow
+def test_gpu_landscape_dry_run_replays(tmp_path):
+    """The landscape part's flow on CPU (the tiny model, 3 points, the best rerun once: ~10 s of
+    trials) writes a file the search bench's loader replays: each point's runs, its forecast, the
+    measured noise; and each knob moved alone against the base, measured and modelled."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import landscapes
+
+    g = _gpu_landscape()
+    path = g.record(cpu=True, budget_s=120, out_dir=tmp_path, env={}, max_points=3, top=1, repeats=2, work=tmp_path / "w")
+    assert path.name.startswith("landscape_gpu_cpu_")
+    land = landscapes.gpu_landscape(path)
+    assert land["recorded_points"] == 3 and land["runs"] == 4 and land["steps"] == 2
+    assert [p["levers"] for p in land["points"]] == g.ordered_points(g.AXES_CPU)[:3]
+    best = max((p for p in land["points"] if p["status"] == "ok"), key=lambda p: p["tokens_per_s"])
+    assert len(best["measured_runs"]) == 2 and land["optimum"] == best["tokens_per_s"]
+    for p in land["points"]:
+        f = p["forecast"]
+        assert f.runs and f.tokens_per_s > 0 and f.predicted_bytes > 0 and f.limit_bytes == GIB
+        assert p["generation_s"] > 0 and p["training_s"] >= 0 and p["runs"][0]["speed_source"]
+    assert land["measured_sigma"] >= 0 and land["by_key"][landscapes.key(best["levers"])] is best
+    ratios = json.loads(path.read_text())["knob_ratios"]  # the 2nd and 3rd points each move one knob
+    assert set(ratios) == {"per_device_train_batch_size=2", "per_device_train_batch_size=8"}
+    base, moved = land["points"][0], land["points"][1]
+    assert ratios["per_device_train_batch_size=2"]["measured"] == pytest.approx(moved["tokens_per_s"] / base["tokens_per_s"])
 
 
 def test_vllm_readback_reports_the_pool_in_process():

@@ -439,3 +439,13 @@ def test_every_shipped_sweep_plans(sweep):
                 drawn = {p["params"][key] for p in data["points"]}
                 assert len(drawn) > 8 and all(dist.low <= v <= dist.high for v in drawn), drawn
         assert "error" not in data["recipe_point"], data["recipe_point"]
+
+
+def test_a_fixed_group_choice_beside_the_searched_micro_batch():
+    """`python train.py -m +sweeps=tiny_cpu gpu=cpu_sim model=tiny`: a group chosen on the command line
+    whose key is also a schema field (gpu, model) is composed as a group when the plan checks each
+    micro-batch against the held recipe, not merged as a value (which Hydra refuses: "Error merging
+    override gpu=cpu_sim"). The device check's sweep case passes such overrides."""
+    with tiny_sweeper("gpu=cpu_sim", "model=tiny") as tiny:
+        assert list(tiny.plan.distributions["per_device_train_batch_size"].choices) == [1, 2, 4, 8]
+        assert "gpu=cpu_sim" in tiny.plan.fixed and "model=tiny" in tiny.plan.fixed

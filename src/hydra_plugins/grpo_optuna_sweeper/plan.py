@@ -195,7 +195,9 @@ def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callab
         return distributions
     if any(k in _SPLIT_PARTNERS or k not in SCHEMA_KEYS for k in others):
         return distributions
-    configs = frontier.ComposeCache(compose, lambda k: k not in SCHEMA_KEYS)
+    # A fixed `gpu=...` or `model=...` is a group choice though its key is a schema field: Hydra's own
+    # answer (Composer.is_group); a plain callable composes every override.
+    configs = frontier.ComposeCache(compose, getattr(compose, "is_group", lambda _key: True))
     changed = {}
     for value in dist.choices:
         undeclared = undeclared_changes(recipe, recipe_of(configs.config([*fixed, space.to_override(key, value)])), may_change)
