@@ -972,7 +972,7 @@ def test_a_trial_with_no_peer_is_unchecked_not_same():
 def test_the_learning_check_says_which_trials_agree():
     """vllm_max_num_seqs at 4, 1, 4, 1: trials 0 and 2 agree exactly, as do 1 and 3; no pair outnumbers the other,
     so all four are flagged and each line says which agree. A pair beside two lone configs is the reference."""
-    from grpo_sweep.report.learning import Verdict, compare, verdict_lines
+    from grpo_sweep.report.learning import compare, verdict_lines
 
     def rec(g2):
         return {"recipe": {"x": 1}, "device": "cpu", "history": [{"grad_norm": 0.5, "entropy": 1.0}, {"grad_norm": g2}]}
@@ -982,7 +982,8 @@ def test_the_learning_check_says_which_trials_agree():
     said = "trials 0 and 2 agree; trials 1 and 3 agree; the groups differ and none outnumbers the others"
     assert all(said in d.text for d in pairs.values()), pairs[0].text
     winner = SimpleNamespace(item=SimpleNamespace(number=0), members=[SimpleNamespace(number=0)])
-    (line, *_) = verdict_lines(Verdict([winner], [], True), pairs, lambda t: t.number, lambda n: f"trial {n}")
+    every_one_flagged = SimpleNamespace(ranked=[winner], passed_over=[], winner_flagged=True)  # study.best.decide's
+    (line, *_) = verdict_lines(every_one_flagged, pairs, lambda t: t.number, lambda n: f"trial {n}")
     assert "no trial of its recipe and seed agrees" not in line and said in line.split("flagged: ")[1], line
     lone = compare([(0, rec(0.7), 0), (1, rec(0.8), 0), (2, rec(0.7), 0), (3, rec(0.9), 0)])
     assert sorted(lone) == [1, 3] and not lone[1].agreement and lone[1].keys[0]["reference"] == 0.7
