@@ -131,3 +131,27 @@ def test_a_card_without_efficiencies_takes_the_generic_ones():
     cfg = compose(["gpu=l4_24g", "gpu.train_flops_fraction=null", "gpu.decode_bandwidth_fraction=null"])
     card = card_of(cfg)
     assert (card.train_fraction, card.decode_fraction) == (0.4, 0.6)
+
+
+def test_speed_record_says_why_a_key_is_unknown():
+    """A trial whose generation was not timed and whose card has no speeds: the keys are null, each with a
+    reason; with both known, MFU is the model's training FLOPs over the measured training seconds at peak."""
+    from grpo_sweep.memory.throughput import SPEED_KEYS, speed_record
+
+    empty = speed_record({"history": []}, None, "ConfigError: no tflops_bf16")
+    assert all(empty[key] is None for key in SPEED_KEYS)
+    assert set(empty["speed_unknown"]) == set(SPEED_KEYS)
+    assert "no tflops_bf16" in empty["speed_unknown"]["mfu_training"]
+    model = relative_step_time(compose(L4_VLLM))
+    rows = [
+        {"step_time_s": 30.0},  # the first step: left out, as the step time leaves it out
+        {"step_time_s": 10.0, "completion_length": 700.0, "completion_length_max": 768.0},
+        {"step_time_s": 10.0, "completion_length": 500.0, "completion_length_max": 600.0},
+        {"step_time_s": 50.0, "tracked": True},  # slowed by the CPU tracker: left out beside untracked steps
+    ]
+    got = speed_record({"history": rows, "generation_times_s": [29.0, 8.0, 8.0, 1.0]}, model)
+    assert got["speed_unknown"] == {} and got["training_s"] == pytest.approx(2.0)
+    assert (got["completion_tokens_mean"], got["completion_tokens_max"]) == (600.0, 768.0)
+    assert got["mfu_training"] == pytest.approx(model["training_flops"] / (2.0 * model["peak_flops"]))
+    assert got["decode_bandwidth_use"] == pytest.approx(model["decode_bytes"] / (8.0 * model["peak_bandwidth"]))
+    assert got["limit_step_s"] == model["limit"]["step_s"]

@@ -18,6 +18,7 @@ Each step is modelled at three points:
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,9 @@ GENERIC_EFFICIENCY = {
     "step_overhead_s": 0.0,
     "vllm_pool_s_per_gib": 0.0,
 }
+# A micro-batch of T tokens runs at T / (T + MICROBATCH_FILL_TOKENS) of the card's training fraction: small
+# matmuls fill a card's tensor cores less (the model's assumption, kept from its first version; not fitted).
+MICROBATCH_FILL_TOKENS = 2048
 # At the expected length, the longest completion of a generation wave is taken as this multiple of the
 # mean (at most the budget) until a trial measures it (metrics.json completion_tokens_max).
 EXPECTED_TAIL = 2.0
@@ -145,7 +149,9 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     train_flops = tokens * (m["layer_flops"] * m["passes"] + m["head_flops"])
     extra_flops = m["extra"] * tokens * (m["layer_flops"] + m["head_forward"])
     dequant = m["dequant"] * (m["passes"] + m["extra"]) * s.GA
-    train = (train_flops + extra_flops) / flops_rate + dequant / bytes_rate
+    micro = s.B * (s.P + longest)  # tokens per micro-batch: a small one fills the card's matmuls less
+    fill = 1.0 if limit else micro / (micro + MICROBATCH_FILL_TOKENS)
+    train = (train_flops + extra_flops) / (flops_rate * fill) + dequant / bytes_rate
     train += fixed * (s.GA * card.microbatch_s * (1 + m["extra"] / 2) + card.step_s)
     # generation: prefill (compute-bound; a prefix cache computes the group's shared full blocks once) ...
     prefill = m["prefill_tokens"] * m["layer_flops"] / flops_rate
@@ -175,7 +181,8 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     training: FLOPs per token as TRL's compute_flops_per_token counts them (2 x parameters per token per
     forward) with LoRA's backward ~ one forward (no base-weight gradients), +1 forward with checkpointing,
     the chunked head's recompute, and the forwards outside the micro-batches (extra_forwards), at the card's
-    train_flops_fraction of peak, plus its fixed seconds per micro-batch and per step. 4-bit adds the
+    train_flops_fraction of peak scaled by the micro-batch's fill (MICROBATCH_FILL_TOKENS), plus its fixed
+    seconds per micro-batch and per step. 4-bit adds the
     dequantisation traffic (DEQUANT_BYTES_PER_WEIGHT per projection weight per pass, training and HF
     decode alike). generation: prefill at the training rate (prefix caching computes the group's shared
     full KV blocks once: vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per
@@ -241,3 +248,62 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
         "expected": {**expected, "tokens_per_s": ranks * s.G * (s.P + mean) / expected["step_s"]},
         "limit": limit,
     }
+
+
+# The FLOP convention of mfu_training, as metrics.json states it.
+MFU_CONVENTION = (
+    "model FLOPs: 2 x parameters per token per forward (TRL compute_flops_per_token), LoRA's backward as one forward, "
+    "checkpointing's recompute and the old/reference forwards included, at the budget's padded length; "
+    "over the card's dense 16-bit peak (conf/gpu tflops_bf16)"
+)
+SPEED_KEYS = (
+    "generation_s",
+    "training_s",
+    "completion_tokens_mean",
+    "completion_tokens_max",
+    "limit_step_s",
+    "mfu_training",
+    "decode_bandwidth_use",
+)
+
+
+def speed_record(measured: dict, model: dict | None, why_no_model: str | None = None) -> dict:
+    """A trial's speed against its card's limit, from what it measured (metrics.json's history and
+    generation_times_s: each step's seconds and its generation's, over the steps speed_meter's step time is
+    taken from) and this model at the trial's config (None: it could not
+    run, why_no_model says why). Every key of SPEED_KEYS; a null one has its reason in `speed_unknown`."""
+    out: dict = dict.fromkeys(SPEED_KEYS)
+    unknown: dict[str, str] = {}
+    steps, gens = measured.get("history") or [], measured.get("generation_times_s") or []
+    if steps and len(gens) == len(steps):  # one generation per step: the steps the step time is taken from
+        pairs = list(zip(steps, gens))[1:] or list(zip(steps, gens))
+        pairs = [(r, g) for r, g in pairs if not r.get("tracked")] or pairs  # as speed_meter.summary leaves them
+        out["generation_s"] = statistics.median(g for _, g in pairs)
+        out["training_s"] = statistics.median(max(r["step_time_s"] - g, 0.0) for r, g in pairs)
+    else:
+        why = "TRL's _generate_single_turn was not timed once per step (no step finished, or another TRL version)"
+        unknown.update(generation_s=why, training_s=why)
+    rows = (measured.get("history") or [])[1:] or (measured.get("history") or [])
+    means = [r["completion_length"] for r in rows if r.get("completion_length") is not None]
+    longest = [r["completion_length_max"] for r in rows if r.get("completion_length_max") is not None]
+    out["completion_tokens_mean"] = sum(means) / len(means) if means else None
+    out["completion_tokens_max"] = max(longest) if longest else None
+    for key, values in (("completion_tokens_mean", means), ("completion_tokens_max", longest)):
+        if not values:
+            unknown[key] = "TRL logged no completion lengths (no step finished)"
+    if model is None:
+        for key in ("limit_step_s", "mfu_training", "decode_bandwidth_use"):
+            unknown[key] = f"the throughput model could not run: {why_no_model}"
+    else:
+        out["limit_step_s"] = model["limit"]["step_s"]
+        if out["training_s"]:
+            out["mfu_training"] = model["training_flops"] / (out["training_s"] * model["peak_flops"])
+        else:
+            unknown["mfu_training"] = "no training time measured"
+        if out["generation_s"]:
+            out["decode_bandwidth_use"] = model["decode_bytes"] / (out["generation_s"] * model["peak_bandwidth"])
+        else:
+            unknown["decode_bandwidth_use"] = "no generation time measured"
+    out["mfu_convention"] = MFU_CONVENTION
+    out["speed_unknown"] = unknown
+    return out
