@@ -155,3 +155,42 @@ def test_speed_record_says_why_a_key_is_unknown():
     assert got["mfu_training"] == pytest.approx(model["training_flops"] / (2.0 * model["peak_flops"]))
     assert got["decode_bandwidth_use"] == pytest.approx(model["decode_bytes"] / (8.0 * model["peak_bandwidth"]))
     assert got["limit_step_s"] == model["limit"]["step_s"]
+
+
+def test_estimate_forecasts_the_steps_and_the_run_before_launch():
+    """`estimate --json` carries speed: {worst_case, expected, limit} with each phase's seconds and the run's
+    time for task.max_steps; the text says the same."""
+    import json
+
+    from conftest import cli
+
+    args = ["estimate", *L4_VLLM, "task.expected_completion_tokens=200", "task.max_steps=250"]
+    speed = json.loads(cli(*args, "--json").stdout)["speed"]
+    for case in ("worst_case", "expected", "limit"):
+        assert set(speed[case]) >= {"step_s", "generation_s", "training_s"}
+    assert speed["expected"]["step_s"] < speed["worst_case"]["step_s"]
+    assert speed["run_s"]["worst_case"] == pytest.approx(250 * speed["worst_case"]["step_s"])
+    text = cli(*args).stdout
+    assert "speed on l4_24g (throughput model): worst case (768-token completions" in text
+    assert "250 steps (task.max_steps):" in text
+    refused = cli("estimate", *L4_VLLM, "task.max_steps=0")
+    assert refused.returncode == 2 and "task.max_steps=0: must be >= 1, or null" in refused.stderr
+
+
+def test_plan_compares_the_cards_for_one_recipe():
+    """`plan --cards`: one row per card, in the order given, with its verdict and speed; a faster card is
+    forecast faster; a card without datasheet speeds says so instead of borrowing another's numbers."""
+    import json
+
+    from conftest import cli
+
+    done = cli("plan", "--cards", "t4_16g,a100_40g,h100_80g", *L4_VLLM, "task.max_steps=10", "--json")
+    rows = json.loads(done.stdout)
+    assert [r["card"] for r in rows] == ["t4_16g", "a100_40g", "h100_80g"]
+    steps = [r["speed"]["worst_case"]["step_s"] for r in rows]
+    assert steps[0] > steps[1] > steps[2]
+    assert rows[1]["fits"] is True
+    bare = json.loads(cli("plan", "--cards", "l4_24g", *L4_VLLM, "gpu.tflops_bf16=null", "--json").stdout)
+    assert bare[0]["speed"] is None and "gpu.tflops_bf16=None" in bare[0]["speed_error"]
+    text = cli("plan", "--cards", "t4_16g,h100_80g", *L4_VLLM).stdout
+    assert text.splitlines()[1].startswith("t4_16g") and "set task.max_steps=N" in text

@@ -145,6 +145,8 @@ class TaskConfig:
     # The mean completion length of your data, in tokens (null: the budget, max_seq_length - max_prompt_length):
     # the throughput model's expected case (memory is always judged at the budget).
     expected_completion_tokens: int | None = None
+    # The optimiser steps your full run trains (null: unknown): the forecast of its wall time (estimate, plan).
+    max_steps: int | None = None
     max_operand: int = 99
     dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
@@ -758,6 +760,7 @@ def check_ranges(cfg: Any) -> None:
     for key in ("gpu.microbatch_overhead_s", "gpu.step_overhead_s", "gpu.vllm_pool_s_per_gib"):
         _at_least(cfg, key, 0, optional=True)
     _at_least(cfg, "task.expected_completion_tokens", 1, optional=True)
+    _at_least(cfg, "task.max_steps", 1, optional=True)
     expected = OmegaConf.select(cfg, "task.expected_completion_tokens")
     budget = cfg.max_seq_length - cfg.max_prompt_length
     if expected is not None and expected > budget:

@@ -307,3 +307,54 @@ def speed_record(measured: dict, model: dict | None, why_no_model: str | None = 
     out["mfu_convention"] = MFU_CONVENTION
     out["speed_unknown"] = unknown
     return out
+
+
+def speed_forecast(cfg: Any, logits_mode: str | None = None) -> dict:
+    """What `grpo-sweep estimate` and `plan` say of a recipe's speed before launch: seconds per step (generation
+    and training) at the worst case, at the expected length and at the card's limit, and the run's wall time for
+    task.max_steps (null: no run time)."""
+    r = relative_step_time(cfg, logits_mode)
+    keys = ("step_s", "generation_s", "training_s")
+    out = {
+        "worst_case": {**{k: r[k] for k in keys}, "completion_tokens": r["completion_tokens"], "tokens_per_s": r["tokens_per_s"]},
+        "expected": {**{k: r["expected"][k] for k in keys}, "completion_tokens": r["expected"]["completion_tokens"]},
+        "limit": {k: r["limit"][k] for k in keys},
+        "max_steps": cfg.task.get("max_steps"),
+    }
+    steps = out["max_steps"]
+    out["run_s"] = None if steps is None else {case: steps * out[case]["step_s"] for case in ("worst_case", "expected")}
+    return out
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the largest two units: 45 s, 12 min 5 s, 3 h 20 min."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def speed_lines(forecast: dict, card: str) -> list[str]:
+    """The forecast as `grpo-sweep estimate` prints it."""
+    w, e, lim = forecast["worst_case"], forecast["expected"], forecast["limit"]
+
+    def one(case: dict) -> str:
+        return f"{case['step_s']:.3g} s/step (generation {case['generation_s']:.3g} s, training {case['training_s']:.3g} s)"
+
+    lines = [
+        f"speed on {card} (throughput model): worst case ({w['completion_tokens']:.0f}-token completions, what trials "
+        f"measure and the sweep ranks by) {one(w)}",
+        f"  expected ({e['completion_tokens']:.0f}-token completions on average, task.expected_completion_tokens) {one(e)}",
+        f"  the card's limit (peak FLOPs and bandwidth, no overheads) {one(lim)}",
+    ]
+    if forecast["run_s"] is None:
+        lines.append("  run time: set task.max_steps=N for the whole run's wall time")
+    else:
+        run = forecast["run_s"]
+        lines.append(
+            f"  {forecast['max_steps']} steps (task.max_steps): {format_duration(run['worst_case'])} at the worst case, "
+            f"{format_duration(run['expected'])} expected"
+        )
+    return lines
