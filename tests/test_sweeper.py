@@ -358,6 +358,9 @@ def test_tiny_cpu_sweep(tiny_sweep):
     # The winner's reward beside its throughput (the warm tiny model earns some): "still learns"
     assert best["reward_mean"] == best_trial.user_attrs["reward_mean"] and best["reward_mean"] > 0
     assert "reward_change" in best and "reward" in result.stdout.split("=== Study")[-1]
+    # The winner against its card's limit (memory/throughput.py limit_words): in best.yaml and printed.
+    assert best["card_limit"].endswith("% of bandwidth") and f"runs at {best['card_limit']}" in result.stdout
+    assert best_trial.user_attrs["mfu_training"] > 0 and best_trial.user_attrs["generation_s"] > 0
     rows = read_csv(sweep_dir / "trials.csv")
     assert [int(r["number"]) for r in rows] == list(range(6))
     assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "gradient_checkpointing"} <= set(

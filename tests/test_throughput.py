@@ -194,3 +194,14 @@ def test_plan_compares_the_cards_for_one_recipe():
     assert bare[0]["speed"] is None and "gpu.tflops_bf16=None" in bare[0]["speed_error"]
     text = cli("plan", "--cards", "t4_16g,h100_80g", *L4_VLLM).stdout
     assert text.splitlines()[1].startswith("t4_16g") and "set task.max_steps=N" in text
+
+
+def test_limit_words_say_how_far_the_card_is_from_its_limit():
+    """best.yaml's card_limit and the summary's line: the limit step over the measured step, then MFU and
+    bandwidth use; nothing when the record has no limit."""
+    from grpo_sweep.memory.throughput import limit_words
+
+    record = {"limit_step_s": 0.38, "step_time_s": 1.0, "mfu_training": 0.41, "decode_bandwidth_use": 0.22}
+    assert limit_words(record) == "38 % of this card's limit: training at 41 % MFU, decoding at 22 % of bandwidth"
+    assert limit_words({**record, "mfu_training": None}) == "38 % of this card's limit: decoding at 22 % of bandwidth"
+    assert limit_words({"step_time_s": 1.0}) is None

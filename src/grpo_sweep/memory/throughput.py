@@ -358,3 +358,17 @@ def speed_lines(forecast: dict, card: str) -> list[str]:
             f"{format_duration(run['expected'])} expected"
         )
     return lines
+
+
+def limit_words(record: dict) -> str | None:
+    """How far a trial is from its card's limit, in words ("38 % of this card's limit: training at 41 % MFU,
+    decoding at 22 % of bandwidth"); None when its record has no limit or step time."""
+    limit, step = record.get("limit_step_s"), record.get("step_time_s")
+    if not limit or not step:
+        return None
+    parts = []
+    if record.get("mfu_training") is not None:
+        parts.append(f"training at {100 * record['mfu_training']:.0f} % MFU")
+    if record.get("decode_bandwidth_use") is not None:
+        parts.append(f"decoding at {100 * record['decode_bandwidth_use']:.0f} % of bandwidth")
+    return f"{100 * limit / step:.0f} % of this card's limit" + (f": {', '.join(parts)}" if parts else "")
