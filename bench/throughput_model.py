@@ -9,6 +9,8 @@ in bench/data/plan_tiny_cpu_vllm.json; --fresh remakes it after a model change).
 - plan_first_pick_ratio: the measured tokens/s of the model start's first pick (start.choose, the sweep's
   default seed 0 breaking ties as the sweep breaks them) over the best point's;
 - the model's median predicted / measured tokens/s, and the measured range of its top four.
+Beside them, the public GPU runs (bench/published_runs.py's configs) at the expected length: each run's
+logged mean completion length as task.expected_completion_tokens (published_runs.py judges the worst case).
 The cpu_sim card's overheads were fitted to this same landscape (conf/gpu/cpu_sim.yaml says so): these
 figures are in-sample. Writes bench/results/throughput_model.json and .md.
 """
@@ -55,8 +57,50 @@ def main(fresh: bool = False) -> dict:
         {"figure": "median predicted / measured tok/s", "value": payload["median_predicted_over_measured"], "goal": "1"},
         {"figure": "model's top four, measured / best", "value": f"{min(top4):.2f}-{max(top4):.2f}", "goal": ""},
     ]
+    payload["published_expected"] = published_at_expected_length()
+    for split, figures in payload["published_expected"]["splits"].items():
+        table.append(
+            {
+                "figure": f"public GPU runs ({split}), factor off at the expected length: median / worst",
+                "value": f"{figures['median_factor']:.2f} / {figures['worst_factor']:.2f}",
+                "goal": "<= 1.25 / <= 2 (heldout)",
+            }
+        )
     write_result("throughput_model", payload, table, "Throughput model vs the measured tiny_cpu_vllm landscape")
     return payload
+
+
+def published_at_expected_length() -> dict:
+    """The public GPU runs (bench/published_runs.py's configs) predicted at the expected case: each run's
+    logged mean completion length as task.expected_completion_tokens (the budget where it logged none).
+    published_runs.py judges the worst case, as trials measure; this is the forecast a user gets who
+    states the mean length of their data."""
+    import published_runs
+
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    rows = []
+    for run in published_runs.load()["runs"]:
+        if not run.get("predictable"):
+            continue
+        over = published_runs.overrides(run)
+        if run.get("completion_length_mean"):
+            over.append(f"task.expected_completion_tokens={round(run['completion_length_mean'])}")
+        predicted = relative_step_time(compose_train_config(over))["expected"]["step_s"]
+        measured = run["seconds_per_step"]
+        rows.append({"id": run["id"], "split": run["split"], "measured_s": measured, "predicted_s": predicted})
+        rows[-1]["factor"] = published_runs.factor(predicted, measured)
+    splits = {
+        split: {
+            "runs": len(f),
+            "median_factor": statistics.median(f),
+            "worst_factor": max(f),
+        }
+        for split in published_runs.SPLITS
+        if (f := [r["factor"] for r in rows if r["split"] == split])
+    }
+    return {"rows": rows, "splits": splits}
 
 
 if __name__ == "__main__":
