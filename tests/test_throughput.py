@@ -205,3 +205,44 @@ def test_limit_words_say_how_far_the_card_is_from_its_limit():
     assert limit_words(record) == "38 % of this card's limit: training at 41 % MFU, decoding at 22 % of bandwidth"
     assert limit_words({**record, "mfu_training": None}) == "38 % of this card's limit: decoding at 22 % of bandwidth"
     assert limit_words({"step_time_s": 1.0}) is None
+
+
+def test_calibration_on_measured_phases_reranks_the_configs():
+    """The model predicts generation 3x too fast and training right: its order is wrong where configs split
+    their time differently. phase_scales finds (3, 1) from measured trials; each config recalibrated on the
+    other configs' trials (never its own) ranks as measured, and the report's line says both rhos."""
+    import optuna
+
+    from grpo_sweep.memory.throughput import phase_scales
+    from grpo_sweep.report.trials import model_trust_line, model_vs_measured, trials_from_study
+
+    # batch: (predicted generation s, predicted training s); measured = (3 x generation, training)
+    configs = {1: (1.0, 3.0), 2: (3.0, 1.5), 4: (0.5, 5.0), 8: (2.0, 1.8)}
+    dist = {"per_device_train_batch_size": optuna.distributions.CategoricalDistribution(list(configs))}
+    study = optuna.create_study(direction="maximize")
+    for batch, (gen, train) in configs.items():
+        measured = 100.0 / (3 * gen + train)
+        attrs = {
+            "status": "ok",
+            "tokens_per_s": measured,
+            "predicted_tokens_per_s": 100.0 / (gen + train),
+            "predicted_generation_s": gen,
+            "predicted_training_s": train,
+            "generation_s": 3 * gen,
+            "training_s": train,
+        }
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"per_device_train_batch_size": batch}, distributions=dist, value=measured, user_attrs=attrs
+            )
+        )
+    trials = trials_from_study(study)
+    assert phase_scales([t.record for t in trials]) == {"generation": 3.0, "training": 1.0, "trials": 4}
+    result = model_vs_measured(trials)
+    assert result["rho"] < 0.5 and result["rho_calibrated"] == pytest.approx(1.0)
+    assert "calibrated on the other configs' measured phase times: rho 1.00" in model_trust_line(result)
+    bare = trials_from_study(study)  # trials that carry no measured phases: no calibrated rho
+    for t in bare:
+        t.record.pop("generation_s", None)
+        t.record.pop("training_s", None)
+    assert model_vs_measured(bare)["rho_calibrated"] is None and phase_scales([t.record for t in bare]) is None

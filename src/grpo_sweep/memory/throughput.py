@@ -257,6 +257,8 @@ MFU_CONVENTION = (
     "over the card's dense 16-bit peak (conf/gpu tflops_bf16)"
 )
 SPEED_KEYS = (
+    "predicted_generation_s",
+    "predicted_training_s",
     "generation_s",
     "training_s",
     "completion_tokens_mean",
@@ -292,9 +294,10 @@ def speed_record(measured: dict, model: dict | None, why_no_model: str | None = 
         if not values:
             unknown[key] = "TRL logged no completion lengths (no step finished)"
     if model is None:
-        for key in ("limit_step_s", "mfu_training", "decode_bandwidth_use"):
+        for key in ("predicted_generation_s", "predicted_training_s", "limit_step_s", "mfu_training", "decode_bandwidth_use"):
             unknown[key] = f"the throughput model could not run: {why_no_model}"
     else:
+        out["predicted_generation_s"], out["predicted_training_s"] = model["generation_s"], model["training_s"]
         out["limit_step_s"] = model["limit"]["step_s"]
         if out["training_s"]:
             out["mfu_training"] = model["training_flops"] / (out["training_s"] * model["peak_flops"])
@@ -372,3 +375,28 @@ def limit_words(record: dict) -> str | None:
     if record.get("decode_bandwidth_use") is not None:
         parts.append(f"decoding at {100 * record['decode_bandwidth_use']:.0f} % of bandwidth")
     return f"{100 * limit / step:.0f} % of this card's limit" + (f": {', '.join(parts)}" if parts else "")
+
+
+def phase_scales(records: list[dict]) -> dict | None:
+    """The model's correction from measured trials, per phase: the median of measured over predicted seconds
+    (generation_s / predicted_generation_s, training_s / predicted_training_s) over the records that carry
+    both; None when none does. A phase no record measured keeps the scale 1."""
+    ratios: dict[str, list[float]] = {"generation": [], "training": []}
+    for r in records:
+        for phase in ratios:
+            measured, predicted = r.get(f"{phase}_s"), r.get(f"predicted_{phase}_s")
+            if measured and predicted and measured > 0 and predicted > 0:
+                ratios[phase].append(measured / predicted)
+    if not any(ratios.values()):
+        return None
+    scales = {phase: statistics.median(v) if v else 1.0 for phase, v in ratios.items()}
+    return {**scales, "trials": max(len(v) for v in ratios.values())}
+
+
+def calibrated_tokens_per_s(record: dict, scales: dict) -> float | None:
+    """A record's predicted tokens/s with its phases scaled (phase_scales); None without the phases."""
+    tokens_per_s = record.get("predicted_tokens_per_s")
+    gen, train = record.get("predicted_generation_s"), record.get("predicted_training_s")
+    if not tokens_per_s or gen is None or train is None or gen + train <= 0:
+        return None
+    return tokens_per_s * (gen + train) / (scales["generation"] * gen + scales["training"] * train)

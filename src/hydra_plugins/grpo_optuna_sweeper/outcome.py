@@ -62,6 +62,8 @@ RECORD_ATTRS = (
     "deficit_bytes",
     "peak_phase",  # calibration.py: the phase whose prediction the measured peak corrects
     # the step's phases and its distance from the card's limit (memory/throughput.py speed_record)
+    "predicted_generation_s",
+    "predicted_training_s",
     "generation_s",
     "training_s",
     "completion_tokens_mean",
