@@ -35,7 +35,7 @@ def main(record: bool) -> dict:
     recipe_held.main(recipe_held.SEEDS)  # reads search_efficiency.json: after it
     search_real_space.main(search_real_space.SEEDS, search_real_space.landscapes.TINY_VLLM, "make bench")
     vllm_vs_hf.main()
-    throughput_model.main(fresh=True)  # the plan remade from today's model
+    throughput_model.main(fresh=True, calibrate=True)  # the plan remade from today's model; 5 real trials
     published_runs.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
@@ -139,7 +139,15 @@ def summarize(keep_measured_at: bool = False) -> dict:
         **{
             k: load(name).get(k) if (RESULTS / f"{name}.json").exists() else None
             for name, keys in (
-                ("throughput_model", ("plan_vs_landscape_spearman", "plan_first_pick_ratio")),
+                (
+                    "throughput_model",
+                    (
+                        "plan_vs_landscape_spearman",
+                        "plan_first_pick_ratio",
+                        "calibrated_pick_ratio_after_5",
+                        "calibrated_median_error",
+                    ),
+                ),
                 (
                     "published_runs",
                     ("published_heldout_median_factor", "published_heldout_worst_factor", "published_card_ratio_error"),

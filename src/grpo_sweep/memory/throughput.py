@@ -61,7 +61,7 @@ class Card:
     train_fraction: float
     decode_fraction: float
     microbatch_s: float  # fixed seconds per training micro-batch (forward + backward launches)
-    step_s: float  # fixed seconds per optimizer step (optimizer, weight sync, logging)
+    step_s: float  # fixed seconds per step in generation (TRL times the weight sync to vLLM inside it)
     pool_s_per_byte: float  # seconds per step per byte of vLLM's KV pool (vLLM's CPU build; 0 on a GPU)
 
 
@@ -152,7 +152,7 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     micro = s.B * (s.P + longest)  # tokens per micro-batch: a small one fills the card's matmuls less
     fill = 1.0 if limit else micro / (micro + MICROBATCH_FILL_TOKENS)
     train = (train_flops + extra_flops) / (flops_rate * fill) + dequant / bytes_rate
-    train += fixed * (s.GA * card.microbatch_s * (1 + m["extra"] / 2) + card.step_s)
+    train += fixed * s.GA * card.microbatch_s * (1 + m["extra"] / 2)
     # generation: prefill (compute-bound; a prefix cache computes the group's shared full blocks once) ...
     prefill = m["prefill_tokens"] * m["layer_flops"] / flops_rate
     # ... then decode: each wave runs until its longest completion ends, reading the weights once per step;
@@ -162,7 +162,7 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     steps = m["waves"] * longest
     kv_tokens = s.G * (s.P * mean + mean * mean / 2) if m["vllm"] else s.G * longest * (s.P + longest / 2)
     decode_bytes = steps * m["weight_read"] + kv_tokens * m["kv_per_token"]
-    gen = prefill + decode_bytes / bytes_rate + fixed * (steps * m["step_overhead"] + m["pool_s"])
+    gen = prefill + decode_bytes / bytes_rate + fixed * (steps * m["step_overhead"] + m["pool_s"] + card.step_s)
     return {
         "generation_s": gen,
         "training_s": train,
@@ -182,7 +182,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     forward) with LoRA's backward ~ one forward (no base-weight gradients), +1 forward with checkpointing,
     the chunked head's recompute, and the forwards outside the micro-batches (extra_forwards), at the card's
     train_flops_fraction of peak scaled by the micro-batch's fill (MICROBATCH_FILL_TOKENS), plus its fixed
-    seconds per micro-batch and per step. 4-bit adds the
+    seconds per micro-batch. 4-bit adds the
     dequantisation traffic (DEQUANT_BYTES_PER_WEIGHT per projection weight per pass, training and HF
     decode alike). generation: prefill at the training rate (prefix caching computes the group's shared
     full KV blocks once: vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per
@@ -191,9 +191,11 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
     backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
     `generation_waves`, vLLM's scheduler queueing the rest), the weights are read and the per-step overhead
-    paid once per wave, the KV reads stay the batch's. Sources: NVIDIA datasheets and the efficiencies'
-    own sources (conf/gpu/*.yaml), TRL `compute_flops_per_token`. Seconds are one rank's (the ranks step
-    together); tokens/s is the trial's, over its trial.num_processes ranks, at the worst case.
+    paid once per wave, the KV reads stay the batch's. The card's fixed seconds per step are generation's:
+    TRL's `_generate_single_turn`, which trials time as generation, syncs the weights to vLLM first.
+    Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
+    `compute_flops_per_token`. Seconds are one rank's (the ranks step together); tokens/s is the trial's,
+    over its trial.num_processes ranks, at the worst case.
     """
     device = target_device(cfg)
     backend = resolve_backend_for(cfg, device)
