@@ -14,10 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration_replay  # noqa: E402
 import overhead  # noqa: E402
+import published_runs  # noqa: E402
 import recipe_held  # noqa: E402
 import record_grid  # noqa: E402
 import search_efficiency  # noqa: E402
 import search_real_space  # noqa: E402
+import throughput_model  # noqa: E402
 import trial_start  # noqa: E402
 import vllm_vs_hf  # noqa: E402
 from common import RESULTS, markdown_table, measured_at, run_python  # noqa: E402
@@ -33,6 +35,8 @@ def main(record: bool) -> dict:
     recipe_held.main(recipe_held.SEEDS)  # reads search_efficiency.json: after it
     search_real_space.main(search_real_space.SEEDS, search_real_space.landscapes.TINY_VLLM, "make bench")
     vllm_vs_hf.main()
+    throughput_model.main(fresh=True, calibrate=True)  # the plan remade from today's model; 5 real trials
+    published_runs.main()
     # Its measured peaks come from real trials (cached in estimator_accuracy_measured.json; --fresh remeasures).
     done = run_python(["bench/estimator_accuracy.py"])
     if done.returncode != 0:
@@ -130,6 +134,27 @@ def summarize(keep_measured_at: bool = False) -> dict:
         # tiny_cpu_vllm landscape and the Gemma 3 1B / L4 knob space (a model), per start, beside random and TPE.
         **{k: v for k, v in real.items() if "_real_space_" in k},
         "real_space_measured_at": real.get("measured_at"),
+        # Issue 56: the throughput model against the measured tiny_cpu_vllm landscape (bench/throughput_model.py)
+        # and against public GPU runs, the held-out ones never fitted (bench/published_runs.py).
+        **{
+            k: load(name).get(k) if (RESULTS / f"{name}.json").exists() else None
+            for name, keys in (
+                (
+                    "throughput_model",
+                    (
+                        "plan_vs_landscape_spearman",
+                        "plan_first_pick_ratio",
+                        "calibrated_pick_ratio_after_5",
+                        "calibrated_median_error",
+                    ),
+                ),
+                (
+                    "published_runs",
+                    ("published_heldout_median_factor", "published_heldout_worst_factor", "published_card_ratio_error"),
+                ),
+            )
+            for k in keys
+        },
         "measured_at": previous.get("measured_at") if keep_measured_at and previous.get("measured_at") else measured_at(),
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -378,6 +378,9 @@ def test_tiny_cpu_sweep(tiny_sweep):
     # The winner's reward beside its throughput (the warm tiny model earns some): "still learns"
     assert best["reward_mean"] == best_trial.user_attrs["reward_mean"] and best["reward_mean"] > 0
     assert "reward_change" in best and "reward" in result.stdout.split("=== Study")[-1]
+    # The winner against its card's limit (memory/throughput.py limit_words): in best.yaml and printed.
+    assert best["card_limit"].endswith("% of bandwidth") and f"runs at {best['card_limit']}" in result.stdout
+    assert best_trial.user_attrs["mfu_training"] > 0 and best_trial.user_attrs["generation_s"] > 0
     rows = read_csv(sweep_dir / "trials.csv")
     assert [int(r["number"]) for r in rows] == list(range(6))
     assert {"status", "objective", "peak_memory_bytes", "predicted_peak_bytes", "lora_rank", "gradient_checkpointing"} <= set(
@@ -432,8 +435,8 @@ def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     by_fault = {t.params["trial.debug_fault"]: t for t in study.trials}
-    assert set(by_fault) == {"null", "oom", "signal"}
-    ok, oom, killed = by_fault["null"], by_fault["oom"], by_fault["signal"]
+    assert set(by_fault) == {None, "oom", "signal"}  # the sweep list's null is None, as Hydra reads it
+    ok, oom, killed = by_fault[None], by_fault["oom"], by_fault["signal"]
     assert ok.state.name == "COMPLETE" and ok.user_attrs["status"] == "ok" and ok.value > 0
     assert oom.state.name == "COMPLETE" and oom.user_attrs["status"] == "oom"
     assert memory_constraint(oom) > 0

@@ -31,6 +31,13 @@ def test_real_trial_records_every_metric(tmp_path):
     assert eff["max_seq_length"] == 96 and eff["per_device_train_batch_size"] == 4
     assert all(row["tokens"] == 4 * 96 for row in on_disk["history"])
     assert on_disk["versions"]["trl"] and on_disk["versions"]["torch"]
+    # The speed against the card's limit (memory.throughput.speed_record), every key known here.
+    assert on_disk["speed_unknown"] == {}
+    assert len(on_disk["generation_times_s"]) == 3 and on_disk["generation_s"] in on_disk["generation_times_s"][1:]
+    assert 0 < on_disk["training_s"] < on_disk["step_time_s"]
+    assert 0 < on_disk["completion_tokens_mean"] <= on_disk["completion_tokens_max"] <= 96 - 32
+    assert 0 < on_disk["limit_step_s"] < on_disk["step_time_s"]
+    assert on_disk["mfu_training"] > 0 and on_disk["decode_bandwidth_use"] > 0 and "peak" in on_disk["mfu_convention"]
 
 
 @IN_PROCESS_TRIALS

@@ -49,7 +49,20 @@ class TrialMetrics(TypedDict, total=False):
     step_time_s: float | None  # median seconds per optimiser step
     tokens_per_step: float  # tokens per measured step
     generation_time_s: float | None  # median s per step in TRL's generation (vLLM: + weight sync), first step excluded
+    generation_times_s: list[float] | None  # each call's seconds in TRL's generation, in order (one per step)
     throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
+    # Against the card's limit (memory/throughput.py speed_record; null with its reason in speed_unknown):
+    predicted_generation_s: float | None  # the throughput model's generation seconds per step at this config
+    predicted_training_s: float | None  # ... and its training seconds (phase_scales calibrates from both)
+    generation_s: float | None  # median s per step generating, over the steps step_time_s is taken from
+    training_s: float | None  # median of each such step's seconds less its generation's
+    completion_tokens_mean: float | None  # mean completion length TRL logged, steps after the first
+    completion_tokens_max: float | None  # the longest completion TRL logged (completions/max_length)
+    limit_step_s: float | None  # the step at the card's peak FLOPs (training) and peak bandwidth (decoding)
+    mfu_training: float | None  # model FLOPs of training / (training_s x peak FLOP/s): mfu_convention
+    decode_bandwidth_use: float | None  # the model's decode bytes / (generation_s x peak bandwidth)
+    mfu_convention: str | None  # the FLOP convention and the peak mfu_training uses
+    speed_unknown: dict[str, str] | None  # {key: why it is null}
     history: list[dict[str, Any]]  # one row per step: step, step_time_s, tokens, tokens_per_s, reward, reward_std,
     #   reward/<function> (each reward function's mean), loss, grad_norm, kl, entropy, completion_length,
     #   sampling_logp_diff and is_ratio (vLLM generated), peak_memory_bytes (the peak so far),

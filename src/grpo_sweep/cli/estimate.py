@@ -1,4 +1,4 @@
-"""`grpo-sweep estimate`: predict a config's peak memory on its target card, without a GPU.
+"""`grpo-sweep estimate`: predict a config's peak memory and its speed on its target card, without a GPU.
 
 Never imports torch: the prediction is pure arithmetic (grpo_sweep.memory.estimator) and is for
 the target card, so it runs on a laptop for an L4 as well as on the L4.
@@ -6,6 +6,7 @@ the target card, so it runs on a laptop for an L4 as well as on the L4.
 
 from __future__ import annotations
 
+import json
 import sys
 
 from ..config.compose import compose_train_config
@@ -14,6 +15,7 @@ from ..config.schema import ConfigError, validate
 from ..config.trl_config import expand
 from ..memory.estimator import LOGITS_MODES, Estimate, estimate, verdict, waves_note
 from ..memory.shapes import target_device
+from ..memory.throughput import speed_forecast, speed_lines
 from ..units import GIB
 
 USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [trl_config=my.yaml] [logits_mode=chunked|full] [--json]
@@ -86,8 +88,13 @@ def cli(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - Hydra's override/composition errors
         print(f"grpo-sweep estimate: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    speed, no_speed = None, None
+    try:
+        speed = speed_forecast(cfg, mode)
+    except ConfigError as exc:  # a card without datasheet speeds
+        no_speed = str(exc)
     if as_json:
-        print(est.to_json())
+        print(json.dumps({**est.to_dict(), "speed": speed, **({"speed_error": no_speed} if no_speed else {})}, sort_keys=True))
         return 0
     a = est.assumptions
     print(
@@ -127,5 +134,6 @@ def cli(argv: list[str]) -> int:
     for key in ("backend_note", "weights"):
         if key in a:
             print(f"note: {a[key]}")
+    print("\n".join(speed_lines(speed, cfg.gpu.name)) if speed else f"speed: not modelled ({no_speed})")
     print(verdict(est))
     return 0

@@ -99,6 +99,14 @@ class GpuConfig:
     # only card facts (memory.throughput). A card without them cannot be ranked for speed.
     tflops_bf16: float | None = None
     bandwidth_gbs: float | None = None
+    bf16: bool = True  # false: no bf16 tensor cores (T4): tflops_bf16 is then the fp16 peak training runs at
+    # What the card reaches of those peaks, each with its source in the card's file (memory.throughput):
+    # null = the model's generic fractions (memory.throughput.GENERIC_EFFICIENCY).
+    train_flops_fraction: float | None = None
+    decode_bandwidth_fraction: float | None = None
+    microbatch_overhead_s: float | None = None
+    step_overhead_s: float | None = None
+    vllm_pool_s_per_gib: float | None = None
 
 
 @dataclass
@@ -134,6 +142,11 @@ class TaskConfig:
     _target_: str = "grpo_sweep.trial.tasks.arithmetic.ArithmeticTask"
     name: str = "arithmetic"
     num_prompts: int = 512
+    # The mean completion length of your data, in tokens (null: the budget, max_seq_length - max_prompt_length):
+    # the throughput model's expected case (memory is always judged at the budget).
+    expected_completion_tokens: int | None = None
+    # The optimiser steps your full run trains (null: unknown): the forecast of its wall time (estimate, plan).
+    max_steps: int | None = None
     max_operand: int = 99
     dataset: str | None = None  # hub dataset id, for hub tasks
     split: str = "train"
@@ -756,6 +769,21 @@ def check_ranges(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value <= 0:
             raise ConfigError(f"{key}={value}: must be > 0, or null (the card's datasheet number)")
+    for key in ("gpu.train_flops_fraction", "gpu.decode_bandwidth_fraction"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not 0 < value <= 1:
+            raise ConfigError(f"{key}={value}: must be a fraction of the card's peak in (0, 1], or null (the generic one)")
+    for key in ("gpu.microbatch_overhead_s", "gpu.step_overhead_s", "gpu.vllm_pool_s_per_gib"):
+        _at_least(cfg, key, 0, optional=True)
+    _at_least(cfg, "task.expected_completion_tokens", 1, optional=True)
+    _at_least(cfg, "task.max_steps", 1, optional=True)
+    expected = OmegaConf.select(cfg, "task.expected_completion_tokens")
+    budget = cfg.max_seq_length - cfg.max_prompt_length
+    if expected is not None and expected > budget:
+        raise ConfigError(
+            f"task.expected_completion_tokens={expected}: must be at most the completion budget "
+            f"max_seq_length - max_prompt_length = {budget}, or null (the budget)"
+        )
     arch = cfg.model.get("arch")
     if not isinstance(arch, DictConfig):
         return  # no architecture block (a hub model read from its config.json)

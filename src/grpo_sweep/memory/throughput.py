@@ -1,24 +1,68 @@
-"""A coarse throughput model: seconds per GRPO step on the target card, for ranking memory fixes.
+"""The throughput model: seconds of generation and of training per GRPO step on the target card.
 
 Pure arithmetic like the estimator (no torch). The card's speed comes from its own
-`conf/gpu/*.yaml` (`tflops_bf16`, `bandwidth_gbs`) and nowhere else: a card without them is an
-error that names the file to fix, never another card's numbers.
+`conf/gpu/*.yaml` and nowhere else: its peak (`tflops_bf16`, `bandwidth_gbs`; a card without them is
+an error that names the file to fix, never another card's numbers) and the efficiencies it reaches
+(`train_flops_fraction`, `decode_bandwidth_fraction`, `microbatch_overhead_s`, `step_overhead_s`,
+`vllm_pool_s_per_gib`), each with its source in that file.
+
+Each step is modelled at three points:
+- the worst case: every completion runs to its budget (max_seq_length - max_prompt_length). Trials
+  pad to it (their memory is judged there), so the sweep's objective, measured tokens/s, ranks by it;
+- the expected case: completions of `task.expected_completion_tokens` on average (null: the worst
+  case), the wave's longest `EXPECTED_TAIL` times that (at most the budget);
+- the limit: the card's peak FLOPs and peak bandwidth, no overheads (the roofline a trial's
+  `mfu_training` and `decode_bandwidth_use` are fractions of).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from ..config.backends import vllm_engine_settings
-from ..config.schema import ConfigError, processes_of
+from ..config.schema import ConfigError, processes_of, split_of
 from .estimator import checkpointed_layers, estimate, generates_with_vllm
 from .shapes import kv_bytes_per_token, param_counts, resolve_backend_for, shapes, target_device, weights_bytes
-from .vllm import vllm_kv_element_bytes
+from .vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_bytes
 
 # vLLM's per-decode-step overhead (scheduler, sampler, CUDA graph replay) and, under enforce_eager, the kernel
 # launches per layer a graph replay saves, at HF generate's measured rate (both eager PyTorch).
 VLLM_STEP_S = 0.003
 EAGER_LAYER_S = 0.00035
+# A card's efficiencies where its conf/gpu file names none (a card added by hand): the fractions the model
+# used before cards carried their own, no fixed overheads.
+GENERIC_EFFICIENCY = {
+    "train_flops_fraction": 0.4,
+    "decode_bandwidth_fraction": 0.6,
+    "microbatch_overhead_s": 0.0,
+    "step_overhead_s": 0.0,
+    "vllm_pool_s_per_gib": 0.0,
+}
+# A micro-batch of T tokens runs at T / (T + MICROBATCH_FILL_TOKENS) of the card's training fraction: small
+# matmuls fill a card's tensor cores less (the model's assumption, kept from its first version; not fitted).
+MICROBATCH_FILL_TOKENS = 2048
+# At the expected length, the longest completion of a generation wave is taken as this multiple of the
+# mean (at most the budget) until a trial measures it (metrics.json completion_tokens_max).
+EXPECTED_TAIL = 2.0
+# bitsandbytes dequantises each NF4 projection to a 16-bit copy before its matmul (bnb.functional
+# dequantize_4bit, in training and in HF generate alike): read 0.5 byte, write and read 2 bytes per weight.
+DEQUANT_BYTES_PER_WEIGHT = 4.5
+
+
+@dataclass(frozen=True)
+class Card:
+    """The target card's peaks and what the model takes it to reach of them."""
+
+    peak_flops: float  # dense 16-bit tensor FLOP/s (bf16; fp16 on a card without bf16)
+    bandwidth: float  # bytes/s
+    train_fraction: float
+    decode_fraction: float
+    microbatch_s: float  # fixed seconds per training micro-batch (forward + backward launches)
+    step_s: float  # fixed seconds per step in generation (TRL times the weight sync to vLLM inside it)
+    pool_s_per_byte: float  # seconds per step per byte of vLLM's KV pool (vLLM's CPU build; 0 on a GPU)
 
 
 def vllm_step_overhead(s, engine: dict, device: str) -> float:
@@ -30,7 +74,7 @@ def vllm_step_overhead(s, engine: dict, device: str) -> float:
 
 
 def card_speed(cfg: Any) -> tuple[float, float]:
-    """(peak dense bf16 TFLOP/s, memory bandwidth GB/s) of the target card, from its config."""
+    """(peak dense 16-bit TFLOP/s, memory bandwidth GB/s) of the target card, from its config."""
     gpu = cfg.gpu
     tflops, gbs = gpu.get("tflops_bf16"), gpu.get("bandwidth_gbs")
     if not tflops or not gbs or tflops <= 0 or gbs <= 0:
@@ -40,6 +84,22 @@ def card_speed(cfg: Any) -> tuple[float, float]:
             "or pass gpu.tflops_bf16=... gpu.bandwidth_gbs=...)"
         )
     return float(tflops), float(gbs)
+
+
+def card_of(cfg: Any) -> Card:
+    """The card's peaks (card_speed) and efficiencies (its conf/gpu file; GENERIC_EFFICIENCY where it names none)."""
+    tflops, gbs = card_speed(cfg)
+    eff = {key: cfg.gpu.get(key) for key in GENERIC_EFFICIENCY}
+    eff = {key: GENERIC_EFFICIENCY[key] if value is None else float(value) for key, value in eff.items()}
+    return Card(
+        peak_flops=tflops * 1e12,
+        bandwidth=gbs * 1e9,
+        train_fraction=eff["train_flops_fraction"],
+        decode_fraction=eff["decode_bandwidth_fraction"],
+        microbatch_s=eff["microbatch_overhead_s"],
+        step_s=eff["step_overhead_s"],
+        pool_s_per_byte=eff["vllm_pool_s_per_gib"] / 2**30,
+    )
 
 
 def recompute_passes(s) -> float:
@@ -55,53 +115,290 @@ def recompute_passes(s) -> float:
     return checkpointed_layers(s) / s.L if s.L else 0.0
 
 
-def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
-    """A coarse time-per-step model (seconds on the target card) for ranking memory fixes.
+def extra_forwards(cfg: Any, vllm: bool) -> int:
+    """Forward passes over the step's completions outside the training micro-batches: the reference model's
+    (beta > 0) and the old policy's log-probabilities, which TRL computes when vLLM generated with
+    vllm_importance_sampling_correction or when the accumulation is not a multiple of steps_per_generation
+    (trl/trainer/grpo_trainer.py `_generate_and_score_completions`: old_per_token_logps)."""
+    ref = 1 if float(cfg.get("beta") or 0) > 0 else 0
+    accum, per_gen = split_of(cfg)[1], cfg.get("steps_per_generation")
+    old = 1 if (vllm and cfg.get("vllm_importance_sampling_correction")) or (per_gen and accum % int(per_gen)) else 0
+    return ref + old
 
-    training: FLOPs per micro-batch (TRL's compute_flops_per_token, with LoRA's backward ~ one
-    forward since base-weight gradients are not needed, +1 forward with checkpointing, + the chunked
-    head's recompute) at 40 % of peak, scaled by a micro-batch efficiency `tokens / (tokens + 2048)`;
-    4-bit adds the dequantisation traffic (bitsandbytes dequantises each projection to bf16 before
-    the matmul: +4.5 bytes per weight per pass, training and decode alike). generation: one decode
-    step per completion token, bound by reading the weights and the KV cache at 60 % of bandwidth,
-    plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms: `vllm_step_overhead`; an fp8 KV cache
-    halves the KV reads). When vLLM's KV cache (or backend.vllm_max_num_seqs) holds
-    fewer sequences than the generation batch (the estimator's `generation_waves`, vLLM's scheduler
-    queueing the rest), each wave decodes its share of the batch for the full completion length: the
-    weights are read and the per-step overhead paid once per wave, the KV reads stay the batch's.
-    Sources: NVIDIA datasheets (`tflops_bf16`, `bandwidth_gbs` in conf/gpu/*.yaml), TRL
-    `compute_flops_per_token`. Only ratios between configs are used. Seconds are one rank's (the
-    ranks step together); tokens/s is the trial's, over its trial.num_processes ranks.
+
+def expected_completion_tokens(cfg: Any, s) -> tuple[float, float]:
+    """(mean, longest) completion tokens at the expected length: task.expected_completion_tokens (null: the
+    budget), the longest EXPECTED_TAIL x the mean, both at most the budget."""
+    mean = cfg.task.get("expected_completion_tokens")
+    if mean is None:
+        return float(s.C), float(s.C)
+    mean = min(float(mean), float(s.C))
+    return mean, min(EXPECTED_TAIL * mean, float(s.C))
+
+
+def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = False) -> dict:
+    """Generation and training seconds for completions of `mean` tokens whose wave ends at `longest`.
+
+    limit=True: the card's peaks (fractions 1), no fixed overheads: the roofline."""
+    s = m["s"]
+    flops_rate = card.peak_flops * (1.0 if limit else card.train_fraction)
+    bytes_rate = card.bandwidth * (1.0 if limit else card.decode_fraction)
+    fixed = 0.0 if limit else 1.0
+    # training: TRL pads a micro-batch to its longest completion
+    tokens = s.G * (s.P + longest)
+    train_flops = tokens * (m["layer_flops"] * m["passes"] + m["head_flops"])
+    extra_flops = m["extra"] * tokens * (m["layer_flops"] + m["head_forward"])
+    dequant = m["dequant"] * (m["passes"] + m["extra"]) * s.GA
+    micro = s.B * (s.P + longest)  # tokens per micro-batch: a small one fills the card's matmuls less
+    fill = 1.0 if limit else micro / (micro + MICROBATCH_FILL_TOKENS)
+    train = (train_flops + extra_flops) / (flops_rate * fill) + dequant / bytes_rate
+    train += fixed * s.GA * card.microbatch_s * (1 + m["extra"] / 2)
+    # generation: prefill (compute-bound; a prefix cache computes the group's shared full blocks once) ...
+    prefill = m["prefill_tokens"] * m["layer_flops"] / flops_rate
+    # ... then decode: each wave runs until its longest completion ends, reading the weights once per step;
+    # the KV reads are every live sequence's. vLLM drops a finished sequence from the batch (its scheduler
+    # frees it: vllm/v1/core/sched/scheduler.py update_from_output), HF generate keeps it padded in the batch
+    # until the longest ends (transformers generation/utils.py _sample: unfinished_sequences masks, no removal).
+    steps = m["waves"] * longest
+    kv_tokens = s.G * (s.P * mean + mean * mean / 2) if m["vllm"] else s.G * longest * (s.P + longest / 2)
+    decode_bytes = steps * m["weight_read"] + kv_tokens * m["kv_per_token"]
+    gen = prefill + decode_bytes / bytes_rate + fixed * (steps * m["step_overhead"] + m["pool_s"] + card.step_s)
+    return {
+        "generation_s": gen,
+        "training_s": train,
+        "step_s": gen + train,
+        "training_flops": train_flops + extra_flops,
+        "decode_bytes": decode_bytes,
+        "completion_tokens": mean,
+    }
+
+
+def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
+    """Seconds per step on the target card, generation and training apart, at the worst case (the top-level
+    keys: what trials measure and the sweep ranks by), at the expected length (`expected`) and at the card's
+    roofline (`limit`).
+
+    training: FLOPs per token as TRL's compute_flops_per_token counts them (2 x parameters per token per
+    forward) with LoRA's backward ~ one forward (no base-weight gradients), +1 forward with checkpointing,
+    the chunked head's recompute, and the forwards outside the micro-batches (extra_forwards), at the card's
+    train_flops_fraction of peak scaled by the micro-batch's fill (MICROBATCH_FILL_TOKENS), plus its fixed
+    seconds per micro-batch. 4-bit adds the
+    dequantisation traffic (DEQUANT_BYTES_PER_WEIGHT per projection weight per pass, training and HF
+    decode alike). generation: prefill at the training rate (prefix caching computes the group's shared
+    full KV blocks once: vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per
+    token of each wave's longest completion, bound by reading the weights and the live KV cache at the
+    card's decode_bandwidth_fraction, plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms:
+    `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
+    backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
+    `generation_waves`, vLLM's scheduler queueing the rest), the weights are read and the per-step overhead
+    paid once per wave, the KV reads stay the batch's. The card's fixed seconds per step are generation's:
+    TRL's `_generate_single_turn`, which trials time as generation, syncs the weights to vLLM first.
+    Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
+    `compute_flops_per_token`. Seconds are one rank's (the ranks step together); tokens/s is the trial's,
+    over its trial.num_processes ranks, at the worst case.
     """
     device = target_device(cfg)
     backend = resolve_backend_for(cfg, device)
     s = shapes(cfg, backend)
-    tflops, gbs = card_speed(cfg)
-    peak, bw = tflops * 1e12 * 0.4, gbs * 1e9 * 0.6
+    card = card_of(cfg)
     n = param_counts(s)
-    tokens = s.B * s.S
-    layer_flops = 2 * n["linear"] + 4 * s.nh * s.hd * s.S * s.L  # per token, forward
-    head_flops = 2 * s.V * s.H
-    passes = 2 + recompute_passes(s)
-    flops = tokens * (layer_flops * passes + head_flops * (2 if logits_mode == "full" else 4))
-    eff = tokens / (tokens + 2048)
-    train = flops / (peak * eff)
-    dequant = n["linear"] * 4.5 if s.four_bit else 0  # read NF4, write + read a bf16 copy per pass
-    train += passes * dequant / bw
-    train *= s.GA
-    weight_read = weights_bytes(s) + dequant
     vllm = generates_with_vllm(cfg, backend)
     engine = vllm_engine_settings(cfg) if backend == "trl_vllm" else {}
-    kv_read = s.G * (s.P + s.C / 2) * kv_bytes_per_token(s, vllm_kv_element_bytes(engine, s.wb) if vllm else s.wb)
-    overhead = vllm_step_overhead(s, engine, device) if vllm else EAGER_LAYER_S * s.L
-    waves = (estimate(cfg, logits_mode, device=device, backend=backend).assumptions.get("generation_waves") or 1) if vllm else 1
-    gen = s.C * ((waves * weight_read + kv_read) / bw + waves * overhead)
-    return {
-        "training_s": train,
-        "generation_s": gen,
-        "generation_waves": waves,
-        "step_s": train + gen,
-        # every rank trains its own G completions in the same step time: the trial's tokens/s is N ranks'
-        "tokens_per_s": processes_of(cfg) * s.G * s.S / (train + gen),
-        "rank_tokens_per_s": s.G * s.S / (train + gen),
+    assumptions = estimate(cfg, logits_mode, device=device, backend=backend).assumptions if vllm else {}
+    waves = (assumptions.get("generation_waves") or 1) if vllm else 1
+    dequant = n["linear"] * DEQUANT_BYTES_PER_WEIGHT if s.four_bit else 0
+    group = max(int(cfg.get("num_generations") or 1), 1)
+    block = VLLM_GPU_BLOCK_TOKENS if device == "cuda" else VLLM_CPU_BLOCK_TOKENS
+    shared = (s.P // block) * block if vllm and engine.get("enable_prefix_caching", True) else 0
+    prompts = math.ceil(s.G / group)
+    pool = float(assumptions.get("kv_cache_available_bytes") or 0) if vllm else 0.0
+    m = {
+        "s": s,
+        "vllm": vllm,
+        "waves": waves,
+        "layer_flops": 2 * n["linear"] + 4 * s.nh * s.hd * s.S * s.L,  # per token, forward
+        "head_flops": 2 * s.V * s.H * (2 if logits_mode == "full" else 4),  # per token, forward + backward
+        "head_forward": 2 * s.V * s.H,
+        "passes": 2 + recompute_passes(s),
+        "extra": extra_forwards(cfg, vllm),
+        "dequant": dequant,
+        "weight_read": weights_bytes(s) + dequant,
+        "kv_per_token": kv_bytes_per_token(s, vllm_kv_element_bytes(engine, s.wb) if vllm else s.wb),
+        "step_overhead": vllm_step_overhead(s, engine, device) if vllm else EAGER_LAYER_S * s.L,
+        "prefill_tokens": s.G * s.P - (s.G - prompts) * shared,
+        "pool_s": pool * card.pool_s_per_byte,
     }
+    worst = _phases(m, card, float(s.C), float(s.C))
+    mean, longest = expected_completion_tokens(cfg, s)
+    expected = _phases(m, card, mean, longest)
+    limit = _phases(m, card, float(s.C), float(s.C), limit=True)
+    ranks = processes_of(cfg)
+    step = worst["step_s"]
+    return {
+        "training_s": worst["training_s"],
+        "generation_s": worst["generation_s"],
+        "generation_waves": waves,
+        "step_s": step,
+        # every rank trains its own G completions in the same step time: the trial's tokens/s is N ranks'
+        "tokens_per_s": ranks * s.G * s.S / step,
+        "rank_tokens_per_s": s.G * s.S / step,
+        "completion_tokens": s.C,
+        "training_flops": worst["training_flops"],
+        "decode_bytes": worst["decode_bytes"],
+        "peak_flops": card.peak_flops,
+        "peak_bandwidth": card.bandwidth,
+        "expected": {**expected, "tokens_per_s": ranks * s.G * (s.P + mean) / expected["step_s"]},
+        "limit": limit,
+    }
+
+
+# The FLOP convention of mfu_training, as metrics.json states it.
+MFU_CONVENTION = (
+    "model FLOPs: 2 x parameters per token per forward (TRL compute_flops_per_token), LoRA's backward as one forward, "
+    "checkpointing's recompute and the old/reference forwards included, at the budget's padded length; "
+    "over the card's dense 16-bit peak (conf/gpu tflops_bf16)"
+)
+SPEED_KEYS = (
+    "predicted_generation_s",
+    "predicted_training_s",
+    "generation_s",
+    "training_s",
+    "completion_tokens_mean",
+    "completion_tokens_max",
+    "limit_step_s",
+    "mfu_training",
+    "decode_bandwidth_use",
+)
+
+
+def speed_record(measured: dict, model: dict | None, why_no_model: str | None = None) -> dict:
+    """A trial's speed against its card's limit, from what it measured (metrics.json's history and
+    generation_times_s: each step's seconds and its generation's, over the steps speed_meter's step time is
+    taken from) and this model at the trial's config (None: it could not
+    run, why_no_model says why). Every key of SPEED_KEYS; a null one has its reason in `speed_unknown`."""
+    out: dict = dict.fromkeys(SPEED_KEYS)
+    unknown: dict[str, str] = {}
+    steps, gens = measured.get("history") or [], measured.get("generation_times_s") or []
+    if steps and len(gens) == len(steps):  # one generation per step: the steps the step time is taken from
+        pairs = list(zip(steps, gens))[1:] or list(zip(steps, gens))
+        pairs = [(r, g) for r, g in pairs if not r.get("tracked")] or pairs  # as speed_meter.summary leaves them
+        out["generation_s"] = statistics.median(g for _, g in pairs)
+        out["training_s"] = statistics.median(max(r["step_time_s"] - g, 0.0) for r, g in pairs)
+    else:
+        why = "TRL's _generate_single_turn was not timed once per step (no step finished, or another TRL version)"
+        unknown.update(generation_s=why, training_s=why)
+    rows = (measured.get("history") or [])[1:] or (measured.get("history") or [])
+    means = [r["completion_length"] for r in rows if r.get("completion_length") is not None]
+    longest = [r["completion_length_max"] for r in rows if r.get("completion_length_max") is not None]
+    out["completion_tokens_mean"] = sum(means) / len(means) if means else None
+    out["completion_tokens_max"] = max(longest) if longest else None
+    for key, values in (("completion_tokens_mean", means), ("completion_tokens_max", longest)):
+        if not values:
+            unknown[key] = "TRL logged no completion lengths (no step finished)"
+    if model is None:
+        for key in ("predicted_generation_s", "predicted_training_s", "limit_step_s", "mfu_training", "decode_bandwidth_use"):
+            unknown[key] = f"the throughput model could not run: {why_no_model}"
+    else:
+        out["predicted_generation_s"], out["predicted_training_s"] = model["generation_s"], model["training_s"]
+        out["limit_step_s"] = model["limit"]["step_s"]
+        if out["training_s"]:
+            out["mfu_training"] = model["training_flops"] / (out["training_s"] * model["peak_flops"])
+        else:
+            unknown["mfu_training"] = "no training time measured"
+        if out["generation_s"]:
+            out["decode_bandwidth_use"] = model["decode_bytes"] / (out["generation_s"] * model["peak_bandwidth"])
+        else:
+            unknown["decode_bandwidth_use"] = "no generation time measured"
+    out["mfu_convention"] = MFU_CONVENTION
+    out["speed_unknown"] = unknown
+    return out
+
+
+def speed_forecast(cfg: Any, logits_mode: str | None = None) -> dict:
+    """What `grpo-sweep estimate` and `plan` say of a recipe's speed before launch: seconds per step (generation
+    and training) at the worst case, at the expected length and at the card's limit, and the run's wall time for
+    task.max_steps (null: no run time)."""
+    r = relative_step_time(cfg, logits_mode)
+    keys = ("step_s", "generation_s", "training_s")
+    out = {
+        "worst_case": {**{k: r[k] for k in keys}, "completion_tokens": r["completion_tokens"], "tokens_per_s": r["tokens_per_s"]},
+        "expected": {**{k: r["expected"][k] for k in keys}, "completion_tokens": r["expected"]["completion_tokens"]},
+        "limit": {k: r["limit"][k] for k in keys},
+        "max_steps": cfg.task.get("max_steps"),
+    }
+    steps = out["max_steps"]
+    out["run_s"] = None if steps is None else {case: steps * out[case]["step_s"] for case in ("worst_case", "expected")}
+    return out
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the largest two units: 45 s, 12 min 5 s, 3 h 20 min."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def speed_lines(forecast: dict, card: str) -> list[str]:
+    """The forecast as `grpo-sweep estimate` prints it."""
+    w, e, lim = forecast["worst_case"], forecast["expected"], forecast["limit"]
+
+    def one(case: dict) -> str:
+        return f"{case['step_s']:.3g} s/step (generation {case['generation_s']:.3g} s, training {case['training_s']:.3g} s)"
+
+    lines = [
+        f"speed on {card} (throughput model): worst case ({w['completion_tokens']:.0f}-token completions, what trials "
+        f"measure and the sweep ranks by) {one(w)}",
+        f"  expected ({e['completion_tokens']:.0f}-token completions on average, task.expected_completion_tokens) {one(e)}",
+        f"  the card's limit (peak FLOPs and bandwidth, no overheads) {one(lim)}",
+    ]
+    if forecast["run_s"] is None:
+        lines.append("  run time: set task.max_steps=N for the whole run's wall time")
+    else:
+        run = forecast["run_s"]
+        lines.append(
+            f"  {forecast['max_steps']} steps (task.max_steps): {format_duration(run['worst_case'])} at the worst case, "
+            f"{format_duration(run['expected'])} expected"
+        )
+    return lines
+
+
+def limit_words(record: dict) -> str | None:
+    """How far a trial is from its card's limit, in words ("38 % of this card's limit: training at 41 % MFU,
+    decoding at 22 % of bandwidth"); None when its record has no limit or step time."""
+    limit, step = record.get("limit_step_s"), record.get("step_time_s")
+    if not limit or not step:
+        return None
+    parts = []
+    if record.get("mfu_training") is not None:
+        parts.append(f"training at {100 * record['mfu_training']:.0f} % MFU")
+    if record.get("decode_bandwidth_use") is not None:
+        parts.append(f"decoding at {100 * record['decode_bandwidth_use']:.0f} % of bandwidth")
+    return f"{100 * limit / step:.0f} % of this card's limit" + (f": {', '.join(parts)}" if parts else "")
+
+
+def phase_scales(records: list[dict]) -> dict | None:
+    """The model's correction from measured trials, per phase: the median of measured over predicted seconds
+    (generation_s / predicted_generation_s, training_s / predicted_training_s) over the records that carry
+    both; None when none does. A phase no record measured keeps the scale 1."""
+    ratios: dict[str, list[float]] = {"generation": [], "training": []}
+    for r in records:
+        for phase in ratios:
+            measured, predicted = r.get(f"{phase}_s"), r.get(f"predicted_{phase}_s")
+            if measured and predicted and measured > 0 and predicted > 0:
+                ratios[phase].append(measured / predicted)
+    if not any(ratios.values()):
+        return None
+    scales = {phase: statistics.median(v) if v else 1.0 for phase, v in ratios.items()}
+    return {**scales, "trials": max(len(v) for v in ratios.values())}
+
+
+def calibrated_tokens_per_s(record: dict, scales: dict) -> float | None:
+    """A record's predicted tokens/s with its phases scaled (phase_scales); None without the phases."""
+    tokens_per_s = record.get("predicted_tokens_per_s")
+    gen, train = record.get("predicted_generation_s"), record.get("predicted_training_s")
+    if not tokens_per_s or gen is None or train is None or gen + train <= 0:
+        return None
+    return tokens_per_s * (gen + train) / (scales["generation"] * gen + scales["training"] * train)

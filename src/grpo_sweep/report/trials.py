@@ -502,12 +502,33 @@ def model_vs_measured(trials: list[Trial]) -> dict:
         }
         for g, p, m in zip(priced, predicted, measured)
     ]
-    out: dict = {"configs": len(priced), "rho": None, "rows": rows}
+    out: dict = {"configs": len(priced), "rho": None, "rho_calibrated": None, "rows": rows}
     if len(priced) < MIN_RANKED:
         out["why"] = f"needs {MIN_RANKED} feasible configs with a prediction (this study has {len(priced)})"
     else:
         out["rho"] = spearman(predicted, measured)
+        out["rho_calibrated"] = _calibrated_rho(priced, feasible, measured)
     return out
+
+
+def _calibrated_rho(priced: list, feasible: list[Trial], measured: list[float]) -> float | None:
+    """Spearman's rho after calibration: each config's prediction with the model's phase scales fitted on
+    the other configs' trials (throughput.phase_scales, leave one config out: never on its own runs);
+    None when a config has no phases or no other config measured them."""
+    from ..memory.throughput import calibrated_tokens_per_s, phase_scales
+
+    calibrated = []
+    for g in priced:
+        own = best_rule.config_group(g.item.record, g.item.number if g.item.number is not None else g.item.name)
+        others = [
+            t.record for t in feasible if best_rule.config_group(t.record, t.number if t.number is not None else t.name) != own
+        ]
+        scales = phase_scales(others)
+        value = calibrated_tokens_per_s(g.item.record, scales) if scales else None
+        if value is None:
+            return None
+        calibrated.append(value)
+    return spearman(average_ranks(calibrated), measured)
 
 
 def model_trust_line(result: dict) -> str:
@@ -527,7 +548,10 @@ def model_trust_line(result: dict) -> str:
         said = (
             "here the measured order " + ("follows" if rho >= 0.7 else "roughly follows" if rho > 0 else "runs against") + " it"
         )
-    return (
+    line = (
         f"Model vs measured rank over {n} feasible configs: Spearman rho {rho:.2f} "
         f"(1: the throughput model ordered them as measured; {said})"
     )
+    if result.get("rho_calibrated") is not None:
+        line += f"; calibrated on the other configs' measured phase times: rho {result['rho_calibrated']:.2f}"
+    return line

@@ -21,6 +21,7 @@ from ..config.local import installed
 from ..config.schema import generation_batch_size, processes_of
 from ..levers import recipe_of, requested_levers
 from ..memory.estimator import estimate, generates_with_vllm
+from ..memory.throughput import relative_step_time, speed_record
 from ..metrics import PRESCREEN_KEYS, empty_metrics, versions, write_metrics
 from .faults import fault_callbacks, inject_fault, perturb_callbacks
 from .process import end_now, own_process, quiet_progress, set_alloc_conf
@@ -259,6 +260,8 @@ class TrialRun:
         if self.meter is not None:
             record.update(self.meter.summary())
             record.update(history=self.meter.rows, first_step_begin_unix=self.meter.first_step_begin_unix)
+        if self.meter is not None:
+            record.update(_speed(self.cfg, record))
         if self.reward_clock is not None:
             record["reward_seconds_per_step"] = self.reward_clock.seconds_per_step()
         if self.memory is not None:
@@ -287,6 +290,15 @@ def _prediction(cfg: Any, device: str, backend_name: str) -> dict:
         "logits_mode_trl_version": predicted.assumptions["logits_mode_trl_version"],
         "predicted_generation_waves": predicted.assumptions.get("generation_waves"),
     }
+
+
+def _speed(cfg: Any, record: dict) -> dict:
+    """The trial's speed against its card's limit (throughput.speed_record); never fails the trial."""
+    try:
+        model = relative_step_time(cfg, record.get("logits_mode"))
+    except Exception as exc:  # noqa: BLE001  (a card without datasheet speeds: ConfigError)
+        return speed_record(record, None, f"{type(exc).__name__}: {exc}")
+    return speed_record(record, model)
 
 
 def _say_cut_prompts(lengths: dict) -> None:

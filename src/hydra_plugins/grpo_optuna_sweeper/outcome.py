@@ -61,6 +61,16 @@ RECORD_ATTRS = (
     "wandb_run_id",
     "deficit_bytes",
     "peak_phase",  # calibration.py: the phase whose prediction the measured peak corrects
+    # the step's phases and its distance from the card's limit (memory/throughput.py speed_record)
+    "predicted_generation_s",
+    "predicted_training_s",
+    "generation_s",
+    "training_s",
+    "completion_tokens_mean",
+    "completion_tokens_max",
+    "limit_step_s",
+    "mfu_training",
+    "decode_bandwidth_use",
 )
 
 

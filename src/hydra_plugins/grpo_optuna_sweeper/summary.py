@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.files import write_atomic
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
+from grpo_sweep.memory.throughput import limit_words
 from grpo_sweep.report.learning import check_trials, is_flagged, verdict_lines, verdict_of
 from grpo_sweep.report.trials import rerun_command, trials_from_study
 from grpo_sweep.study import best as best_rule
@@ -405,6 +406,7 @@ def write_summary(
                 "reward_mean": attrs.get("reward_mean"),
                 "reward_change": attrs.get("reward_change"),
                 "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
+                "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
                 "headroom": headroom,
                 "run_dir": attrs.get("run_dir"),
                 "overrides": attrs.get("overrides"),
@@ -458,6 +460,8 @@ def write_summary(
         reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
         if reward_s is not None and step_s:
             print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
+        if summary.get("card_limit"):
+            print(f"  runs at {summary['card_limit']}")
         for preset, info in summary["vs_presets"].items():
             if info.get("ratio"):
                 print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")

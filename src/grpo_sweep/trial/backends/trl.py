@@ -291,6 +291,7 @@ def after_train(trainer, record: dict) -> None:
     times = getattr(trainer, "grpo_sweep_generation_s", None) or []
     steady = times[1:] or times
     record["generation_time_s"] = statistics.median(steady) if steady else None
+    record["generation_times_s"] = list(times)  # one per call, in order (throughput.speed_record pairs them with steps)
     if record.get("effective") is not None and trainer.args.gradient_checkpointing:
         # after the steps, so after every time TRL turned checkpointing off and on again around generation
         record["effective"]["checkpointed_layers_after_train"] = checkpointed_layers(trainer.model)

@@ -33,6 +33,7 @@ LOG_KEYS = {
     "kl": "kl",
     "entropy": "entropy",
     "completions/mean_length": "completion_length",
+    "completions/max_length": "completion_length_max",
     # vLLM generated (TRL 1.16 _compute_loss, with its importance-sampling correction): the trainer/vLLM
     # log-prob gap and the ratio the loss is reweighted by; part of a trial's fingerprint (report/learning.py)
     "sampling/sampling_logp_difference/mean": "sampling_logp_diff",
