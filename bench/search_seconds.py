@@ -584,7 +584,7 @@ def _check_and_estimate(cfg, cuda: bool | None) -> None:
     (validate_here; `cuda=True` for a GPU landscape replayed here, whose packages such as
     bitsandbytes are on that machine, not necessarily here) and estimate its peak."""
     from grpo_sweep.config.local import validate_here
-    from grpo_sweep.config.schema import validate
+    from grpo_sweep.config.validate import validate
     from grpo_sweep.memory.estimator import estimate
 
     if cuda:

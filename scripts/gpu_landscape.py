@@ -151,7 +151,7 @@ def speed_fields(m: dict, calls_per_step: int) -> dict:
 def calls_per_step(cfg) -> int:
     """TRL's generation calls in one optimiser step: the accumulation over steps_per_generation (one
     call per generation batch), at least one."""
-    from grpo_sweep.config.schema import split_of
+    from grpo_sweep.config.split import split_of
 
     accum = split_of(cfg)[1] or 1
     return max(1, accum // (cfg.get("steps_per_generation") or accum))

@@ -23,7 +23,8 @@ from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, train_here
 
 from grpo_sweep.config import backends
 from grpo_sweep.config.local import cuda_available, installed, validate_here
-from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.config.schema import ConfigError
+from grpo_sweep.config.validate import validate
 from grpo_sweep.trial.backends import get_backend, trl_vllm, unsloth
 from grpo_sweep.trial.backends import trl as trl_backend
 from grpo_sweep.trial.backends.readback import format_mismatch, lever_mismatch

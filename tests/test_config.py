@@ -6,7 +6,8 @@ import pytest
 from conftest import compose, train_here
 
 from grpo_sweep.config.local import installed, validate_here
-from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.config.schema import ConfigError
+from grpo_sweep.config.validate import validate
 
 
 @pytest.mark.parametrize(
@@ -218,7 +219,7 @@ def test_train_rejects_before_any_trial(tmp_path, args, needles):
 
 
 def test_objective_allows_exactly_the_numeric_metrics_keys():
-    from grpo_sweep.config.schema import numeric_metrics
+    from grpo_sweep.config.validate import numeric_metrics
 
     allowed = numeric_metrics()
     # By hand from metrics.TrialMetrics: throughput and memory numbers are; strings, dicts, lists,

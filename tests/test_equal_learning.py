@@ -17,7 +17,8 @@ import yaml
 from conftest import compose, train_here
 from test_sweeper_helpers import SPLIT_SPACE, load_study, read_csv, run_here, sweep_cmd, tiny_sweeper
 
-from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError, validate
+from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError
+from grpo_sweep.config.validate import validate
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, KINDS, KNOB, LEVER_NAMES, RECIPE, kind_of, recipe_of
 from grpo_sweep.report.learning import departures, fingerprint
 
@@ -653,7 +654,7 @@ PARALLEL_AND_ENGINE_KNOBS = {
     "backend.vllm_tensor_parallel_size": "vLLM 0.31",
     "backend.unsloth_grpo_mini_batch": "unsloth_zoo/rl_replacements.py",
     "backend.unsloth_logit_chunk_multiplier": "unsloth_zoo/rl_replacements.py",
-    "trial.num_processes": "config.schema.split_of",
+    "trial.num_processes": "config.split.split_of",
     "trial.strategy": "transformers 5.17",
     "trial.offload": "DeepSpeed",
     "ds3_gather_for_generation": "TRL 1.16",
@@ -830,7 +831,7 @@ def test_the_debug_perturbation_is_hidden_and_checked():
     and a bad value is one line."""
     from hydra.errors import HydraException
 
-    from grpo_sweep.config.schema import DEBUG_KEYS
+    from grpo_sweep.config.validate import DEBUG_KEYS
 
     assert validate(compose(["+trial.debug_perturb=1e-3"])).trial.get("debug_perturb") == 1e-3
     with pytest.raises(ConfigError, match=r"^trial.debug_perturb=2: must be a number in \(0, 1\)"):

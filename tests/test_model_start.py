@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from test_sweeper_helpers import tiny_sweeper
 
-from grpo_sweep.config.schema import validate
+from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.memory.throughput import relative_step_time
 from grpo_sweep.units import budget_bytes

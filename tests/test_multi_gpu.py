@@ -7,7 +7,8 @@ import math
 import pytest
 from conftest import cli, compose, load_metrics
 
-from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.config.schema import ConfigError
+from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.estimator import GiB, estimate
 from grpo_sweep.memory.shapes import param_counts, shapes
 
@@ -204,7 +205,9 @@ def test_completions_per_step_counts_every_rank():
     """completions_per_step is the optimiser step's across all processes: the accumulation is
     completions_per_step / (batch x N), TRL's generation batch is the recipe's, and a split that
     batch x N does not divide is refused naming what is allowed."""
-    from grpo_sweep.config.schema import ConfigError, generation_batch_size, split_of, validate
+    from grpo_sweep.config.schema import ConfigError
+    from grpo_sweep.config.split import generation_batch_size, split_of
+    from grpo_sweep.config.validate import validate
     from grpo_sweep.levers import recipe_of
     from grpo_sweep.trial.backends.trl import grpo_args
 
@@ -423,7 +426,7 @@ SERVER_ENGINE = {
     "enforce_eager": True,
     "kv_cache_memory_bytes": 4 * 2**20,
     "kv_cache_dtype": "auto",
-    "model_impl": "transformers",  # transformers' modeling code inside vLLM: server mode only (schema.check_vllm_engine)
+    "model_impl": "transformers",  # transformers' modeling code inside vLLM: server mode only (validate.check_vllm_engine)
 }
 
 

@@ -130,7 +130,7 @@ def test_unsloth_without_vllm_is_hf_generation_without_a_pool():
 def test_unsloth_fast_inference_needs_vllm_installed():
     cfg = compose(["backend=unsloth"])
     with pytest.raises(ConfigError, match=r"vllm \(backend.fast_inference=true; false runs Unsloth with HF generation\)"):
-        from grpo_sweep.config.schema import validate
+        from grpo_sweep.config.validate import validate
 
         validate(cfg, cuda=True, installed=lambda p: p != "vllm")
     validate(compose(["backend=unsloth", "backend.fast_inference=false"]), cuda=True, installed=lambda p: p != "vllm")

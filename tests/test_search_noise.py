@@ -568,7 +568,8 @@ def test_fast_trial_is_not_stopped(tmp_path):
 
 
 def test_stop_below_must_be_positive():
-    from grpo_sweep.config.schema import ConfigError, validate
+    from grpo_sweep.config.schema import ConfigError
+    from grpo_sweep.config.validate import validate
 
     with pytest.raises(ConfigError, match="trial.stop_below"):
         validate(compose(["trial.stop_below=-5"]))

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from conftest import compose
 
-from grpo_sweep.config.schema import ConfigError, validate
+from grpo_sweep.config.schema import ConfigError
+from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.shapes import kv_bytes_per_token, shapes, weights_bytes
 from grpo_sweep.memory.throughput import EXPECTED_TAIL, GENERIC_EFFICIENCY, VLLM_STEP_S, card_of, relative_step_time
 

@@ -199,7 +199,8 @@ def test_group_and_name_come_from_the_sweep(tmp_path):
 
 
 def test_logger_config_is_validated():
-    from grpo_sweep.config.schema import ConfigError, validate
+    from grpo_sweep.config.schema import ConfigError
+    from grpo_sweep.config.validate import validate
 
     with pytest.raises(ConfigError, match="logger.mode=sometimes: must be one of auto, online, offline"):
         validate(compose(["logger=wandb", "logger.mode=sometimes"]))

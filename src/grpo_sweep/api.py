@@ -233,7 +233,7 @@ def _compose(over: list[str]):
     """The trial's config (hydra.* settings belong to the app's run, not to it), checked as
     `grpo-sweep estimate` checks it, for the target card: a bad value is refused before anything runs."""
     from .config.compose import compose_train_config
-    from .config.schema import validate
+    from .config.validate import validate
     from .memory.shapes import target_device
 
     cfg = compose_train_config([o for o in over if not o.lstrip("+~").startswith("hydra")])

@@ -195,7 +195,7 @@ KINDS: dict[str, Kind] = {
     "trial.num_processes": Kind(
         KNOB,
         "ranks one optimiser step is split across: completions_per_step is held and each rank's accumulation "
-        "derived (config.schema.split_of), the same gradient all-reduced",
+        "derived (config.split.split_of), the same gradient all-reduced",
     ),
     "trial.strategy": Kind(
         KNOB,

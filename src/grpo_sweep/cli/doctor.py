@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..config.schema import validate
+from ..config.validate import validate
 from ..memory.doctor import HEADROOM, Diagnosis, diagnose
 from ..memory.oom_message import forms_text, parse_oom_message
 from ..memory.shapes import target_device

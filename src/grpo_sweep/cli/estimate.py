@@ -11,8 +11,9 @@ import sys
 
 from ..config.compose import compose_train_config
 from ..config.model_arch import check_hub_lora_targets
-from ..config.schema import ConfigError, validate
+from ..config.schema import ConfigError
 from ..config.trl_config import expand
+from ..config.validate import validate
 from ..memory.estimator import LOGITS_MODES, Estimate, estimate, verdict, waves_note
 from ..memory.shapes import target_device
 from ..memory.throughput import speed_forecast, speed_lines

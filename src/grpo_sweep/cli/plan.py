@@ -38,7 +38,8 @@ def compare_cards(cards: list[str], overrides: list[str]) -> list[dict]:
     """One row per card: fits (the estimator's verdict), headroom, and the speed forecast (None: the card has
     no datasheet speeds, `speed_error` says why)."""
     from ..config.compose import compose_train_config
-    from ..config.schema import ConfigError, validate
+    from ..config.schema import ConfigError
+    from ..config.validate import validate
     from ..memory.estimator import estimate
     from ..memory.shapes import target_device
     from ..memory.throughput import speed_forecast

@@ -55,7 +55,7 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "unsloth",
             "grpo_sweep.trial.backends.unsloth",
-            ("unsloth",),  # + vllm when backend.fast_inference=true (schema.validate); false: HF generate
+            ("unsloth",),  # + vllm when backend.fast_inference=true (validate.validate); false: HF generate
             "unsloth",
             cuda_only=True,
             runs_vllm=True,

@@ -1,6 +1,6 @@
 """The checks that need this machine: is there a CUDA device, which packages are installed.
 
-Kept apart from the pure schema (schema.validate) so that a prediction for another machine
+Kept apart from the pure schema (validate.validate) so that a prediction for another machine
 (`grpo-sweep estimate`, `doctor`) never depends on what happens to be installed here, and so that
 nothing here imports torch: the sweep's parent process must never initialise CUDA (a CUDA context
 in the parent would hold memory on the card the trials measure, and break forked trials).
@@ -15,8 +15,9 @@ import shutil
 from omegaconf import DictConfig
 
 from .model_arch import check_hub_lora_targets
-from .schema import ConfigError, validate
+from .schema import ConfigError
 from .user_task import check_user_task
+from .validate import validate
 
 
 def installed(module: str) -> bool:
@@ -62,7 +63,7 @@ def check_task(cfg: DictConfig) -> None:
 
 
 def validate_here(cfg: DictConfig, *, cuda: bool | None = None) -> DictConfig:
-    """`schema.validate` with this machine's facts: CUDA (detected unless given) and installed packages."""
+    """`validate.validate` with this machine's facts: CUDA (detected unless given) and installed packages."""
     validate(cfg, cuda=cuda_available() if cuda is None else cuda, installed=installed)
     check_hub_lora_targets(cfg)
     check_task(cfg)

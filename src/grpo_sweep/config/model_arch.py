@@ -19,7 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .schema import ArchConfig, ConfigError, check_fp32_head, check_lora_modules
+from .schema import ArchConfig, ConfigError
+from .validate import check_fp32_head, check_lora_modules
 
 ARCH_KEYS: tuple[str, ...] = tuple(ArchConfig.__dataclass_fields__)
 REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -153,12 +154,12 @@ def cached_config_json(hub_id: str) -> Path | None:
 def check_hub_lora_targets(cfg: Any) -> None:
     """`model=hub`: check lora_target_modules against the model_type its config.json names (the one
     table, schema.LORA_MODULES), and cast_lm_head_to_fp32 against its tied embeddings
-    (schema.check_fp32_head), and its architecture numbers (arch_from_config: each present, an
+    (validate.check_fp32_head), and its architecture numbers (arch_from_config: each present, an
     integer >= 1), before anything downloads, where that config.json is local or cached. A model
     whose config is not here yet is checked by PEFT and TRL when it loads."""
     arch = cfg.model.get("arch")
     if isinstance(arch, DictConfig) and "model_type" in arch and not OmegaConf.is_missing(arch, "model_type"):
-        return  # given in the config: schema.validate checked it
+        return  # given in the config: validate.validate checked it
     hub_id = cfg.model.get("hub_id")
     path = cached_config_json(str(hub_id)) if hub_id else None
     if path is None:

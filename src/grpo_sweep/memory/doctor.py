@@ -29,7 +29,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..config.model_arch import arch_of
-from ..config.schema import processes_of, split_of
+from ..config.split import processes_of, split_of
 from ..levers import RECIPE, kind_of
 from ..units import GIB as GiB
 from . import estimator as est_mod
@@ -217,7 +217,8 @@ def hardware_moves(cfg: Any, backend: str, device: str) -> list[Move]:
 
 
 def _valid(cfg: Any, device: str) -> bool:
-    from ..config.schema import ConfigError, validate
+    from ..config.schema import ConfigError
+    from ..config.validate import validate
 
     try:
         validate(cfg, cuda=device == "cuda")  # advice for the target machine: no local package check

@@ -26,7 +26,7 @@ from typing import Any
 from ..config import backends
 from ..config.backends import generates_with_vllm
 from ..config.model_arch import sliding_layers
-from ..config.schema import processes_of
+from ..config.split import processes_of
 from ..units import GIB as GiB
 from ..units import budget_bytes
 from .ranks import rank_terms

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import backends
 from ..config.model_arch import GEMMA3_SLIDING_WINDOW, arch_of
-from ..config.schema import split_of
+from ..config.split import split_of
 from ..units import MIB as MiB
 
 # CUDA context + cuBLAS/cuDNN workspaces: outside PyTorch's allocator but inside the card's total

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.backends import vllm_engine_settings
-from ..config.schema import ConfigError, processes_of, split_of
+from ..config.schema import ConfigError
+from ..config.split import processes_of, split_of
 from .estimator import checkpointed_layers, estimate, generates_with_vllm
 from .shapes import kv_bytes_per_token, param_counts, resolve_backend_for, shapes, target_device, weights_bytes
 from .vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_bytes

@@ -325,7 +325,7 @@ def check_kv_cache_bytes(cfg: Any) -> None:
     kv = cfg.backend.get("vllm_kv_cache_memory_bytes")
     device = target_device(cfg)
     if kv is None or resolve_backend_for(cfg, device) != "trl_vllm":
-        return  # null, or a backend without grpo-sweep's vLLM engine (schema.check_vllm_engine refuses it)
+        return  # null, or a backend without grpo-sweep's vLLM engine (validate.check_vllm_engine refuses it)
     key = f"backend.vllm_kv_cache_memory_bytes={kv}"
     budget = budget_bytes(cfg)
     if budget is not None and kv > budget:

@@ -47,7 +47,7 @@ def fault_callbacks(kind: str | None) -> list:
 
 
 def perturb_callbacks(scale: float | None, seed: int) -> list:
-    """+trial.debug_perturb=<scale> (a hidden test switch, config.schema.DEBUG_KEYS): before the first
+    """+trial.debug_perturb=<scale> (a hidden test switch, config.validate.DEBUG_KEYS): before the first
     step, every trainable weight gets Gaussian noise of that standard deviation, drawn from its own
     generator (the trial's sampling stream is untouched). A deliberately non-neutral knob: the learning
     check (report/learning.py) must flag the trial that carries it."""

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import backends
 from ..config.local import cuda_available, installed
 from ..config.model_arch import fill_arch
-from ..config.schema import ConfigError, resolve_split
+from ..config.schema import ConfigError
+from ..config.split import resolve_split
 from ..levers import recipe_of, requested_levers
 from ..metrics import MetricsError, empty_metrics, read_metrics, write_metrics
 from . import faults, process, worker

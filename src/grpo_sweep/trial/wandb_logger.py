@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config.schema import split_of
+from ..config.split import split_of
 from ..credentials import redact, wandb_mode
 
 FINISH_TIMEOUT_S = 60.0  # after this W&B stops uploading; the data stays on disk for `wandb sync`

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ..config import backends
 from ..config.local import installed
-from ..config.schema import generation_batch_size, processes_of
+from ..config.split import generation_batch_size, processes_of
 from ..levers import recipe_of, requested_levers
 from ..memory.estimator import estimate, generates_with_vllm
 from ..memory.throughput import relative_step_time, speed_record

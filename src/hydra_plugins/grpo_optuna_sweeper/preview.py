@@ -7,7 +7,7 @@ number comes from the forecast the sweep's own start reads (forecast.py: the pre
 verdict, the throughput model's tokens/s), so the plan and the sweep never disagree about a point.
 
 The prediction is the raw estimate with the pre-screen's fixed margin: before any trial there is
-nothing to calibrate it with. Points are checked for the target card (config.schema.validate, as
+nothing to calibrate it with. Points are checked for the target card (config.validate.validate, as
 `grpo-sweep estimate` does), so a plan for an L4 runs on a laptop.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_sweep.config.model_arch import check_hub_lora_targets
-from grpo_sweep.config.schema import validate
+from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.shapes import target_device
 from grpo_sweep.units import format_size
 
@@ -33,7 +33,7 @@ SHOWN = 10  # the fastest points printed (--json lists every point judged)
 
 
 def check_for_target(cfg: Any) -> None:
-    """The checks a trial's config passes on its target card: `schema.validate` with that card's
+    """The checks a trial's config passes on its target card: `validate.validate` with that card's
     CUDA rules, the hub model's LoRA targets (no local package check: the plan may run elsewhere)."""
     validate(cfg, cuda=target_device(cfg) == "cuda")
     check_hub_lora_targets(cfg)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config.schema import generation_batch_size, processes_of, split_of
+from ...config.split import generation_batch_size, processes_of, split_of
 
 
 def lora_alpha(cfg: Any) -> int:

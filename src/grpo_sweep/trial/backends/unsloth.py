@@ -16,7 +16,7 @@ Unsloth may rewrite `per_device_train_batch_size` (unsloth#3572): `effective` re
 the training model (Unsloth's patched fast path), the trainer runs with `use_vllm=False`, and
 `gpu_memory_utilization` reserves nothing (effective: None, as for `trl`). The estimator reads the
 same key (memory/estimator.py `generates_with_vllm`): no pool, HF generation's KV cache. Unsloth
-itself refuses `fast_inference=True` without vLLM; schema.validate says so before the trial starts.
+itself refuses `fast_inference=True` without vLLM; validate.validate says so before the trial starts.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def patch_for_cpu(engine_kwargs: dict) -> None:
        parameters, loads and re-runs the CPU repacking. It gets the whole stream in ONE call: the
        layerwise reload finalises a fused layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj) only when
        all its shards have arrived; per-tensor calls would leave them half-loaded. Then the prefix
-       cache is reset, as TRL does. Sleep mode is refused on CPU by vLLM itself (schema.validate
+       cache is reset, as TRL does. Sleep mode is refused on CPU by vLLM itself (validate.validate
        refuses it earlier), so TRL's wake_up step is not needed.
     2. Engine arguments: `cpu_engine_kwargs`, injected into the module-level `LLM` TRL calls (`inject_engine_kwargs`).
 
