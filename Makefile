@@ -82,7 +82,7 @@ bench: install
 # it, e.g. the estimator's arithmetic, every function of it (hundreds of mutants at ~20 s of tests each):
 #   make mutation EXTRA_MUTANTS='grpo_sweep.memory.estimator.x_*'
 SWEEPER := hydra_plugins.grpo_optuna_sweeper
-MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).frontier.* $(SWEEPER).space.* \
+MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).compose.* $(SWEEPER).start.x_pick* $(SWEEPER).start.x__differences* $(SWEEPER).space.* \
 	$(SWEEPER).progress.* $(SWEEPER).workers.x_duplicate_of* $(SWEEPER).workers.x_retry* \
 	$(SWEEPER).workers.x_fail_stale_trials* $(SWEEPER).summary.x__is_ok* $(SWEEPER).summary.x__feasible* \
 	$(SWEEPER).summary.x_best_trial* $(SWEEPER).summary.x_finalists* \

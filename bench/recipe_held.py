@@ -161,12 +161,12 @@ def hold(land: dict, name: str, spec: dict) -> dict:
 def charge_like_old(sub: dict, old: dict, costs: dict) -> None:
     """The sweeper's seconds per point as the old replay measured them (search_efficiency.json):
     compose + estimate before a launch, and per candidate of the frontier start / a neighbour move."""
-    from hydra_plugins.grpo_optuna_sweeper import frontier
+    from hydra_plugins.grpo_optuna_sweeper import space
 
     label = old["name"]
     sub["compose_s"] = costs["compose_s"][label]
     sub["move_check_s"] = costs["move_check_s"][label]
-    sub["frontier_s"] = sub["move_check_s"] * len(list(frontier.candidates(sub["grid"], 0)))
+    sub["frontier_s"] = sub["move_check_s"] * len(list(space.candidates(sub["grid"], 0)))
 
 
 # The keys summary.json carries for each space (bench/run_all.py summarize).

@@ -106,8 +106,9 @@ def optuna_strategy(
     import optuna
     import search_seconds
 
-    from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
     from hydra_plugins.grpo_optuna_sweeper import neighbours
+    from hydra_plugins.grpo_optuna_sweeper import space as space_rules
+    from hydra_plugins.grpo_optuna_sweeper import start as start_rules
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
     from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
     from hydra_plugins.grpo_optuna_sweeper.outcome import CONSTRAINT, for_sampler, judge, prescreen_verdict
@@ -122,10 +123,10 @@ def optuna_strategy(
     if frontier:  # the sweeper composes each candidate and estimates it; the grid recorded that estimate
         fullness = [
             (params, grid["by_key"][key(params)]["predicted_peak_bytes"] / budget)
-            for params in frontier_start.candidates(grid["grid"], seed)
+            for params in space_rules.candidates(grid["grid"], seed)
             if key(params) in grid["by_key"]
         ]
-        for params in frontier_start.pick(fullness, frontier, seed):
+        for params in start_rules.pick(fullness, frontier, seed):
             study.enqueue_trial(params)
     ran: list[dict] = []
     asked = 0
@@ -208,10 +209,10 @@ def seconds_and_picks() -> tuple[dict, list[dict], dict]:
     tiny["frontier_s"] = search_seconds.measure_frontier_s(tiny, tiny_base)
     gemma["frontier_s"] = search_seconds.measure_frontier_s(gemma, ["+sweeps=gemma3_1b_l4"], cuda=True)
     # A neighbour move's candidate is checked the same way (ComposeCache, validate, estimate): per point.
-    from hydra_plugins.grpo_optuna_sweeper import frontier
+    from hydra_plugins.grpo_optuna_sweeper import space
 
     for land in (tiny, gemma):
-        land["move_check_s"] = land["frontier_s"] / len(list(frontier.candidates(land["grid"], 0)))
+        land["move_check_s"] = land["frontier_s"] / len(list(space.candidates(land["grid"], 0)))
     scan = {str(stop): search_seconds.scan(tiny, SCAN_SEEDS, stop) for stop in STOP_BELOW_SCAN}
     keys: dict = {}
     rows = []
@@ -319,7 +320,7 @@ def main() -> dict:
 
     conf = GrpoOptunaSweeperConf()
     start = {  # the plugin's defaults
-        "frontier": conf.frontier_start,
+        "frontier": conf.start_points,
         "n_startup_trials": conf.n_startup_trials,
         "neighbour_every": conf.neighbour_every,
     }

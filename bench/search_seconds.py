@@ -117,15 +117,15 @@ def sweep(
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
-    frontier = conf.frontier_start if frontier is None else frontier
+    frontier = conf.start_points if frontier is None else frontier
     n_startup_trials = conf.n_startup_trials if n_startup_trials is None else n_startup_trials
     neighbour_every = conf.neighbour_every if neighbour_every is None else neighbour_every
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space, n_startup_trials))
     start = conf.start if start is None else start
     composed: list = []
-    if frontier and start != "none":  # hydra.sweeper.frontier_start points, as hydra.sweeper.start says
-        from hydra_plugins.grpo_optuna_sweeper import frontier as frontier_start
+    if frontier and start != "none":  # hydra.sweeper.start_points points, as hydra.sweeper.start says
+        from hydra_plugins.grpo_optuna_sweeper import space as space_rules
         from hydra_plugins.grpo_optuna_sweeper import start as start_points
         from hydra_plugins.grpo_optuna_sweeper.forecast import Forecast
 
@@ -134,7 +134,7 @@ def sweep(
             estimated = [f for f in composed if f.error is None]
         else:
             # the old landscapes forecast the peak alone: start=model falls back to memory in start.choose
-            composed = list(frontier_start.candidates(land["grid"], seed))
+            composed = list(space_rules.candidates(land["grid"], seed))
             estimated = [
                 Forecast(
                     params, predicted_bytes=land["by_key"][key(params)]["predicted_peak_bytes"], limit_bytes=land["budget_bytes"]
@@ -559,19 +559,19 @@ def _rate(picks, land: dict) -> float:
 
 def measure_frontier_s(land: dict, base: list[str], cuda: bool | None = None) -> float:
     """Seconds the sweeper's frontier start spends ranking the candidates of `land` (every point, or
-    frontier.MAX_CANDIDATES drawn from a larger space) before its first trial: the config of each point from frontier.ComposeCache (one Hydra composition per distinct
+    space.MAX_CANDIDATES drawn from a larger space) before its first trial: the config of each point from compose.ComposeCache (one Hydra composition per distinct
     group choice, each point a copy with its value overrides applied), checked (validate_here;
     `cuda=True` for a GPU landscape replayed here) and estimated, as the sweeper's `start.enqueue_frontier`
     does it, outside a Hydra app (compose_train_config). The whole time, not a per-point median."""
     import time
 
     from grpo_sweep.config.compose import compose_train_config, config_groups
-    from hydra_plugins.grpo_optuna_sweeper import frontier, space
+    from hydra_plugins.grpo_optuna_sweeper import compose, space
 
     groups = config_groups(base)  # the sweeper reads them from its own config: not charged
     started = time.perf_counter()
-    cache = frontier.ComposeCache(compose_train_config, groups.__contains__)
-    for params in frontier.candidates(land["grid"], 0):  # what the sweeper ranks: at most MAX_CANDIDATES
+    cache = compose.ComposeCache(compose_train_config, groups.__contains__)
+    for params in space.candidates(land["grid"], 0):  # what the sweeper ranks: at most MAX_CANDIDATES
         try:
             _check_and_estimate(cache.config([*base, *(space.to_override(k, v) for k, v in params.items())]), cuda)
         except Exception:  # noqa: BLE001 - as the sweeper: a point that cannot be composed or estimated is not a pick

@@ -171,7 +171,7 @@ def test_a_hostile_sweep_and_its_printed_command_run_under_the_users_own_configs
             "hydra.sweeper.study_name='a \\' \" ; | & < ` $(touch PWNED) b'",  # Hydra's quoting, by hand
             NO_FILE_SPACE,
             "hydra.sweeper.enqueue=[]",
-            "hydra.sweeper.frontier_start=0",
+            "hydra.sweeper.start_points=0",
             "hydra.sweeper.neighbour_every=0",
             "hydra.sweeper.n_trials=1",
             "gpu=mine",

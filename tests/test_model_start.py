@@ -18,9 +18,9 @@ from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.memory.throughput import relative_step_time
 from grpo_sweep.units import budget_bytes
-from hydra_plugins.grpo_optuna_sweeper import forecast, frontier, space
+from hydra_plugins.grpo_optuna_sweeper import forecast, space
 from hydra_plugins.grpo_optuna_sweeper.prescreen import Prescreen
-from hydra_plugins.grpo_optuna_sweeper.start import MODEL_RANKING_ATTR, enqueue_frontier
+from hydra_plugins.grpo_optuna_sweeper.start import MODEL_RANKING_ATTR, enqueue_frontier, pick
 
 VLLM_SWEEP = "+sweeps=tiny_cpu_vllm"
 PREFIX_FIXED = "backend.vllm_enable_prefix_caching=false"  # a lever the model does not price: 72 of the 144 points
@@ -87,7 +87,7 @@ def test_model_start_enqueues_the_predicted_fastest_fits_first():
         plan = replace(tiny.plan, settings=OmegaConf.create(settings))
         enqueue_frontier(memory, plan, tiny.prescreen, configs, 4)
         fullness = [(f.params, f.share / f.waves if f.share <= 1 else f.share) for f in forecasts if f.share is not None]
-        assert _enqueued(memory) == frontier.pick(fullness, 4, plan.settings.seed) != picks
+        assert _enqueued(memory) == pick(fullness, 4, plan.settings.seed) != picks
 
         none = optuna.create_study(direction="maximize")
         plan = replace(tiny.plan, settings=OmegaConf.create({**settings, "start": "none"}))
@@ -234,16 +234,16 @@ def test_report_shows_predicted_against_measured_rank(tmp_path):
 
 
 def test_the_plan_counts_what_the_start_queues_and_says_one_point():
-    """The plan's start line names as many points as the start queues: frontier_start=5, but the
+    """The plan's start line names as many points as the start queues: start_points=5, but the
     search phase's 4 trials leave room for 2 after tiny_cpu's 2 enqueue points. A space of one
     point is "1 point"."""
     from hydra_plugins.grpo_optuna_sweeper import preview
 
-    with tiny_sweeper(n_trials=4, confirm_top=0, frontier_start=5) as tiny:
+    with tiny_sweeper(n_trials=4, confirm_top=0, start_points=5) as tiny:
         data = preview.build(tiny.plan, tiny.compose)
     assert data["start"]["count"] == 2 and len(data["start"]["points"]) == 2
     assert "the first 2 search trials after the presets and enqueue points" in preview.format_text(data)
-    with tiny_sweeper(params=None, enqueue=[], frontier_start=5) as tiny:
+    with tiny_sweeper(params=None, enqueue=[], start_points=5) as tiny:
         text = preview.format_text(preview.build(tiny.plan, tiny.compose))
     assert "Plan for sweep tiny_cpu: 1 point in the space (no parameters)" in text
 

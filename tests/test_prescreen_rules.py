@@ -219,7 +219,7 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
     import optuna
     from test_sweeper_helpers import tiny_sweeper
 
-    from hydra_plugins.grpo_optuna_sweeper import frontier
+    from hydra_plugins.grpo_optuna_sweeper import start
     from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_frontier
 
@@ -239,12 +239,12 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
             assert attrs["generation_waves"] == (2 if share == 0.106 else 1)
             assert attrs["predicted_tokens_per_s"] == pytest.approx(relative_step_time(cfg)["tokens_per_s"])
         picked = []
-        real_pick = frontier.pick
-        frontier.pick = lambda fullness, count, seed: picked.extend(fullness) or real_pick(fullness, count, seed)
+        real_pick = start.pick
+        start.pick = lambda fullness, count, seed: picked.extend(fullness) or real_pick(fullness, count, seed)
         try:
             enqueue_frontier(optuna.create_study(direction="maximize"), plan, tiny.prescreen, tiny.compose.cache(), 2)
         finally:
-            frontier.pick = real_pick
+            start.pick = real_pick
         full = {p["gpu_memory_utilization"]: f for p, f in picked}
         raw = {s: estimate(tiny.compose([*plan.fixed, f"gpu_memory_utilization={s}"])).total_bytes for s in (0.106, 0.15)}
         assert full[0.106] / full[0.15] == pytest.approx(raw[0.106] / raw[0.15] / 2)  # 2 waves: half as full

@@ -73,7 +73,7 @@ def sweep_cmd(
     trials, and a test of workers or resume does not need them)."""
     extra = [] if file_space else [NO_FILE_SPACE]
     extra += [] if enqueue else ["hydra.sweeper.enqueue=[]"]
-    extra += [] if frontier else ["hydra.sweeper.frontier_start=0"]
+    extra += [] if frontier else ["hydra.sweeper.start_points=0"]
     extra += [] if neighbours else ["hydra.sweeper.neighbour_every=0"]
     return [sys.executable, str(ROOT / "train.py"), "-m", f"+sweeps={sweep}", f"hydra.sweep.dir={sweep_dir}", *extra, *args]
 

@@ -623,7 +623,7 @@ def test_start_points_never_overflow_the_search_phase(caplog):
         """enqueue_start on a fresh study (or `study`), the plan changed as the sweep's counts would."""
         enqueue_start(study, replace(tiny.plan, **changes), tiny.prescreen, tiny.compose)
 
-    with tiny_sweeper(enqueue=points, frontier_start=5) as tiny:
+    with tiny_sweeper(enqueue=points, start_points=5) as tiny:
         search = {"n_trials": 9, "n_search": 3}  # e.g. 3 search trials + 3 finalists x 2 runs
         study = optuna.create_study(direction="maximize")
         with caplog.at_level(logging.INFO):
@@ -647,7 +647,7 @@ def test_start_points_never_overflow_the_search_phase(caplog):
     # recipe settings the presets change are declared concessions.)
     presets_change = ["lora_rank", "max_prompt_length", "load_in_4bit"]
     held = ("completions_per_step=4", "max_seq_length=1024")
-    with tiny_sweeper(*held, warm_start=True, enqueue=[], frontier_start=5, concessions=presets_change) as tiny:
+    with tiny_sweeper(*held, warm_start=True, enqueue=[], start_points=5, concessions=presets_change) as tiny:
         study = optuna.create_study(direction="maximize")
         caplog.clear()
         with caplog.at_level(logging.INFO):
@@ -689,9 +689,9 @@ def test_space_edges_found_by_mutation():
     seed decides the sample)."""
     import itertools
 
+    from hydra_plugins.grpo_optuna_sweeper.frontier import MAX_CANDIDATES, candidates, pick
     from optuna.distributions import FloatDistribution
 
-    from hydra_plugins.grpo_optuna_sweeper.frontier import MAX_CANDIDATES, candidates, pick
     from hydra_plugins.grpo_optuna_sweeper.space import parse_space, to_override
 
     dists, _ = parse_space(["gpu_memory_utilization=range(0.3,0.7,0.1)", "learning_rate=interval(1, 2.5)"])

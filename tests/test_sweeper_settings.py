@@ -26,7 +26,8 @@ BAD = {
     "prescreen_calibrate": (-1, "an integer >= 0 (measured trials before calibration replaces the margin; 0: off)"),
     "headroom": (1.2, "a number in (0, 1]"),
     "start": ("fastest", "one of model, memory, none"),
-    "frontier_start": (-5, "an integer >= 0 (0: off)"),
+    "start_points": (-5, "an integer >= 0 (0: off)"),
+    "frontier_start": (-5, "an integer >= 0 (0: off), or null; the old name of start_points"),
     "neighbour_every": (True, "an integer >= 0 (0: off)"),
     "heartbeat_interval": (0, "an integer >= 1 (seconds)"),
     "grace_period": (0, "an integer >= 1 (seconds), or null"),
@@ -107,3 +108,16 @@ def test_every_shipped_sweep_passes_the_check():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for name in sweeps:
             check(compose("train", overrides=[f"+sweeps={name}"], return_hydra_config=True).hydra.sweeper)
+
+
+def test_frontier_start_is_the_old_name_of_start_points():
+    """hydra.sweeper.start_points was frontier_start: a sweep file that still sets the old name runs as
+    before, and one that sets both to different values is one line."""
+    from hydra_plugins.grpo_optuna_sweeper.config import SweeperSettingError, check, start_points_of
+
+    assert start_points_of({"frontier_start": 2, "start_points": 5}) == 2
+    assert start_points_of({"start_points": 3}) == 3 and start_points_of({}) == 5
+    check({"frontier_start": 2})
+    check({"frontier_start": 3, "start_points": 3})
+    with pytest.raises(SweeperSettingError, match="frontier_start=2 and hydra.sweeper.start_points=3: frontier_start is the old"):
+        check({"frontier_start": 2, "start_points": 3})

@@ -37,7 +37,7 @@ class GrpoOptunaSweeperConf:
     direction: str = "maximize"
     sampler: str = "tpe"  # tpe | gp | random | grid
     # TPE only: random trials before it models the study (Optuna's n_startup_trials). Enqueued trials
-    # (frontier_start, warm_start, enqueue) count among them: after the 5 frontier points, 5 is enough
+    # (start_points, warm_start, enqueue) count among them: after the 5 frontier points, 5 is enough
     # (bench/search_seconds.py: fewer seconds on both landscapes, docs/performance.md).
     n_startup_trials: int = 5
     seed: int | None = 0  # sampler seed; each worker process adds its pid when several share a study
@@ -56,13 +56,13 @@ class GrpoOptunaSweeperConf:
     # memory wall): [{lever: value, ...}, ...]; unnamed parameters are sampled. Once per study, and
     # (like the presets) only while the search phase has room: the rest are named in a warning.
     enqueue: list[dict[str, Any]] = field(default_factory=list)
-    # Start points: first run frontier_start points chosen from the models' forecast of every point
+    # Start points: first run start_points points chosen from the models' forecast of every point
     # (forecast.py; start.enqueue_frontier): `model`, the points the estimator and the throughput
     # model predict fastest among those predicted to fit; `memory`, the points predicted to fill the
-    # allowed memory best, spread over the space (frontier.py); `none` (or frontier_start=0): off.
-    # Needs discrete parameters (choice / range); without them it is skipped with a log line.
+    # allowed memory best, spread over the space (start.pick); `none` (or start_points=0): off.
     start: str = "model"
-    frontier_start: int = 5
+    start_points: int = 5
+    frontier_start: int | None = None  # the old name of start_points, still read (start_points_of)
     # `grpo-sweep plan`: print the space's forecast (its size, the points predicted to fit, the
     # fastest, the cheapest concession; preview.py) and stop before the study opens: no trial runs.
     plan_only: bool = False
@@ -146,7 +146,8 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a number in (0, 1] (a fraction of the budget), or null: all of it",
     ),
     "start": (lambda v: v in STARTS, "one of " + ", ".join(STARTS)),
-    "frontier_start": (_integer(0), "an integer >= 0 (0: off)"),
+    "start_points": (_integer(0), "an integer >= 0 (0: off)"),
+    "frontier_start": (_optional(_integer(0)), "an integer >= 0 (0: off), or null; the old name of start_points"),
     "neighbour_every": (_integer(0), "an integer >= 0 (0: off)"),
     "heartbeat_interval": (_integer(1), "an integer >= 1 (seconds)"),
     "grace_period": (_optional(_integer(1)), "an integer >= 1 (seconds), or null: 4 x heartbeat_interval"),
@@ -198,12 +199,25 @@ def check(conf: Mapping[str, Any]) -> None:
     between two of them; a missing key is the default."""
     defaults = GrpoOptunaSweeperConf()
     value = {key: check_setting(key, conf.get(key, getattr(defaults, key))) for key in ALLOWED}
+    old, new = value["frontier_start"], value["start_points"]
+    if old is not None and new != defaults.start_points and old != new:
+        raise SweeperSettingError(
+            f"hydra.sweeper.frontier_start={old!r} and hydra.sweeper.start_points={new!r}: frontier_start is the old "
+            "name of start_points; set start_points only"
+        )
     grace, beat = value["grace_period"], value["heartbeat_interval"]
     if grace is not None and grace <= beat:
         raise SweeperSettingError(
             f"hydra.sweeper.grace_period={grace!r}: must be greater than hydra.sweeper.heartbeat_interval={beat!r} "
             "(a live trial beats once per interval; a shorter grace fails and retries it), or null: 4 x heartbeat_interval"
         )
+
+
+def start_points_of(settings: Mapping[str, Any]) -> int:
+    """How many start points the sweep queues: hydra.sweeper.start_points, or its old name
+    frontier_start where a sweep file still sets it."""
+    old = settings.get("frontier_start")
+    return int(old) if old is not None else int(settings.get("start_points", GrpoOptunaSweeperConf.start_points))
 
 
 def check_study_name(written: Any) -> None:

@@ -22,7 +22,8 @@ from grpo_sweep.levers import recipe_of
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.units import budget_bytes
 
-from . import concessions, frontier, space
+from . import concessions, space
+from .compose import ComposeCache
 from .outcome import allowed_bytes
 from .plan import SweepPlan
 from .prescreen import Prescreen, predicted_tokens_per_s
@@ -67,19 +68,19 @@ class Forecast:
 def forecast(
     plan: SweepPlan,
     prescreen: Prescreen,
-    configs: frontier.ComposeCache,
+    configs: ComposeCache,
     check: Callable[[Any], object],
-    cap: int = frontier.MAX_CANDIDATES,
+    cap: int = space.MAX_CANDIDATES,
 ) -> list[Forecast]:
     """The forecast of every point of the plan's space (`cap` drawn at random, with the plan's seed,
-    when it is larger or holds a continuous interval: frontier.space_candidates). `check(cfg)` raises
+    when it is larger or holds a continuous interval: space.space_candidates). `check(cfg)` raises
     for a point that must not run: the sweep checks with this machine's facts (validate_here, as each
     trial is checked), `grpo-sweep plan` with the target card's (it may plan for an L4 on a laptop)."""
-    points = frontier.space_candidates(plan.distributions, plan.settings.seed, cap)
+    points = space.space_candidates(plan.distributions, plan.settings.seed, cap)
     return [one(params, plan, prescreen, configs, check) for params in points]
 
 
-def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, check: Callable) -> Forecast:
+def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, check: Callable) -> Forecast:
     """The forecast of one point (`{}`: the held recipe at the base config's own knobs). A point the
     sweeper refuses (it cannot be composed, checked or estimated, or it changes a recipe setting the
     concessions do not allow: SweepPlan.refusal, as a trial is refused) has its `error`."""

@@ -79,7 +79,7 @@ def load_sweep_config(hydra_context: HydraContext, config: DictConfig, overrides
 
 def group_exists(hydra_context: HydraContext, key: str) -> bool | None:
     """Whether Hydra reads `key` as a config group (`config_loader.repository.group_exists`); None
-    where the loader has no repository (then the caller must assume a group: frontier.ComposeCache)."""
+    where the loader has no repository (then the caller must assume a group: compose.ComposeCache)."""
     repository = getattr(hydra_context.config_loader, "repository", None)
     return None if repository is None else bool(repository.group_exists(key))
 
@@ -87,7 +87,7 @@ def group_exists(hydra_context: HydraContext, key: str) -> bool | None:
 def apply_overrides(overrides: list[Override], cfg: DictConfig) -> None:
     """Apply parsed value overrides to a composed config in place
     (`ConfigLoaderImpl._apply_overrides_to_config`): the very function composition uses, so a cached
-    composition gives the same config and the same errors (frontier.ComposeCache)."""
+    composition gives the same config and the same errors (compose.ComposeCache)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)

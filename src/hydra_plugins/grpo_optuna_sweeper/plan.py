@@ -21,7 +21,8 @@ from grpo_sweep.config.schema import SCHEMA_KEYS
 from grpo_sweep.levers import recipe_of
 from grpo_sweep.study.storage import SWEEP_JOURNAL
 
-from . import concessions, confirm, frontier, handles, space
+from . import concessions, confirm, handles, space
+from .compose import ComposeCache
 from .config import SweeperSettingError, check_study_name
 from .config import check as check_settings
 from .launch_config import rerun_overrides
@@ -87,7 +88,7 @@ def storage_url(settings: DictConfig, sweep_dir: Path) -> str:
 
 class Composer:
     """A job's config for a list of overrides, as Hydra composes it for the launcher (without its
-    `hydra` node), and the composition cache over it (frontier.ComposeCache)."""
+    `hydra` node), and the composition cache over it (ComposeCache)."""
 
     def __init__(self, hydra_context: HydraContext, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -106,9 +107,9 @@ class Composer:
         only costs a composition: unknown (no repository) is a group."""
         return key in self.chosen or handles.group_exists(self.hydra_context, key) is not False
 
-    def cache(self) -> frontier.ComposeCache:
-        """One composition per distinct set of group choices (frontier.ComposeCache)."""
-        return frontier.ComposeCache(self, self.is_group)
+    def cache(self) -> ComposeCache:
+        """One composition per distinct set of group choices (ComposeCache)."""
+        return ComposeCache(self, self.is_group)
 
 
 def build_plan(
@@ -197,7 +198,7 @@ def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callab
         return distributions
     # A fixed `gpu=...` or `model=...` is a group choice though its key is a schema field: Hydra's own
     # answer (Composer.is_group); a plain callable composes every override.
-    configs = frontier.ComposeCache(compose, getattr(compose, "is_group", lambda _key: True))
+    configs = ComposeCache(compose, getattr(compose, "is_group", lambda _key: True))
     changed = {}
     for value in dist.choices:
         undeclared = undeclared_changes(recipe, recipe_of(configs.config([*fixed, space.to_override(key, value)])), may_change)

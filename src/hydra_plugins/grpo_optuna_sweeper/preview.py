@@ -23,8 +23,8 @@ from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.shapes import target_device
 from grpo_sweep.units import format_size
 
-from . import concessions, forecast, frontier, neighbours, space, start
-from .config import SweepError, SweeperSettingError
+from . import concessions, forecast, neighbours, space, start
+from .config import SweepError, SweeperSettingError, start_points_of
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
@@ -153,16 +153,16 @@ def _room(plan: SweepPlan) -> int:
 
 
 def _start(plan: SweepPlan, forecasts: list[forecast.Forecast]) -> dict:
-    """What the sweep's start would queue first (hydra.sweeper.start, frontier_start), besides the
+    """What the sweep's start would queue first (hydra.sweeper.start, start_points), besides the
     presets and `enqueue` points, which take their room first (`_room`: what they leave):
-    start.choose over the points the start itself judges (frontier.space_candidates' first
-    frontier.MAX_CANDIDATES, which the plan's own sample holds), none of them a point the sweeper refuses."""
+    start.choose over the points the start itself judges (space.space_candidates' first
+    space.MAX_CANDIDATES, which the plan's own sample holds), none of them a point the sweeper refuses."""
     settings = plan.settings
-    mode, count = settings.get("start", "model"), min(settings.frontier_start, _room(plan))
-    out: dict[str, Any] = {"mode": mode, "count": count, "frontier_start": settings.frontier_start}
+    mode, count = settings.get("start", "model"), min(start_points_of(settings), _room(plan))
+    out: dict[str, Any] = {"mode": mode, "count": count, "start_points": start_points_of(settings)}
     if mode == "model" and count and settings.sampler != "grid" and plan.distributions:
         by_point = {neighbours.point_key(f.params): f for f in forecasts}
-        points = frontier.space_candidates(plan.distributions, settings.seed, frontier.MAX_CANDIDATES)
+        points = space.space_candidates(plan.distributions, settings.seed, space.MAX_CANDIDATES)
         theirs = [f for p in points if (f := by_point.get(neighbours.point_key(p))) is not None and f.error is None]
         out["points"] = start.choose(mode, theirs, count, settings.seed)[1]
     return out
@@ -300,5 +300,5 @@ def format_text(data: dict) -> str:
         )
         lines += [f"  {_point_text(p)}" for p in start["points"]]
     else:
-        lines.append(f"Start: hydra.sweeper.start={start['mode']}, frontier_start={start.get('frontier_start', start['count'])}")
+        lines.append(f"Start: hydra.sweeper.start={start['mode']}, start_points={start.get('start_points', start['count'])}")
     return "\n".join(lines)

@@ -9,9 +9,10 @@ becomes `lora=qv` on the job's command line.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from . import handles
@@ -198,3 +199,50 @@ def describe(dist: Distribution) -> str:
     if isinstance(dist, CategoricalDistribution):
         return f"choice({', '.join(map(str, dist.choices))})"
     return f"interval({dist.low}, {dist.high})"
+
+
+# ----------------------------------------------------------------------------- candidates
+
+MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
+
+
+def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATES) -> Iterator[dict[str, Any]]:
+    """Every point of a discrete space, or `cap` of them drawn at random when it is larger."""
+    names = list(grid)
+    size = 1
+    for choices in grid.values():
+        size *= len(choices)
+    if size <= cap:
+        for point in itertools.product(*grid.values()):
+            yield dict(zip(names, point))
+        return
+    rng = random.Random(seed)
+    seen: set[tuple] = set()
+    while len(seen) < cap:
+        drawn = tuple(rng.choice(grid[n]) for n in names)
+        if drawn not in seen:
+            seen.add(drawn)
+            yield dict(zip(names, drawn))
+
+
+def space_candidates(
+    distributions: dict[str, Distribution], seed: int | None, cap: int = MAX_CANDIDATES
+) -> Iterator[dict[str, Any]]:
+    """The points of a search space to judge: every point of a discrete space of at most `cap`,
+    else `cap` distinct points drawn at random (seeded). A continuous interval is drawn from
+    (draw) as a large discrete space is sampled; a discrete space draws as `candidates` does."""
+    listed = {key: values(dist) for key, dist in distributions.items()}
+    grid = {key: choices for key, choices in listed.items() if choices is not None}
+    if len(grid) == len(listed):
+        yield from candidates(grid, seed, cap)
+        return
+    rng = random.Random(seed)
+    names = list(listed)
+    seen: set[tuple] = set()
+    for _ in range(cap * 20):  # bounded: a narrow interval rounds to few distinct values
+        if len(seen) == cap:
+            break
+        point = tuple(rng.choice(grid[n]) if n in grid else draw(distributions[n], rng) for n in names)
+        if point not in seen:
+            seen.add(point)
+            yield dict(zip(names, point))

@@ -2,14 +2,15 @@
 points, then the model-first or memory-first start from the models' forecast, hydra.sweeper.start)
 and, every few search trials, a neighbour move of the best config so far.
 
-Every function reads the frozen plan; `configs` is a frontier.ComposeCache (plan.Composer.cache):
+Every function reads the frozen plan; `configs` is a ComposeCache (plan.Composer.cache):
 one Hydra composition per distinct set of group choices, however many points are ranked.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+import random
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import OmegaConf
 
@@ -17,7 +18,9 @@ from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of
 from grpo_sweep.units import budget_bytes
 
-from . import forecast, frontier, neighbours, space
+from . import forecast, neighbours, space
+from .compose import ComposeCache
+from .config import start_points_of
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 from .progress import room
@@ -61,7 +64,7 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
             plan.n_trials - plan.n_search,
             ", ".join(left_out),
         )
-    frontier_count = min(settings.frontier_start, room(study, plan.n_search))
+    frontier_count = min(start_points_of(settings), room(study, plan.n_search))
     if frontier_count > 0:
         enqueue_frontier(study, plan, prescreen, configs, frontier_count)
 
@@ -76,7 +79,7 @@ def outside_space(plan: SweepPlan, params: dict) -> str | None:
     return None
 
 
-def refused(plan: SweepPlan, configs: frontier.ComposeCache, params: dict) -> str | None:
+def refused(plan: SweepPlan, configs: ComposeCache, params: dict) -> str | None:
     """Why the sweeper would refuse the point `params` as a trial (prepare's checks: it composes,
     passes validate_here, and changes no recipe setting the concessions do not allow), or None."""
     try:
@@ -127,10 +130,10 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
         log.info("Warm start: enqueued preset=%s", preset)
 
 
-def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache, count: int) -> None:
+def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, count: int) -> None:
     """Queue (once per study) `count` start points from the models' forecast (forecast.py), as
     hydra.sweeper.start says: `model`, the points predicted fastest among those predicted to fit;
-    `memory`, those predicted to fill the allowed memory best (frontier.pick); `none`, no start.
+    `memory`, those predicted to fill the allowed memory best (start.pick); `none`, no start.
     The model's ranking is recorded on the study (MODEL_RANKING_ATTR) whichever start runs, so the
     report can set the measured order beside it."""
     settings = plan.settings
@@ -177,7 +180,7 @@ def choose(
 ) -> tuple[str, list[dict], list[forecast.Forecast]]:
     """The start's picks from the estimated points: (the mode that ran, up to `count` points' params,
     the model's whole predicted order). `model`: the predicted fastest fits (forecast.fastest_first);
-    `memory`: the fullest predicted fits (frontier.pick). The search replay (bench/search_seconds.py)
+    `memory`: the fullest predicted fits (start.pick). The search replay (bench/search_seconds.py)
     calls it on a landscape's forecast, so the bench starts where the sweeper starts."""
     ranking = forecast.fastest_first(estimated, len(estimated), seed)
     if mode == "model" and not ranking and any(f.fits for f in estimated):
@@ -193,7 +196,7 @@ def choose(
     # slower in proportion: it counts 1/N as full, so the fullest *fast* fits start the search.
     # (The memory start as it always ranked: by the peak alone, vLLM's start-up not asked.)
     fullness = [(f.params, f.share / f.waves if f.share <= 1 else f.share) for f in estimated if f.share is not None]
-    return mode, frontier.pick(fullness, count, seed), ranking
+    return mode, pick(fullness, count, seed), ranking
 
 
 MODEL_RANKING_ATTR = "model_ranking"  # study user attr: the model's predicted order (ranking_attr)
@@ -219,7 +222,7 @@ def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) ->
     }
 
 
-def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: frontier.ComposeCache) -> None:
+def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache) -> None:
     """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
     point that composes, passes validate_here, changes no recipe setting outside the concessions
     (SweepPlan.refusal) and is not pruned by the pre-screen."""
@@ -248,3 +251,34 @@ def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, confi
         moved = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in move["moved"].items())
         repair = " (a repair: one of the two alone would not pass the pre-screen)" if len(move["moved"]) > 1 else ""
         log.info("Neighbour move: trial %d's config (the best so far with a move left) with %s%s", move["from"], moved, repair)
+
+
+# ----------------------------------------------------------------------------- the memory-first pick
+# hydra.sweeper.start=memory: the first trials are the points the estimator predicts fill the card
+# best. The objective is throughput under a memory wall, and work per step (batch x sequence, LoRA
+# size) buys throughput with memory, so the fastest config usually sits just below the wall; people
+# search that way by hand (accelerate's `find_executable_batch_size`). The picks are spread out: each
+# differs from every earlier pick in at least half of the parameters, so the start covers several
+# regions of the frontier instead of one corner of it.
+
+
+def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None) -> list[dict[str, Any]]:
+    """Up to k points from (params, predicted peak / allowed bytes): those predicted to fit (<= 1),
+    fullest first, each differing from every earlier pick in at least half of the parameters.
+
+    A fraction, not bytes: when the card itself is a parameter (`gpu: choice(l4_24g, a100_40g)`),
+    each point is measured against its own card."""
+    fitting = [(params, share) for params, share in fullness if share <= 1.0]
+    random.Random(seed).shuffle(fitting)  # equal predictions: the order is the seed's, not the grid's
+    fitting.sort(key=lambda item: -item[1])
+    chosen: list[dict[str, Any]] = []
+    for params, _ in fitting:
+        if len(chosen) == k:
+            break
+        if all(_differences(params, other) * 2 >= len(params) for other in chosen):
+            chosen.append(params)
+    return chosen
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> int:
+    return sum(a[name] != b.get(name) for name in a)

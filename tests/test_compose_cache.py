@@ -1,4 +1,4 @@
-"""The frontier start's composition cache (frontier.ComposeCache) gives the config a fresh Hydra
+"""The frontier start's composition cache (compose.ComposeCache) gives the config a fresh Hydra
 composition gives, one composition per group choice, with the sweep's own plan and real Hydra."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from test_sweeper_helpers import SWEEP, tiny_sweeper
 
-from hydra_plugins.grpo_optuna_sweeper import frontier, space
+from hydra_plugins.grpo_optuna_sweeper import space
+from hydra_plugins.grpo_optuna_sweeper.compose import ComposeCache
 from hydra_plugins.grpo_optuna_sweeper.start import enqueue_frontier
 
 
@@ -86,7 +87,7 @@ def test_cached_config_matches_hydra_for_every_override_kind(extra):
 
 
 def test_split_keeps_groups_and_hydra_keys_on_the_composed_side():
-    cache = frontier.ComposeCache(compose=lambda overrides: None, is_group=lambda key: key in {"sweeps", "lora", "gpu"})
+    cache = ComposeCache(compose=lambda overrides: None, is_group=lambda key: key in {"sweeps", "lora", "gpu"})
     composed, applied = cache.split([SWEEP, "x=1", "lora=qv", "y=2", "gpu=l4", "z=3"])
     assert composed == [SWEEP, "lora=qv", "gpu=l4"]
     assert [o.input_line for o in applied] == ["x=1", "y=2", "z=3"]  # Hydra's order kept
@@ -101,9 +102,7 @@ def test_frontier_start_composes_once_per_group_choice_and_skips_a_missing_key(c
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as tiny:
         composed = []
-        counting = frontier.ComposeCache(
-            lambda overrides: composed.append(overrides) or tiny.compose(overrides), tiny.compose.is_group
-        )
+        counting = ComposeCache(lambda overrides: composed.append(overrides) or tiny.compose(overrides), tiny.compose.is_group)
         study = optuna.create_study(direction="maximize")
         with caplog.at_level(logging.INFO):
             enqueue_frontier(study, tiny.plan, tiny.prescreen, counting, 3)
@@ -132,7 +131,7 @@ def test_cache_outside_a_hydra_app_equals_compose_train_config():
     groups = config_groups([SWEEP])
     assert {"lora", "gpu", "model", "backend", "quant", "sweeps", "preset"} <= groups
     assert "gpu.memory_gib" not in groups and "lora_rank" not in groups
-    cache = frontier.ComposeCache(compose_train_config, groups.__contains__)
+    cache = ComposeCache(compose_train_config, groups.__contains__)
     points = [
         ["max_seq_length=256", "per_device_train_batch_size=8", "lora_rank=32", "lora=all_linear"],
         ["max_seq_length=64", "per_device_train_batch_size=2", "lora_rank=8", "lora=qv"],
@@ -163,9 +162,9 @@ def test_cache_equals_fresh_compose_on_the_gpu_sweep_spaces(sweep):
     distributions, _ = space.parse_space([f"{k}={v}" for k, v in params.items()])
     grid = space.grid_choices(distributions)
     base = [f"+sweeps={sweep}"]
-    cache = frontier.ComposeCache(compose_train_config, config_groups(base).__contains__)
+    cache = ComposeCache(compose_train_config, config_groups(base).__contains__)
     compared = 0
-    for point in itertools.islice(frontier.candidates(grid, seed=3), 5):
+    for point in itertools.islice(space.candidates(grid, seed=3), 5):
         overrides = [*base, *(space.to_override(k, v) for k, v in point.items())]
         same = _same(cache.config, compose_train_config, overrides)
         if same is not None:

@@ -1,102 +1,22 @@
-"""The space's candidates (every point, or a seeded sample), ComposeCache (their configs at one
-composition per group choice), and the memory-first start (hydra.sweeper.start=memory): the first
-trials are the points the estimator predicts fill the card best. (The default start, `model`,
-ranks the same candidates by predicted speed: forecast.py, start.py.)
+"""ComposeCache: the configs of many points of one space at one Hydra composition per distinct
+set of config-group choices.
 
-Why the memory-first start: the objective is throughput under a memory wall, and work per step (batch x sequence,
-LoRA size) buys throughput with memory, so the fastest config usually sits just below the wall.
-People search that way by hand (accelerate's `find_executable_batch_size` starts at the largest
-batch and halves on OOM). A sampler that starts from random points spends its first trials on
-small configs that cannot win; starting on the predicted frontier gives it fast, feasible
-trials to learn from at once. The estimator is arithmetic (milliseconds a point), and the configs
-come from ComposeCache (one Hydra composition per distinct group choice, not one per point), so
-ranking a few hundred candidates costs about a second.
-
-The picks are spread out: each differs from every earlier pick in at least half of the
-parameters, so the start covers several regions of the frontier instead of one corner of it.
+The sweep's plan, forecast, start, neighbour moves and pre-screen compose a config for every point
+they judge; Hydra re-reads and re-parses conf/ on each compose, so one composition per group
+choice makes ranking a few hundred candidates cost about a second.
 """
 
 from __future__ import annotations
 
-import itertools
-import random
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from . import handles, space
+from . import handles
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Override
     from omegaconf import DictConfig
-
-    from .space import Distribution
-
-MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many points
-
-
-def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATES) -> Iterator[dict[str, Any]]:
-    """Every point of a discrete space, or `cap` of them drawn at random when it is larger."""
-    names = list(grid)
-    size = 1
-    for choices in grid.values():
-        size *= len(choices)
-    if size <= cap:
-        for point in itertools.product(*grid.values()):
-            yield dict(zip(names, point))
-        return
-    rng = random.Random(seed)
-    seen: set[tuple] = set()
-    while len(seen) < cap:
-        drawn = tuple(rng.choice(grid[n]) for n in names)
-        if drawn not in seen:
-            seen.add(drawn)
-            yield dict(zip(names, drawn))
-
-
-def space_candidates(
-    distributions: dict[str, Distribution], seed: int | None, cap: int = MAX_CANDIDATES
-) -> Iterator[dict[str, Any]]:
-    """The points of a search space to judge: every point of a discrete space of at most `cap`,
-    else `cap` distinct points drawn at random (seeded). A continuous interval is drawn from
-    (space.draw) as a large discrete space is sampled; a discrete space draws as `candidates` does."""
-    listed = {key: space.values(dist) for key, dist in distributions.items()}
-    grid = {key: choices for key, choices in listed.items() if choices is not None}
-    if len(grid) == len(listed):
-        yield from candidates(grid, seed, cap)
-        return
-    rng = random.Random(seed)
-    names = list(listed)
-    seen: set[tuple] = set()
-    for _ in range(cap * 20):  # bounded: a narrow interval rounds to few distinct values
-        if len(seen) == cap:
-            break
-        point = tuple(rng.choice(grid[n]) if n in grid else space.draw(distributions[n], rng) for n in names)
-        if point not in seen:
-            seen.add(point)
-            yield dict(zip(names, point))
-
-
-def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None) -> list[dict[str, Any]]:
-    """Up to k points from (params, predicted peak / allowed bytes): those predicted to fit (<= 1),
-    fullest first, each differing from every earlier pick in at least half of the parameters.
-
-    A fraction, not bytes: when the card itself is a parameter (`gpu: choice(l4_24g, a100_40g)`),
-    each point is measured against its own card."""
-    fitting = [(params, share) for params, share in fullness if share <= 1.0]
-    random.Random(seed).shuffle(fitting)  # equal predictions: the order is the seed's, not the grid's
-    fitting.sort(key=lambda item: -item[1])
-    chosen: list[dict[str, Any]] = []
-    for params, _ in fitting:
-        if len(chosen) == k:
-            break
-        if all(_differences(params, other) * 2 >= len(params) for other in chosen):
-            chosen.append(params)
-    return chosen
-
-
-def _differences(a: dict[str, Any], b: dict[str, Any]) -> int:
-    return sum(a[name] != b.get(name) for name in a)
 
 
 class ComposeCache:

@@ -1,9 +1,9 @@
-"""The frontier's rules by hand, in process: the candidates of a space (frontier.candidates) and the
-composition cache (frontier.ComposeCache) over a small composition function that reads its config
+"""The candidates and the composition cache by hand, in process: the candidates of a space (space.candidates) and the
+composition cache (compose.ComposeCache) over a small composition function that reads its config
 groups and applies the value overrides with Hydra's own function, as Hydra's composition does.
 
 That the cache gives what a real Hydra composition gives, on the real sweeps, is
-tests/test_frontier_compose.py (seconds per composition); here each rule of the split and the
+tests/test_compose_cache.py (seconds per composition); here each rule of the split and the
 cache is checked on its own, in milliseconds.
 """
 
@@ -16,7 +16,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from hydra_plugins.grpo_optuna_sweeper import frontier, handles
+from hydra_plugins.grpo_optuna_sweeper import handles, space, start
+from hydra_plugins.grpo_optuna_sweeper.compose import ComposeCache
 
 GROUPS = {"lora", "gpu"}
 PARSER = OverridesParser.create()
@@ -55,7 +56,7 @@ def _plain(cfg):
 
 def test_the_cache_gives_the_composed_config_at_one_composition_per_group_choice():
     compose = Compose()
-    cache = frontier.ComposeCache(compose, GROUPS.__contains__)
+    cache = ComposeCache(compose, GROUPS.__contains__)
     points = [
         [f"lora={lora}", f"lora_rank={rank}", f"max_seq_length={seq}", f"gpu={gpu}"]
         for lora, rank, seq, gpu in itertools.product(["qv", "all"], [8, 32], [64, 256], ["l4", "a100"])
@@ -74,7 +75,7 @@ def test_the_cache_gives_the_composed_config_at_one_composition_per_group_choice
 
 def test_a_composition_that_fails_fails_every_point_with_those_choices_once():
     compose = Compose()
-    cache = frontier.ComposeCache(compose, GROUPS.__contains__)
+    cache = ComposeCache(compose, GROUPS.__contains__)
     for rank in (8, 16, 32):
         with pytest.raises(ConfigCompositionException, match="gpu=broken: no such config"):
             cache.config(["gpu=broken", f"lora_rank={rank}"])
@@ -85,7 +86,7 @@ def test_a_composition_that_fails_fails_every_point_with_those_choices_once():
 def test_a_value_override_fails_as_hydra_fails_it():
     """A key the config lacks (struct mode), applied to the copy by Hydra's own function: Hydra's own
     error; `+key` adds and `~key` deletes, as on a command line."""
-    cache = frontier.ComposeCache(Compose(), GROUPS.__contains__)
+    cache = ComposeCache(Compose(), GROUPS.__contains__)
     for point in (["lora=qv", "no_such_lever=1"], ["lora=qv", "extra.b=2"]):
         with pytest.raises(ConfigCompositionException) as fresh:
             Compose()(point)
@@ -101,7 +102,7 @@ def test_what_is_composed_and_what_is_applied_to_a_copy():
     """Group overrides, wherever they stand, are composed; the trailing value overrides are applied
     in order; a sweep, a `hydra` key and every override before the last of those stay composed, in
     order. A group key given a dict is a value override."""
-    cache = frontier.ComposeCache(Compose(), GROUPS.__contains__)
+    cache = ComposeCache(Compose(), GROUPS.__contains__)
 
     def split(overrides):
         composed, applied = cache.split(overrides)
@@ -121,7 +122,7 @@ def test_what_is_composed_and_what_is_applied_to_a_copy():
 
 def test_an_override_hydra_cannot_parse_is_composed_whole():
     compose = Compose()
-    cache = frontier.ComposeCache(compose, GROUPS.__contains__)
+    cache = ComposeCache(compose, GROUPS.__contains__)
     with pytest.raises(Exception) as fresh:  # noqa: PT011 - whatever Hydra raises, the same
         Compose()(["lora=qv", "lora_rank=[1,"])
     with pytest.raises(type(fresh.value)) as cached:
@@ -134,14 +135,14 @@ def test_an_override_hydra_cannot_parse_is_composed_whole():
 def test_candidates_are_every_point_or_a_seeded_sample_of_cap_distinct_points():
     grid = {"a": [1, 2, 3], "b": ["x", "y"], "c": [True, False]}
     every = [dict(zip(grid, p)) for p in itertools.product(*grid.values())]
-    assert list(frontier.candidates(grid, seed=0)) == every  # in the grid's order
-    assert list(frontier.candidates(grid, seed=0, cap=12)) == every  # exactly the cap: every point
-    drawn = list(frontier.candidates(grid, seed=3, cap=5))
+    assert list(space.candidates(grid, seed=0)) == every  # in the grid's order
+    assert list(space.candidates(grid, seed=0, cap=12)) == every  # exactly the cap: every point
+    drawn = list(space.candidates(grid, seed=3, cap=5))
     assert len(drawn) == 5 and all(p in every for p in drawn)
     assert len({tuple(p.values()) for p in drawn}) == 5  # distinct
-    assert list(frontier.candidates(grid, seed=3, cap=5)) == drawn  # the seed's
-    assert any(list(frontier.candidates(grid, seed=s, cap=5)) != drawn for s in range(4, 10))
-    assert len(list(frontier.candidates(grid, seed=1, cap=11))) == 11  # one short of every point: still ends
-    assert list(frontier.candidates({"a": [1]}, seed=None)) == [{"a": 1}]
-    assert frontier._differences({"a": 1, "b": 2}, {"a": 1, "b": 3}) == 1
-    assert frontier._differences({"a": 1, "b": 2}, {"a": 1}) == 1  # a key the other lacks differs
+    assert list(space.candidates(grid, seed=3, cap=5)) == drawn  # the seed's
+    assert any(list(space.candidates(grid, seed=s, cap=5)) != drawn for s in range(4, 10))
+    assert len(list(space.candidates(grid, seed=1, cap=11))) == 11  # one short of every point: still ends
+    assert list(space.candidates({"a": [1]}, seed=None)) == [{"a": 1}]
+    assert start._differences({"a": 1, "b": 2}, {"a": 1, "b": 3}) == 1
+    assert start._differences({"a": 1, "b": 2}, {"a": 1}) == 1  # a key the other lacks differs
