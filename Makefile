@@ -84,9 +84,9 @@ bench: install
 SWEEPER := hydra_plugins.grpo_optuna_sweeper
 MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).compose.* $(SWEEPER).start.x_pick* $(SWEEPER).start.x__differences* $(SWEEPER).space.* \
 	$(SWEEPER).progress.* $(SWEEPER).workers.x_duplicate_of* $(SWEEPER).workers.x_retry* \
-	$(SWEEPER).workers.x_fail_stale_trials* $(SWEEPER).summary.x__is_ok* $(SWEEPER).summary.x__feasible* \
-	$(SWEEPER).summary.x_best_trial* $(SWEEPER).summary.x_finalists* \
-	$(SWEEPER).summary.x_best_finalist* $(SWEEPER).summary.x_rows* $(SWEEPER).prescreen.xǁPrescreenǁverdict* \
+	$(SWEEPER).workers.x_fail_stale_trials* $(SWEEPER).standings.x_is_ok* $(SWEEPER).standings.x_feasible* \
+	$(SWEEPER).standings.x_best_trial* $(SWEEPER).standings.x_finalists* \
+	$(SWEEPER).standings.x_best_finalist* $(SWEEPER).summary.x_rows* $(SWEEPER).prescreen.xǁPrescreenǁverdict* \
 	$(SWEEPER).tell.x_tell* grpo_sweep.study.best.* grpo_sweep.study.storage.x_* \
 	grpo_sweep.memory.estimator.x_verdict* \
 	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid* \

@@ -4,7 +4,7 @@ Replays the sweep on a landscape (bench/landscapes.py: the tiny CPU grid measure
 model of the seed's Gemma 3 1B / L4 space) with the sweeper's own pieces: build_sampler, judge,
 for_sampler, the pre-screen, stop_threshold/timed_steps (early stop: PRUNED with the per-step
 throughputs as intermediate values), confirm.choose / next_round (the confirmation rounds, enqueued in the study while the finalists
-are within noise and confirm_budget of the replay's seconds is left) and summary.verdict (the
+are within noise and confirm_budget of the replay's seconds is left) and standings.verdict (the
 median-of-runs winner, a tie to the safer config, grpo_sweep.study.best). Each run of a point
 shows one noisy throughput (one of its measured runs, or true x exp(N(0, sigma)) on a model) and costs
 its seconds: start + every step it ran (an early-stopped trial: up to its first timed step), an OOM its time until it failed.
@@ -94,7 +94,7 @@ def sweep(
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials.
-    frontier / n_startup_trials / neighbour_every / start: None, the plugin's defaults (hydra.sweeper.frontier_start,
+    frontier / n_startup_trials / neighbour_every / start: None, the plugin's defaults (hydra.sweeper.start_points,
     n_startup_trials, neighbour_every, start). A landscape whose points carry the sweeper's forecast
     (landscapes.forecasts) starts as the sweeper's start.choose does (model: the predicted fastest fits;
     memory: the fullest); one without (the old landscapes) starts from memory, by its predicted peaks."""
@@ -113,7 +113,7 @@ def sweep(
         stop_threshold,
         timed_steps,
     )
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_finalist, best_trial, verdict
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_finalist, best_trial, verdict
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     conf = GrpoOptunaSweeperConf()
@@ -203,7 +203,7 @@ def sweep(
             for step, value in timed_steps(record, OBJECTIVE):
                 trial.report(value, step)
             # What the sweeper's tell records: the outcome's attrs (status, the peak) and the trial's budget,
-            # which the tie rule (summary.verdict: the most memory headroom) reads.
+            # which the tie rule (standings.verdict: the most memory headroom) reads.
             trial.set_user_attr("budget_bytes", budget)
             for name, attr in outcome.attrs.items():
                 trial.set_user_attr(name, attr)
@@ -274,7 +274,7 @@ def sweep(
     pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
     leader = _picked(ruling.leader.item, land) if ruling and ruling.leader else pick  # the best median alone
     # For comparison only, not the sweeper's rule: the most headroom over every tied config, shown
-    # within 5 % of the leader or not (summary.verdict gives headroom only the ones within 5 %).
+    # within 5 % of the leader or not (standings.verdict gives headroom only the ones within 5 %).
     leanest = leader
     if ruling and ruling.tie:
         share = lambda f: ruling.memory(f)[1]  # noqa: E731

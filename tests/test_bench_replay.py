@@ -54,7 +54,7 @@ def test_seconds_replay_uses_early_stop_confirmation_and_the_median_rule():
     import landscapes
     import search_seconds as ss
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import finalists
+    from hydra_plugins.grpo_optuna_sweeper.standings import finalists
 
     # A quiet machine (2 % log-normal noise): its budget can settle the finalists, so confirmation runs.
     land = landscapes.tiny_cpu(sigma=0.02)  # every run of a point costs its mean seconds

@@ -212,7 +212,7 @@ def test_the_rerun_command_carries_the_hydra_settings_a_run_needs():
     from optuna.trial import create_trial
 
     from hydra_plugins.grpo_optuna_sweeper.launch_config import HYDRA_OVERRIDES_ATTR, rerun_overrides
-    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+    from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
     given = [
         "hydra.searchpath=[file:///my conf]",

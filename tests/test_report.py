@@ -396,7 +396,7 @@ def _study_with_trials(storage, name: str, direction: str):
 def test_report_and_sweep_summary_name_the_same_winner(tmp_path, direction, best_rank):
     """One best-trial rule: the HTML report and the sweeper's best.yaml follow the study's direction."""
     from grpo_sweep.study.storage import open_storage
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial as summary_best
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial as summary_best
 
     source = f"journal:{tmp_path / 'study.journal'}"
     study = _study_with_trials(open_storage(source), "d", direction)

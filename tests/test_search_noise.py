@@ -200,7 +200,7 @@ def test_repeats_pool_and_confirmation_runs_on_while_the_finalists_overlap():
 
     import optuna
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, finalists
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial, finalists
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize")
@@ -290,7 +290,7 @@ def test_confirmation_stops_once_the_leader_is_separated():
     round, 3 runs where topping up to 1 + 2 runs each would have run 6."""
     import logging
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, verdict
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial, verdict
 
     log = logging.getLogger("test")
     study, space = _search([(1, 100.0), (2, 180.0), (3, 90.0), (4, 170.0)])
@@ -313,7 +313,7 @@ def test_confirmation_stops_when_its_budget_is_spent():
     could not (`undecidable`)."""
     import logging
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import verdict
+    from hydra_plugins.grpo_optuna_sweeper.standings import verdict
 
     log = logging.getLogger("test")
     search = [(1, 100.0), (2, 180.0), (3, 90.0), (4, 176.0)]
@@ -373,7 +373,7 @@ def test_confirmation_undecidable_from_the_start_gives_its_runs_back_to_the_sear
     finalists chosen before it ran."""
     import logging
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, verdict
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial, verdict
 
     log = logging.getLogger("test")
     study, space = _search([(1, 100.0), (2, 180.0), (3, 90.0), (4, 170.0), (2, 120.0)])
@@ -434,7 +434,7 @@ def test_confirmation_runs_only_the_undecided_and_stops_once_the_rest_are_within
     is left undecided confirmation stops (`indifferent`), the budget unspent."""
     import logging
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import verdict
+    from hydra_plugins.grpo_optuna_sweeper.standings import verdict
 
     log = logging.getLogger("test")
     # b=2 (180) and b=4 (179) ran 5 times each in the search: 2 % noise, within 5 % of each other.
@@ -464,7 +464,8 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
 
     import yaml
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, write_summary
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
+    from hydra_plugins.grpo_optuna_sweeper.summary import write_summary
 
     log = logging.getLogger("test")
     peaks = {1: 500, 2: 900, 3: 500, 4: 600}
@@ -786,7 +787,8 @@ def test_a_flagged_config_in_a_tie_never_wins_anywhere(tmp_path, capsys):
     import optuna
     import yaml
 
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial, learning_verdict, write_summary
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial, learning_verdict
+    from hydra_plugins.grpo_optuna_sweeper.summary import write_summary
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize")

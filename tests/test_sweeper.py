@@ -517,7 +517,8 @@ def test_estimator_prescreen_prunes_without_running(tmp_path):
 
 
 def test_frontier_pick_is_fullest_fit_first_and_spread_out():
-    from hydra_plugins.grpo_optuna_sweeper.frontier import candidates, pick
+    from hydra_plugins.grpo_optuna_sweeper.space import candidates
+    from hydra_plugins.grpo_optuna_sweeper.start import pick
 
     grid = {"batch": [2, 4, 8], "seq": [64, 96], "lora": ["qv", "all"]}
     points = list(candidates(grid, seed=0))

@@ -136,7 +136,7 @@ def test_winner_is_feasible_within_headroom_everywhere(tmp_path, direction, caps
     over half the card, so it is infeasible and never the best: not in best.yaml, the printed
     table, trials.csv or report.html. An OOM trial is never the best either. The best follows the
     study's direction (maximize tokens/s, or minimize step time)."""
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
 
     key = "tokens_per_s" if direction == "maximize" else "step_time_s"
     sweeper = _sweeper(tmp_path, direction=direction, objective=key, headroom=0.5)
@@ -342,7 +342,7 @@ def _fail(sweeper, study, error: str, status: str = "failed"):
 
 def test_systematic_failure_is_recognised_and_advised(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
-    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+    from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
     sweeper = _sweeper(tmp_path)
     study = _study(sweeper)
@@ -380,7 +380,7 @@ def test_prescreened_trial_keeps_the_failure_streak(tmp_path):
     so three failures around it still stop the sweep. A trial that ran (an OOM) breaks it."""
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
     from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
-    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+    from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
     sweeper = _sweeper(tmp_path)
     study = _study(sweeper)
@@ -460,7 +460,7 @@ def test_systematic_failure_edges(tmp_path):
     """A negative max_failures_in_a_row is off, like 0 (a pre-screened point:
     test_prescreened_trial_keeps_the_failure_streak)."""
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
-    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+    from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
     sweeper = _sweeper(tmp_path)
     study = _study(sweeper)
@@ -476,7 +476,7 @@ def test_failure_reasons_and_advice_by_hand(tmp_path):
     import optuna
 
     from hydra_plugins.grpo_optuna_sweeper.failures import DEFAULT_ADVICE, advice_for, reason_of, systematic_failure
-    from hydra_plugins.grpo_optuna_sweeper.summary import command_line
+    from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
     sweeper = _sweeper(tmp_path)
     study = _study(sweeper)
@@ -689,10 +689,10 @@ def test_space_edges_found_by_mutation():
     seed decides the sample)."""
     import itertools
 
-    from hydra_plugins.grpo_optuna_sweeper.frontier import MAX_CANDIDATES, candidates, pick
     from optuna.distributions import FloatDistribution
 
-    from hydra_plugins.grpo_optuna_sweeper.space import parse_space, to_override
+    from hydra_plugins.grpo_optuna_sweeper.space import MAX_CANDIDATES, candidates, parse_space, to_override
+    from hydra_plugins.grpo_optuna_sweeper.start import pick
 
     dists, _ = parse_space(["gpu_memory_utilization=range(0.3,0.7,0.1)", "learning_rate=interval(1, 2.5)"])
     util = dists["gpu_memory_utilization"]
@@ -1005,7 +1005,7 @@ def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
     over its runs that ran ok: a confirmation run joins the trial it confirms; one that ran out of
     memory adds no value to the median; once the plan chose its finalists, a config run once does not
     compete with confirmed ones."""
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
 
     sweeper = _sweeper(tmp_path)
     study = _study(sweeper)
@@ -1035,7 +1035,7 @@ def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
     from conftest import compose
 
     from grpo_sweep.units import budget_bytes
-    from hydra_plugins.grpo_optuna_sweeper.summary import best_trial
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
 
     sweeper = _sweeper(tmp_path)
     study = _study(sweeper)

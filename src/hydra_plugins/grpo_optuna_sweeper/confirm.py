@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.best import CONFIRMS_ATTR, PLAN_ATTR, REPEATS_ATTR
 
+from .standings import is_ok, verdict
+
 OVERRIDES_ATTR = "overrides"  # trial user attr: the point as `python train.py` overrides (the sweeper's)
 
 
@@ -81,7 +83,6 @@ def off_reason(n_trials: int, top: int, repeats: int, sampler: str) -> str:
 
 def search_trials(study: Study) -> list[FrozenTrial]:
     """The study's feasible ok trials that are not confirmation runs (the search's own results)."""
-    from .summary import _is_ok as is_ok
 
     return [t for t in study.get_trials(deepcopy=False) if is_ok(t) and t.user_attrs.get(CONFIRMS_ATTR) is None]
 
@@ -166,7 +167,6 @@ def seconds_so_far(study: Any, seconds_of: Callable[[Any], float | None] = trial
 def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], float | None] = trial_seconds) -> bool:
     """Decide and queue the next round (see the module docstring); True when there are runs to run,
     False once confirmation has stopped (the reason recorded in the study's `confirmation` attr)."""
-    from .summary import verdict
 
     state = dict(study.user_attrs.get(PLAN_ATTR) or {})
     if not state or state.get("stopped"):

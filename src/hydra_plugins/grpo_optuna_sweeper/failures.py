@@ -95,7 +95,7 @@ def systematic_failure(
 ) -> Stop | None:
     """A Stop when the last `limit` trials finished since `since` (this worker's start: earlier
     failures belong to a run the user may have fixed since) all failed for one reason.
-    `command_of(trial)`: the line that runs a trial's point alone (summary.command_line)."""
+    `command_of(trial)`: the line that runs a trial's point alone (tables.command_line)."""
     if not limit or limit <= 0:
         return None
     finished = [

@@ -32,7 +32,9 @@ from .prepare import prepare
 from .prescreen import Prescreen
 from .progress import Progress, counts
 from .report import write_report
+from .standings import best_trial
 from .start import enqueue_neighbour
+from .tables import command_line
 from .tell import judge_job, state, tell
 from .workers import Heartbeat, duplicate_of, fail_dead_workers, fail_stale_trials, retry, this_worker, waiting_line
 
@@ -112,7 +114,6 @@ class Loop:
 
     def _soak(self, steps: int) -> None:
         """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
-        from .summary import best_trial
         from .workers import worker_dead
 
         study = self.study
@@ -209,7 +210,6 @@ class Loop:
                 return
 
     def _systematic_failure(self) -> Stop | None:
-        from .summary import command_line
 
         return systematic_failure(self.study, self.progress.started, self.plan.settings.max_failures_in_a_row, command_line)
 

@@ -32,6 +32,8 @@ import random
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .standings import finalists
+
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
@@ -113,8 +115,6 @@ def enqueue(study: Study, choices: dict[str, list], runs: Callable[[dict[str, An
     (start points and retries go first), nothing is feasible yet, or no config has a move that is
     fresh and allowed by `runs`."""
     from grpo_sweep.study import best as best_rule
-
-    from .summary import finalists
 
     trials = study.get_trials(deepcopy=False)
     if any(t.state.name == "WAITING" for t in trials):

@@ -26,6 +26,7 @@ from .launch_config import HYDRA_OVERRIDES_ATTR
 from .outcome import Outcome, stop_threshold
 from .plan import SweepPlan
 from .prescreen import Prescreen
+from .standings import best_finalist
 from .start import outside_space
 
 if TYPE_CHECKING:
@@ -107,7 +108,6 @@ def _stop_override(trial: Trial, plan: SweepPlan, attrs: dict) -> list[str]:
     never for a confirmation run (it must run to its end) or before any trial is feasible."""
     if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is not None:
         return []
-    from .summary import best_finalist
 
     settings = plan.settings
     best = best_finalist(trial.study) if settings.stop_below else None

@@ -14,6 +14,8 @@ from grpo_sweep.units import budget_bytes
 
 from . import concessions, identity, space
 from .plan import SweepPlan
+from .standings import is_ok, learning_verdict, verdict
+from .summary import write_summary
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -30,7 +32,6 @@ Compose = Callable[[list[str]], DictConfig]
 def write_report(study: Study, plan: SweepPlan, compose: Compose, quiet: bool = False, stopped: Stop | None = None) -> dict:
     """`stopped`: the failures.Stop that ended the sweep (the summary ends with its words), or None.
     `compose`: a job's config for overrides (plan.Composer), to price the concessions."""
-    from .summary import learning_verdict, write_summary
 
     study.set_user_attr("learning_tolerance", plan.learning_tolerance)  # for report.html and `grpo-sweep report`
     learning = learning_verdict(study, plan.learning_tolerance)
@@ -59,10 +60,8 @@ def _any_taken(study: Study) -> bool:
 def price_tags(study: Study, plan: SweepPlan, compose: Compose, ranked: list | None = None) -> dict | None:
     """concessions.price_tags for this study: what the winner gave up and what it bought. Never fails
     the sweep (the trials and best.yaml matter more): on an error it says why instead. ranked: the
-    finalists, winner first, as the summary ranks them (summary.learning_verdict); None: summary.verdict's."""
+    finalists, winner first, as the summary ranks them (standings.learning_verdict); None: standings.verdict's."""
     from grpo_sweep.memory.throughput import relative_step_time
-
-    from .summary import _is_ok, verdict
 
     def predict(overrides: list[str]) -> tuple[DictConfig, Estimate]:
         cfg = compose(overrides)
@@ -99,7 +98,7 @@ def price_tags(study: Study, plan: SweepPlan, compose: Compose, ranked: list | N
             study.get_trials(deepcopy=False),
             plan.recipe,
             set(plan.concession_params),
-            is_ok=_is_ok,
+            is_ok=is_ok,
             maximize=plan.settings.direction == "maximize",
             best=winner.item if winner else None,
             best_value=float(winner.median) if winner else None,

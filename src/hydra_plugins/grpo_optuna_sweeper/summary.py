@@ -16,17 +16,16 @@ from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.files import write_atomic
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from grpo_sweep.memory.throughput import limit_words
-from grpo_sweep.report.learning import check_trials, is_flagged, verdict_lines, verdict_of
-from grpo_sweep.report.trials import rerun_command, trials_from_study
+from grpo_sweep.report.learning import verdict_lines, verdict_of
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
 from .failures import NOTHING_FITS, Stop, why_no_best
-from .launch_config import HYDRA_OVERRIDES_ATTR
 from .soak import SOAK_ATTR
 from .soak import words as soak_words
-from .tables import finalist_table, stop_words, table
+from .standings import feasible, is_ok, learning_verdict
+from .tables import command_line, finalist_table, stop_words, table
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -50,72 +49,6 @@ FIRST_COLUMNS = [
     "rank_peak_memory_bytes",  # each rank's peak, space-separated
 ]
 LAST_COLUMNS = ["learning", "preset", "worker", "run_dir", "wandb_run_id", "error"]
-
-
-def _feasible(trial: FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints.values())
-
-
-def _is_ok(trial: FrozenTrial) -> bool:
-    from optuna.trial import TrialState
-
-    return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and _feasible(trial)
-
-
-def best_trial(study: Study, tolerance: float | None = None) -> FrozenTrial | None:
-    """The first run of the winning config (learning_verdict): the best median of its runs, once
-    confirmation chose its finalists only they compete, from a tie within noise the safer config, and
-    a config that changed the learning only when every competing config did. tolerance:
-    hydra.sweeper.learning_tolerance (None: per precision)."""
-    winner = learning_verdict(study, tolerance)[0].winner
-    return winner.item if winner is not None else None
-
-
-def _runs(study: Study) -> list[FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if _is_ok(t) or best_rule.config_group(t.user_attrs, None) is not None]
-
-
-def _by_config(study: Study) -> dict[str, Any]:
-    """How study.best's rules read a study: each run's value, the config it belongs to (repeats and
-    confirmation runs join the config's first trial), the direction, the finalists confirmation chose."""
-    return {
-        "value": lambda t: t.value if _is_ok(t) else None,
-        "group": lambda t: best_rule.config_group(t.user_attrs, t.number),
-        "direction": study.direction,
-        "compete": best_rule.competing(study.user_attrs),
-    }
-
-
-def finalists(study: Study) -> list[best_rule.Finalist[FrozenTrial]]:
-    """Each config's runs, best median first (the search's view: no noise, no tie)."""
-    return best_rule.finalists(_runs(study), **_by_config(study))
-
-
-def verdict(study: Study, flagged: dict | None = None) -> best_rule.Verdict:
-    """grpo_sweep.study.best.decide over the study: the noise it measured, the leader, the tie, the
-    winner; `flagged` (learning_verdict): the trials that changed the learning, out of the running."""
-    return best_rule.decide(
-        _runs(study),
-        **_by_config(study),
-        peak_of=lambda t: t.user_attrs.get("peak_memory_bytes"),
-        budget_of=lambda t: t.user_attrs.get("budget_bytes"),
-        flagged=is_flagged(flagged, lambda t: t.number) if flagged else None,
-    )
-
-
-def best_finalist(study: Study) -> best_rule.Finalist[FrozenTrial] | None:
-    """The config with the best median so far (the stop threshold and the progress line race against it)."""
-    ranked = finalists(study)
-    return ranked[0] if ranked else None
-
-
-def learning_verdict(study: Any, tolerance: float | None) -> tuple[best_rule.Verdict, dict]:
-    """(verdict, flagged): the trials that changed the learning (grpo_sweep.report.learning, read from
-    their metrics.json as the report reads them) and `verdict` with them out of the running (a
-    flagged config wins only when every competing config is flagged): the one winner best.yaml, the
-    printout, the tie, the soak and the exports name. tolerance: hydra.sweeper.learning_tolerance."""
-    flagged = check_trials(trials_from_study(study), tolerance)
-    return verdict(study, flagged), flagged
 
 
 def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> dict:
@@ -276,8 +209,8 @@ def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dic
             "number": t.number,
             "state": t.state.name,
             "status": attrs.get("status"),
-            "feasible": _feasible(t) if t.state.name in ("COMPLETE", "PRUNED") else "",
-            "objective": t.value if _is_ok(t) else "",
+            "feasible": feasible(t) if t.state.name in ("COMPLETE", "PRUNED") else "",
+            "objective": t.value if is_ok(t) else "",
         }
         for key in FIRST_COLUMNS[5:]:
             value = attrs.get(key, "")
@@ -286,7 +219,7 @@ def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dic
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
             row[name] = " ".join(value) if isinstance(value, list) else value
-        learning = verdict_of(t.number, flagged) if flagged is not None and (_is_ok(t) or t.number in flagged) else ""
+        learning = verdict_of(t.number, flagged) if flagged is not None and (is_ok(t) or t.number in flagged) else ""
         for key in LAST_COLUMNS:
             if key == "learning":  # the check's verdict, not a trial attribute
                 row[key] = learning
@@ -309,12 +242,6 @@ def _plain_dumper():
     return PlainDumper
 
 
-def command_line(trial: FrozenTrial) -> str:
-    """The shell line that runs the trial's point alone: its Hydra settings (hydra.searchpath, ...), then the point."""
-    attrs = trial.user_attrs
-    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get("overrides") or [])])
-
-
 def dashboard_command(storage_url: str) -> str:
     target = str(journal_path(storage_url)) if is_journal(storage_url) else mask(storage_url)
     return f"optuna-dashboard {shlex.quote(target)}"
@@ -327,7 +254,7 @@ def vs_presets(study: Study, best: FrozenTrial | None) -> dict:
         preset = t.user_attrs.get("preset")
         if not preset or t.state.name in ("WAITING", "RUNNING"):
             continue
-        if _is_ok(t) and best is not None and t.value:
+        if is_ok(t) and best is not None and t.value:
             out[preset] = {
                 "trial": t.number,
                 "objective": t.value,
@@ -437,7 +364,7 @@ def write_summary(
             print(why)
     else:
         ok = best_rule.ranked(
-            [t for t in study.get_trials(deepcopy=False) if _is_ok(t)], value=lambda t: t.value, direction=study.direction
+            [t for t in study.get_trials(deepcopy=False) if is_ok(t)], value=lambda t: t.value, direction=study.direction
         )
         print(table(ok, objective, top_k, changed=set(flagged), unchecked=set(getattr(flagged, "unchecked", ()))))
         print(finalist_table(summary, objective))

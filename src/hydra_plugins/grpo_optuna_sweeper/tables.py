@@ -6,9 +6,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from grpo_sweep.report.trials import rerun_command
 from grpo_sweep.units import GIB
 
+from .launch_config import HYDRA_OVERRIDES_ATTR
+
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from .failures import Stop
 
 
@@ -108,3 +113,9 @@ def stop_words(stopped: Stop, waiting: int) -> str:
             " fixed, resumes the study and runs them first"
         )
     return words
+
+
+def command_line(trial: FrozenTrial) -> str:
+    """The shell line that runs the trial's point alone: its Hydra settings (hydra.searchpath, ...), then the point."""
+    attrs = trial.user_attrs
+    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get("overrides") or [])])

@@ -12,6 +12,7 @@ from grpo_sweep.metrics import MetricsError, read_metrics
 from . import handles
 from .outcome import Outcome, for_sampler, judge, tell_constraint, timed_steps
 from .progress import Progress, counts
+from .standings import best_finalist
 
 if TYPE_CHECKING:
     from hydra.core.utils import JobReturn
@@ -79,7 +80,6 @@ def tell(study: Study, trial: Trial, outcome: Outcome, objective: str, progress:
 
 def progress_line(study: Study, objective: str, progress: Progress) -> str:
     """`trial k/N | best ... | ~t left` (progress.py); never fails the sweep."""
-    from .summary import best_finalist
 
     try:
         return progress.line(counts(study)[0], best_finalist(study), objective)
