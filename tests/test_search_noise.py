@@ -482,7 +482,6 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
         tmp_path,
         storage_url=f"journal:{tmp_path / 'study.journal'}",
         objective="tokens_per_s",
-        fixed=[],
         top_k=5,
         headroom=None,
     )
@@ -517,7 +516,6 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
         out_dir,
         storage_url=f"journal:{out_dir / 'study.journal'}",
         objective="tokens_per_s",
-        fixed=[],
         top_k=5,
         headroom=None,
     )
@@ -771,7 +769,6 @@ def test_a_confirm_budget_too_small_for_one_run_gives_its_runs_back(tmp_path, ca
         tmp_path,
         storage_url=f"journal:{tmp_path / 's.journal'}",
         objective="tokens_per_s",
-        fixed=[],
         top_k=5,
         headroom=None,
     )
@@ -810,7 +807,6 @@ def test_a_flagged_config_in_a_tie_never_wins_anywhere(tmp_path, capsys):
         tmp_path,
         storage_url=f"journal:{tmp_path / 's.journal'}",
         objective="tokens_per_s",
-        fixed=[],
         top_k=5,
         headroom=None,
     )

@@ -177,7 +177,7 @@ def test_a_soak_oom_flags_the_winner_in_best_yaml_the_summary_and_the_report(tmp
     study = _study_with_one_winner(tmp_path)
     metrics = {"status": "oom", "error": "OutOfMemoryError", "steps": 7, "history": _steps({1: 9, 2: 9, 7: 9})}
     study.set_user_attr(soak.SOAK_ATTR, soak.judge({"trial": 0, "steps_asked": 10, "worker": "h:1"}, metrics))
-    write_summary(study, tmp_path, storage_url="sqlite:///s.db", objective="tokens_per_s", fixed=[], top_k=5, headroom=None)
+    write_summary(study, tmp_path, storage_url="sqlite:///s.db", objective="tokens_per_s", top_k=5, headroom=None)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     warning = "trial 0's config ran out of memory at step 8 of its 10-step soak"
     assert best["soak_warning"] == best["soak"]["warning"] == warning

@@ -45,7 +45,6 @@ def write_report(study: Study, plan: SweepPlan, compose: Compose, quiet: bool = 
         learning_tolerance=plan.learning_tolerance,
         storage_url=plan.storage_url,
         objective=identity.objective_of(study, plan.objective),  # the one the study was created with
-        fixed=list(plan.fixed),
         top_k=plan.settings.top_k,
         headroom=plan.settings.headroom,
         quiet=quiet,

@@ -271,7 +271,6 @@ def write_summary(
     *,
     storage_url: str,
     objective: str,
-    fixed: list[str],
     top_k: int,
     headroom: float | None,
     quiet: bool = False,
@@ -281,23 +280,84 @@ def write_summary(
     learning: tuple[Any, dict] | None = None,
     learning_tolerance: float | None = None,
 ) -> dict:
-    """`stopped`: a failures.Stop when a systematic failure ended the sweep (said, and in the dict).
-    recipe: the recipe every trial held (best.yaml `recipe:`); price_tags: concessions.price_tags, what
-    the winner gave up and what it bought (best.yaml `concessions:`, printed), when concessions were searched.
-    learning: learning_verdict(study, learning_tolerance), when the caller has it already."""
-    import yaml
+    """The sweep's summary built (`build_summary`), written (trials.csv, the exports, best.yaml) and,
+    unless `quiet`, printed with report.html's path.
 
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    Args:
+        study: the study, as every worker reads it.
+        sweep_dir: where trials.csv, best.yaml, the exports and report.html go.
+        storage_url: the storage (shown masked).
+        objective: the metric the sweep ranks by.
+        top_k: the rows of the printed table.
+        headroom: hydra.sweeper.headroom, recorded beside the winner.
+        quiet: write, do not print.
+        stopped: a failures.Stop when a systematic failure ended the sweep (said, and in the dict).
+        recipe: the recipe every trial held (best.yaml `recipe:`).
+        price_tags: concessions.price_tags, what the winner gave up and what it bought.
+        learning: standings.learning_verdict(study, learning_tolerance), when the caller has it.
+        learning_tolerance: hydra.sweeper.learning_tolerance.
+
+    Returns:
+        best.yaml's content, with `report` when report.html was written.
+    """
     ruling, flagged = learning or learning_verdict(study, learning_tolerance)  # the median-of-runs rule, noise, tie
-    learned = ruling
     columns, data = rows(study, flagged)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows(data)
-    write_atomic(sweep_dir / "trials.csv", buf.getvalue())
+    summary = build_summary(
+        study,
+        data,
+        ruling,
+        flagged,
+        storage_url=storage_url,
+        objective=objective,
+        headroom=headroom,
+        stopped=stopped,
+        recipe=recipe,
+        price_tags=price_tags,
+        learning_tolerance=learning_tolerance,
+    )
+    write_files(study, sweep_dir, summary, columns, data, recipe)
+    if quiet:
+        return summary
+    print_summary(
+        study, sweep_dir, summary, ruling, flagged, objective=objective, top_k=top_k, recipe=recipe, price_tags=price_tags
+    )
+    report = write_html_report(study, sweep_dir)
+    if report is not None:
+        print(f"Report: {report}")
+        summary["report"] = str(report)
+    print(f"Dashboard: {summary['dashboard']}")
+    if stopped is not None:
+        print(stop_words(stopped, summary["trials"].get("WAITING", 0)))
+    return summary
 
-    ranked_finalists = learned.ranked  # the winner first under the learning check's rule
+
+def build_summary(
+    study: Study,
+    data: list[dict],
+    ruling: Any,
+    flagged: dict,
+    *,
+    storage_url: str,
+    objective: str,
+    headroom: float | None,
+    stopped: Stop | None,
+    recipe: dict | None,
+    price_tags: dict | None,
+    learning_tolerance: float | None,
+) -> dict:
+    """best.yaml's content from the study, its rows (`rows`) and the verdict, without writing anything.
+
+    Args:
+        study: the study.
+        data: `rows(study, flagged)`'s rows, for the count of each state.
+        ruling: the verdict with the learning check applied (standings.learning_verdict).
+        flagged: the trials that changed the learning.
+        storage_url, objective, headroom, stopped, recipe, price_tags, learning_tolerance: as write_summary's.
+
+    Returns:
+        The summary; `export` is filled in by write_files.
+    """
+    ranked_finalists = ruling.ranked  # the winner first under the learning check's rule
     best = ranked_finalists[0].item if ranked_finalists else None
     states: dict[str, int] = {}
     for row in data:
@@ -317,106 +377,128 @@ def write_summary(
         summary["concessions"] = {k: v for k, v in price_tags.items() if k != "recipe"}
     if stopped is not None:
         summary["stopped"] = stopped.as_dict()
-    summary.update(learning_summary(learned, flagged, learning_tolerance))
-    if best is not None:
-        attrs = best.user_attrs
-        summary.update(
-            {
-                "best_trial": best.number,
-                "best_value": ranked_finalists[0].median,
-                "params": dict(best.params),
-                "levers": attrs.get("levers"),
-                "peak_memory_bytes": attrs.get("peak_memory_bytes"),
-                "predicted_peak_bytes": attrs.get("predicted_peak_bytes"),
-                "budget_bytes": attrs.get("budget_bytes"),
-                # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
-                "reward_mean": attrs.get("reward_mean"),
-                "reward_change": attrs.get("reward_change"),
-                "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
-                "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
-                "headroom": headroom,
-                "run_dir": attrs.get("run_dir"),
-                "overrides": attrs.get("overrides"),
-                "command": command_line(best),
-                "vs_presets": vs_presets(study, best),
-                **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
-            }
-        )
-        soaked = study.user_attrs.get(SOAK_ATTR)
-        if soaked:
-            running = soaked.get("status") == "running"  # which worker runs it is said; else no worker
-            summary["soak"] = {k: v for k, v in soaked.items() if k != "started_unix" and (k != "worker" or running)}
-            if soaked.get("warning") and soaked.get("trial") == best.number:  # its soak says the winner may not hold
-                summary["soak_warning"] = soaked["warning"]
-        confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
-        if confirmation:
-            summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
-                "runs": len(confirmation.get("runs") or [])
-            }
-        summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name, held=recipe)
-        write_atomic(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
-    if quiet:
+    summary.update(learning_summary(ruling, flagged, learning_tolerance))
+    if best is None:
         return summary
+    attrs = best.user_attrs
+    summary.update(
+        {
+            "best_trial": best.number,
+            "best_value": ranked_finalists[0].median,
+            "params": dict(best.params),
+            "levers": attrs.get("levers"),
+            "peak_memory_bytes": attrs.get("peak_memory_bytes"),
+            "predicted_peak_bytes": attrs.get("predicted_peak_bytes"),
+            "budget_bytes": attrs.get("budget_bytes"),
+            # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
+            "reward_mean": attrs.get("reward_mean"),
+            "reward_change": attrs.get("reward_change"),
+            "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
+            "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
+            "headroom": headroom,
+            "run_dir": attrs.get("run_dir"),
+            "overrides": attrs.get("overrides"),
+            "command": command_line(best),
+            "vs_presets": vs_presets(study, best),
+            **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
+        }
+    )
+    soaked = study.user_attrs.get(SOAK_ATTR)
+    if soaked:
+        running = soaked.get("status") == "running"  # which worker runs it is said; else no worker
+        summary["soak"] = {k: v for k, v in soaked.items() if k != "started_unix" and (k != "worker" or running)}
+        if soaked.get("warning") and soaked.get("trial") == best.number:  # its soak says the winner may not hold
+            summary["soak_warning"] = soaked["warning"]
+    confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
+    if confirmation:
+        summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
+            "runs": len(confirmation.get("runs") or [])
+        }
+    return summary
+
+
+def write_files(study: Study, sweep_dir: Path, summary: dict, columns: list[str], data: list[dict], recipe: dict | None) -> None:
+    """trials.csv always; with a winner, its exports (summary `export`) and best.yaml. Each atomically."""
+    import yaml
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(data)
+    write_atomic(sweep_dir / "trials.csv", buf.getvalue())
+    if "best_trial" not in summary:
+        return
+    summary["export"] = export_best(summary.get("run_dir"), sweep_dir, study.study_name, held=recipe)
+    write_atomic(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
+
+
+def print_summary(
+    study: Study,
+    sweep_dir: Path,
+    summary: dict,
+    ruling: Any,
+    flagged: dict,
+    *,
+    objective: str,
+    top_k: int,
+    recipe: dict | None,
+    price_tags: dict | None,
+) -> None:
+    """The console's summary: the states, the top trials, the finalists and notes, the learning check,
+    the held recipe and its price tags, the winner and the lines that run it."""
+    states = summary["trials"]
     print(f"\n=== Study {study.study_name}: {states} ===")
+    best = ruling.ranked[0].item if ruling.ranked else None
     if best is None:
         why = why_no_best(study)
-        if stopped is None or NOTHING_FITS not in why:  # a stopped sweep ends with its reason, not a memory verdict
+        if "stopped" not in summary or NOTHING_FITS not in why:  # a stopped sweep ends with its reason, not a memory verdict
             print(why)
-    else:
-        ok = best_rule.ranked(
-            [t for t in study.get_trials(deepcopy=False) if is_ok(t)], value=lambda t: t.value, direction=study.direction
-        )
-        print(table(ok, objective, top_k, changed=set(flagged), unchecked=set(getattr(flagged, "unchecked", ()))))
-        print(finalist_table(summary, objective))
-        for note in ("tie_note", "lead_note"):
-            if summary.get(note):
-                print(summary[note])
-        if said := learning_lines(learned, flagged, len(ok)):
-            print(said)
-        if recipe:
-            print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
-        if price_tags:
-            print(
-                describe(price_tags, objective) if "error" not in price_tags else f"Concessions not priced: {price_tags['error']}"
-            )
-        reward = best.user_attrs.get("reward_mean")
-        print(
-            f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
-            + (f", reward {reward:.3f}" if reward is not None else "")
-        )
-        reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
-        if reward_s is not None and step_s:
-            print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
-        if summary.get("card_limit"):
-            print(f"  runs at {summary['card_limit']}")
-        for preset, info in summary["vs_presets"].items():
-            if info.get("ratio"):
-                print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
-            else:
-                print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
-        if summary.get("soak"):
-            print(soak_words(summary["soak"]))
-        if summary.get("soak_warning"):
-            print(f"Run it (not recommended as it is: {summary['soak_warning']}):\n  {summary['command']}")
+        return
+    ok = best_rule.ranked(
+        [t for t in study.get_trials(deepcopy=False) if is_ok(t)], value=lambda t: t.value, direction=study.direction
+    )
+    print(table(ok, objective, top_k, changed=set(flagged), unchecked=set(getattr(flagged, "unchecked", ()))))
+    print(finalist_table(summary, objective))
+    for note in ("tie_note", "lead_note"):
+        if summary.get(note):
+            print(summary[note])
+    if said := learning_lines(ruling, flagged, len(ok)):
+        print(said)
+    if recipe:
+        print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
+    if price_tags:
+        print(describe(price_tags, objective) if "error" not in price_tags else f"Concessions not priced: {price_tags['error']}")
+    reward = best.user_attrs.get("reward_mean")
+    print(
+        f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
+        + (f", reward {reward:.3f}" if reward is not None else "")
+    )
+    reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
+    if reward_s is not None and step_s:
+        print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
+    if summary.get("card_limit"):
+        print(f"  runs at {summary['card_limit']}")
+    for preset, info in summary["vs_presets"].items():
+        if info.get("ratio"):
+            print(f"  vs {preset}: {info['ratio']:.2f}x ({info['objective']:.4g})")
         else:
-            print(f"Run it:\n  {summary['command']}")
-        exported = summary.get("export") or {}
-        if exported.get("files"):
-            print(
-                f"Run it in TRL:\n  trl grpo --config {shlex.quote(str(sweep_dir / 'best.trl.yaml'))}"
-                f"   (also: {', '.join(exported['files'][1:])})"
-            )
-        elif exported.get("error"):
-            print(f"Not exported for TRL: {exported['error']}")
-        print(f"Wrote {sweep_dir / 'best.yaml'} and {sweep_dir / 'trials.csv'}")
-    report = write_html_report(study, sweep_dir)
-    if report is not None:
-        print(f"Report: {report}")
-        summary["report"] = str(report)
-    print(f"Dashboard: {summary['dashboard']}")
-    if stopped is not None:
-        print(stop_words(stopped, states.get("WAITING", 0)))
-    return summary
+            print(f"  vs {preset}: {preset} did not run ok ({info.get('status')}): no ratio")
+    if summary.get("soak"):
+        print(soak_words(summary["soak"]))
+    if summary.get("soak_warning"):
+        print(f"Run it (not recommended as it is: {summary['soak_warning']}):\n  {summary['command']}")
+    else:
+        print(f"Run it:\n  {summary['command']}")
+    exported = summary.get("export") or {}
+    if exported.get("files"):
+        print(
+            f"Run it in TRL:\n  trl grpo --config {shlex.quote(str(sweep_dir / 'best.trl.yaml'))}"
+            f"   (also: {', '.join(exported['files'][1:])})"
+        )
+    elif exported.get("error"):
+        print(f"Not exported for TRL: {exported['error']}")
+    print(f"Wrote {sweep_dir / 'best.yaml'} and {sweep_dir / 'trials.csv'}")
 
 
 def export_best(run_dir: str | None, sweep_dir: Path, study_name: str, held: dict | None = None) -> dict:
