@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import TypeGuard
 
 from grpo_sweep.metrics import PRESCREEN_KEYS
+from grpo_sweep.study.attrs import Status
 
 MIN_TRIALS = 3  # trials of a backend (and phase) before its correction replaces the prior
 Z = 1.645  # one-sided 95 % of a normal: the allowance covers the next trial's ratio 19 times in 20
@@ -105,7 +106,7 @@ def observation(attrs: dict) -> Observation | None:
     phases = attrs.get("predicted_phases")
     backend = attrs.get("backend")
     status = attrs.get("status")
-    if not isinstance(phases, dict) or not backend or status not in ("ok", "slow", "oom"):
+    if not isinstance(phases, dict) or not backend or status not in (Status.OK, Status.SLOW, Status.OOM):
         return None
     if str(attrs.get("memory_source") or "").startswith("cpu-rss"):
         return None
@@ -113,7 +114,7 @@ def observation(attrs: dict) -> Observation | None:
     predicted = phases.get(phase)
     if not _number(predicted):
         return None
-    if status == "oom":
+    if status == Status.OOM:
         budget, deficit = attrs.get("budget_bytes"), attrs.get("deficit_bytes")
         if not (_number(budget) and _number(deficit)):
             return None

@@ -19,6 +19,7 @@ from grpo_sweep.memory.throughput import limit_words
 from grpo_sweep.report.learning import check_trials, is_flagged, verdict_lines, verdict_of
 from grpo_sweep.report.trials import rerun_command, trials_from_study
 from grpo_sweep.study import best as best_rule
+from grpo_sweep.study.attrs import ConfirmationState, Key, Status
 from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
@@ -59,7 +60,7 @@ def _feasible(trial: FrozenTrial) -> bool:
 def _is_ok(trial: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
-    return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and _feasible(trial)
+    return trial.state == TrialState.COMPLETE and trial.user_attrs.get(Key.STATUS) == Status.OK and _feasible(trial)
 
 
 def best_trial(study: Study, tolerance: float | None = None) -> FrozenTrial | None:
@@ -97,8 +98,8 @@ def verdict(study: Study, flagged: dict | None = None) -> best_rule.Verdict:
     return best_rule.decide(
         _runs(study),
         **_by_config(study),
-        peak_of=lambda t: t.user_attrs.get("peak_memory_bytes"),
-        budget_of=lambda t: t.user_attrs.get("budget_bytes"),
+        peak_of=lambda t: t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
+        budget_of=lambda t: t.user_attrs.get(Key.BUDGET_BYTES),
         flagged=is_flagged(flagged, lambda t: t.number) if flagged else None,
     )
 
@@ -324,7 +325,7 @@ def vs_presets(study: Study, best: FrozenTrial | None) -> dict:
     """best / preset objective for each seed preset that ran in this study (or why it has no ratio)."""
     out: dict[str, dict[str, Any]] = {}
     for t in study.get_trials(deepcopy=False):
-        preset = t.user_attrs.get("preset")
+        preset = t.user_attrs.get(Key.PRESET)
         if not preset or t.state.name in ("WAITING", "RUNNING"):
             continue
         if _is_ok(t) and best is not None and t.value:
@@ -334,7 +335,7 @@ def vs_presets(study: Study, best: FrozenTrial | None) -> dict:
                 "ratio": cast(float, best.value) / t.value,
             }  # best: ok, so valued
         else:
-            out.setdefault(preset, {"trial": t.number, "status": t.user_attrs.get("status"), "ratio": None})
+            out.setdefault(preset, {"trial": t.number, "status": t.user_attrs.get(Key.STATUS), "ratio": None})
     return out
 
 
@@ -417,15 +418,13 @@ def write_summary(
         )
         soaked = study.user_attrs.get(SOAK_ATTR)
         if soaked:
-            running = soaked.get("status") == "running"  # which worker runs it is said; else no worker
+            running = soaked.get("status") == Status.RUNNING  # which worker runs it is said; else no worker
             summary["soak"] = {k: v for k, v in soaked.items() if k != "started_unix" and (k != "worker" or running)}
             if soaked.get("warning") and soaked.get("trial") == best.number:  # its soak says the winner may not hold
                 summary["soak_warning"] = soaked["warning"]
-        confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
+        confirmation = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
         if confirmation:
-            summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
-                "runs": len(confirmation.get("runs") or [])
-            }
+            summary["confirmation"] = confirmation.to_dict() | {"runs": len(confirmation.runs)}
         summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name, held=recipe)
         write_atomic(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
     if quiet:
@@ -452,12 +451,12 @@ def write_summary(
             print(
                 describe(price_tags, objective) if "error" not in price_tags else f"Concessions not priced: {price_tags['error']}"
             )
-        reward = best.user_attrs.get("reward_mean")
+        reward = best.user_attrs.get(Key.REWARD_MEAN)
         print(
             f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
             + (f", reward {reward:.3f}" if reward is not None else "")
         )
-        reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
+        reward_s, step_s = best.user_attrs.get(Key.REWARD_SECONDS_PER_STEP), best.user_attrs.get(Key.STEP_TIME_S)
         if reward_s is not None and step_s:
             print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
         if summary.get("card_limit"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from grpo_sweep.study.attrs import Key
 from grpo_sweep.units import GIB
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None, unch
     compare with: a `learning` column when any."""
     unchecked = unchecked or set()
     keys = sorted({k for t in ok[:top_k] for k in t.params})
-    multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
+    multi = any((t.user_attrs.get(Key.WORLD_SIZE) or 1) > 1 for t in ok[:top_k])
     header = [
         "rank",
         "trial",
@@ -50,7 +51,7 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None, unch
     ]
     lines = [header]
     for rank, t in enumerate(ok[:top_k], 1):
-        peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
+        peak, pred = t.user_attrs.get(Key.PEAK_MEMORY_BYTES), t.user_attrs.get(Key.PREDICTED_PEAK_BYTES)
         lines.append(
             [
                 str(rank),
