@@ -23,7 +23,7 @@ from ..study.attrs import Key, Status
 from .learning import Departure, check_trials, is_flagged, key_of
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
-CATEGORIES = ("feasible", "over_headroom", "oom", "slow", "pruned", "failed")
+CATEGORIES = ("feasible", "over_headroom", Status.OOM, Status.SLOW, Status.PRUNED, Status.FAILED)
 REPORT_FILE = "report.html"
 # A trial's status when its storage has no metrics for it (e.g. pruned before it ran).
 OPTUNA_STATUS = {
@@ -67,7 +67,9 @@ class Trial:
     def category(self) -> str:
         if self.status == Status.OK and self.over_headroom:
             return "over_headroom"
-        return {"ok": "feasible", "oom": "oom", "slow": "slow", "pruned": "pruned"}.get(self.status, "failed")
+        return {Status.OK: "feasible", Status.OOM: Status.OOM, Status.SLOW: Status.SLOW, Status.PRUNED: Status.PRUNED}.get(
+            self.status, Status.FAILED
+        )
 
     @property
     def levers(self) -> dict:
@@ -171,7 +173,7 @@ def trials_from_study(study) -> list[Trial]:
         record.setdefault("levers", {k: v for k, v in ft.params.items()})
         record.setdefault("status", OPTUNA_STATUS.get(ft.state.name, ft.state.name.lower()))
         if ft.state.name == "FAIL" and record["status"] in (Status.OK, Status.SLOW):
-            record["status"] = "failed"  # the study's state decides: a FAIL is never counted feasible
+            record["status"] = Status.FAILED  # the study's state decides: a FAIL is never counted feasible
         config = _load_config(Path(run_dir)) if run_dir and Path(run_dir).exists() else {}
         trials.append(
             Trial(

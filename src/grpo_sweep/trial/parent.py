@@ -217,7 +217,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         record = empty_metrics(Status.FAILED, str(err), requested_levers(cfg), recipe_of(cfg))
     if timed_out:
         record = record or empty_metrics(Status.TIMEOUT, None, requested_levers(cfg), recipe_of(cfg))
-        record["status"] = "timeout"
+        record["status"] = Status.TIMEOUT
         record["error"] = reason
     elif record is None:
         code = proc.exitcode

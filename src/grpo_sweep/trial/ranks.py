@@ -106,7 +106,7 @@ def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
             record["status"], record["error"] = exc.status, exc.reason
         else:
             print_failure(exc)
-            record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            record["status"], record["error"] = Status.FAILED, f"{type(exc).__name__}: {exc}"
         record.update(world_size=n, strategy=strategy)
         write_metrics(run_path, record)
         return record

@@ -137,7 +137,7 @@ def judge(
         value = record.get(objective)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             attrs["error"] = f"objective {objective!r} is not a number in metrics.json: {value!r}"
-            attrs["status"] = "failed"  # a FAIL is never counted ok or feasible (summary, report)
+            attrs["status"] = Status.FAILED  # a FAIL is never counted ok or feasible (summary, report)
             return Outcome("FAIL", attrs=attrs)
         # Every COMPLETE trial carries the constraint (GPSampler requires the same constraints on all).
         # It ran without OOM, so when its peak cannot be compared with the card it is feasible: 0.

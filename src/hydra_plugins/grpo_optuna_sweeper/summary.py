@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import shlex
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -307,6 +308,8 @@ def _plain_dumper():
         def ignore_aliases(self, data):  # noqa: ARG002 - PyYAML's hook
             return True
 
+    # A Status or Key read back from an in-memory study is written as its string.
+    PlainDumper.add_multi_representer(StrEnum, lambda dumper, value: dumper.represent_str(value.value))
     return PlainDumper
 
 
