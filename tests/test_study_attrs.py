@@ -54,10 +54,41 @@ def _key_literal(node: ast.AST) -> str | None:
     return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
 
 
+def _declared_key_literal(node: ast.AST, declared: set[str]) -> str | None:
+    """A declared key spelled as a literal where a trial's attributes are built or read under another
+    name: attrs["k"], attrs.get("k"), attrs.setdefault("k", v), attrs={"k": v}, user_attrs={"k": v}."""
+    if isinstance(node, ast.Subscript) and _named_attrs(node.value):
+        keys = [node.slice]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault"):
+        keys = node.args[:1] if _named_attrs(node.func.value) else []
+        keys += [
+            k
+            for kw in node.keywords
+            if kw.arg in ("attrs", "user_attrs") and isinstance(kw.value, ast.Dict)
+            for k in kw.value.keys
+        ]
+    elif isinstance(node, ast.Call):
+        keys = [
+            k
+            for kw in node.keywords
+            if kw.arg in ("attrs", "user_attrs") and isinstance(kw.value, ast.Dict)
+            for k in kw.value.keys
+        ]
+    else:
+        return None
+    spelled = [k.value for k in keys if isinstance(k, ast.Constant) and k.value in declared]
+    return spelled[0] if spelled else None
+
+
+def _named_attrs(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "attrs") or (isinstance(node, ast.Attribute) and node.attr == "attrs")
+
+
 def test_no_module_spells_a_status_or_a_study_key():
     """Outside attrs.py no module writes a status as a string literal, nor reads or writes a study
     attribute by a literal key: each is Status.X or Key.X, so a renamed one is renamed once."""
     statuses = {s.value for s in Status}
+    declared = {k.value for k in Key}
     bad = []
     for path in sorted(SRC.rglob("*.py")):
         if path == ATTRS:
@@ -69,7 +100,7 @@ def test_no_module_spells_a_status_or_a_study_key():
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in statuses and node.value not in allowed and id(node) not in docs:
                 bad.append(f"{rel}:{node.lineno}: status {node.value!r} (use Status)")
-            key = _key_literal(node)
+            key = _key_literal(node) or _declared_key_literal(node, declared)
             if key is not None:
                 bad.append(f"{rel}:{node.lineno}: study attribute {key!r} by a literal (use Key)")
     assert not bad, "\n".join(bad)
@@ -80,6 +111,9 @@ def test_the_scan_sees_a_literal_status_and_key():
     tree = ast.parse('t.set_user_attr("status", "ok")\nx = t.user_attrs.get("worker")\ny = s.system_attrs["fixed_params"]')
     keys = [k for n in ast.walk(tree) if (k := _key_literal(n))]
     assert keys == ["status", "worker", "fixed_params"]
+    built = ast.parse('Outcome("FAIL", attrs={"error": e})\nattrs["levers"] = x\nq.enqueue_trial(p, user_attrs={"preset": n})')
+    declared = {k.value for k in Key}
+    assert [k for n in ast.walk(built) if (k := _declared_key_literal(n, declared))] == ["error", "levers", "preset"]
     assert "ok" in {s.value for s in Status}
 
 

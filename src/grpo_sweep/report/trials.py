@@ -160,7 +160,7 @@ def trials_from_study(study) -> list[Trial]:
         attrs = dict(ft.user_attrs)
         if ft.number in chosen:
             attrs["finalist"] = True
-        run_dir = attrs.get("run_dir")
+        run_dir = attrs.get(Key.RUN_DIR)
         # The sweeper's flat attrs (status, predicted_peak_bytes, deficit_bytes, ...), then a nested
         # "metrics" dict if any, then the trial's own metrics.json, which wins where they overlap.
         record = {k: v for k, v in attrs.items() if k not in ("metrics", "run_dir")}
@@ -183,7 +183,7 @@ def trials_from_study(study) -> list[Trial]:
                 number=ft.number,
                 run_dir=run_dir,
                 optuna_state=ft.state.name,
-                preset=attrs.get("preset"),
+                preset=attrs.get(Key.PRESET),
                 over_headroom=ft.state.name == "COMPLETE" and any(v > 0 for v in (ft.constraints or {}).values()),
                 direction=best_rule.normalize_direction(study.direction),
                 value=ft.value if ft.state.name == "COMPLETE" else None,

@@ -64,6 +64,19 @@ class Key(StrEnum):
     REPEATS = "repeats"  # a search trial the sampler asked for again: the config's first trial
     NEIGHBOUR_OF = "neighbour_of"  # the first trial of the config it moved from
     CONCESSIONS_TAKEN = "concessions_taken"  # {recipe setting: the value this trial used}
+    START = "start"  # the start mode that queued it
+    LEVERS = "levers"  # the levers as requested
+    STOP_BELOW = "stop_below"  # the early-stop threshold it ran under
+    PREDICTED_TOKENS_PER_S = "predicted_tokens_per_s"  # the throughput model's, at the pre-screen
+    PREDICTED_ERROR = "predicted_error"  # why the pre-screen has no prediction
+    PREDICTED_PHASES = "predicted_phases"  # {phase: predicted peak bytes}
+    GENERATION_WAVES = "generation_waves"
+    # metrics.json values the trial's outcome copies (outcome.RECORD_ATTRS holds the full list)
+    BACKEND = "backend"
+    MEMORY_SOURCE = "memory_source"
+    PEAK_PHASE = "peak_phase"
+    REWARD_CHANGE = "reward_change"
+    RANK_PEAK_MEMORY_BYTES = "rank_peak_memory_bytes"
     # --- trial system attrs
     HEARTBEAT = "grpo_sweep:heartbeat"
     CONSTRAINTS = "constraints"  # [bytes over the memory budget], the form optuna-dashboard reads

@@ -68,10 +68,10 @@ def reason_of(trial: "FrozenTrial") -> str | None:
     """The failure's key (status and the error's first line), or None when the trial did not fail
     in a way this rule counts (ok, OOM, pruned, timeout, interrupted, surplus)."""
     attrs = trial.user_attrs
-    if trial.state.name != "FAIL" or attrs.get("status") not in SYSTEMATIC_STATUSES:
+    if trial.state.name != "FAIL" or attrs.get(Key.STATUS) not in SYSTEMATIC_STATUSES:
         return None
-    first = next((line.strip() for line in str(attrs.get("error") or "").splitlines() if line.strip()), "")
-    return f"{attrs.get('status')}: {first[:300] or 'no error message'}"
+    first = next((line.strip() for line in str(attrs.get(Key.ERROR) or "").splitlines() if line.strip()), "")
+    return f"{attrs.get(Key.STATUS)}: {first[:300] or 'no error message'}"
 
 
 # The cause, not the sampled value: `+foo=choice(1,2,3)` fails each trial with its own number in the

@@ -124,7 +124,7 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
             value = OmegaConf.select(cfg, key, default=None)
             if value is not None and space.representable(dist, value):
                 params[key] = value
-        study.enqueue_trial(params, user_attrs={"preset": preset})
+        study.enqueue_trial(params, user_attrs={Key.PRESET: preset})
         log.info("Warm start: enqueued preset=%s", preset)
 
 
@@ -162,7 +162,7 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
         )
         return
     for params in picks:
-        study.enqueue_trial(params, user_attrs={"frontier_start": True, "start": mode}, skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs={Key.START_POINT: True, Key.START: mode}, skip_if_exists=True)
     log.info(
         "Frontier start (%s): enqueued %d of %d candidates, %s: %s",
         mode,

@@ -277,14 +277,14 @@ def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dic
         row = {
             "number": t.number,
             "state": t.state.name,
-            "status": attrs.get("status"),
+            "status": attrs.get(Key.STATUS),
             "feasible": _feasible(t) if t.state.name in ("COMPLETE", "PRUNED") else "",
             "objective": t.value if _is_ok(t) else "",
         }
         for key in FIRST_COLUMNS[5:]:
             value = attrs.get(key, "")
             row[key] = " ".join(str(v) for v in value) if isinstance(value, list) else value
-        lever_values = attrs.get("levers") or {}
+        lever_values = attrs.get(Key.LEVERS) or {}
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
             row[name] = " ".join(value) if isinstance(value, list) else value
@@ -316,7 +316,7 @@ def _plain_dumper():
 def command_line(trial: FrozenTrial) -> str:
     """The shell line that runs the trial's point alone: its Hydra settings (hydra.searchpath, ...), then the point."""
     attrs = trial.user_attrs
-    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get("overrides") or [])])
+    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get(Key.OVERRIDES) or [])])
 
 
 def dashboard_command(storage_url: str) -> str:
@@ -402,18 +402,18 @@ def write_summary(
                 "best_trial": best.number,
                 "best_value": ranked_finalists[0].median,
                 "params": dict(best.params),
-                "levers": attrs.get("levers"),
-                "peak_memory_bytes": attrs.get("peak_memory_bytes"),
-                "predicted_peak_bytes": attrs.get("predicted_peak_bytes"),
-                "budget_bytes": attrs.get("budget_bytes"),
+                "levers": attrs.get(Key.LEVERS),
+                "peak_memory_bytes": attrs.get(Key.PEAK_MEMORY_BYTES),
+                "predicted_peak_bytes": attrs.get(Key.PREDICTED_PEAK_BYTES),
+                "budget_bytes": attrs.get(Key.BUDGET_BYTES),
                 # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
-                "reward_mean": attrs.get("reward_mean"),
-                "reward_change": attrs.get("reward_change"),
-                "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
+                "reward_mean": attrs.get(Key.REWARD_MEAN),
+                "reward_change": attrs.get(Key.REWARD_CHANGE),
+                "reward_seconds_per_step": attrs.get(Key.REWARD_SECONDS_PER_STEP),  # the reward functions' time
                 "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
                 "headroom": headroom,
-                "run_dir": attrs.get("run_dir"),
-                "overrides": attrs.get("overrides"),
+                "run_dir": attrs.get(Key.RUN_DIR),
+                "overrides": attrs.get(Key.OVERRIDES),
                 "command": command_line(best),
                 "vs_presets": vs_presets(study, best),
                 **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
@@ -428,7 +428,7 @@ def write_summary(
         confirmation = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
         if confirmation:
             summary["confirmation"] = confirmation.to_dict() | {"runs": len(confirmation.runs)}
-        summary["export"] = export_best(attrs.get("run_dir"), sweep_dir, study.study_name, held=recipe)
+        summary["export"] = export_best(attrs.get(Key.RUN_DIR), sweep_dir, study.study_name, held=recipe)
         write_atomic(sweep_dir / "best.yaml", yaml.dump(summary, Dumper=_plain_dumper(), sort_keys=False))
     if quiet:
         return summary

@@ -21,12 +21,12 @@ def _fmt(value: Any) -> str:
 
 def ranks_text(attrs: dict) -> str:
     """`2 x ddp` for a trial of 2 processes, `1` for one."""
-    n = attrs.get("world_size") or 1
+    n = attrs.get(Key.WORLD_SIZE) or 1
     return f"{n} x {attrs.get('strategy')}" if n > 1 else "1"
 
 
 def rank_peaks_text(attrs: dict) -> str:
-    peaks = attrs.get("rank_peak_memory_bytes") or []
+    peaks = attrs.get(Key.RANK_PEAK_MEMORY_BYTES) or []
     return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
 
 
