@@ -16,7 +16,7 @@ from typing import Any
 class Status(StrEnum):
     """A trial's outcome: metrics.json's `status` and the trial user attr `status`."""
 
-    # what a trial process records (metrics.TRIAL_STATUSES)
+    # what a trial process records (TRIAL_STATUSES, metrics.STATUSES)
     OK = "ok"
     OOM = "oom"
     FAILED = "failed"
@@ -35,7 +35,7 @@ class Status(StrEnum):
 
 
 TRIAL_STATUSES = (Status.OK, Status.OOM, Status.FAILED, Status.TIMEOUT, Status.SLOW)
-# Statuses of trials that never ran as asked: no failure rule, timing or retry counts them.
+# Statuses of trials that never ran as asked: the failure rule (failures.py) leaves them out.
 NOT_RUN = (Status.SURPLUS, Status.INTERRUPTED, Status.PRUNED)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from grpo_sweep.study.attrs import Key, Status
+from grpo_sweep.study.attrs import NOT_RUN, Key, Status
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -108,7 +108,7 @@ def systematic_failure(
     # A retried or surplus FAIL is bookkeeping, not an answer: it neither counts nor breaks a run. A
     # pre-screened point never ran, so it shows nothing about the failing setup: it neither counts
     # nor breaks a run either. A trial that ran (ok, OOM, slow) breaks it.
-    finished = [t for t in finished if t.user_attrs.get(Key.STATUS) not in (Status.SURPLUS, Status.INTERRUPTED, Status.PRUNED)]
+    finished = [t for t in finished if t.user_attrs.get(Key.STATUS) not in NOT_RUN]
     finished.sort(key=lambda t: (t.datetime_complete, t.number))
     last = finished[-limit:]
     if len(last) < limit:
