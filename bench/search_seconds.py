@@ -102,6 +102,7 @@ def sweep(
 
     import optuna
 
+    from grpo_sweep.study.attrs import ConfirmationState, Key
     from hydra_plugins.grpo_optuna_sweeper import confirm, neighbours
     from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
     from hydra_plugins.grpo_optuna_sweeper.opening import build_sampler
@@ -281,7 +282,7 @@ def sweep(
         leanest = _picked(
             min(ruling.tie, key=lambda f: (math.inf if share(f) is None else share(f), ruling.tie.index(f))).item, land
         )
-    plan = study.user_attrs.get(confirm.PLAN_ATTR) or {}
+    plan = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION)) or ConfirmationState()
     return {
         "found_s": found_s,
         "seconds": clock,
@@ -294,9 +295,9 @@ def sweep(
         "tie": bool(ruling and ruling.tie),
         # Whether a point within 5 % was among the finalists chosen after the search (confirmation
         # picks only among them, unless it gave its runs back to the search).
-        "finalist_good": any(good(_picked(study.trials[n], land), land) for n in plan.get("chosen", plan.get("finalists")) or []),
+        "finalist_good": any(good(_picked(study.trials[n], land), land) for n in (plan.finalists if plan.chosen is None else plan.chosen)),
         "given_back": confirm.given_back(study),
-        "confirm_stopped": plan.get("stopped"),
+        "confirm_stopped": plan.stopped,
         "trials": counted,
         "stopped_good": len(stopped_good),
         "oom_trials": oom_trials[0],

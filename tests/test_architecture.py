@@ -35,6 +35,7 @@ LAYERS = {
     "grpo_sweep.config": 2,
     "grpo_sweep.memory": 3,
     "grpo_sweep.study": 3,
+    "grpo_sweep.study.attrs": 0,  # the study's schema: stdlib only, so metrics.py takes its statuses from it
     "grpo_sweep.trial": 4,
     "grpo_sweep.report": 4,
     "hydra_plugins.grpo_optuna_sweeper": 5,

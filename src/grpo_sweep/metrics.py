@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from .files import write_atomic
+from .study.attrs import TRIAL_STATUSES
 
-# slow: stopped early by trial.stop_below (the sweeper's early stop): its peak and partial throughput
-# are real measurements; it is neither an OOM nor a failure.
-STATUSES = ("ok", "oom", "failed", "timeout", "slow")
+# The statuses a trial records (study.attrs.Status says what each means).
+STATUSES = TRIAL_STATUSES
 METRICS_FILE = "metrics.json"
 
 

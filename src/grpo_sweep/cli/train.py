@@ -19,12 +19,13 @@ from ..config.local import validate_here
 from ..config.schema import ConfigError, register
 from ..config.trl_config import expand
 from ..memory.vllm import check_kv_cache_bytes
+from ..study.attrs import Status
 from ..trial.parent import run_trial
 
 register()
 # A single run that ends so exits 1; an OOM is a measurement (the trial's answer: it does not fit), and
 # exits 0 like a trial that finished.
-FAILED = ("failed", "timeout")
+FAILED = (Status.FAILED, Status.TIMEOUT)
 
 
 def main() -> None:
@@ -55,4 +56,4 @@ def app(cfg: DictConfig) -> float:
     if single and record["status"] in FAILED:
         raise SystemExit(1)  # one run: its failure is the command's (a multirun's sweeper judges each trial)
     value = record.get(cfg.objective)
-    return float(value) if record["status"] == "ok" and value is not None else math.nan
+    return float(value) if record["status"] == Status.OK and value is not None else math.nan

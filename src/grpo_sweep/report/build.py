@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..study.attrs import Key
 from .html import write_report
 from .trials import CATEGORIES, Trial, load_presets, match_preset, param_importances, trials_from_study
 
@@ -18,9 +19,9 @@ def build(trials: list[Trial], out: Path, *, title: str, study: Any = None) -> P
     importances, note = param_importances(study) if study is not None else ({}, None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tags = study.user_attrs.get("price_tags") if study is not None else None  # the sweeper's concessions.price_tags
-    soak = study.user_attrs.get("soak") if study is not None else None  # the sweeper's soak of the winner
-    confirmation = study.user_attrs.get("confirmation") if study is not None else None  # what its rounds spent
+    tags = study.user_attrs.get(Key.PRICE_TAGS) if study is not None else None  # the sweeper's concessions.price_tags
+    soak = study.user_attrs.get(Key.SOAK) if study is not None else None  # the sweeper's soak of the winner
+    confirmation = study.user_attrs.get(Key.CONFIRMATION) if study is not None else None  # what its rounds spent
     return write_report(
         trials,
         out,

@@ -24,6 +24,7 @@ from typing import Any
 from ..config.backends import VLLM_ENGINE_SETTINGS
 from ..files import write_atomic
 from ..metrics import read_metrics
+from ..study.attrs import Status
 from ..units import GIB
 
 # The first line of each Python file: fixed text (what the trial measured follows as comments).
@@ -65,7 +66,7 @@ def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None,
     status = metrics.get("status")
     warning = (
         [f"NOT A FINISHED TRIAL: it ended {status} ({first_line(metrics.get('error'))}); exported with --force"]
-        if status != "ok"
+        if status != Status.OK
         else []
     )
     lines = [
@@ -366,7 +367,7 @@ def export_trial(
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     metrics, config = _load(run_dir)
     status = metrics.get("status")
-    if status != "ok" and not force:
+    if status != Status.OK and not force:
         raise ExportError(
             f"{run_dir}: the trial ended {status} ({first_line(metrics.get('error'))}), so its numbers are not a "
             "finished trial's; export it anyway with --force (the files then say so)"

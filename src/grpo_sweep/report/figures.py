@@ -10,17 +10,18 @@ import matplotlib
 matplotlib.use("Agg")  # no display on sweep machines; must precede pyplot
 import matplotlib.pyplot as plt
 
+from ..study.attrs import Status
 from .trials import Trial, compared_settings, lever_label, setting_value, sort_key
 
 COLORS = {
     "feasible": "#2a9d8f",
     "over_headroom": "#8ecae6",
-    "oom": "#e63946",
-    "slow": "#b5838d",
-    "pruned": "#9e9e9e",
-    "failed": "#f4a261",
+    Status.OOM: "#e63946",
+    Status.SLOW: "#b5838d",
+    Status.PRUNED: "#9e9e9e",
+    Status.FAILED: "#f4a261",
 }
-MARKERS = {"feasible": "o", "over_headroom": "D", "oom": "X", "slow": "P", "pruned": "s", "failed": "v"}
+MARKERS = {"feasible": "o", "over_headroom": "D", Status.OOM: "X", Status.SLOW: "P", Status.PRUNED: "s", Status.FAILED: "v"}
 
 
 def _save(fig, path: Path) -> Path:
@@ -33,10 +34,12 @@ def _save(fig, path: Path) -> Path:
 def _x_peak(t: Trial) -> float | None:
     """Where a trial sits on the memory axis: the measured peak; for an OOM, what it needed (budget +
     deficit) when known; for a pruned trial, the estimator's prediction."""
-    if t.category == "oom" and t.gib("budget_bytes") and t.gib("deficit_bytes"):
+    if t.category == Status.OOM and t.gib("budget_bytes") and t.gib("deficit_bytes"):
         return t.gib("budget_bytes") + t.gib("deficit_bytes")
     order = (
-        ("predicted_peak_bytes", "peak_memory_bytes") if t.category == "pruned" else ("peak_memory_bytes", "predicted_peak_bytes")
+        ("predicted_peak_bytes", "peak_memory_bytes")
+        if t.category == Status.PRUNED
+        else ("peak_memory_bytes", "predicted_peak_bytes")
     )
     return next((t.gib(k) for k in order if t.gib(k)), None)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
+from ..study.attrs import ConfirmationState, Status
 from . import figures as figs
 from .learning import Departure, key_of, verdict_lines
 from .page_assets import CSS, JS
@@ -239,15 +240,16 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
     )
 
 
-def confirmation_html(state: dict) -> str:
-    """What the sweeper's confirmation rounds spent and why they stopped (its study attr `confirmation`)."""
-    if not state.get("stopped"):
+def confirmation_html(stored: dict) -> str:
+    """What the sweeper's confirmation rounds spent and why they stopped (its study attr Key.CONFIRMATION)."""
+    state = ConfirmationState.from_dict(stored)
+    if state is None or not state.stopped:
         return ""
-    sweep_s = state.get("sweep_s") or 0.0
-    share = f", {state.get('spent_s', 0.0):.0f} s of the sweep's {sweep_s:.0f} s" if sweep_s else ""
+    sweep_s = state.sweep_s or 0.0
+    share = f", {state.spent_s:.0f} s of the sweep's {sweep_s:.0f} s" if sweep_s else ""
     return (
-        f"<p id=confirmation-note>Confirmation: {len(state.get('runs') or [])} runs in {state.get('rounds', 0)} "
-        f"rounds{share}; stopped: {_e(state.get('why'))}.</p>"
+        f"<p id=confirmation-note>Confirmation: {len(state.runs)} runs in {state.rounds} "
+        f"rounds{share}; stopped: {_e(state.why)}.</p>"
     )
 
 
@@ -308,14 +310,14 @@ def soak_html(soak: dict) -> str:
     ran = soak.get("steps") if soak.get("steps") is not None else soak.get("steps_asked")
     head = f"trial {_e(soak.get('trial'))}'s config, {_e(ran)}{asked} steps"
     warn = soak_warning_html(soak)
-    if soak.get("status") == "running":
+    if soak.get("status") == Status.RUNNING:
         return f"<p id=soak-note>Soak of {head}: running in worker {_e(soak.get('worker'))}; its verdict comes when it ends.</p>"
-    if soak.get("status") == "interrupted":
+    if soak.get("status") == Status.INTERRUPTED:
         return (
             f"<p id=soak-note>Soak of {head}: interrupted ({_e(soak.get('error'))}), no verdict. Resume it with:</p>"
             f"<pre id=soak-resume>{_e(soak.get('resume') or 'the sweep command, run again')}</pre>"
         )
-    if soak.get("status") != "ok":
+    if soak.get("status") != Status.OK:
         return f"<p id=soak-note>Soak of {head}: {_e(soak.get('status'))} ({_e(soak.get('error') or 'no record')}).</p>{warn}"
     if soak.get("grew") is None:
         return f"<p id=soak-note>Soak of {head}: {_e(soak.get('why'))}.</p>{warn}"
@@ -414,7 +416,7 @@ def learning_html(trials: list[Trial], verdict: best_rule.Verdict, flagged: dict
     the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
     winner (study.best.decide's `flagged`)."""
     unchecked: frozenset = getattr(flagged, "unchecked", frozenset())
-    compared = [t for t in trials if t.status == "ok" and t.record.get("history") and key_of(t) not in unchecked]
+    compared = [t for t in trials if t.status == Status.OK and t.record.get("history") and key_of(t) not in unchecked]
     tolerance = trials[0].learning_tolerance if trials else None
     at = f"tolerance {tolerance:g} relative" if tolerance is not None else "tolerance per precision: float32 1e-4, bf16 2e-2"
     alone = (

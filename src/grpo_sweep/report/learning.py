@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..study import best as best_rule
+from ..study.attrs import Status
 
 # (history row, key): the numbers compared, each from the step TRL logged it at (1-based)
 FINGERPRINT: tuple[tuple[int, str], ...] = (
@@ -243,7 +244,7 @@ def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> Check
     runs (study.best.config_group: repeats and confirmation runs) one vote.
     The one place the sweep's summary and the report read the flags from."""
     return compare(
-        ((key_of(t), t.record, _seed_and_task(t.config or {})) for t in trials if t.status == "ok"),
+        ((key_of(t), t.record, _seed_and_task(t.config or {})) for t in trials if t.status == Status.OK),
         tolerance,
         config=lambda key, record: best_rule.config_group(record, key),
     )

@@ -19,13 +19,20 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, KINDS, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
+from ..study.attrs import Key, Status
 from .learning import Departure, check_trials, is_flagged, key_of
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
-CATEGORIES = ("feasible", "over_headroom", "oom", "slow", "pruned", "failed")
+CATEGORIES = ("feasible", "over_headroom", Status.OOM, Status.SLOW, Status.PRUNED, Status.FAILED)
 REPORT_FILE = "report.html"
 # A trial's status when its storage has no metrics for it (e.g. pruned before it ran).
-OPTUNA_STATUS = {"COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
+OPTUNA_STATUS = {
+    "COMPLETE": Status.OK,
+    "PRUNED": Status.PRUNED,
+    "FAIL": Status.FAILED,
+    "RUNNING": Status.RUNNING,
+    "WAITING": Status.WAITING,
+}
 
 
 @dataclass
@@ -52,15 +59,17 @@ class Trial:
 
     @property
     def status(self) -> str:
-        if self.optuna_state == "PRUNED" and self.record.get("status") not in ("ok", "oom", "slow"):
-            return "pruned"
-        return self.record.get("status") or ("running" if self.optuna_state == "RUNNING" else "unknown")
+        if self.optuna_state == "PRUNED" and self.record.get("status") not in (Status.OK, Status.OOM, Status.SLOW):
+            return Status.PRUNED
+        return self.record.get("status") or (Status.RUNNING if self.optuna_state == "RUNNING" else "unknown")
 
     @property
     def category(self) -> str:
-        if self.status == "ok" and self.over_headroom:
+        if self.status == Status.OK and self.over_headroom:
             return "over_headroom"
-        return {"ok": "feasible", "oom": "oom", "slow": "slow", "pruned": "pruned"}.get(self.status, "failed")
+        return {Status.OK: "feasible", Status.OOM: Status.OOM, Status.SLOW: Status.SLOW, Status.PRUNED: Status.PRUNED}.get(
+            self.status, Status.FAILED
+        )
 
     @property
     def levers(self) -> dict:
@@ -73,7 +82,7 @@ class Trial:
     @property
     def objective(self) -> float | None:
         value = self.value if self.value is not None else self.record.get(self.objective_name)
-        return value if self.status == "ok" and _finite(value) else None
+        return value if self.status == Status.OK and _finite(value) else None
 
     def gib(self, key: str) -> float | None:
         value = self.record.get(key)
@@ -125,7 +134,7 @@ def load_dir(root: Path) -> list[Trial]:
         try:
             record = read_metrics(run_dir) or {}
         except MetricsError as err:  # one trial's broken file is that trial failed, not a dead report
-            record = {"status": "failed", "error": str(err)}
+            record = {"status": Status.FAILED, "error": str(err)}
         config = _load_config(run_dir)
         number = (config.get("trial") or {}).get("number")
         name = str(run_dir.relative_to(root)) if run_dir != Path(root) else run_dir.name
@@ -151,7 +160,7 @@ def trials_from_study(study) -> list[Trial]:
         attrs = dict(ft.user_attrs)
         if ft.number in chosen:
             attrs["finalist"] = True
-        run_dir = attrs.get("run_dir")
+        run_dir = attrs.get(Key.RUN_DIR)
         # The sweeper's flat attrs (status, predicted_peak_bytes, deficit_bytes, ...), then a nested
         # "metrics" dict if any, then the trial's own metrics.json, which wins where they overlap.
         record = {k: v for k, v in attrs.items() if k not in ("metrics", "run_dir")}
@@ -163,8 +172,8 @@ def trials_from_study(study) -> list[Trial]:
                 record.setdefault("error", str(err))
         record.setdefault("levers", {k: v for k, v in ft.params.items()})
         record.setdefault("status", OPTUNA_STATUS.get(ft.state.name, ft.state.name.lower()))
-        if ft.state.name == "FAIL" and record["status"] in ("ok", "slow"):
-            record["status"] = "failed"  # the study's state decides: a FAIL is never counted feasible
+        if ft.state.name == "FAIL" and record["status"] in (Status.OK, Status.SLOW):
+            record["status"] = Status.FAILED  # the study's state decides: a FAIL is never counted feasible
         config = _load_config(Path(run_dir)) if run_dir and Path(run_dir).exists() else {}
         trials.append(
             Trial(
@@ -174,12 +183,12 @@ def trials_from_study(study) -> list[Trial]:
                 number=ft.number,
                 run_dir=run_dir,
                 optuna_state=ft.state.name,
-                preset=attrs.get("preset"),
+                preset=attrs.get(Key.PRESET),
                 over_headroom=ft.state.name == "COMPLETE" and any(v > 0 for v in (ft.constraints or {}).values()),
                 direction=best_rule.normalize_direction(study.direction),
                 value=ft.value if ft.state.name == "COMPLETE" else None,
-                objective_key=study.user_attrs.get("objective"),
-                learning_tolerance=study.user_attrs.get("learning_tolerance"),  # the sweep's, recorded at its end
+                objective_key=study.user_attrs.get(Key.OBJECTIVE),
+                learning_tolerance=study.user_attrs.get(Key.LEARNING_TOLERANCE),  # the sweep's, recorded at its end
             )
         )
     return trials

@@ -18,6 +18,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeGuard, TypeVar
 
+from .attrs import ConfirmationState, Key
+
 T = TypeVar("T")
 N = TypeVar("N")
 DIRECTIONS = ("maximize", "minimize")
@@ -62,9 +64,8 @@ def _finite(value: object) -> TypeGuard[float]:
 # asking for the same point again, the confirmation runs) joins one group, keyed by the number of
 # the config's first trial. The sweeper writes these trial user attributes; the summary and the
 # report read them through config_group, so both group the same way.
-CONFIRMS_ATTR = "confirms"  # a confirmation run: the config's first trial
-REPEATS_ATTR = "repeats"  # a search trial the sampler asked for again: the config's first trial
-PLAN_ATTR = "confirmation"  # study user attr: {"finalists": [first trials], "runs": [...], what it spent, why it stopped}
+CONFIRMS_ATTR = Key.CONFIRMS  # a confirmation run: the config's first trial
+REPEATS_ATTR = Key.REPEATS  # a search trial the sampler asked for again: the config's first trial
 
 
 def config_group(attrs: dict, number: N) -> int | N:
@@ -79,15 +80,16 @@ def config_group(attrs: dict, number: N) -> int | N:
 def competing(study_user_attrs: dict) -> list | None:
     """The configs (first trials) the confirmation phase chose: only they compete for best once it
     has chosen; None before it, or when it was off or skipped (every config competes)."""
-    chosen = (study_user_attrs.get(PLAN_ATTR) or {}).get("finalists")
-    return list(chosen) if chosen else None
+    state = ConfirmationState.from_dict(study_user_attrs.get(Key.CONFIRMATION))
+    return list(state.finalists) if state and state.finalists else None
 
 
-def gave_back(plan: dict | None) -> bool:
-    """Whether confirmation (`plan`: the study's PLAN_ATTR), undecidable or unaffordable before its
-    first round, gave its reserved runs back to the search: it ran nothing, and every config competes
-    by its median."""
-    return bool((plan or {}).get("given_back"))
+def gave_back(stored: dict | None) -> bool:
+    """Whether confirmation (`stored`: the study's Key.CONFIRMATION), undecidable or unaffordable
+    before its first round, gave its reserved runs back to the search: it ran nothing, and every
+    config competes by its median."""
+    state = ConfirmationState.from_dict(stored)
+    return bool(state and state.given_back)
 
 
 @dataclass
@@ -118,7 +120,7 @@ def finalists(
     """Group runs of the same config (group(item), see config_group) and rank the groups by the
     median of their finite values, best first. Ties keep the earlier group.
 
-    compete: the groups the confirmation phase chose (the study's PLAN_ATTR finalists); only they
+    compete: the groups the confirmation phase chose (the study's Key.CONFIRMATION finalists); only they
     compete once it exists, so a config seen once with a lucky run cannot beat a confirmed median.
     None (no confirmation): every config competes with the median of its runs (one run: that run)."""
     groups: dict[object, list[T]] = {}

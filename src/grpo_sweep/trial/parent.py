@@ -30,6 +30,7 @@ from ..config.schema import ConfigError
 from ..config.split import resolve_split
 from ..levers import recipe_of, requested_levers
 from ..metrics import MetricsError, empty_metrics, read_metrics, write_metrics
+from ..study.attrs import Status
 from . import faults, process, worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
@@ -199,12 +200,14 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
         try:
             proc.join(cfg.trial.timeout_s)
         except BaseException as exc:  # interrupted (SIGINT/SIGTERM in a sweep): the trial must not outlive us
-            stop_trial(proc, run_dir, "failed", f"the trial was stopped: its parent was interrupted ({type(exc).__name__} {exc})")
+            stop_trial(
+                proc, run_dir, Status.FAILED, f"the trial was stopped: its parent was interrupted ({type(exc).__name__} {exc})"
+            )
             raise
         timed_out = proc.is_alive()
         if timed_out:
             reason = f"trial exceeded trial.timeout_s={cfg.trial.timeout_s} s and was killed"
-            stop_trial(proc, run_dir, "timeout", reason)
+            stop_trial(proc, run_dir, Status.TIMEOUT, reason)
             proc.join()
         _kill_group(proc.pid)  # reap anything the trial left running (vLLM workers, dataloaders, the guardian)
     finally:
@@ -212,10 +215,10 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
     try:
         record = read_metrics(run_dir)
     except MetricsError as err:  # the child's record is broken: the trial failed, and says which file
-        record = empty_metrics("failed", str(err), requested_levers(cfg), recipe_of(cfg))
+        record = empty_metrics(Status.FAILED, str(err), requested_levers(cfg), recipe_of(cfg))
     if timed_out:
-        record = record or empty_metrics("timeout", None, requested_levers(cfg), recipe_of(cfg))
-        record["status"] = "timeout"
+        record = record or empty_metrics(Status.TIMEOUT, None, requested_levers(cfg), recipe_of(cfg))
+        record["status"] = Status.TIMEOUT
         record["error"] = reason
     elif record is None:
         code = proc.exitcode
@@ -224,7 +227,7 @@ def run_trial(cfg: DictConfig, run_dir: str | Path) -> dict:
             if code is not None and code < 0
             else f"trial process exited with code {code} without writing metrics"
         )
-        record = empty_metrics("failed", reason, requested_levers(cfg), recipe_of(cfg))
+        record = empty_metrics(Status.FAILED, reason, requested_levers(cfg), recipe_of(cfg))
     record["exitcode"] = proc.exitcode
     record["wall_time_s"] = time.monotonic() - started
     first_step = record.get("first_step_begin_unix")

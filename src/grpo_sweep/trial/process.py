@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..credentials import redact
 from ..files import write_atomic
+from ..study.attrs import Status
 from .stopping import TrialStopped
 
 STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_trial or the guardian)
@@ -31,7 +32,7 @@ def read_stop_request(run_dir: str | Path) -> tuple[str, str]:
         data = json.loads((Path(run_dir) / STOP_FILE).read_text())
         return str(data["status"]), str(data["reason"])
     except (OSError, ValueError, KeyError):
-        return "failed", "the trial process received SIGTERM"
+        return Status.FAILED, "the trial process received SIGTERM"
 
 
 def start_guardian(lifeline, run_dir: str, grace_s: float) -> None:
@@ -63,7 +64,7 @@ def start_guardian(lifeline, run_dir: str, grace_s: float) -> None:
                 continue
         if os.getppid() != worker_pid:  # the worker already ended: only its group may be left
             os.killpg(0, signal.SIGKILL)
-        write_stop_request(run_dir, "failed", "the trial was stopped: the process that started it died")
+        write_stop_request(run_dir, Status.FAILED, "the trial was stopped: the process that started it died")
         os.kill(worker_pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while os.getppid() == worker_pid and time.monotonic() < deadline:

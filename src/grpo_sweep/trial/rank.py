@@ -19,6 +19,8 @@ import signal
 import sys
 from pathlib import Path
 
+from ..study.attrs import Status
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     # A failed rank exits non-zero so that torchrun stops the others (they would wait at the next
     # collective); os._exit: the trial's record and W&B run are closed, nothing else may block exit.
-    os._exit(0 if record.get("status") in ("ok", "slow") else 1)
+    os._exit(0 if record.get("status") in (Status.OK, Status.SLOW) else 1)
 
 
 if __name__ == "__main__":

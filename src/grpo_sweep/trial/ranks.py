@@ -24,6 +24,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..study.attrs import Status
+
 OOM_KEYS = ("oom_phase", "requested_bytes", "free_bytes", "total_bytes", "deficit_bytes")
 PEAK_KEYS = (
     "peak_memory_breakdown",
@@ -104,7 +106,7 @@ def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
             record["status"], record["error"] = exc.status, exc.reason
         else:
             print_failure(exc)
-            record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            record["status"], record["error"] = Status.FAILED, f"{type(exc).__name__}: {exc}"
         record.update(world_size=n, strategy=strategy)
         write_metrics(run_path, record)
         return record
@@ -178,7 +180,7 @@ def merge(records: list[dict | None], world: int, strategy: str, *, launcher_exi
     times = [r.get("step_time_s") for r in present if r.get("step_time_s") is not None]
     out["step_time_s"] = max(times) if times else None
     out["status"], out["error"] = _status(records, launcher_exitcode)
-    oom_rank = next((k for k, r in enumerate(records) if r and r.get("status") == "oom"), None)
+    oom_rank = next((k for k, r in enumerate(records) if r and r.get("status") == Status.OOM), None)
     if oom_rank is not None:
         for key in OOM_KEYS:
             out[key] = records[oom_rank].get(key)
@@ -187,18 +189,18 @@ def merge(records: list[dict | None], world: int, strategy: str, *, launcher_exi
 
 def _status(records: list[dict | None], launcher_exitcode: int | None) -> tuple[str, str | None]:
     for k, r in enumerate(records):
-        if r and r.get("status") == "oom":
-            return "oom", f"rank {k}: {r.get('error')}"
+        if r and r.get("status") == Status.OOM:
+            return Status.OOM, f"rank {k}: {r.get('error')}"
     missing = [k for k, r in enumerate(records) if not r]
-    failed = [(k, r) for k, r in enumerate(records) if r and r.get("status") in ("failed", "timeout")]
+    failed = [(k, r) for k, r in enumerate(records) if r and r.get("status") in (Status.FAILED, Status.TIMEOUT)]
     # The rank that failed first is the cause; the others were stopped by torchrun (SIGTERM).
     cause = [(k, r) for k, r in failed if "received SIGTERM" not in str(r.get("error"))] or failed
     if cause:
         k, r = cause[0]
         return str(r.get("status")), f"rank {k}: {r.get('error')}"
     if missing:
-        return "failed", f"ranks {missing} left no metrics.json (torchrun exited with code {launcher_exitcode})"
-    slow = [(k, r) for k, r in enumerate(records) if r and r.get("status") == "slow"]
+        return Status.FAILED, f"ranks {missing} left no metrics.json (torchrun exited with code {launcher_exitcode})"
+    slow = [(k, r) for k, r in enumerate(records) if r and r.get("status") == Status.SLOW]
     if slow:
-        return "slow", f"rank {slow[0][0]}: {slow[0][1].get('error')}"
-    return "ok", None
+        return Status.SLOW, f"rank {slow[0][0]}: {slow[0][1].get('error')}"
+    return Status.OK, None

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config.split import split_of
 from ..credentials import redact, wandb_mode
+from ..study.attrs import Status
 
 FINISH_TIMEOUT_S = 60.0  # after this W&B stops uploading; the data stays on disk for `wandb sync`
 HISTORY_SKIP = ("step",)  # the step is W&B's own x-axis
@@ -139,7 +140,7 @@ def summary_metrics(record: dict, objective: str) -> dict:
         out["error"] = out["error"][:2000]
     value = record.get(objective)
     out["objective_name"] = objective
-    out["objective"] = value if record.get("status") == "ok" and _number(value) else None
+    out["objective"] = value if record.get("status") == Status.OK and _number(value) else None
     for key in ("peak_memory_bytes", "predicted_peak_bytes", "budget_bytes", "deficit_bytes", "requested_bytes"):
         if _number(record.get(key)):
             out[key.replace("_bytes", "_gib")] = _gib(record[key])
@@ -192,7 +193,7 @@ class WandbTrialLogger:
             self.run.summary.update(summary_metrics(record, self.objective))
             status = record.get("status") or "unknown"
             self.run.tags = tuple(dict.fromkeys([*self.run.tags, status]))
-            self.run.finish(exit_code=0 if status in ("ok", "slow") else 1)  # slow: stopped early, not a failure
+            self.run.finish(exit_code=0 if status in (Status.OK, Status.SLOW) else 1)  # slow: stopped early, not a failure
         except Exception as exc:  # noqa: BLE001
             self._failed("finishing the W&B run", exc)
         with contextlib.suppress(Exception):

@@ -23,6 +23,7 @@ from ..levers import recipe_of, requested_levers
 from ..memory.estimator import estimate, generates_with_vllm
 from ..memory.throughput import relative_step_time, speed_record
 from ..metrics import PRESCREEN_KEYS, empty_metrics, versions, write_metrics
+from ..study.attrs import Status
 from .faults import fault_callbacks, inject_fault, perturb_callbacks
 from .process import end_now, own_process, quiet_progress, set_alloc_conf
 from .stopping import TrialStopped, print_failure
@@ -64,7 +65,7 @@ def main(
     (trial/rank.py), in its own directory, as a one-process trial's body."""
     run_path = own_process(run_dir, lifeline, grace_s, as_rank=as_rank, environ=environ, stdio=stdio)
     cfg = OmegaConf.create(container)
-    record = empty_metrics("failed", None, requested_levers(cfg), recipe_of(cfg))
+    record = empty_metrics(Status.FAILED, None, requested_levers(cfg), recipe_of(cfg))
     record["cuda_alloc_conf"] = set_alloc_conf(cfg.get("expandable_segments", False))
     if processes_of(cfg) > 1 and not as_rank:
         from .ranks import lead
@@ -215,16 +216,16 @@ class TrialRun:
             self.trainer.train()
         if hasattr(self.backend, "after_train"):  # trl_vllm: the weight-sync check (can fail the trial)
             self.backend.after_train(self.trainer, self.record)
-        self.record.update(status="slow" if self.meter.stopped else "ok", error=self.meter.stopped)
+        self.record.update(status=Status.SLOW if self.meter.stopped else Status.OK, error=self.meter.stopped)
         logged, asked = len(self.meter.rows), int(self.cfg.trial.steps)
         if not self.meter.stopped and logged < asked:  # its throughput would come from the steps that did log
             self.record.update(
-                status="failed",
+                status=Status.FAILED,
                 error=f"logged {logged} of trial.steps={asked} optimiser steps: the trainer ended or logged fewer "
                 "steps than asked, so its throughput and peak do not cover the run",
             )
         elif not self.meter.stopped and (why := self.meter.unmeasured()):
-            self.record.update(status="failed", error=why)
+            self.record.update(status=Status.FAILED, error=why)
 
     def __enter__(self) -> TrialRun:
         return self
@@ -237,7 +238,7 @@ class TrialRun:
         elif exc is not None:  # everything must end in metrics.json
             oom = is_oom(exc)
             oom_text = str(exc) if oom else None  # the text, not the exception: its frames hold tensors
-            self.record.update(status="oom" if oom else "failed", error=f"{type(exc).__name__}: {exc}")
+            self.record.update(status=Status.OOM if oom else Status.FAILED, error=f"{type(exc).__name__}: {exc}")
             if not oom:
                 print_failure(exc)
         if tb is not None:

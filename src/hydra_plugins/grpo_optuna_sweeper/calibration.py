@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import TypeGuard
 
 from grpo_sweep.metrics import PRESCREEN_KEYS
+from grpo_sweep.study.attrs import Key, Status
 
 MIN_TRIALS = 3  # trials of a backend (and phase) before its correction replaces the prior
 Z = 1.645  # one-sided 95 % of a normal: the allowance covers the next trial's ratio 19 times in 20
@@ -102,23 +103,23 @@ def observation(attrs: dict) -> Observation | None:
     budget_bytes; the record's backend, status, peak_memory_bytes, memory_source, peak_phase,
     deficit_bytes). None when the trial measured nothing the estimator's prediction compares with:
     no prediction, a failure, or a peak that is process RSS rather than device memory."""
-    phases = attrs.get("predicted_phases")
-    backend = attrs.get("backend")
-    status = attrs.get("status")
-    if not isinstance(phases, dict) or not backend or status not in ("ok", "slow", "oom"):
+    phases = attrs.get(Key.PREDICTED_PHASES)
+    backend = attrs.get(Key.BACKEND)
+    status = attrs.get(Key.STATUS)
+    if not isinstance(phases, dict) or not backend or status not in (Status.OK, Status.SLOW, Status.OOM):
         return None
-    if str(attrs.get("memory_source") or "").startswith("cpu-rss"):
+    if str(attrs.get(Key.MEMORY_SOURCE) or "").startswith("cpu-rss"):
         return None
-    phase = estimator_phase(attrs.get("peak_phase")) or max(phases, key=lambda p: phases[p])
+    phase = estimator_phase(attrs.get(Key.PEAK_PHASE)) or max(phases, key=lambda p: phases[p])
     predicted = phases.get(phase)
     if not _number(predicted):
         return None
-    if status == "oom":
-        budget, deficit = attrs.get("budget_bytes"), attrs.get("deficit_bytes")
+    if status == Status.OOM:
+        budget, deficit = attrs.get(Key.BUDGET_BYTES), attrs.get(Key.DEFICIT_BYTES)
         if not (_number(budget) and _number(deficit)):
             return None
         return Observation(str(backend), phase, float(predicted), float(budget + deficit), lower_bound=True)
-    peak = attrs.get("peak_memory_bytes")
+    peak = attrs.get(Key.PEAK_MEMORY_BYTES)
     if not _number(peak):
         return None
     return Observation(str(backend), phase, float(predicted), float(peak))

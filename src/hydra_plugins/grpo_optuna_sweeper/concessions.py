@@ -15,6 +15,7 @@ from collections.abc import Callable, Set
 from typing import TYPE_CHECKING, Any, cast
 
 from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, listed_as, why_in
+from grpo_sweep.study.attrs import Key
 
 from .config import SweeperSettingError
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from optuna.trial import FrozenTrial
 
-TAKEN_ATTR = "concessions_taken"  # trial user attr: {recipe setting: the value this trial used}
+TAKEN_ATTR = Key.CONCESSIONS_TAKEN  # trial user attr: {recipe setting: the value this trial used}
 CPS = "completions_per_step"
 
 
@@ -204,7 +205,7 @@ def price_tags(
             "fits": True,
             "trial": t.number,
             "objective": value(t),
-            "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
+            "peak_memory_bytes": t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
             "knobs": dict(t.params),
         }
     else:
@@ -216,7 +217,7 @@ def price_tags(
                 "trial": t.number,
                 "concessions": {k: {"recipe": recipe.get(k), "used": v} for k, v in _taken(t).items()},
                 "objective": value(t),
-                "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
+                "peak_memory_bytes": t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
             }
         else:
             out["cheapest"] = None
@@ -239,7 +240,7 @@ def price_tags(
         twin_ok = [t for t in twins if is_ok(t)]
         if twin_ok:
             twin = max(twin_ok, key=lambda t: sign * value(t))
-            peak_w, peak_t = best.user_attrs.get("peak_memory_bytes"), twin.user_attrs.get("peak_memory_bytes")
+            peak_w, peak_t = best.user_attrs.get(Key.PEAK_MEMORY_BYTES), twin.user_attrs.get(Key.PEAK_MEMORY_BYTES)
             at_recipe, used_value = value(twin), value(best)
             row.update(
                 basis="measured",
@@ -254,18 +255,18 @@ def price_tags(
             )
         elif twins:
             twin = twins[0]
-            status = twin.user_attrs.get("status") or twin.state.name.lower()
+            status = twin.user_attrs.get(Key.STATUS) or twin.state.name.lower()
             row.update(
                 basis="measured",
                 vs_trial=twin.number,
                 status_at_recipe=status,
-                peak_at_recipe_bytes=twin.user_attrs.get("peak_memory_bytes") or twin.user_attrs.get("predicted_peak_bytes"),
-                peak_used_bytes=best.user_attrs.get("peak_memory_bytes"),
+                peak_at_recipe_bytes=twin.user_attrs.get(Key.PEAK_MEMORY_BYTES) or twin.user_attrs.get(Key.PREDICTED_PEAK_BYTES),
+                peak_used_bytes=best.user_attrs.get(Key.PEAK_MEMORY_BYTES),
                 bought=f"it fits: at the recipe value trial {twin.number} was {status}",
             )
         else:
             est = estimate_without(best, setting)
-            row.update(basis="estimated", peak_used_bytes=best.user_attrs.get("peak_memory_bytes"))
+            row.update(basis="estimated", peak_used_bytes=best.user_attrs.get(Key.PEAK_MEMORY_BYTES))
             if est is None:
                 row["bought"] = "not measured, and the estimator could not price it"
             else:
@@ -287,9 +288,9 @@ def _why_full_does_not_fit(done: list, estimate_recipe: Callable[[], dict | None
     at_recipe = [t for t in done if not _taken(t)]
     if at_recipe:
         parts = []
-        for t in sorted(at_recipe, key=lambda t: t.user_attrs.get("predicted_peak_bytes") or math.inf)[:3]:
-            status = t.user_attrs.get("status") or t.state.name.lower()
-            pred, budget = t.user_attrs.get("predicted_peak_bytes"), t.user_attrs.get("budget_bytes")
+        for t in sorted(at_recipe, key=lambda t: t.user_attrs.get(Key.PREDICTED_PEAK_BYTES) or math.inf)[:3]:
+            status = t.user_attrs.get(Key.STATUS) or t.state.name.lower()
+            pred, budget = t.user_attrs.get(Key.PREDICTED_PEAK_BYTES), t.user_attrs.get(Key.BUDGET_BYTES)
             knobs = " ".join(f"{k}={fmt(v)}" for k, v in t.params.items())
             need = f", predicted {pred / 2**20:.0f} MiB of {budget / 2**20:.0f} MiB" if pred and budget else ""
             parts.append(f"trial {t.number} ({knobs}): {status}{need}")

@@ -57,11 +57,12 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, Trial
 
 from grpo_sweep.study import best as best_rule
-from grpo_sweep.study.best import CONFIRMS_ATTR, PLAN_ATTR, REPEATS_ATTR
+from grpo_sweep.study.attrs import ConfirmationState, Key, Status
+from grpo_sweep.study.best import CONFIRMS_ATTR, REPEATS_ATTR
 
 from .standings import is_ok, verdict
 
-OVERRIDES_ATTR = "overrides"  # trial user attr: the point as `python train.py` overrides (the sweeper's)
+OVERRIDES_ATTR = Key.OVERRIDES  # trial user attr: the point as `python train.py` overrides (the sweeper's)
 
 
 def effective_top(n_trials: int, top: int, repeats: int, sampler: str) -> int:
@@ -93,7 +94,7 @@ def repeat_of(study: Study, trial: Trial, point: list[str]) -> int | None:
     for other in study.get_trials(deepcopy=False):
         if other.number >= trial.number:
             break
-        if other.user_attrs.get(OVERRIDES_ATTR) == point and other.user_attrs.get("status") != "surplus":
+        if other.user_attrs.get(OVERRIDES_ATTR) == point and other.user_attrs.get(Key.STATUS) != Status.SURPLUS:
             return best_rule.config_group(other.user_attrs, other.number)
     return None
 
@@ -116,9 +117,9 @@ def choose(study: Any, top: int, log: Any) -> list:
     """The finalists, chosen once per study (a resumed sweep finds them and reuses them): the `top`
     configs with the best median after the search, their first trials recorded in the study's
     `confirmation` attr."""
-    existing = study.user_attrs.get(PLAN_ATTR)
+    existing = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
     if existing is not None:
-        return existing["finalists"]
+        return existing.finalists
     top_configs = best_rule.finalists(
         search_trials(study),
         value=lambda t: t.value,
@@ -126,9 +127,9 @@ def choose(study: Any, top: int, log: Any) -> list:
         direction=study.direction,
     )[:top]
     chosen = [best_rule.config_group(f.item.user_attrs, f.item.number) for f in top_configs] if len(top_configs) >= 2 else []
-    state: dict = {"finalists": chosen, "runs": [], "rounds": 0, "spent_s": 0.0}
+    state = ConfirmationState(finalists=chosen)
     if not chosen:
-        state.update(stopped="one config", why="fewer than two feasible configs to compare")
+        state.stopped, state.why = "one config", "fewer than two feasible configs to compare"
         log.info("Confirmation skipped: fewer than two feasible configs to compare")
     else:
         log.info(
@@ -136,26 +137,27 @@ def choose(study: Any, top: int, log: Any) -> list:
             ", ".join(str(first) for first in chosen),
             ", ".join(str(len(f.members)) for f in top_configs),
         )
-    study.set_user_attr(PLAN_ATTR, state)
+    study.set_user_attr(Key.CONFIRMATION, state.to_dict())
     return chosen
 
 
 def given_back(study: Any) -> bool:
     """Whether confirmation, undecidable before its first round, gave its reserved runs back to the
     search (the search then runs on to n_trials; see the module docstring)."""
-    return best_rule.gave_back(study.user_attrs.get(PLAN_ATTR))
+    return best_rule.gave_back(study.user_attrs.get(Key.CONFIRMATION))
 
 
 def planned(study: Any) -> int:
     """The confirmation runs queued so far (the loop's target is the search's trials plus these)."""
-    return len((study.user_attrs.get(PLAN_ATTR) or {}).get("runs") or [])
+    state = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
+    return len(state.runs) if state else 0
 
 
 def seconds_so_far(study: Any, seconds_of: Callable[[Any], float | None] = trial_seconds) -> tuple[float, float]:
     """(the sweep's seconds: every finished trial's, the confirmation runs' seconds among them)."""
     sweep = spent = 0.0
     for t in study.get_trials(deepcopy=False):
-        if t.state.name in ("WAITING", "RUNNING") or t.user_attrs.get("status") == "surplus":
+        if t.state.name in ("WAITING", "RUNNING") or t.user_attrs.get(Key.STATUS) == Status.SURPLUS:
             continue
         seconds = seconds_of(t) or 0.0
         sweep += seconds
@@ -168,23 +170,18 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
     """Decide and queue the next round (see the module docstring); True when there are runs to run,
     False once confirmation has stopped (the reason recorded in the study's `confirmation` attr)."""
 
-    state = dict(study.user_attrs.get(PLAN_ATTR) or {})
-    if not state or state.get("stopped"):
+    state = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
+    if state is None or state.stopped:
         return False
     ruling = verdict(study)
     sweep_s, spent_s = seconds_so_far(study, seconds_of)
-    state.update(
-        spent_s=spent_s,
-        sweep_s=sweep_s,
-        budget=budget,
-        sigma=ruling.sigma,
-        leader=best_rule.config_group(ruling.leader.item.user_attrs, ruling.leader.item.number) if ruling.leader else None,
-    )
+    state.spent_s, state.sweep_s, state.budget, state.sigma = spent_s, sweep_s, budget, ruling.sigma
+    state.leader = best_rule.config_group(ruling.leader.item.user_attrs, ruling.leader.item.number) if ruling.leader else None
     open_ = ruling.unseparated()
     undecided = ruling.undecided()
     wanted = [ruling.leader, *undecided] if ruling.leader is not None and undecided else []
     trials = study.get_trials(deepcopy=False)
-    known = [s for t in trials if t.user_attrs.get("status") != "surplus" and (s := seconds_of(t))]
+    known = [s for t in trials if t.user_attrs.get(Key.STATUS) != Status.SURPLUS and (s := seconds_of(t))]
     searched = sum(1 for t in trials if t.user_attrs.get(CONFIRMS_ATTR) is None and t.state.name != "WAITING")
     # A run is priced at its config's longest run so far (none yet: the sweep's median trial), raised by
     # the measured noise (a run's seconds vary as its throughput does), so a slow run stays within budget.
@@ -206,7 +203,7 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
             continue
         queued_s += cost
         first = best_rule.config_group(f.item.user_attrs, f.item.number)
-        runs.append({"confirms": first, "params": dict(f.item.params), "preset": f.item.user_attrs.get("preset")})
+        runs.append({Key.CONFIRMS: first, "params": dict(f.item.params), Key.PRESET: f.item.user_attrs.get(Key.PRESET)})
     stop: str | None
     why: str | None
     if ruling.leader is None:
@@ -244,30 +241,30 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
         )
     else:
         stop = why = None
-    current = study.user_attrs.get(PLAN_ATTR) or {}
-    if current.get("rounds", 0) != state.get("rounds", 0) or current.get("stopped"):
-        return not current.get("stopped")  # another worker decided this round first: its runs are the ones
-    if stop in ("undecidable", "budget") and not state.get("runs"):  # nothing bought: the search gets the runs
-        state.update(chosen=state.get("finalists"), finalists=[], given_back=True)
+    current = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION)) or ConfirmationState()
+    if current.rounds != state.rounds or current.stopped:
+        return not current.stopped  # another worker decided this round first: its runs are the ones
+    if stop in ("undecidable", "budget") and not state.runs:  # nothing bought: the search gets the runs
+        state.chosen, state.finalists, state.given_back = state.finalists, [], True
         why = f"{why}; its reserved runs went back to the search, and every config competes by its median"
     if stop is not None:
-        state.update(stopped=stop, why=why)
-        study.set_user_attr(PLAN_ATTR, state)
-        log.info("Confirmation stopped after %d rounds (%.0f of %.0f s): %s", state.get("rounds", 0), spent_s, sweep_s, why)
+        state.stopped, state.why = stop, why
+        study.set_user_attr(Key.CONFIRMATION, state.to_dict())
+        log.info("Confirmation stopped after %d rounds (%.0f of %.0f s): %s", state.rounds, spent_s, sweep_s, why)
         return False
-    state["runs"] = list(state.get("runs") or []) + runs
-    state["rounds"] = state.get("rounds", 0) + 1
-    study.set_user_attr(PLAN_ATTR, state)
+    state.runs = state.runs + runs
+    state.rounds += 1
+    study.set_user_attr(Key.CONFIRMATION, state.to_dict())
     for run in runs:
-        attrs = {CONFIRMS_ATTR: run["confirms"], **({"preset": run["preset"]} if run["preset"] else {})}
+        attrs = {CONFIRMS_ATTR: run[Key.CONFIRMS], **({Key.PRESET: run[Key.PRESET]} if run[Key.PRESET] else {})}
         study.enqueue_trial(run["params"], user_attrs=attrs)
     log.info(
         "Confirmation round %d: %s (noise %s); runs of trials %s queued (%.0f of %.0f s spent so far)",
-        state["rounds"],
+        state.rounds,
         f"trials {', '.join(str(best_rule.config_group(f.item.user_attrs, f.item.number)) for f in undecided)} neither "
-        f"separated from the leader, trial {state['leader']}, nor within {best_rule.INDIFFERENCE:.0%} of it",
+        f"separated from the leader, trial {state.leader}, nor within {best_rule.INDIFFERENCE:.0%} of it",
         f"{ruling.sigma:.1%}" if ruling.sigma is not None else "not measured yet",
-        ", ".join(str(r["confirms"]) for r in runs),
+        ", ".join(str(r[Key.CONFIRMS]) for r in runs),
         spent_s,
         sweep_s,
     )

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo_sweep.study.attrs import NOT_RUN, Key, Status
+
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 # What a failure can be for this rule: the trial raised ("failed"), or the point was rejected before
 # it ran ("invalid": a missing package or a bad setting is rejected for every point alike). Not a
 # timeout (a large point may legitimately be slow) and not an interruption, a surplus or a retry.
-SYSTEMATIC_STATUSES = ("failed", "invalid")
+SYSTEMATIC_STATUSES = (Status.FAILED, Status.INVALID)
 
 ADVICE = (
     (
@@ -66,10 +68,10 @@ def reason_of(trial: "FrozenTrial") -> str | None:
     """The failure's key (status and the error's first line), or None when the trial did not fail
     in a way this rule counts (ok, OOM, pruned, timeout, interrupted, surplus)."""
     attrs = trial.user_attrs
-    if trial.state.name != "FAIL" or attrs.get("status") not in SYSTEMATIC_STATUSES:
+    if trial.state.name != "FAIL" or attrs.get(Key.STATUS) not in SYSTEMATIC_STATUSES:
         return None
-    first = next((line.strip() for line in str(attrs.get("error") or "").splitlines() if line.strip()), "")
-    return f"{attrs.get('status')}: {first[:300] or 'no error message'}"
+    first = next((line.strip() for line in str(attrs.get(Key.ERROR) or "").splitlines() if line.strip()), "")
+    return f"{attrs.get(Key.STATUS)}: {first[:300] or 'no error message'}"
 
 
 # The cause, not the sampled value: `+foo=choice(1,2,3)` fails each trial with its own number in the
@@ -106,7 +108,7 @@ def systematic_failure(
     # A retried or surplus FAIL is bookkeeping, not an answer: it neither counts nor breaks a run. A
     # pre-screened point never ran, so it shows nothing about the failing setup: it neither counts
     # nor breaks a run either. A trial that ran (ok, OOM, slow) breaks it.
-    finished = [t for t in finished if t.user_attrs.get("status") not in ("surplus", "interrupted", "pruned")]
+    finished = [t for t in finished if t.user_attrs.get(Key.STATUS) not in NOT_RUN]
     finished.sort(key=lambda t: (t.datetime_complete, t.number))
     last = finished[-limit:]
     if len(last) < limit:
@@ -131,7 +133,7 @@ def why_no_best(study: "Study") -> str:
     ran out of memory (or were predicted to); otherwise what the trials did instead."""
     statuses: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
-        status = t.user_attrs.get("status") or t.state.name.lower()
+        status = t.user_attrs.get(Key.STATUS) or t.state.name.lower()
         statuses[status] = statuses.get(status, 0) + 1
     trials = study.get_trials(deepcopy=False)
     infeasible = any(t.state.name in ("COMPLETE", "PRUNED") and any(v > 0 for v in t.constraints.values()) for t in trials)

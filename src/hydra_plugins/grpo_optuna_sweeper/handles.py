@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from grpo_sweep.study.attrs import Key
+
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override, ParsedElementType
     from hydra.core.utils import JobReturn
@@ -32,7 +34,7 @@ def suggest(trial: Trial, key: str, dist: BaseDistribution) -> Any:
 def fixed_params(trial: Trial) -> dict:
     """The values a trial was enqueued with (enqueue_trial keeps them in the system attribute
     `fixed_params` of the trial's cached frozen copy; a live Trial has no public view of it)."""
-    return dict(trial._cached_frozen_trial.system_attrs.get("fixed_params") or {})
+    return dict(trial._cached_frozen_trial.system_attrs.get(Key.FIXED_PARAMS) or {})
 
 
 def cached_frozen(trial: Trial | FrozenTrial) -> FrozenTrial:

@@ -25,6 +25,8 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from grpo_sweep.study.attrs import Key
+
 from . import space
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 PREFIX = "identity:"
 # The user attribute the report and summary read the objective from (older studies have only this).
-OBJECTIVE_ATTR = "objective"
+OBJECTIVE_ATTR = Key.OBJECTIVE
 
 
 class StudyMismatch(ValueError):

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_sweep.credentials import mask_url as mask
 from grpo_sweep.report.trials import rerun_hydra_settings
+from grpo_sweep.study.attrs import Key
 
 from . import space
 
@@ -51,7 +52,7 @@ def slurm_resources(config: DictConfig) -> int | None:
 
 
 # Trial user attr: rerun_overrides, recorded so the command that reruns the trial carries them.
-HYDRA_OVERRIDES_ATTR = "hydra_overrides"
+HYDRA_OVERRIDES_ATTR = Key.HYDRA_OVERRIDES
 
 
 def rerun_overrides(config: DictConfig) -> list[str]:

@@ -23,6 +23,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.study.storage import StorageUnavailable
 
 from . import confirm, handles, neighbours, soak
@@ -126,7 +127,7 @@ class Loop:
         record = {
             "trial": winner.number,
             "steps_asked": steps,
-            "status": "running",
+            "status": Status.RUNNING,
             "worker": this_worker(),
             "started_unix": time.time(),
         }
@@ -203,7 +204,7 @@ class Loop:
                 enqueue_neighbour(study, self.plan, self.prescreen, self.moves)  # never in place of a confirmation run
             batch = [study.ask() for _ in range(size)]
             for trial in batch:  # at once: a kill from here on leaves a RUNNING trial worker_dead recognises
-                trial.set_user_attr("worker", this_worker())
+                trial.set_user_attr(Key.WORKER, this_worker())
             self._run_batch(batch, target)
             self.stopped = self._systematic_failure()
             if self.stopped is not None:
@@ -228,14 +229,14 @@ class Loop:
                 # view lags behind our own ask; it ranks after every running trial.)
                 rank = running.index(trial.number) if trial.number in running else len(running)
                 if rank >= allowed:
-                    trial.set_user_attr("status", "surplus")
+                    trial.set_user_attr(Key.STATUS, Status.SURPLUS)
                     study.tell(trial, state=state("FAIL"))
                     pending.remove(trial)
                     continue
                 copied = duplicate_of(study, trial)
                 if copied is not None:  # a start point queued by two workers at once
-                    trial.set_user_attr("status", "surplus")
-                    trial.set_user_attr("error", f"duplicate of trial {copied} (queued by two workers at once): not run")
+                    trial.set_user_attr(Key.STATUS, Status.SURPLUS)
+                    trial.set_user_attr(Key.ERROR, f"duplicate of trial {copied} (queued by two workers at once): not run")
                     study.tell(trial, state=state("FAIL"))
                     pending.remove(trial)
                     continue
@@ -260,7 +261,7 @@ class Loop:
                 self._tell(trial, judge_job(trial, ret, self.plan.settings, self.plan.objective))
                 pending.remove(trial)
         except Interrupted:
-            self._abandon(pending, "interrupted")
+            self._abandon(pending, Status.INTERRUPTED)
             raise
         except StorageUnavailable:
             # The storage is away: nothing can be told. The next run (or another worker) releases these
@@ -268,7 +269,7 @@ class Loop:
             log.error("Trials %s left RUNNING: the storage is unavailable", [t.number for t in pending])
             raise
         except BaseException as err:  # any other death: the trials are released before the sweeper exits
-            self._abandon(pending, "worker_error", f"the sweeper failed: {type(err).__name__}: {err}"[:1000])
+            self._abandon(pending, Status.WORKER_ERROR, f"the sweeper failed: {type(err).__name__}: {err}"[:1000])
             raise
 
     def _abandon(self, trials: list[Trial], why: str, error: str | None = None) -> None:
@@ -276,9 +277,9 @@ class Loop:
         storage still allows it): a re-run or another worker runs them again."""
         for trial in trials:
             try:
-                trial.set_user_attr("status", why)
+                trial.set_user_attr(Key.STATUS, why)
                 if error:
-                    trial.set_user_attr("error", error)
+                    trial.set_user_attr(Key.ERROR, error)
                 self.study.tell(trial, state=state("FAIL"))
                 retry(self.study, handles.frozen_trial(self.study, trial), self.plan.settings.max_retry)
             except Exception as err:  # noqa: BLE001 - best effort while shutting down

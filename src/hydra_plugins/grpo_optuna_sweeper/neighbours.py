@@ -32,13 +32,15 @@ import random
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from grpo_sweep.study.attrs import Key
+
 from .standings import finalists
 
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
 
-NEIGHBOUR_ATTR = "neighbour_of"  # trial user attr: the first trial of the config it moved from
+NEIGHBOUR_ATTR = Key.NEIGHBOUR_OF  # trial user attr: the first trial of the config it moved from
 
 
 def due(counted: int, n_startup_trials: int, every: int) -> bool:
@@ -121,7 +123,7 @@ def enqueue(study: Study, choices: dict[str, list], runs: Callable[[dict[str, An
         return None
     tried = points(trials)
     rng = random.Random(f"{seed}:{len(trials)}")
-    for best in (f for f in finalists(study) if not f.item.user_attrs.get("preset")):
+    for best in (f for f in finalists(study) if not f.item.user_attrs.get(Key.PRESET)):
         params = dict(best.item.params)
         point = pick(params, choices, tried, runs, rng)
         if point is not None:
@@ -135,7 +137,7 @@ def enqueue(study: Study, choices: dict[str, list], runs: Callable[[dict[str, An
 
 def points(trials: Iterable[FrozenTrial]) -> list[dict[str, Any]]:
     """Each trial's point: the parameters it was queued with (a WAITING trial has no others yet) or ran."""
-    return [t.system_attrs.get("fixed_params", t.params) for t in trials]
+    return [t.system_attrs.get(Key.FIXED_PARAMS, t.params) for t in trials]
 
 
 def _moved(params: dict[str, Any], point: dict[str, Any]) -> str | None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from grpo_sweep.config.user_task import task_identity
 from grpo_sweep.credentials import mask_url as mask
+from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.study.storage import open_storage, study_names
 
 from . import identity, space
@@ -60,8 +61,8 @@ def open_study(plan: SweepPlan, task: DictConfig) -> Study:
         "task": task_identity(task),  # the data (its content too), columns, rewards, weights
     }
     identity.enforce(study, fields, storage=mask(plan.storage_url))
-    study.set_user_attr("recipe", plan.recipe)  # plain names for the report and readers of the study
-    study.set_user_attr("concessions", list(plan.concessions))
+    study.set_user_attr(Key.RECIPE, plan.recipe)  # plain names for the report and readers of the study
+    study.set_user_attr(Key.CONCESSIONS, list(plan.concessions))
     if existed:
         log.info(resume_line(study))
     else:
@@ -74,7 +75,7 @@ def resume_line(study: Study) -> str:
     progress.counts), then the queued and running ones, each named apart."""
     counted, running = counts(study)
     queued = sum(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False))
-    extra = "".join(f", {n} {what}" for n, what in ((queued, "queued"), (len(running), "running")) if n)
+    extra = "".join(f", {n} {what}" for n, what in ((queued, "queued"), (len(running), Status.RUNNING)) if n)
     return f"Resuming study {study.study_name!r} with {counted} trial{'' if counted == 1 else 's'} done{extra}"
 
 

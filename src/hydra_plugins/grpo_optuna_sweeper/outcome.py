@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard, overload
 
 from grpo_sweep.memory.oom_message import parse_oom_message
+from grpo_sweep.study.attrs import Key, Status
 
 from . import handles
 
@@ -37,7 +38,7 @@ CONSTRAINT = "memory_over_budget_bytes"
 # Optuna 5 reads it as one constraint (named "0"). One form, not both: GPSampler fits one model per
 # constraint and requires the same number on every trial, so both forms would double the model and
 # break a study resumed from trials that have one. memory_constraint() reads either form.
-DASHBOARD_CONSTRAINTS = "constraints"
+DASHBOARD_CONSTRAINTS = Key.CONSTRAINTS
 SAMPLERS_BLIND_TO_PRUNED = ("gp",)  # optuna.samplers.GPSampler fits on COMPLETE trials only
 RECORD_ATTRS = (
     "tokens_per_s",
@@ -123,20 +124,20 @@ def judge(
 ) -> Outcome:
     """Turn one trial's metrics.json record into what the study is told."""
     if record is None:
-        return Outcome("FAIL", attrs={"status": "failed", "error": "the job left no metrics.json"})
+        return Outcome("FAIL", attrs={Key.STATUS: Status.FAILED, Key.ERROR: "the job left no metrics.json"})
     attrs = {key: record.get(key) for key in RECORD_ATTRS if record.get(key) is not None}
-    attrs["status"] = status = record.get("status")
+    attrs[Key.STATUS] = status = record.get("status")
     if record.get("error"):
-        attrs["error"] = str(record["error"])[:1000]
+        attrs[Key.ERROR] = str(record["error"])[:1000]
     if isinstance(record.get("levers"), dict):
-        attrs["levers"] = record["levers"]
+        attrs[Key.LEVERS] = record["levers"]
     allowed = allowed_bytes(budget_bytes, headroom)
     peak = record.get("peak_memory_bytes")
-    if status == "ok":
+    if status == Status.OK:
         value = record.get(objective)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            attrs["error"] = f"objective {objective!r} is not a number in metrics.json: {value!r}"
-            attrs["status"] = "failed"  # a FAIL is never counted ok or feasible (summary, report)
+            attrs[Key.ERROR] = f"objective {objective!r} is not a number in metrics.json: {value!r}"
+            attrs[Key.STATUS] = Status.FAILED  # a FAIL is never counted ok or feasible (summary, report)
             return Outcome("FAIL", attrs=attrs)
         # Every COMPLETE trial carries the constraint (GPSampler requires the same constraints on all).
         # It ran without OOM, so when its peak cannot be compared with the card it is feasible: 0.
@@ -144,19 +145,19 @@ def judge(
         if allowed is not None and _number(peak) and comparable(record):
             constraint = float(peak - allowed)
         return Outcome("COMPLETE", float(value), constraint, attrs)
-    if status == "oom":
+    if status == Status.OOM:
         deficit, how = oom_deficit(record, budget_bytes)
-        attrs["deficit_bytes"], attrs["deficit_source"] = deficit, how
+        attrs[Key.DEFICIT_BYTES], attrs[Key.DEFICIT_SOURCE] = deficit, how
         if budget_bytes is not None and allowed is not None:
             deficit += budget_bytes - allowed  # with headroom, the wall is `allowed`, not the card
         return Outcome("COMPLETE", worst_value(direction), deficit, attrs)
-    if status == "slow":
+    if status == Status.SLOW:
         value = record.get(objective)
         constraint = 0.0
         if allowed is not None and _number(peak) and comparable(record):
             constraint = float(peak - allowed)
         return Outcome("PRUNED", float(value) if _number(value) else None, constraint, attrs)
-    attrs.setdefault("error", f"trial status {status!r}")
+    attrs.setdefault(Key.ERROR, f"trial status {status!r}")
     return Outcome("FAIL", attrs=attrs)
 
 
@@ -206,7 +207,7 @@ def prescreen_verdict(
     return Outcome(
         "PRUNED",
         constraint=deficit,
-        attrs={"status": "pruned", "deficit_bytes": deficit, "deficit_source": "estimator", "error": why},
+        attrs={Key.STATUS: Status.PRUNED, Key.DEFICIT_BYTES: deficit, Key.DEFICIT_SOURCE: "estimator", Key.ERROR: why},
     )
 
 
@@ -232,7 +233,7 @@ def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcom
     """A pre-screen verdict as `sampler` can learn from it (see the module docstring)."""
     if outcome is None or outcome.state != "PRUNED" or sampler not in SAMPLERS_BLIND_TO_PRUNED:
         return outcome
-    if outcome.attrs.get("status") == "slow":  # measured, just slower: the partial value is real
+    if outcome.attrs.get(Key.STATUS) == Status.SLOW:  # measured, just slower: the partial value is real
         return Outcome(
             "COMPLETE", outcome.value if outcome.value is not None else worst_value(direction), outcome.constraint, outcome.attrs
         )

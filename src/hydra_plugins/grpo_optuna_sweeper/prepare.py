@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of, requested_levers
 from grpo_sweep.memory.vllm import check_kv_cache_bytes
+from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.units import budget_bytes
 
 from . import calibration, concessions, confirm, handles, space
@@ -47,11 +48,13 @@ class Prepared:
 def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callable[[list[str]], DictConfig]) -> Prepared:
     """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
     attrs: dict[str, Any] = {}
-    preset = trial.user_attrs.get("preset")
+    preset = trial.user_attrs.get(Key.PRESET)
     enqueued = handles.fixed_params(trial)
     outside = None if preset else outside_space(plan, enqueued)
     if outside:  # queued by an earlier run of this study under another held recipe: not a point of this search
-        return Prepared([], attrs, Outcome("FAIL", attrs={"status": "surplus", "error": f"start point dropped: {outside}"}))
+        return Prepared(
+            [], attrs, Outcome("FAIL", attrs={Key.STATUS: Status.SURPLUS, Key.ERROR: f"start point dropped: {outside}"})
+        )
     params = {}
     for key, dist in plan.distributions.items():
         if preset and key not in enqueued:
@@ -83,19 +86,19 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
         check_kv_cache_bytes(cfg)
     except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep
         if cfg is not None:
-            attrs["levers"] = requested_levers(cfg)
-        return Prepared(overrides, attrs, Outcome("FAIL", attrs={"status": "invalid", "error": str(err)[:1000]}))
-    attrs["levers"] = requested_levers(cfg)
+            attrs[Key.LEVERS] = requested_levers(cfg)
+        return Prepared(overrides, attrs, Outcome("FAIL", attrs={Key.STATUS: Status.INVALID, Key.ERROR: str(err)[:1000]}))
+    attrs[Key.LEVERS] = requested_levers(cfg)
     recipe = recipe_of(cfg)
     taken = concessions.diff(plan.recipe, recipe)
     attrs[concessions.TAKEN_ATTR] = taken
     attrs[concessions.CPS] = recipe[concessions.CPS]
     refused = plan.refusal(recipe)
     if refused:
-        return Prepared(overrides, attrs, Outcome("FAIL", attrs={"status": "invalid", "error": f"{refused}: not run"}))
+        return Prepared(overrides, attrs, Outcome("FAIL", attrs={Key.STATUS: Status.INVALID, Key.ERROR: f"{refused}: not run"}))
     budget = budget_bytes(cfg)
     if budget is not None:
-        attrs["budget_bytes"] = budget
+        attrs[Key.BUDGET_BYTES] = budget
     outcome = prescreen.verdict(cfg, budget, attrs)
     if outcome is None and "predicted_calibrated_bytes" in attrs:  # metrics.json records what the pre-screen used
         keys = calibration.Calibrated.attr_keys()
@@ -114,5 +117,5 @@ def _stop_override(trial: Trial, plan: SweepPlan, attrs: dict) -> list[str]:
     threshold = stop_threshold(best.median if best else None, settings.stop_below, plan.objective, settings.direction)
     if threshold is None:
         return []
-    attrs["stop_below"] = threshold
+    attrs[Key.STOP_BELOW] = threshold
     return [f"trial.stop_below={threshold:.6g}"]

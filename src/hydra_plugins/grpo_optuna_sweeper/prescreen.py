@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.study.attrs import Key
 
 from . import calibration
 from .outcome import Outcome, for_sampler, prescreen_verdict
@@ -63,20 +64,20 @@ class Prescreen:
         if attrs is not None:
             speed = predicted_tokens_per_s(cfg)
             if speed is not None:  # the throughput model (waves charged): the report shows it beside the measured
-                attrs["predicted_tokens_per_s"] = speed
+                attrs[Key.PREDICTED_TOKENS_PER_S] = speed
         if not self.settings.prescreen:
             return None
         try:
             est = est if est is not None else estimate(cfg)
         except Exception as err:  # noqa: BLE001 - a failed estimate only means: run it and see
             if attrs is not None:
-                attrs["predicted_error"] = str(err)[:300]
+                attrs[Key.PREDICTED_ERROR] = str(err)[:300]
             return None
         cal = self.calibrated(est)
         if attrs is not None:
             attrs.update(cal.attrs())
-            attrs["predicted_phases"] = {p: int(v) for p, v in est.phases.items()}
-            attrs["generation_waves"] = est.assumptions.get("generation_waves")
+            attrs[Key.PREDICTED_PHASES] = {p: int(v) for p, v in est.phases.items()}
+            attrs[Key.GENERATION_WAVES] = est.assumptions.get("generation_waves")
         limit = est.budget_bytes if est.budget_bytes is not None else budget
         verdict = prescreen_verdict(cal.calibrated_bytes, limit, cal.allowance, raw_bytes=cal.raw_bytes, trials=cal.trials)
         return for_sampler(verdict, self.settings.sampler, self.settings.direction)

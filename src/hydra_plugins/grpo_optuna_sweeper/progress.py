@@ -13,6 +13,8 @@ import datetime
 import math
 from typing import TYPE_CHECKING
 
+from grpo_sweep.study.attrs import Key, Status
+
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
@@ -77,11 +79,13 @@ def counts(study: Study) -> tuple[int, list[int]]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
+    retried = {n for t in trials for n in (t.system_attrs.get(Key.RETRY_HISTORY) or [])}
     counted = 0
     for t in trials:
         finished = t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        failed_for_good = t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get("status") != "surplus"
+        failed_for_good = (
+            t.state == TrialState.FAIL and t.number not in retried and t.user_attrs.get(Key.STATUS) != Status.SURPLUS
+        )
         if finished or failed_for_good:
             counted += 1
     running = sorted(t.number for t in trials if t.state == TrialState.RUNNING)

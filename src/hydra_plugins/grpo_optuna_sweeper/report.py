@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.memory.estimator import estimate
+from grpo_sweep.study.attrs import Key
 from grpo_sweep.units import budget_bytes
 
 from . import concessions, identity, space
@@ -33,7 +34,7 @@ def write_report(study: Study, plan: SweepPlan, compose: Compose, quiet: bool = 
     """`stopped`: the failures.Stop that ended the sweep (the summary ends with its words), or None.
     `compose`: a job's config for overrides (plan.Composer), to price the concessions."""
 
-    study.set_user_attr("learning_tolerance", plan.learning_tolerance)  # for report.html and `grpo-sweep report`
+    study.set_user_attr(Key.LEARNING_TOLERANCE, plan.learning_tolerance)  # for report.html and `grpo-sweep report`
     learning = learning_verdict(study, plan.learning_tolerance)
     tags = price_tags(study, plan, compose, learning[0].ranked) if plan.concessions or _any_taken(study) else None
     return write_summary(
@@ -75,7 +76,7 @@ def price_tags(study: Study, plan: SweepPlan, compose: Compose, ranked: list | N
         return {"peak_bytes": est.total_bytes, "budget_bytes": est.budget_bytes or budget_bytes(cfg)}
 
     def estimate_without(trial: FrozenTrial, setting: str) -> dict | None:
-        point = list(trial.user_attrs.get("overrides") or [])
+        point = list(trial.user_attrs.get(Key.OVERRIDES) or [])
         try:
             cfg_used, used = predict(point)
             cfg_back, back = predict([*point, space.to_override(setting, plan.recipe[setting])])
@@ -107,5 +108,5 @@ def price_tags(study: Study, plan: SweepPlan, compose: Compose, ranked: list | N
         )
     except Exception as err:  # noqa: BLE001 - see the docstring
         return {"error": f"{type(err).__name__}: {err}"}
-    study.set_user_attr("price_tags", tags)  # the report's Concessions section
+    study.set_user_attr(Key.PRICE_TAGS, tags)  # the report's Concessions section
     return tags

@@ -31,9 +31,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from grpo_sweep.study.attrs import Key, Status
+
 from . import space
 
-SOAK_ATTR = "soak"  # study user attr: what the soak found (trend, verdict, per-step peaks)
+SOAK_ATTR = Key.SOAK  # study user attr: what the soak found (trend, verdict, per-step peaks)
 GREW_SHARE = 0.02  # a peak more than 2 % above the first timed step's: memory grew
 FIRST_TIMED_STEP = 2
 SOAK_DIR = "soak"
@@ -128,7 +130,7 @@ def warning(soak: dict) -> str | None:
     """The line that flags the winner when its soak shows it may not hold a long run: out of memory,
     a step's peak over the budget, or a step's peak above step 2's; None otherwise."""
     mib, trial = 2**20, soak.get("trial")
-    if soak.get("status") == "oom":
+    if soak.get("status") == Status.OOM:
         at = f" at step {soak['steps'] + 1}" if soak.get("steps") is not None else ""
         return f"trial {trial}'s config ran out of memory{at} of its {soak.get('steps_asked') or '?'}-step soak"
     if soak.get("over_budget"):
@@ -149,18 +151,18 @@ def words(soak: dict) -> str:
     """The summary's line about the soak."""
     steps = f"{soak.get('steps')} of {soak['steps_asked']}" if soak.get("steps_asked") else f"{soak.get('steps')}"
     status = soak.get("status")
-    if status == "running":
+    if status == Status.RUNNING:
         return (
             f"Soak of trial {soak.get('trial')}, {soak.get('steps_asked') or soak.get('steps')} steps: running in worker "
             f"{soak.get('worker') or '?'}, which writes its verdict into best.yaml when it ends"
         )
-    if status == "interrupted":
+    if status == Status.INTERRUPTED:
         ran = f"after {steps} steps" if soak.get("steps") is not None else "before it recorded a step"
         return (
             f"Soak of trial {soak.get('trial')}: interrupted ({soak.get('error')}) {ran}, no verdict; resume it with: "
             f"{soak.get('resume') or 'the sweep command, run again'}"
         )
-    if status != "ok":
+    if status != Status.OK:
         ran = f", {steps} steps" if soak.get("steps") is not None else ""
         said = f"Soak of trial {soak.get('trial')}{ran}: {status} ({soak.get('error') or 'no record'})"
         return said + (f". WARNING: {soak['warning']}" if soak.get("warning") else "")
@@ -187,9 +189,9 @@ def due(study: Any, winner: Any, steps: int, worker_dead: Callable[[Any, Any], b
     done = study.user_attrs.get(SOAK_ATTR) or {}
     if done.get("trial") != winner.number or done.get("steps_asked", done.get("steps")) != steps:
         return True
-    if done.get("status") == "interrupted":
+    if done.get("status") == Status.INTERRUPTED:
         return True
-    if done.get("status") != "running":
+    if done.get("status") != Status.RUNNING:
         return False
     started = datetime.datetime.fromtimestamp(done.get("started_unix") or 0.0)
     return worker_dead(done.get("worker"), started)
@@ -207,9 +209,9 @@ def finish(record: dict, ret: Any) -> dict:
     try:
         metrics = read_metrics(Path(out_dir)) if out_dir else None
     except MetricsError as err:
-        return {**record, "status": "failed", "error": str(err)[:1000]}
+        return {**record, "status": Status.FAILED, "error": str(err)[:1000]}
     if metrics is None:
-        return {**record, "status": "failed", "error": "the soak job wrote no metrics.json"}
+        return {**record, "status": Status.FAILED, "error": "the soak job wrote no metrics.json"}
     return judge(record, metrics)
 
 
@@ -224,4 +226,4 @@ def interrupted(record: dict, signal_name: str, run_dir: Any, resume: str | None
         metrics = read_metrics(Path(run_dir)) or {}
     except Exception:  # noqa: BLE001 - a killed job's record may be missing or torn
         metrics = {}
-    return {**record, "status": "interrupted", "error": signal_name, "steps": metrics.get("steps"), "resume": resume}
+    return {**record, "status": Status.INTERRUPTED, "error": signal_name, "steps": metrics.get("steps"), "resume": resume}

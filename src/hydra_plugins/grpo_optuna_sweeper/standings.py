@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_sweep.report.learning import check_trials, is_flagged
 from grpo_sweep.report.trials import trials_from_study
 from grpo_sweep.study import best as best_rule
+from grpo_sweep.study.attrs import Key, Status
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -27,7 +28,7 @@ def feasible(trial: FrozenTrial) -> bool:
 def is_ok(trial: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
-    return trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and feasible(trial)
+    return trial.state == TrialState.COMPLETE and trial.user_attrs.get(Key.STATUS) == Status.OK and feasible(trial)
 
 
 def best_trial(study: Study, tolerance: float | None = None) -> FrozenTrial | None:
@@ -65,8 +66,8 @@ def verdict(study: Study, flagged: dict | None = None) -> best_rule.Verdict:
     return best_rule.decide(
         runs(study),
         **by_config(study),
-        peak_of=lambda t: t.user_attrs.get("peak_memory_bytes"),
-        budget_of=lambda t: t.user_attrs.get("budget_bytes"),
+        peak_of=lambda t: t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
+        budget_of=lambda t: t.user_attrs.get(Key.BUDGET_BYTES),
         flagged=is_flagged(flagged, lambda t: t.number) if flagged else None,
     )
 

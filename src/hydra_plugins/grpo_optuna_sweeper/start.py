@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of
+from grpo_sweep.study.attrs import Key
 from grpo_sweep.units import budget_bytes
 
 from . import forecast, neighbours, space
@@ -99,7 +100,7 @@ def _in_study(study: Study, params: dict) -> bool:
 def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
     """Queue each seed preset once per study, with its levers as parameters where they fit the space
     (while the search phase has room: see enqueue_start)."""
-    queued = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
+    queued = {t.user_attrs.get(Key.PRESET) for t in study.get_trials(deepcopy=False)}
     for preset in plan.settings.presets:
         if preset in queued:
             continue
@@ -126,7 +127,7 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
             value = OmegaConf.select(cfg, key, default=None)
             if value is not None and space.representable(dist, value):
                 params[key] = value
-        study.enqueue_trial(params, user_attrs={"preset": preset})
+        study.enqueue_trial(params, user_attrs={Key.PRESET: preset})
         log.info("Warm start: enqueued preset=%s", preset)
 
 
@@ -138,7 +139,7 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
     report can set the measured order beside it."""
     settings = plan.settings
     mode = settings.get("start", "model")
-    if mode == "none" or any(t.user_attrs.get("frontier_start") for t in study.get_trials(deepcopy=False)):
+    if mode == "none" or any(t.user_attrs.get(Key.START_POINT) for t in study.get_trials(deepcopy=False)):
         return
     if settings.sampler == "grid" or not plan.distributions:
         return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
@@ -164,7 +165,7 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
         )
         return
     for params in picks:
-        study.enqueue_trial(params, user_attrs={"frontier_start": True, "start": mode}, skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs={Key.START_POINT: True, Key.START: mode}, skip_if_exists=True)
     log.info(
         "Frontier start (%s): enqueued %d of %d candidates, %s: %s",
         mode,
@@ -199,7 +200,7 @@ def choose(
     return mode, pick(fullness, count, seed), ranking
 
 
-MODEL_RANKING_ATTR = "model_ranking"  # study user attr: the model's predicted order (ranking_attr)
+MODEL_RANKING_ATTR = Key.MODEL_RANKING  # study user attr: the model's predicted order (ranking_attr)
 RANKING_KEPT = 20  # points of the predicted order kept on the study (the start's picks are among the first)
 
 

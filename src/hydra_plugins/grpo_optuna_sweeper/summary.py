@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import shlex
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,6 +19,7 @@ from grpo_sweep.levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from grpo_sweep.memory.throughput import limit_words
 from grpo_sweep.report.learning import verdict_lines, verdict_of
 from grpo_sweep.study import best as best_rule
+from grpo_sweep.study.attrs import ConfirmationState, Key, Status
 from grpo_sweep.study.storage import is_journal, journal_path
 
 from .concessions import describe, fmt
@@ -208,14 +210,14 @@ def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dic
         row = {
             "number": t.number,
             "state": t.state.name,
-            "status": attrs.get("status"),
+            "status": attrs.get(Key.STATUS),
             "feasible": feasible(t) if t.state.name in ("COMPLETE", "PRUNED") else "",
             "objective": t.value if is_ok(t) else "",
         }
         for key in FIRST_COLUMNS[5:]:
             value = attrs.get(key, "")
             row[key] = " ".join(str(v) for v in value) if isinstance(value, list) else value
-        lever_values = attrs.get("levers") or {}
+        lever_values = attrs.get(Key.LEVERS) or {}
         for name in levers:
             value = t.params.get(name, lever_values.get(name, ""))
             row[name] = " ".join(value) if isinstance(value, list) else value
@@ -239,6 +241,8 @@ def _plain_dumper():
         def ignore_aliases(self, data):  # noqa: ARG002 - PyYAML's hook
             return True
 
+    # A Status or Key read back from an in-memory study is written as its string.
+    PlainDumper.add_multi_representer(StrEnum, lambda dumper, value: dumper.represent_str(value.value))
     return PlainDumper
 
 
@@ -251,7 +255,7 @@ def vs_presets(study: Study, best: FrozenTrial | None) -> dict:
     """best / preset objective for each seed preset that ran in this study (or why it has no ratio)."""
     out: dict[str, dict[str, Any]] = {}
     for t in study.get_trials(deepcopy=False):
-        preset = t.user_attrs.get("preset")
+        preset = t.user_attrs.get(Key.PRESET)
         if not preset or t.state.name in ("WAITING", "RUNNING"):
             continue
         if is_ok(t) and best is not None and t.value:
@@ -261,7 +265,7 @@ def vs_presets(study: Study, best: FrozenTrial | None) -> dict:
                 "ratio": cast(float, best.value) / t.value,
             }  # best: ok, so valued
         else:
-            out.setdefault(preset, {"trial": t.number, "status": t.user_attrs.get("status"), "ratio": None})
+            out.setdefault(preset, {"trial": t.number, "status": t.user_attrs.get(Key.STATUS), "ratio": None})
     return out
 
 
@@ -386,18 +390,18 @@ def build_summary(
             "best_trial": best.number,
             "best_value": ranked_finalists[0].median,
             "params": dict(best.params),
-            "levers": attrs.get("levers"),
-            "peak_memory_bytes": attrs.get("peak_memory_bytes"),
-            "predicted_peak_bytes": attrs.get("predicted_peak_bytes"),
-            "budget_bytes": attrs.get("budget_bytes"),
+            "levers": attrs.get(Key.LEVERS),
+            "peak_memory_bytes": attrs.get(Key.PEAK_MEMORY_BYTES),
+            "predicted_peak_bytes": attrs.get(Key.PREDICTED_PEAK_BYTES),
+            "budget_bytes": attrs.get(Key.BUDGET_BYTES),
             # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
-            "reward_mean": attrs.get("reward_mean"),
-            "reward_change": attrs.get("reward_change"),
-            "reward_seconds_per_step": attrs.get("reward_seconds_per_step"),  # the reward functions' time
+            "reward_mean": attrs.get(Key.REWARD_MEAN),
+            "reward_change": attrs.get(Key.REWARD_CHANGE),
+            "reward_seconds_per_step": attrs.get(Key.REWARD_SECONDS_PER_STEP),  # the reward functions' time
             "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
             "headroom": headroom,
-            "run_dir": attrs.get("run_dir"),
-            "overrides": attrs.get("overrides"),
+            "run_dir": attrs.get(Key.RUN_DIR),
+            "overrides": attrs.get(Key.OVERRIDES),
             "command": command_line(best),
             "vs_presets": vs_presets(study, best),
             **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
@@ -405,15 +409,13 @@ def build_summary(
     )
     soaked = study.user_attrs.get(SOAK_ATTR)
     if soaked:
-        running = soaked.get("status") == "running"  # which worker runs it is said; else no worker
+        running = soaked.get("status") == Status.RUNNING  # which worker runs it is said; else no worker
         summary["soak"] = {k: v for k, v in soaked.items() if k != "started_unix" and (k != "worker" or running)}
         if soaked.get("warning") and soaked.get("trial") == best.number:  # its soak says the winner may not hold
             summary["soak_warning"] = soaked["warning"]
-    confirmation = study.user_attrs.get(best_rule.PLAN_ATTR)
+    confirmation = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
     if confirmation:
-        summary["confirmation"] = {k: v for k, v in confirmation.items() if k != "runs"} | {
-            "runs": len(confirmation.get("runs") or [])
-        }
+        summary["confirmation"] = confirmation.to_dict() | {"runs": len(confirmation.runs)}
     return summary
 
 
@@ -469,12 +471,12 @@ def print_summary(
         print("\nRecipe held: " + " ".join(f"{k}={fmt(v)}" for k, v in recipe.items() if v is not None))
     if price_tags:
         print(describe(price_tags, objective) if "error" not in price_tags else f"Concessions not priced: {price_tags['error']}")
-    reward = best.user_attrs.get("reward_mean")
+    reward = best.user_attrs.get(Key.REWARD_MEAN)
     print(
         f"\nBest: trial {best.number}, {objective}={summary['best_value']:.4g}"
         + (f", reward {reward:.3f}" if reward is not None else "")
     )
-    reward_s, step_s = best.user_attrs.get("reward_seconds_per_step"), best.user_attrs.get("step_time_s")
+    reward_s, step_s = best.user_attrs.get(Key.REWARD_SECONDS_PER_STEP), best.user_attrs.get(Key.STEP_TIME_S)
     if reward_s is not None and step_s:
         print(f"  reward functions: {reward_s:.3g} s per step, {100 * reward_s / step_s:.1f}% of the step time")
     if summary.get("card_limit"):

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from grpo_sweep.report.trials import rerun_command
+from grpo_sweep.study.attrs import Key
 from grpo_sweep.units import GIB
 
 from .launch_config import HYDRA_OVERRIDES_ATTR
@@ -25,12 +26,12 @@ def _fmt(value: Any) -> str:
 
 def ranks_text(attrs: dict) -> str:
     """`2 x ddp` for a trial of 2 processes, `1` for one."""
-    n = attrs.get("world_size") or 1
+    n = attrs.get(Key.WORLD_SIZE) or 1
     return f"{n} x {attrs.get('strategy')}" if n > 1 else "1"
 
 
 def rank_peaks_text(attrs: dict) -> str:
-    peaks = attrs.get("rank_peak_memory_bytes") or []
+    peaks = attrs.get(Key.RANK_PEAK_MEMORY_BYTES) or []
     return "/".join(f"{p / GIB:.2f}" if p else "-" for p in peaks) or "-"
 
 
@@ -40,7 +41,7 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None, unch
     compare with: a `learning` column when any."""
     unchecked = unchecked or set()
     keys = sorted({k for t in ok[:top_k] for k in t.params})
-    multi = any((t.user_attrs.get("world_size") or 1) > 1 for t in ok[:top_k])
+    multi = any((t.user_attrs.get(Key.WORLD_SIZE) or 1) > 1 for t in ok[:top_k])
     header = [
         "rank",
         "trial",
@@ -55,7 +56,7 @@ def table(ok: list, objective: str, top_k: int, changed: set | None = None, unch
     ]
     lines = [header]
     for rank, t in enumerate(ok[:top_k], 1):
-        peak, pred = t.user_attrs.get("peak_memory_bytes"), t.user_attrs.get("predicted_peak_bytes")
+        peak, pred = t.user_attrs.get(Key.PEAK_MEMORY_BYTES), t.user_attrs.get(Key.PREDICTED_PEAK_BYTES)
         lines.append(
             [
                 str(rank),
@@ -118,4 +119,4 @@ def stop_words(stopped: Stop, waiting: int) -> str:
 def command_line(trial: FrozenTrial) -> str:
     """The shell line that runs the trial's point alone: its Hydra settings (hydra.searchpath, ...), then the point."""
     attrs = trial.user_attrs
-    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get("overrides") or [])])
+    return rerun_command([*(attrs.get(HYDRA_OVERRIDES_ATTR) or []), *(attrs.get(Key.OVERRIDES) or [])])

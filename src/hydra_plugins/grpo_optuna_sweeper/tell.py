@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_sweep.metrics import MetricsError, read_metrics
+from grpo_sweep.study.attrs import Key, Status
 
 from . import handles
 from .outcome import Outcome, for_sampler, judge, tell_constraint, timed_steps
@@ -32,23 +33,23 @@ def judge_job(trial: Trial, ret: JobReturn, settings: DictConfig, objective: str
     try:
         record = read_metrics(Path(out_dir)) if out_dir else None
     except MetricsError as err:  # however it is broken: this trial FAILs with the reason, the sweep goes on
-        outcome = Outcome("FAIL", attrs={"status": "failed", "error": str(err)[:1000], "run_dir": str(out_dir)})
+        outcome = Outcome("FAIL", attrs={Key.STATUS: Status.FAILED, Key.ERROR: str(err)[:1000], Key.RUN_DIR: str(out_dir)})
         log.warning("Trial %d: %s", trial.number, err)
         return outcome
     outcome = judge(
         record,
         objective=objective,
         direction=settings.direction,
-        budget_bytes=trial.user_attrs.get("budget_bytes"),
+        budget_bytes=trial.user_attrs.get(Key.BUDGET_BYTES),
         headroom=settings.headroom,
     )
     for step, value in timed_steps(record, objective):  # Optuna's intermediate values
         trial.report(value, step)
     outcome = for_sampler(outcome, settings.sampler, settings.direction)
     if record is None and getattr(ret, "status", None) is not None and ret.status.name == "FAILED":
-        outcome.attrs["error"] = f"job raised: {handles.job_error(ret)!r}"[:1000]
+        outcome.attrs[Key.ERROR] = f"job raised: {handles.job_error(ret)!r}"[:1000]
     if out_dir:
-        outcome.attrs.setdefault("run_dir", str(out_dir))
+        outcome.attrs.setdefault(Key.RUN_DIR, str(out_dir))
     return outcome
 
 
@@ -70,7 +71,7 @@ def tell(study: Study, trial: Trial, outcome: Outcome, objective: str, progress:
         "Trial %d: %s %s (%s=%s%s) | %s",
         trial.number,
         outcome.state,
-        outcome.attrs.get("status"),
+        outcome.attrs.get(Key.STATUS),
         objective,
         shown,
         "" if feasible else ", infeasible",

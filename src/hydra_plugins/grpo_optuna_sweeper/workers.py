@@ -25,13 +25,15 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage, RDBStorage
     from optuna.trial import FrozenTrial, Trial
 
+from grpo_sweep.study.attrs import Key, Status
+
 from . import handles
 from .confirm import CONFIRMS_ATTR
 
-HEARTBEAT_ATTR = "grpo_sweep:heartbeat"
+HEARTBEAT_ATTR = Key.HEARTBEAT
 
 
-OUTCOME_ATTRS = ("status", "error", "run_dir", "worker")
+OUTCOME_ATTRS = (Key.STATUS, Key.ERROR, Key.RUN_DIR, Key.WORKER)
 
 
 def retry(study: Study, frozen: FrozenTrial, max_retry: int | None) -> None:
@@ -41,9 +43,9 @@ def retry(study: Study, frozen: FrozenTrial, max_retry: int | None) -> None:
     import optuna
 
     system_attrs = {"failed_trial": frozen.number, "retry_history": [], **frozen.system_attrs}
-    system_attrs["retry_history"] = [*system_attrs["retry_history"], frozen.number]
+    system_attrs[Key.RETRY_HISTORY] = [*system_attrs[Key.RETRY_HISTORY], frozen.number]
     system_attrs.pop(HEARTBEAT_ATTR, None)
-    if max_retry is not None and max_retry < len(system_attrs["retry_history"]):
+    if max_retry is not None and max_retry < len(system_attrs[Key.RETRY_HISTORY]):
         return
     user_attrs = {k: v for k, v in frozen.user_attrs.items() if k not in OUTCOME_ATTRS}
     study.add_trial(
@@ -66,17 +68,17 @@ def duplicate_of(study: Study, trial: Trial | FrozenTrial) -> int | None:
     A retry (`failed_trial`) and a confirmation run (`confirms`, confirm.py: the study holds one
     plan, written once) repeat a point on purpose and are never duplicates."""
     frozen = handles.cached_frozen(trial)
-    fixed = frozen.system_attrs.get("fixed_params")
+    fixed = frozen.system_attrs.get(Key.FIXED_PARAMS)
     if not fixed or "failed_trial" in frozen.system_attrs or CONFIRMS_ATTR in frozen.user_attrs:
         return None
     for other in study.get_trials(deepcopy=False):
         if other.number >= frozen.number:
             break
         if (
-            other.system_attrs.get("fixed_params") == fixed
+            other.system_attrs.get(Key.FIXED_PARAMS) == fixed
             and "failed_trial" not in other.system_attrs
-            and other.user_attrs.get("preset") == frozen.user_attrs.get("preset")
-            and other.user_attrs.get("status") != "surplus"
+            and other.user_attrs.get(Key.PRESET) == frozen.user_attrs.get(Key.PRESET)
+            and other.user_attrs.get(Key.STATUS) != Status.SURPLUS
         ):
             return other.number
     return None
@@ -156,16 +158,16 @@ def fail_dead_workers(study: Study, max_retry: int) -> list[int]:
 
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not worker_dead(trial.user_attrs.get("worker"), trial.datetime_start):
+        if not worker_dead(trial.user_attrs.get(Key.WORKER), trial.datetime_start):
             continue
-        if _fail_and_retry(study, trial, max_retry, status="worker_died"):
+        if _fail_and_retry(study, trial, max_retry, status=Status.WORKER_DIED):
             failed.append(trial.number)
     return failed
 
 
 def waiting_line(study: Study, running: list[int]) -> str:
     """What this worker waits for: the RUNNING trials, each with the worker running it."""
-    workers = {t.number: t.user_attrs.get("worker") for t in study.get_trials(deepcopy=False) if t.number in running}
+    workers = {t.number: t.user_attrs.get(Key.WORKER) for t in study.get_trials(deepcopy=False) if t.number in running}
     named = ", ".join(f"trial {n} ({workers.get(n) or 'worker not recorded yet'})" for n in running)
     return f"waiting for {len(running)} running in other workers: {named}"
 
