@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard, overload
 
 from grpo_sweep.memory.oom_message import parse_oom_message
+from grpo_sweep.memory.throughput import SPEED_KEYS
 from grpo_sweep.study.attrs import Key, Status
 
 from . import handles
@@ -62,16 +63,7 @@ RECORD_ATTRS = (
     "wandb_run_id",
     "deficit_bytes",
     "peak_phase",  # calibration.py: the phase whose prediction the measured peak corrects
-    # the step's phases and its distance from the card's limit (memory/throughput.py speed_record)
-    "predicted_generation_s",
-    "predicted_training_s",
-    "generation_s",
-    "training_s",
-    "completion_tokens_mean",
-    "completion_tokens_max",
-    "limit_step_s",
-    "mfu_training",
-    "decode_bandwidth_use",
+    *SPEED_KEYS,  # the step's phases and its distance from the card's limit (memory/throughput.py speed_record)
 )
 
 
