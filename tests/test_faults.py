@@ -72,13 +72,16 @@ def _done(storage: str, name: str = "tiny_cpu") -> dict[int, float]:
 
 
 def _wait_until_running_after(storage: str, done: int, proc: subprocess.Popen) -> None:
-    """Until the sweep `proc` has `done` trials COMPLETE and the next one RUNNING: one read of the
-    study each time (two reads could each see a different moment), every 0.1 s (a warm trial can run
-    for about a second; a sweep that finished it between two looks fails the test as exited)."""
+    """Until the sweep `proc` has `done` trials COMPLETE and the next one RUNNING with its worker
+    recorded (the sweep records it right after Optuna creates the trial; a kill in between is not a
+    kill mid-trial): one read of the study each time (two reads could each see a different moment),
+    every 0.1 s (a warm trial can run for about a second; a sweep that finished it between two looks
+    fails the test as exited)."""
 
     def there() -> bool:
-        states = [t.state.name for t in _trials(storage, "tiny_cpu")]
-        return states.count("COMPLETE") == done and "RUNNING" in states
+        trials = _trials(storage, "tiny_cpu")
+        done_now = sum(t.state.name == "COMPLETE" for t in trials)
+        return done_now == done and any(t.state.name == "RUNNING" and t.user_attrs.get("worker") for t in trials)
 
     wait_for(there, timeout=600, every=0.1, proc=proc)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,10 @@ def step_metrics(row: dict) -> dict:
 def summary_metrics(record: dict, objective: str) -> dict:
     """The final record as W&B summary: status, objective, memory (measured, predicted, budget,
     OOM phase and deficit when the memory modules add them) and requested vs effective levers."""
-    out = {k: v for k, v in record.items() if k not in ("history", "levers") and v is not None}
+    # A Status is a StrEnum; W&B writes an Enum by its name ("OK"), so each goes as its string ("ok").
+    out = {
+        k: str(v) if isinstance(v, StrEnum) else v for k, v in record.items() if k not in ("history", "levers") and v is not None
+    }
     if isinstance(out.get("error"), str):
         out["error"] = out["error"][:2000]
     value = record.get(objective)
@@ -191,7 +195,7 @@ class WandbTrialLogger:
         try:
             sync_dir = self.run.settings.sync_dir
             self.run.summary.update(summary_metrics(record, self.objective))
-            status = record.get("status") or "unknown"
+            status = str(record.get("status") or "unknown")
             self.run.tags = tuple(dict.fromkeys([*self.run.tags, status]))
             self.run.finish(exit_code=0 if status in (Status.OK, Status.SLOW) else 1)  # slow: stopped early, not a failure
         except Exception as exc:  # noqa: BLE001
