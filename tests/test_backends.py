@@ -619,8 +619,15 @@ def test_gpu_landscape_dry_run_replays(tmp_path):
     land = landscapes.gpu_landscape(path)
     assert land["recorded_points"] == 3 and land["runs"] == 4 and land["steps"] == 2
     assert [p["levers"] for p in land["points"]] == g.ordered_points(g.AXES_CPU)[:3]
-    best = max((p for p in land["points"] if p["status"] == "ok"), key=lambda p: p["tokens_per_s"])
-    assert len(best["measured_runs"]) == 2 and land["optimum"] == best["tokens_per_s"]
+    ok = [p for p in land["points"] if p["status"] == "ok"]
+    rerun = [p for p in ok if len(p["measured_runs"]) == 2]  # top=1, repeats=2: the best by its first run, once more
+
+    def first(p):
+        return p["measured_runs"][0]["tokens_per_s"]
+
+    assert len(rerun) == 1 and first(rerun[0]) == max(first(p) for p in ok)
+    best = max(ok, key=lambda p: p["tokens_per_s"])  # by the median of its runs: noise may put another first
+    assert land["optimum"] == best["tokens_per_s"]
     for p in land["points"]:
         f = p["forecast"]
         assert f.runs and f.tokens_per_s > 0 and f.predicted_bytes > 0 and f.limit_bytes == GIB
