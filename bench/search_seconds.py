@@ -295,7 +295,9 @@ def sweep(
         "tie": bool(ruling and ruling.tie),
         # Whether a point within 5 % was among the finalists chosen after the search (confirmation
         # picks only among them, unless it gave its runs back to the search).
-        "finalist_good": any(good(_picked(study.trials[n], land), land) for n in (plan.finalists if plan.chosen is None else plan.chosen)),
+        "finalist_good": any(
+            good(_picked(study.trials[n], land), land) for n in (plan.finalists if plan.chosen is None else plan.chosen)
+        ),
         "given_back": confirm.given_back(study),
         "confirm_stopped": plan.stopped,
         "trials": counted,
