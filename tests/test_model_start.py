@@ -143,7 +143,7 @@ def test_plan_agrees_with_the_prescreen_and_imports_no_torch(sweep, fixed, cuda,
             cfg = tiny.compose([*tiny.plan.fixed, *(space.to_override(k, v) for k, v in p["params"].items())])
             validate(cfg, cuda=cuda)
             verdict = prescreen.verdict(cfg, budget_bytes(cfg))
-            assert ("run" if verdict is None else "pruned") == p["prescreen"], p
+            assert ("run" if verdict.runs else "pruned") == p["prescreen"], p
             assert estimate(cfg).total_bytes == pytest.approx(p["predicted_peak_bytes"])
     fastest = data["fastest"]
     assert fastest and [r["rank"] for r in fastest] == list(range(1, len(fastest) + 1))

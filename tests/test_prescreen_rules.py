@@ -212,14 +212,15 @@ def test_doctor_says_holding_the_batch_is_speed_not_memory():
 
 
 def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_frontier_sees_them():
-    """The pre-screen records a trial's predicted waves and the throughput model's tokens/s (the report's
-    `model tok/s` and `gen. waves` columns); the frontier start counts a fit in N waves 1/N as full."""
+    """A trial records the pre-screen's predicted waves and the forecast's throughput-model tokens/s (the
+    report's `gen. waves` and `model tok/s` columns); the frontier start counts a fit in N waves 1/N as full."""
     from dataclasses import replace
 
     import optuna
     from test_sweeper_helpers import tiny_sweeper
 
     from hydra_plugins.grpo_optuna_sweeper import start
+    from hydra_plugins.grpo_optuna_sweeper.forecast import predicted_tokens_per_s
     from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_frontier
 
@@ -232,9 +233,9 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
             trial = study.ask()
             cfg = tiny.compose([*plan.fixed, f"gpu_memory_utilization={share}"])
             validate_here(cfg, cuda=True)
-            attrs: dict = {}
-            assert tiny.prescreen.verdict(cfg, None, attrs) is None  # both fit
-            Prepared([], attrs, None).apply(trial)
+            verdict = tiny.prescreen.verdict(cfg, None)
+            assert verdict.runs  # both fit
+            Prepared([], {**verdict.attrs, "predicted_tokens_per_s": predicted_tokens_per_s(cfg)}, None).apply(trial)
             attrs = trial.user_attrs
             assert attrs["generation_waves"] == (2 if share == 0.106 else 1)
             assert attrs["predicted_tokens_per_s"] == pytest.approx(relative_step_time(cfg)["tokens_per_s"])

@@ -78,10 +78,9 @@ def _prescreen(sweeper, trial, cfg, budget):
     """The pre-screen's verdict on a point, its predictions recorded on the trial as prepare's are."""
     from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
 
-    attrs: dict = {}
-    verdict = sweeper.prescreen.verdict(cfg, budget, attrs)
-    Prepared([], attrs, verdict).apply(trial)
-    return verdict
+    verdict = sweeper.prescreen.verdict(cfg, budget)
+    Prepared([], dict(verdict.attrs), verdict.outcome).apply(trial)
+    return verdict.outcome
 
 
 def _study(sweeper):
@@ -1150,30 +1149,32 @@ def test_the_told_line_and_what_is_told_by_hand(tmp_path, caplog):
     assert tell_module.state("PRUNED") is optuna.trial.TrialState.PRUNED
 
 
-def test_prescreen_records_its_prediction_by_hand(tmp_path):
-    """The pre-screen writes its prediction for the report: each phase in whole bytes, the
-    generation waves, the throughput model's tokens/s (with the pre-screen off too); asked without
-    attributes (a neighbour move's candidate) it records nothing."""
+def test_prescreen_returns_its_prediction_by_hand(tmp_path):
+    """The pre-screen returns its prediction for the caller to record: each phase in whole bytes,
+    the generation waves, the calibrated peak; with the pre-screen off, nothing. The throughput
+    model's tokens/s is the forecast's, not the pre-screen's."""
     from conftest import compose
 
     from grpo_sweep.memory.estimator import estimate
-    from hydra_plugins.grpo_optuna_sweeper.prescreen import predicted_tokens_per_s
+    from hydra_plugins.grpo_optuna_sweeper.forecast import predicted_tokens_per_s
 
     cfg = compose(["gpu=l4_24g"])
     est = estimate(cfg)
     speed = predicted_tokens_per_s(cfg)
     assert speed is not None and speed > 0
     on = _sweeper(tmp_path / "on")
-    attrs: dict = {}
-    assert on.prescreen.verdict(cfg, None, attrs) is None
+    verdict = on.prescreen.verdict(cfg, None)
+    attrs = verdict.attrs
+    assert verdict.outcome is None and verdict.runs
     assert attrs["predicted_phases"] == {p: int(v) for p, v in est.phases.items()} and attrs["predicted_phases"]
     assert all(type(v) is int for v in attrs["predicted_phases"].values())
     assert attrs["generation_waves"] == est.assumptions.get("generation_waves")
-    assert attrs["predicted_tokens_per_s"] == speed and attrs["predicted_peak_bytes"] == int(est.total_bytes)
-    assert on.prescreen.verdict(cfg, None) is None  # asked only: nothing to record in
-    off = _sweeper(tmp_path / "off", prescreen=False)
-    attrs = {}
-    assert off.prescreen.verdict(cfg, None, attrs) is None and attrs == {"predicted_tokens_per_s": speed}
+    assert attrs["predicted_peak_bytes"] == int(est.total_bytes) and "predicted_tokens_per_s" not in attrs
+    assert {k: attrs[k] for k in verdict.calibrated.attrs()} == verdict.calibrated.attrs()
+    with pytest.raises(TypeError):
+        attrs["predicted_peak_bytes"] = 0  # frozen: the caller records a copy
+    off = _sweeper(tmp_path / "off", prescreen=False).prescreen.verdict(cfg, None)
+    assert off.runs and dict(off.attrs) == {} and off.calibrated is None
     from omegaconf import OmegaConf
 
     unpriced = OmegaConf.create(OmegaConf.to_container(cfg))
@@ -1212,12 +1213,12 @@ def test_the_prescreen_judges_the_estimate_it_is_given_against_its_budget_by_han
     on_l4 = compose(["gpu=l4_24g"])
     small_card = estimate(compose(["gpu=cpu_sim", "gpu.memory_gib=0.01"]))
     assert (small_card.total_bytes, small_card.budget_bytes) == (60_159_104, 10_737_418)
-    pruned = prescreen.verdict(on_l4, 10**15, est=small_card)
+    pruned = prescreen.verdict(on_l4, 10**15, est=small_card).outcome
     assert pruned.state == "PRUNED" and pruned.constraint == 60_159_104 - 10_737_418
-    assert prescreen.verdict(on_l4, 10**15) is None  # its own estimate: within the L4
+    assert prescreen.verdict(on_l4, 10**15).runs  # its own estimate: within the L4
     unsized = compose(["gpu=l4_24g", "gpu.memory_gib=null"])
-    assert prescreen.verdict(unsized, 10**15) is None
-    assert prescreen.verdict(unsized, 2**20).state == "PRUNED"  # no card named: the caller's budget
+    assert prescreen.verdict(unsized, 10**15).runs
+    assert prescreen.verdict(unsized, 2**20).outcome.state == "PRUNED"  # no card named: the caller's budget
 
 
 def test_the_calibrated_prescreen_line_by_hand():

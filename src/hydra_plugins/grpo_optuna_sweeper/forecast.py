@@ -4,10 +4,10 @@ peak and verdict, and the throughput model's tokens/s.
 One pass over the space (a seeded sample when it is large or holds a continuous interval) that the
 start points (start.py: the model-first and the memory-first start) and `grpo-sweep plan`
 (preview.py) both read, so the start, the plan and the pre-screen judge every point by the same
-numbers, and neither proposes a point the sweeper refuses: a point's peak is the pre-screen's
-(calibrated by what the study measured, raw with the fixed margin before that), its verdict is
-`Prescreen.verdict`, and its speed is `prescreen.predicted_tokens_per_s` (the throughput model,
-generation waves charged).
+numbers, and neither proposes a point the sweeper refuses: a point's peak and verdict are
+`Prescreen.verdict`'s (calibrated by what the study measured, raw with the fixed margin before
+that; one calibration per point), and its speed is `predicted_tokens_per_s` (the throughput
+model, generation waves charged), which prepare.py records on each trial too.
 
 No `from __future__ import annotations`: Hydra's plugin scan loads this module outside
 sys.modules, where a dataclass's string annotations cannot be looked up (config.py says the same).
@@ -26,7 +26,7 @@ from . import concessions, space
 from .compose import ComposeCache
 from .outcome import allowed_bytes
 from .plan import SweepPlan
-from .prescreen import Prescreen, predicted_tokens_per_s
+from .prescreen import Prescreen
 
 
 @dataclass(frozen=True)
@@ -95,17 +95,29 @@ def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCac
     except Exception as err:  # noqa: BLE001 - a point that cannot be composed, checked or estimated: said, never raised
         return Forecast(params, error=(str(err).splitlines() or [type(err).__name__])[0][:300])
     budget = est.budget_bytes if est.budget_bytes is not None else budget_bytes(cfg)
-    predicted = prescreen.calibrated(est).calibrated_bytes if plan.settings.prescreen else est.total_bytes
+    verdict = prescreen.verdict(cfg, budget, est=est)
+    predicted = verdict.calibrated.calibrated_bytes if verdict.calibrated is not None else est.total_bytes
     return Forecast(
         params,
         predicted_bytes=float(predicted),
         limit_bytes=allowed_bytes(budget, plan.settings.headroom),
-        runs=prescreen.verdict(cfg, budget, est=est) is None,
+        runs=verdict.runs,
         tokens_per_s=predicted_tokens_per_s(cfg),
         waves=est.assumptions.get("generation_waves") or 1,
         vllm_starts=est.kv_cache_ok is not False and est.assumptions.get("vllm_startup_ok", True) is not False,
         taken=concessions.diff(plan.recipe, recipe),
     )
+
+
+def predicted_tokens_per_s(cfg: Any) -> float | None:
+    """grpo_sweep.memory.throughput's tokens/s for cfg (generation waves charged); None for a card without
+    datasheet speeds. A coarse model: it ranks configs, it does not promise a number."""
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    try:
+        return float(relative_step_time(cfg)["tokens_per_s"])
+    except Exception:  # noqa: BLE001 - no speeds for this card (or a config the model cannot price)
+        return None
 
 
 def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[Forecast]:

@@ -22,7 +22,8 @@ from grpo_sweep.memory.vllm import check_kv_cache_bytes
 from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.units import budget_bytes
 
-from . import calibration, concessions, confirm, handles, space
+from . import concessions, confirm, handles, space
+from .forecast import predicted_tokens_per_s
 from .launch_config import HYDRA_OVERRIDES_ATTR
 from .outcome import Outcome, stop_threshold
 from .plan import SweepPlan
@@ -99,11 +100,14 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
     budget = budget_bytes(cfg)
     if budget is not None:
         attrs[Key.BUDGET_BYTES] = budget
-    outcome = prescreen.verdict(cfg, budget, attrs)
-    if outcome is None and "predicted_calibrated_bytes" in attrs:  # metrics.json records what the pre-screen used
-        keys = calibration.Calibrated.attr_keys()
-        overrides.append("++" + space.to_override("trial.prescreen", {k: attrs[k] for k in keys if k in attrs}))
-    return Prepared(overrides, attrs, outcome)
+    speed = predicted_tokens_per_s(cfg)
+    if speed is not None:  # recorded with the pre-screen off too: the report ranks the trials by it
+        attrs[Key.PREDICTED_TOKENS_PER_S] = speed
+    verdict = prescreen.verdict(cfg, budget)
+    attrs.update(verdict.attrs)
+    if verdict.runs and verdict.calibrated is not None:  # metrics.json records what the pre-screen used
+        overrides.append("++" + space.to_override("trial.prescreen", verdict.calibrated.attrs()))
+    return Prepared(overrides, attrs, verdict.outcome)
 
 
 def _stop_override(trial: Trial, plan: SweepPlan, attrs: dict) -> list[str]:

@@ -4,10 +4,15 @@ Its prediction is the estimator's, corrected by what this study measured (calibr
 prediction and the fixed margin until enough trials are measured, then the calibrated prediction
 and its own allowance). One object per sweep holds what it learned from the study's finished
 trials and the neighbour moves it judged under that calibration (a new calibration re-judges them).
+
+`Prescreen.verdict` owns the verdict and writes nothing: it returns a frozen `Verdict` (the Outcome
+or None, and the prediction's attributes), and the caller records those (prepare.py on the trial).
+Speed is not its business: forecast.predicted_tokens_per_s is the throughput model's.
 """
 
-from __future__ import annotations
-
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
@@ -24,6 +29,24 @@ if TYPE_CHECKING:
     from grpo_sweep.memory.estimator import Estimate
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The pre-screen's answer on one point.
+
+    `outcome`: what to tell instead of running it (PRUNED; COMPLETE at the worst value for GP:
+    outcome.for_sampler); None: run it. `attrs`: the prediction for the caller to record (the report's
+    predicted columns; empty with the pre-screen off). `calibrated`: the prediction it judged by
+    (None when it judged nothing: the pre-screen off, or no estimate)."""
+
+    outcome: Outcome | None = None
+    attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    calibrated: calibration.Calibrated | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.outcome is None
+
+
 class Prescreen:
     def __init__(self, settings: DictConfig) -> None:
         self.settings = settings  # the hydra.sweeper node: prescreen, prescreen_margin, prescreen_calibrate
@@ -35,7 +58,7 @@ class Prescreen:
         """Measured trials before the calibration replaces the fixed margin (0: never)."""
         return self.settings.get("prescreen_calibrate", 0)
 
-    def learn(self, study: Study) -> None:
+    def learn(self, study: "Study") -> None:
         """Refresh the observations from the study's finished trials (other workers' too)."""
         if not self.settings.prescreen or not self.min_trials:
             self.observations.clear()
@@ -47,48 +70,30 @@ class Prescreen:
             self.move_verdicts.clear()  # a neighbour move refused before may pass the new calibration
         self.observations[:] = learned
 
-    def calibrated(self, est: Estimate) -> calibration.Calibrated:
+    def calibrated(self, est: "Estimate") -> calibration.Calibrated:
         """The estimate corrected by what this study measured (the prior: raw, with the fixed margin)."""
         margin = self.settings.prescreen_margin
         if not self.min_trials:
             return calibration.calibrate(est.phases, est.assumptions["backend"], [], margin)
         return calibration.calibrate(est.phases, est.assumptions["backend"], self.observations, margin, self.min_trials)
 
-    def verdict(self, cfg: DictConfig, budget: float | None, attrs: dict | None = None, est: Any = None) -> Outcome | None:
-        """The Outcome of a point that must not run (PRUNED; COMPLETE at the worst value for GP:
-        outcome.for_sampler), None for one that may. `budget`: the bytes the point may use where the
-        estimate names none. `attrs`: the trial's user attributes to record the prediction in (the
-        report's predicted columns; the throughput model's tokens/s is recorded with the pre-screen
-        off too: the report ranks the trials by it); None to ask only (a neighbour move's candidate).
-        `est`: cfg's estimate when the caller has it already (forecast.py)."""
-        if attrs is not None:
-            speed = predicted_tokens_per_s(cfg)
-            if speed is not None:  # the throughput model (waves charged): the report shows it beside the measured
-                attrs[Key.PREDICTED_TOKENS_PER_S] = speed
+    def verdict(self, cfg: DictConfig, budget: float | None, est: "Estimate | None" = None) -> Verdict:
+        """The Verdict on cfg. `budget`: the bytes the point may use where the estimate names none.
+        `est`: cfg's estimate when the caller has it already (forecast.py). A failed estimate lets
+        the point run: the error is its one attribute."""
         if not self.settings.prescreen:
-            return None
+            return Verdict()
         try:
             est = est if est is not None else estimate(cfg)
         except Exception as err:  # noqa: BLE001 - a failed estimate only means: run it and see
-            if attrs is not None:
-                attrs[Key.PREDICTED_ERROR] = str(err)[:300]
-            return None
+            return Verdict(attrs=MappingProxyType({Key.PREDICTED_ERROR: str(err)[:300]}))
         cal = self.calibrated(est)
-        if attrs is not None:
-            attrs.update(cal.attrs())
-            attrs[Key.PREDICTED_PHASES] = {p: int(v) for p, v in est.phases.items()}
-            attrs[Key.GENERATION_WAVES] = est.assumptions.get("generation_waves")
+        attrs = {
+            **cal.attrs(),
+            Key.PREDICTED_PHASES: {p: int(v) for p, v in est.phases.items()},
+            Key.GENERATION_WAVES: est.assumptions.get("generation_waves"),
+        }
         limit = est.budget_bytes if est.budget_bytes is not None else budget
-        verdict = prescreen_verdict(cal.calibrated_bytes, limit, cal.allowance, raw_bytes=cal.raw_bytes, trials=cal.trials)
-        return for_sampler(verdict, self.settings.sampler, self.settings.direction)
-
-
-def predicted_tokens_per_s(cfg: DictConfig) -> float | None:
-    """grpo_sweep.memory.throughput's tokens/s for cfg (generation waves charged); None for a card without
-    datasheet speeds. A coarse model: it ranks configs, it does not promise a number."""
-    from grpo_sweep.memory.throughput import relative_step_time
-
-    try:
-        return float(relative_step_time(cfg)["tokens_per_s"])
-    except Exception:  # noqa: BLE001 - no speeds for this card (or a config the model cannot price)
-        return None
+        pruned = prescreen_verdict(cal.calibrated_bytes, limit, cal.allowance, raw_bytes=cal.raw_bytes, trials=cal.trials)
+        outcome = for_sampler(pruned, self.settings.sampler, self.settings.direction)
+        return Verdict(outcome, MappingProxyType(attrs), cal)

@@ -242,7 +242,7 @@ def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, confi
                 cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in point.items())])
                 validate_here(cfg)
                 allowed = plan.refusal(recipe_of(cfg)) is None
-                verdicts[key] = allowed and prescreen.verdict(cfg, budget_bytes(cfg)) is None
+                verdicts[key] = allowed and prescreen.verdict(cfg, budget_bytes(cfg)).runs
             except Exception:  # noqa: BLE001 - a point that cannot be composed or checked is not a move
                 verdicts[key] = False
         return verdicts[key]
