@@ -106,3 +106,31 @@ def test_every_project_name_a_docstring_names_in_backticks_exists():
                 if mine and head in defined and name not in defined[head]:
                     stale.append(f"{path.relative_to(ROOT)}: {file} `{name}`")
     assert not stale, "docstrings name what does not exist:\n" + "\n".join(stale)
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The cells of a Markdown table's body rows (the header and the separator left out)."""
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+    return [row for row in cells[1:] if not set("".join(row)) <= set("-")]
+
+
+def test_the_plugins_phase_table_is_one_table_in_its_docstring_and_architecture_md():
+    """The plugin's `__init__` docstring and ARCHITECTURE.md's plugin section name the same module
+    for the same phase, in the same order of phases, and every module of the package is in both,
+    once: a module added, moved or renamed without the table fails here."""
+    import hydra_plugins.grpo_optuna_sweeper as plugin
+
+    package = Path(plugin.__file__).parent
+    modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    docstring: list[tuple[str, str]] = []
+    for phase, names in _table_rows(plugin.__doc__):
+        docstring += [(phase, name.strip()) for name in names.split(",")]
+    architecture = (ROOT / "ARCHITECTURE.md").read_text()
+    section = architecture[architecture.index("`src/hydra_plugins/grpo_optuna_sweeper/`") : architecture.index("## Layers")]
+    table = [(phase, re.fullmatch(r"`(\w+)\.py`", module)[1]) for phase, module, _what in _table_rows(section)]
+    assert docstring == table
+    assert sorted(name for _, name in table) == modules
+    phases = [phase for phase, _ in table]
+    assert phases == sorted(phases, key=phases.index)  # each phase's modules sit together
+    assert {"plan", "open", "start", "search loop", "prepare", "prescreen", "run", "tell", "confirmation", "soak"} <= set(phases)
