@@ -59,6 +59,23 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     check_known_keys(cfg)
     _positive(cfg, "per_device_train_batch_size")
     resolve_split(cfg)
+    _check_sizes(cfg)
+    check_lora_modules(cfg)
+    check_ranges(cfg)
+    check_objective(cfg)
+    _check_choices(cfg)
+    check_processes(cfg, cuda=cuda, installed=installed)
+    check_vllm_server(cfg)
+    check_vllm_engine(cfg, cuda=cuda)
+    check_unsloth_settings(cfg)
+    _check_model_source(cfg)
+    check_where_it_runs(cfg, cuda=cuda, installed=installed)
+    return cfg
+
+
+def _check_sizes(cfg: Any) -> None:
+    """The sizes: every count and length positive, the vLLM share a fraction, a GRPO group that
+    divides the generation batch, a prompt shorter than the sequence, a LoRA with modules."""
     for key in (
         "max_seq_length",
         "gradient_accumulation_steps",
@@ -95,9 +112,11 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         )
     if not cfg.lora_target_modules:
         raise ConfigError("lora_target_modules: must name at least one module (e.g. [q_proj, v_proj])")
-    check_lora_modules(cfg)
-    check_ranges(cfg)
-    check_objective(cfg)
+
+
+def _check_choices(cfg: Any) -> None:
+    """The named choices (backend, loss, optimiser, model init, logger, faults, start method) and the
+    pairs of settings that exclude each other."""
     _one_of(cfg, "backend.name", backends.NAMES)
     _one_of(cfg, "loss_type", LOSS_TYPES)
     _one_of(cfg, "optim", OPTIMS)
@@ -123,10 +142,10 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     _one_of(cfg, "logger.mode", ("auto", "online", "offline", "disabled"))
     _one_of(cfg, "trial.debug_fault", FAULTS)
     _one_of(cfg, "trial.start_method", START_METHODS)
-    check_processes(cfg, cuda=cuda, installed=installed)
-    check_vllm_server(cfg)
-    check_vllm_engine(cfg, cuda=cuda)
-    check_unsloth_settings(cfg)
+
+
+def _check_model_source(cfg: Any) -> None:
+    """A hub model or tokenizer names its hub_id; a card's memory is positive or null."""
     if cfg.model.source == "hub" and not cfg.model.hub_id:
         raise ConfigError(f"model.hub_id: required when model.source=hub (model={cfg.model.name})")
     if cfg.model.tokenizer == "hub" and not cfg.model.hub_id:
@@ -134,6 +153,9 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
     if cfg.gpu.memory_gib is not None and cfg.gpu.memory_gib <= 0:
         raise ConfigError(f"gpu.memory_gib={cfg.gpu.memory_gib}: must be > 0, or null for no budget")
 
+
+def _needs_cuda(cfg: Any) -> list[str]:
+    """The settings of cfg that run on CUDA only, each with why."""
     needs_cuda = []
     if cfg.load_in_4bit:
         needs_cuda.append("load_in_4bit=true (bitsandbytes 4-bit kernels run on CUDA only)")
@@ -144,11 +166,12 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
         # transformers 5.17 gradient_checkpointing_enable(offload=True): torch save_on_cpu(pin_memory=True), and
         # CPU-only torch has no pinned allocator ("pin_memory=True requires a CUDA or other accelerator backend").
         needs_cuda.append("gradient_checkpointing_offload=true (checkpoints offloaded to pinned host memory)")
-    if backend == "trl_vllm" and cfg.backend.get("vllm_enable_sleep_mode") and cuda is False:
-        raise ConfigError(
-            "backend.vllm_enable_sleep_mode=true: vLLM's CPU build refuses sleep mode "
-            '("Sleep mode is not supported on current platform"); use false on CPU'
-        )
+    return needs_cuda
+
+
+def _missing_packages(cfg: Any, installed: Callable[[str], bool] | None) -> list[str]:
+    """The packages cfg's backend (and 4-bit) need that `installed` says are not (None: no check)."""
+    backend = cfg.backend.name
     missing = []
     if installed is not None and backend in backends.BACKENDS:
         missing = [p for p in backends.packages_for(backend, cfg.load_in_4bit) if not installed(p)]
@@ -156,6 +179,26 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             missing.append("vllm (backend.fast_inference=true; false runs Unsloth with HF generation)")
     elif installed is not None and cfg.load_in_4bit and not installed("bitsandbytes"):
         missing = ["bitsandbytes"]
+    return missing
+
+
+def check_where_it_runs(cfg: Any, *, cuda: bool | None, installed: Callable[[str], bool] | None) -> None:
+    """The facts about where the trial runs: CUDA-only settings on a machine without CUDA, and the
+    packages the backend, 4-bit and the optimiser need.
+
+    Args:
+        cfg: the composed config.
+        cuda: whether the trial's machine has CUDA (None: skip the CUDA-only rules).
+        installed: whether a package is installed there (None: skip the package checks).
+    """
+    needs_cuda = _needs_cuda(cfg)
+    backend = cfg.backend.name
+    if backend == "trl_vllm" and cfg.backend.get("vllm_enable_sleep_mode") and cuda is False:
+        raise ConfigError(
+            "backend.vllm_enable_sleep_mode=true: vLLM's CPU build refuses sleep mode "
+            '("Sleep mode is not supported on current platform"); use false on CPU'
+        )
+    missing = _missing_packages(cfg, installed)
     if needs_cuda and cuda is False:
         raise ConfigError(
             "; ".join(needs_cuda)
@@ -177,7 +220,6 @@ def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[
             f"optim={cfg.optim}: needs the package bitsandbytes, which is not installed (pip install bitsandbytes); "
             f"or one of {', '.join(KNOB_OPTIMS)}"
         )
-    return cfg
 
 
 def check_trainer_knobs(cfg: Any) -> None:
