@@ -199,28 +199,7 @@ def price_tags(
     value = cast("Callable[[FrozenTrial], float]", value_of or (lambda t: t.value))
     out: dict[str, Any] = {"recipe": recipe}
     full = sorted((t for t in ok if not _taken(t)), key=lambda t: sign * value(t), reverse=True)
-    if full:
-        t = full[0]
-        out["full_recipe"] = {
-            "fits": True,
-            "trial": t.number,
-            "objective": value(t),
-            "peak_memory_bytes": t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
-            "knobs": dict(t.params),
-        }
-    else:
-        out["full_recipe"] = {"fits": False, "reason": _why_full_does_not_fit(done, estimate_recipe)}
-        fits = [t for t in ok if _taken(t)]
-        if fits:
-            t = min(fits, key=lambda t: (len(_taken(t)), -sign * value(t)))
-            out["cheapest"] = {
-                "trial": t.number,
-                "concessions": {k: {"recipe": recipe.get(k), "used": v} for k, v in _taken(t).items()},
-                "objective": value(t),
-                "peak_memory_bytes": t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
-            }
-        else:
-            out["cheapest"] = None
+    out.update(_full_recipe(full, done, ok, recipe, value=value, sign=sign, estimate_recipe=estimate_recipe))
     if best is None:
         out["winner"] = None
         return out
@@ -239,49 +218,124 @@ def price_tags(
         ]
         twin_ok = [t for t in twins if is_ok(t)]
         if twin_ok:
-            twin = max(twin_ok, key=lambda t: sign * value(t))
-            peak_w, peak_t = best.user_attrs.get(Key.PEAK_MEMORY_BYTES), twin.user_attrs.get(Key.PEAK_MEMORY_BYTES)
-            at_recipe, used_value = value(twin), value(best)
-            row.update(
-                basis="measured",
-                vs_trial=twin.number,
-                objective_at_recipe=at_recipe,
-                objective_used=used_value,
-                objective_ratio=used_value / at_recipe if at_recipe else None,
-                peak_at_recipe_bytes=peak_t,
-                peak_used_bytes=peak_w,
-                peak_saved_bytes=peak_t - peak_w if peak_t is not None and peak_w is not None else None,
-                bought=f"{used_value / at_recipe:.2f}x objective" if at_recipe else "-",
-            )
+            row.update(_measured(best, max(twin_ok, key=lambda t: sign * value(t)), value))
         elif twins:
-            twin = twins[0]
-            status = twin.user_attrs.get(Key.STATUS) or twin.state.name.lower()
-            row.update(
-                basis="measured",
-                vs_trial=twin.number,
-                status_at_recipe=status,
-                peak_at_recipe_bytes=twin.user_attrs.get(Key.PEAK_MEMORY_BYTES) or twin.user_attrs.get(Key.PREDICTED_PEAK_BYTES),
-                peak_used_bytes=best.user_attrs.get(Key.PEAK_MEMORY_BYTES),
-                bought=f"it fits: at the recipe value trial {twin.number} was {status}",
-            )
+            row.update(_refused_at_recipe(best, twins[0]))
         else:
-            est = estimate_without(best, setting)
-            row.update(basis="estimated", peak_used_bytes=best.user_attrs.get(Key.PEAK_MEMORY_BYTES))
-            if est is None:
-                row["bought"] = "not measured, and the estimator could not price it"
-            else:
-                row.update(peak_at_recipe_bytes=est.get("peak_bytes"), fits_at_recipe=est.get("fits"))
-                if est.get("tokens_per_s_ratio"):
-                    row["objective_ratio"] = est["tokens_per_s_ratio"]
-                parts = []
-                if est.get("fits") is False:
-                    parts.append("it fits (at the recipe value the estimator predicts it would not)")
-                if est.get("tokens_per_s_ratio"):
-                    parts.append(f"~{est['tokens_per_s_ratio']:.2f}x tokens/s (the throughput model)")
-                row["bought"] = "; ".join(parts) or "no measured twin; the estimator sees no memory difference that matters"
+            row.update(_estimated(best, estimate_without(best, setting)))
         rows.append(row)
     out["taken"] = rows
     return out
+
+
+def _full_recipe(
+    full: list[FrozenTrial],
+    done: list[FrozenTrial],
+    ok: list[FrozenTrial],
+    recipe: dict,
+    *,
+    value: Callable[[FrozenTrial], float],
+    sign: int,
+    estimate_recipe: Callable[[], dict | None],
+) -> dict:
+    """The fastest configuration at the full recipe; where none fits, why not and the cheapest
+    concession(s) that fit (the fewest settings given up, then the best value).
+
+    Args:
+        full: the ok trials at the full recipe, best first.
+        done: the finished trials (COMPLETE or PRUNED).
+        ok: the finished trials that count.
+        recipe: the recipe the sweep holds.
+        value: the value a trial counts by.
+        sign: 1 when maximising, -1 when minimising.
+        estimate_recipe: the estimator's {peak_bytes, budget_bytes} at the recipe, for the reason.
+
+    Returns:
+        {"full_recipe": ...}, with "cheapest" (None when no concession fits) where the full recipe
+        does not fit.
+    """
+    if full:
+        t = full[0]
+        return {
+            "full_recipe": {
+                "fits": True,
+                "trial": t.number,
+                "objective": value(t),
+                "peak_memory_bytes": t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
+                "knobs": dict(t.params),
+            }
+        }
+    out: dict[str, Any] = {"full_recipe": {"fits": False, "reason": _why_full_does_not_fit(done, estimate_recipe)}}
+    fits = [t for t in ok if _taken(t)]
+    if not fits:
+        out["cheapest"] = None
+        return out
+    t = min(fits, key=lambda t: (len(_taken(t)), -sign * value(t)))
+    out["cheapest"] = {
+        "trial": t.number,
+        "concessions": {k: {"recipe": recipe.get(k), "used": v} for k, v in _taken(t).items()},
+        "objective": value(t),
+        "peak_memory_bytes": t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
+    }
+    return out
+
+
+def _measured(best: FrozenTrial, twin: FrozenTrial, value: Callable[[FrozenTrial], float]) -> dict:
+    """A concession's price measured: the winner against its best twin at the recipe value.
+
+    Args:
+        best: the winner.
+        twin: the best ok trial that differs from it only in this setting.
+        value: the value a trial counts by.
+
+    Returns:
+        The row's measured columns: the objective and the peak at the recipe and as used.
+    """
+    peak_w, peak_t = best.user_attrs.get(Key.PEAK_MEMORY_BYTES), twin.user_attrs.get(Key.PEAK_MEMORY_BYTES)
+    at_recipe, used_value = value(twin), value(best)
+    return {
+        "basis": "measured",
+        "vs_trial": twin.number,
+        "objective_at_recipe": at_recipe,
+        "objective_used": used_value,
+        "objective_ratio": used_value / at_recipe if at_recipe else None,
+        "peak_at_recipe_bytes": peak_t,
+        "peak_used_bytes": peak_w,
+        "peak_saved_bytes": peak_t - peak_w if peak_t is not None and peak_w is not None else None,
+        "bought": f"{used_value / at_recipe:.2f}x objective" if at_recipe else "-",
+    }
+
+
+def _refused_at_recipe(best: FrozenTrial, twin: FrozenTrial) -> dict:
+    """A concession's price where its twin at the recipe value ran and did not count (an OOM, a prune)."""
+    status = twin.user_attrs.get(Key.STATUS) or twin.state.name.lower()
+    return {
+        "basis": "measured",
+        "vs_trial": twin.number,
+        "status_at_recipe": status,
+        "peak_at_recipe_bytes": twin.user_attrs.get(Key.PEAK_MEMORY_BYTES) or twin.user_attrs.get(Key.PREDICTED_PEAK_BYTES),
+        "peak_used_bytes": best.user_attrs.get(Key.PEAK_MEMORY_BYTES),
+        "bought": f"it fits: at the recipe value trial {twin.number} was {status}",
+    }
+
+
+def _estimated(best: FrozenTrial, est: dict | None) -> dict:
+    """A concession's price with no twin: the estimator's {peak_bytes, fits, tokens_per_s_ratio} of
+    the winner at the recipe value (None: it could not price it)."""
+    row: dict[str, Any] = {"basis": "estimated", "peak_used_bytes": best.user_attrs.get(Key.PEAK_MEMORY_BYTES)}
+    if est is None:
+        row["bought"] = "not measured, and the estimator could not price it"
+        return row
+    row.update(peak_at_recipe_bytes=est.get("peak_bytes"), fits_at_recipe=est.get("fits"))
+    if est.get("tokens_per_s_ratio"):
+        row["objective_ratio"] = est["tokens_per_s_ratio"]
+    parts = []
+    if est.get("fits") is False:
+        parts.append("it fits (at the recipe value the estimator predicts it would not)")
+    if est.get("tokens_per_s_ratio"):
+        parts.append(f"~{est['tokens_per_s_ratio']:.2f}x tokens/s (the throughput model)")
+    row["bought"] = "; ".join(parts) or "no measured twin; the estimator sees no memory difference that matters"
+    return row
 
 
 def _why_full_does_not_fit(done: list, estimate_recipe: Callable[[], dict | None]) -> str:
