@@ -469,6 +469,52 @@ def model_rank_html(result: dict) -> str:
     )
 
 
+def _best_html(
+    trials: list[Trial],
+    ruling: best_rule.Verdict,
+    flagged: dict[object, Departure],
+    *,
+    soak: dict | None,
+    confirmation: dict | None,
+) -> str:
+    """The Best config section: the winner, its command line, what its learning changed, its soak's
+    warning, the finalists and confirmation; a note when no trial fits.
+
+    Args:
+        trials: every trial of the sweep.
+        ruling: learning_check's verdict (the median-of-runs ranking, its noise and tie).
+        flagged: learning_check's trials that changed the learning.
+        soak: the winner's soak (None: none ran).
+        confirmation: the confirmation's state (None: none ran).
+
+    Returns:
+        The section's HTML, without its heading.
+    """
+    ranked = ruling.ranked
+    if not ranked:
+        return '<p class="note">No trial finished within memory: no best config.</p>'
+    best, objective = ranked[0].item, trials[0].objective_name
+    best_html = (
+        f"<p>Best feasible trial: <b>{_e(best.name)}</b>, {_e(objective)} "
+        f"{ranked[0].median:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB, "
+        f"{_e(reward_text(best.record))}{_e(reward_time_text(best.record))}.</p>"
+        f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
+    )
+    said = verdict_lines(ruling, flagged, key_of, lambda k: _label(trials, k), rest=False)
+    if said:
+        best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
+    if soak and soak.get("trial") == best.number:  # the winner's soak: a warning flags it here too
+        best_html += soak_warning_html(soak)
+    best_html += finalists_html(
+        ruling,
+        objective,
+        confirmed=any(t.record.get("finalist") for t in trials),
+        given_back=best_rule.gave_back(confirmation),
+    )
+    best_html += confirmation_html(confirmation or {})
+    return best_html
+
+
 def write_report(
     trials: list[Trial],
     out: Path,
@@ -480,11 +526,11 @@ def write_report(
     soak: dict | None = None,
     confirmation: dict | None = None,
 ) -> Path:
+    """report.html in `out`, its figures beside it: the best config, then one section per view of the
+    trials. Returns the page's path."""
     out = Path(out)
     ruling, flagged = learning_check(trials)  # the median-of-runs rule, its noise, tie and the learning check
-    learned = ruling
-    ranked = ruling.ranked  # ranked[0].item is best_trial(trials)
-    best = ranked[0].item if ranked else None
+    best = ruling.ranked[0].item if ruling.ranked else None  # best_trial(trials)
     budget = budget_gib(trials)
     objective = trials[0].objective_name
     scatter = figs.throughput_vs_memory(trials, out / "throughput_vs_memory.png", budget=budget, best=best)
@@ -497,34 +543,14 @@ def write_report(
     for t in trials:
         counts[t.category] = counts.get(t.category, 0) + 1
     summary = ", ".join(f"{n} {c}" for c, n in counts.items())
-    if best is not None:
-        best_html = (
-            f"<p>Best feasible trial: <b>{_e(best.name)}</b>, {_e(objective)} "
-            f"{ranked[0].median:.1f}, peak {_fmt(best.gib('peak_memory_bytes'), 3)} GiB, "
-            f"{_e(reward_text(best.record))}{_e(reward_time_text(best.record))}.</p>"
-            f"<pre id=best-overrides>{_e(overrides(best))}</pre>"
-        )
-        said = verdict_lines(learned, flagged, key_of, lambda k: _label(trials, k), rest=False)
-        if said:
-            best_html += "<p id=changed-learning>" + "<br>".join(_e(line[0].upper() + line[1:]) for line in said) + "</p>"
-        if soak and soak.get("trial") == best.number:  # the winner's soak: a warning flags it here too
-            best_html += soak_warning_html(soak)
-        best_html += finalists_html(
-            ruling,
-            objective,
-            confirmed=any(t.record.get("finalist") for t in trials),
-            given_back=best_rule.gave_back(confirmation),
-        )
-        best_html += confirmation_html(confirmation or {})
-    else:
-        best_html = '<p class="note">No trial finished within memory: no best config.</p>'
+    best_html = _best_html(trials, ruling, flagged, soak=soak, confirmation=confirmation)
     sections = [
         f"<h1>{_e(title)}</h1><p>{len(trials)} trials: {_e(summary)}."
         + (f" Budget {budget:.2f} GiB." if budget is not None else " No memory budget (gpu.memory_gib unset).")
         + "</p>",
         "<h2>Best config</h2>" + best_html,
         *(["<h2>Concessions</h2>" + concessions_html(concessions, objective)] if concessions else []),
-        *([f"<h2>Equal learning</h2>{learned}"] if (learned := learning_html(trials, learned, flagged)) else []),
+        *([f"<h2>Equal learning</h2>{learned}"] if (learned := learning_html(trials, ruling, flagged)) else []),
         *(["<h2>Soak</h2>" + soak_html(soak)] if soak else []),
         "<h2>Throughput vs peak memory</h2>"
         + _figure(scatter, "throughput vs peak memory", "No trial measured its peak memory.")
