@@ -384,29 +384,50 @@ def build_summary(
     summary.update(learning_summary(ruling, flagged, learning_tolerance))
     if best is None:
         return summary
+    summary.update(_winner(study, ruling, headroom))
+    summary.update(_soak_and_confirmation(study, best))
+    return summary
+
+
+def _winner(study: Study, ruling: Any, headroom: float | None) -> dict:
+    """best.yaml's fields for the winner (ruling.ranked[0]): its value, point, memory, reward, the
+    command that runs it again, and the noise its lead stands on.
+
+    Args:
+        study: the study.
+        ruling: the verdict with the learning check applied; it ranks at least one config.
+        headroom: as write_summary's.
+
+    Returns:
+        The fields, in best.yaml's order.
+    """
+    best = ruling.ranked[0].item
     attrs = best.user_attrs
-    summary.update(
-        {
-            "best_trial": best.number,
-            "best_value": ranked_finalists[0].median,
-            "params": dict(best.params),
-            "levers": attrs.get(Key.LEVERS),
-            "peak_memory_bytes": attrs.get(Key.PEAK_MEMORY_BYTES),
-            "predicted_peak_bytes": attrs.get(Key.PREDICTED_PEAK_BYTES),
-            "budget_bytes": attrs.get(Key.BUDGET_BYTES),
-            # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
-            "reward_mean": attrs.get(Key.REWARD_MEAN),
-            "reward_change": attrs.get(Key.REWARD_CHANGE),
-            "reward_seconds_per_step": attrs.get(Key.REWARD_SECONDS_PER_STEP),  # the reward functions' time
-            "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
-            "headroom": headroom,
-            "run_dir": attrs.get(Key.RUN_DIR),
-            "overrides": attrs.get(Key.OVERRIDES),
-            "command": command_line(best),
-            "vs_presets": vs_presets(study, best),
-            **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
-        }
-    )
+    return {
+        "best_trial": best.number,
+        "best_value": ruling.ranked[0].median,
+        "params": dict(best.params),
+        "levers": attrs.get(Key.LEVERS),
+        "peak_memory_bytes": attrs.get(Key.PEAK_MEMORY_BYTES),
+        "predicted_peak_bytes": attrs.get(Key.PREDICTED_PEAK_BYTES),
+        "budget_bytes": attrs.get(Key.BUDGET_BYTES),
+        # "still learns" beside the throughput: mean reward, and last quarter - first quarter of steps
+        "reward_mean": attrs.get(Key.REWARD_MEAN),
+        "reward_change": attrs.get(Key.REWARD_CHANGE),
+        "reward_seconds_per_step": attrs.get(Key.REWARD_SECONDS_PER_STEP),  # the reward functions' time
+        "card_limit": limit_words(attrs),  # memory/throughput.py: the step against the card's peaks
+        "headroom": headroom,
+        "run_dir": attrs.get(Key.RUN_DIR),
+        "overrides": attrs.get(Key.OVERRIDES),
+        "command": command_line(best),
+        "vs_presets": vs_presets(study, best),
+        **noise_summary(ruling, chosen=best_rule.competing(study.user_attrs) is not None),
+    }
+
+
+def _soak_and_confirmation(study: Study, best: FrozenTrial) -> dict:
+    """What ran after the search: the soak (a warning on the winner's) and the confirmation rounds."""
+    summary: dict[str, Any] = {}
     soaked = study.user_attrs.get(SOAK_ATTR)
     if soaked:
         running = soaked.get("status") == Status.RUNNING  # which worker runs it is said; else no worker
