@@ -89,14 +89,11 @@ class GrpoOptunaSweeperConf:
     # and partial throughput kept. A fraction in [0, 1]; null or 0: off. 0.5 from
     # bench/search_efficiency.py (docs/performance.md).
     stop_below: float | None = 0.5
-    # Confirmation (confirm.py): the top confirm_top feasible configs run again, in rounds, while the
-    # leader is within the noise the study measured of another finalist and not shown within 5 % of
-    # it, and only while confirmation's seconds stay within confirm_budget of the sweep's. The winner
-    # is the best median; from a tie within noise, among the configs within 5 % of the leader, the
-    # one with the most memory headroom. confirm_repeats: the runs per finalist reserved in n_trials
-    # (the search gets n_trials - confirm_top x confirm_repeats trials); not a cap: the budget is. When the
-    # budget could not settle the finalists from the start, those runs go back to the search instead.
-    # 0 (either): off.
+    # Confirmation: the top confirm_top feasible configs run again, in rounds, within confirm_budget of
+    # the sweep's seconds. Its rule (when a round runs, when it stops, when its runs go back to the
+    # search) is confirm.py's module docstring; the winner rule is grpo_sweep/study/best.py's.
+    # confirm_repeats: the runs per finalist reserved in n_trials (the search gets
+    # n_trials - confirm_top x confirm_repeats trials); not a cap: the budget is. 0 (either): off.
     confirm_top: int = 3
     confirm_repeats: int = 2
     # Equal learning checked (grpo_sweep.report.learning): ok trials of one recipe and seed must take the
