@@ -237,3 +237,42 @@ def test_sweep_parent_never_imports_torch(tmp_path):
     """)
     assert "HEAVY []" in out, out[-2000:]
     assert (tmp_path / "best.yaml").exists() or (tmp_path / "trials.csv").exists()
+
+
+# Binary sizes spelled as literals: 2**10 .. 2**40, 1 << 10 .. 1 << 40, 1024**2, 1024 * 1024.
+_SIZE_EXPONENTS = {10, 20, 30, 40}
+# Modules whose literals other work converts; this list only shrinks.
+_SIZE_LITERALS_TO_DO = {"grpo_sweep/memory/throughput.py"}
+
+
+def _size_literal(node: ast.AST) -> str | None:
+    """The source text of `node` when it spells a binary size unit as a literal, else None."""
+    if not isinstance(node, ast.BinOp) or not all(isinstance(n, ast.Constant) for n in (node.left, node.right)):
+        return None
+    left, right = node.left.value, node.right.value  # type: ignore[attr-defined]
+    if isinstance(node.op, ast.Pow) and (left, right) in {(2, e) for e in _SIZE_EXPONENTS} | {(1024, 2), (1024, 3)}:
+        return ast.unparse(node)
+    if isinstance(node.op, ast.LShift) and left == 1 and right in _SIZE_EXPONENTS:
+        return ast.unparse(node)
+    if isinstance(node.op, ast.Mult) and (left, right) == (1024, 1024):
+        return ast.unparse(node)
+    return None
+
+
+def test_size_units_are_spelled_once_in_units_py():
+    """KiB/MiB/GiB/TiB live in grpo_sweep/units.py only; every other module imports them from there."""
+    home = SRC / "grpo_sweep" / "units.py"
+    bad = [
+        f"{path.relative_to(SRC)}:{node.lineno}: {text} (use grpo_sweep.units)"
+        for path in sources()
+        if path != home and str(path.relative_to(SRC)) not in _SIZE_LITERALS_TO_DO
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (text := _size_literal(node))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_size_literal_check_sees_each_spelling():
+    spelled = ["x / 2**20", "1 << 30", "n * 1024**3", "1024 * 1024", "2 ** 40"]
+    assert all(any(_size_literal(n) for n in ast.walk(ast.parse(s))) for s in spelled)
+    assert not any(_size_literal(n) for s in ["2**8", "10**9", "x / MIB", "1 << 4"] for n in ast.walk(ast.parse(s)))

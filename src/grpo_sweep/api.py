@@ -23,6 +23,7 @@ from typing import Any
 
 from .config.schema import ConfigError
 from .config.trl_config import adapt, installed_version, read, to_overrides, value_text
+from .units import GIB
 
 # The knobs searched when `knobs` is not given (each a levers.KINDS knob that every backend and card runs).
 DEFAULT_KNOBS = ("per_device_train_batch_size", "gradient_checkpointing", "attn_implementation")
@@ -447,7 +448,7 @@ class Best:
         peak = s.get("peak_memory_bytes")
         words = (
             f"<p><b>Winner: trial {s['best_trial']}</b>, {s.get('objective', 'objective')} = {s.get('best_value', 0):.1f}"
-            + (f", peak {peak / 2**30:.3f} GiB" if peak else "")
+            + (f", peak {peak / GIB:.3f} GiB" if peak else "")
             + "</p><p><code>"
             + html.escape(" ".join(self.overrides))
             + f"</code></p><p>Report: {html.escape(str(self.report_path))}</p>"

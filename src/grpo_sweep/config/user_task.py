@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+from ..units import MIB
 from .schema import ConfigError
 
 # task.path's file extension -> the `datasets` builder that reads it (as `trl grpo`'s `datasets:` takes).
@@ -337,7 +338,7 @@ def _fingerprint(path: str, stamp: tuple) -> str:
         if file != root:
             digest.update(str(file.relative_to(root)).encode() + b"\0")
         with open(file, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
+            for block in iter(lambda: handle.read(MIB), b""):
                 digest.update(block)
     return digest.hexdigest()
 

@@ -20,6 +20,7 @@ from ..levers import EXTRA_LEVER_NAMES, KINDS, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
 from ..study.attrs import Key, Status
+from ..units import GIB
 from .learning import Departure, check_trials, is_flagged, key_of
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
@@ -86,7 +87,7 @@ class Trial:
 
     def gib(self, key: str) -> float | None:
         value = self.record.get(key)
-        return value / 2**30 if _finite(value) else None
+        return value / GIB if _finite(value) else None
 
 
 def _finite(value) -> bool:
@@ -279,7 +280,7 @@ def budget_gib(trials: list[Trial]) -> float | None:
     """The memory budget: budget_bytes from the memory modules, else the target GPU's memory_gib."""
     for t in trials:
         if _finite(t.record.get("budget_bytes")):
-            return t.record["budget_bytes"] / 2**30
+            return t.record["budget_bytes"] / GIB
     for t in trials:
         gib = (t.config.get("gpu") or {}).get("memory_gib")
         if _finite(gib):

@@ -31,6 +31,7 @@ from ..config.split import resolve_split
 from ..levers import recipe_of, requested_levers
 from ..metrics import MetricsError, empty_metrics, read_metrics, write_metrics
 from ..study.attrs import Status
+from ..units import GIB
 from . import faults, process, worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
@@ -154,7 +155,7 @@ def _close_offline_run(run_dir: Path) -> str | None:
 
 
 def format_summary(record: dict, run_dir: Path) -> str:
-    gib = (record.get("peak_memory_bytes") or 0) / 2**30
+    gib = (record.get("peak_memory_bytes") or 0) / GIB
     parts = [f"trial {record['status']}"]
     if record.get("tokens_per_s") is not None:
         parts.append(f"tokens/s {record['tokens_per_s']:.1f}")

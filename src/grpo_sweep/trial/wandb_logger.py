@@ -23,6 +23,7 @@ from typing import Any
 from ..config.split import split_of
 from ..credentials import redact, wandb_mode
 from ..study.attrs import Status
+from ..units import GIB
 
 FINISH_TIMEOUT_S = 60.0  # after this W&B stops uploading; the data stays on disk for `wandb sync`
 HISTORY_SKIP = ("step",)  # the step is W&B's own x-axis
@@ -102,7 +103,7 @@ def _number(value) -> bool:
 
 
 def _gib(value) -> float | None:
-    return value / 2**30 if _number(value) else None
+    return value / GIB if _number(value) else None
 
 
 def step_metrics(row: dict) -> dict:

@@ -11,11 +11,13 @@ import sys
 
 from transformers import TrainerCallback
 
+from ...units import KIB
+
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    return int(peak if sys.platform == "darwin" else peak * KIB)
 
 
 def cuda_peak_bytes() -> int:

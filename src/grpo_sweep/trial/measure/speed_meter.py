@@ -24,6 +24,8 @@ import time
 
 from transformers import TrainerCallback
 
+from ...units import MIB
+
 # Keys of TRL's GRPO logs we keep per step (TRL names on the left).
 LOG_KEYS = {
     "loss": "loss",
@@ -116,7 +118,7 @@ class StepMeter(TrainerCallback):
         print(
             f"[trial] step {row['step']}/{self.total_steps}  {row['step_time_s']:.2f} s  "
             f"{row['tokens_per_s']:.0f} tok/s  reward {row.get('reward', float('nan')):.3f}"
-            + (f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB" if "peak_memory_bytes" in row else ""),
+            + (f"  peak {row['peak_memory_bytes'] / MIB:.0f} MiB" if "peak_memory_bytes" in row else ""),
             flush=True,
         )
         if self.on_step is not None:
