@@ -156,7 +156,8 @@ def _notes(metrics: dict, settings: dict, config: dict | None = None) -> list[st
         notes.append(
             f"gradient_checkpointing_kwargs {', '.join(selection)}: TRL 1.16 turns checkpointing back on after each "
             "generation with the whole dict, which torch's checkpoint refuses; grpo-sweep passed these keys as "
-            "transformers' Trainer does (trial/backends/trl.py keep_checkpointing_settings): stock trl grpo needs the same"
+            "transformers' Trainer does (trial/backends/transformers_patches.py keep_checkpointing_settings): "
+            "stock trl grpo needs the same"
         )
     if metrics.get("device") == "cpu":
         notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")

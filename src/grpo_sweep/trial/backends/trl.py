@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config.split import generation_batch_size, processes_of, split_of
+from .transformers_patches import keep_checkpointing_settings
+from .trl_patches import time_generation
 
 
 def lora_alpha(cfg: Any) -> int:
@@ -107,35 +109,6 @@ def checkpointing_kwargs(cfg: Any) -> dict:
     if cfg.get("gradient_checkpointing_offload"):
         out["offload"] = True
     return out
-
-
-# The gradient_checkpointing_kwargs keys transformers' Trainer takes out before the rest reach torch's
-# checkpoint (transformers 5.17 trainer.py: "`every_n_layers` selects which layers ... `offload` where").
-_LAYER_SELECTION_KEYS = ("every_n_layers", "offload")
-
-
-def keep_checkpointing_settings(trainer) -> None:
-    """TRL 1.16 turns checkpointing off around each generation and back on with
-    `gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`, the whole dict
-    (trl/models/utils.py `disable_gradient_checkpointing`, `_unwrap_model_for_generation`): torch's checkpoint
-    then refuses every_n_layers ("Unexpected keyword arguments: every_n_layers") and the re-enabled model would
-    checkpoint every layer without offload. The base model's `gradient_checkpointing_enable` here takes those
-    keys out of the dict and passes them as its own arguments, as transformers' Trainer does, so every call
-    enables the checkpointing the trial asked for."""
-    if not set(trainer.args.gradient_checkpointing_kwargs or {}) & set(_LAYER_SELECTION_KEYS):
-        return
-    model = trainer.model
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    enable = base.gradient_checkpointing_enable  # the bound method of transformers' PreTrainedModel
-
-    def enable_with_layer_selection(gradient_checkpointing_kwargs=None, **kwargs):
-        rest = dict(gradient_checkpointing_kwargs or {})
-        for key in _LAYER_SELECTION_KEYS:
-            if key in rest:
-                kwargs.setdefault(key, rest.pop(key))
-        return enable(gradient_checkpointing_kwargs=rest or None, **kwargs)
-
-    base.gradient_checkpointing_enable = enable_with_layer_selection
 
 
 def checkpointed_layers(model) -> int:
@@ -260,28 +233,6 @@ def make_trainer(ctx: Any, model, args, peft_config=None):
     keep_checkpointing_settings(trainer)
     time_generation(trainer)
     return trainer
-
-
-def time_generation(trainer) -> None:
-    """Seconds of each call to TRL's `_generate_single_turn` (weight sync to vLLM + sampling, HF or
-    vLLM), kept on the trainer for `after_train` (metrics.json `generation_time_s`)."""
-    import functools
-    import time
-
-    inner = getattr(trainer, "_generate_single_turn", None)
-    if inner is None:  # another TRL version: no generation timing
-        return
-    trainer.grpo_sweep_generation_s = []
-
-    @functools.wraps(inner)
-    def timed(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            trainer.grpo_sweep_generation_s.append(time.perf_counter() - started)
-
-    trainer._generate_single_turn = timed
 
 
 def after_train(trainer, record: dict) -> None:

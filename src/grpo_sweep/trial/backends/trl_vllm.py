@@ -23,7 +23,7 @@ from typing import Any
 from ...config.backends import vllm_engine_settings
 from ...units import budget_bytes
 from . import trl as trl_backend
-from .vllm_patches import inject_engine_kwargs, patch_for_cpu, patch_server_for_cpu, watch_scheduler
+from .vllm_patches import inject_engine_kwargs, patch_for_cpu, patch_server_for_cpu, untrack_generation, watch_scheduler
 from .vllm_sync import check_sync
 from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, own_rendezvous_port, target_equivalent
 
@@ -87,22 +87,6 @@ def cpu_engine_kwargs(plan: dict, cfg: Any = None) -> dict:
       without it vLLM sizes from the machine's RAM."""
     given = vllm_engine_settings(cfg) if cfg is not None else {}
     return {"enforce_eager": True, **given, "dtype": "float32", "kv_cache_memory_bytes": int(plan["kv_cache_bytes"])}
-
-
-def untracked(fn):
-    """Run `fn` outside the CPU tensor tracker (any TorchDispatchMode): vLLM's forward passes and its
-    weight reload allocate inside vLLM's pool, which is charged to the card as one block
-    (`vllm_pool_bytes`), not as training memory."""
-    import functools
-
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with _disable_current_modes():
-            return fn(*args, **kwargs)
-
-    return run
 
 
 def explain_startup_error(exc: BaseException, plan: dict, cfg: Any) -> BaseException:
@@ -218,9 +202,7 @@ def build_trainer(cfg: Any, ctx: Any):
             raise
         raise explain_startup_error(exc, plan, cfg) from exc
     if plan is not None:
-        generation = trainer.vllm_generation
-        generation.generate = untracked(generation.generate)
-        generation.sync_weights = untracked(generation.sync_weights)
+        untrack_generation(trainer.vllm_generation)
     generation = getattr(trainer, "vllm_generation", None)
     trainer.grpo_sweep_scheduler = watch_scheduler(getattr(generation, "llm", None))
     remember_budget(trainer, cfg, util, plan)

@@ -51,6 +51,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..backends.trl_patches import phase_targets
+
 CATEGORIES = ("weights", "trainable_params", "gradients", "optimizer_state", "activations", "temporaries")
 PHASES = ("generation", "forward", "backward", "optimiser", "other")
 
@@ -95,13 +97,7 @@ class Phases:
     def attach(self, trainer) -> None:
         """Mark GRPOTrainer's phases (instance attributes shadow the methods; nothing global but
         the optimiser hooks, removed by `detach`)."""
-        marks = [
-            (trainer, "_generate_and_score_completions", "generation"),
-            (trainer, "compute_loss", "forward"),
-            (trainer.accelerator, "backward", "backward"),
-            (trainer, "_clip_grad_norm", "optimiser"),
-        ]
-        for owner, name, phase in marks:
+        for owner, name, phase in phase_targets(trainer):
             if callable(getattr(owner, name, None)):  # a trainer version without it: that phase reads `other`
                 setattr(owner, name, self.wrap(getattr(owner, name), phase))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
