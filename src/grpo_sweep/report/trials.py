@@ -442,7 +442,16 @@ def overrides(trial: Trial) -> str:
 
 
 def wandb_group(trials: list[Trial], study_name: str | None, root: Path | None) -> str | None:
-    """The W&B group the trials were logged under (as wandb_logger chose it), for the W&B Report."""
+    """The W&B group the trials were logged under (as wandb_logger chose it), for the W&B Report.
+
+    Args:
+        trials: The study's trials.
+        study_name: The study's name, the group when no trial names one.
+        root: The sweep's folder, the group when there is no name.
+
+    Returns:
+        The group, or None.
+    """
     for t in trials:
         if t.record.get("wandb_group"):
             return t.record["wandb_group"]
@@ -524,7 +533,16 @@ def model_vs_measured(trials: list[Trial]) -> dict:
 def _calibrated_rho(priced: list, feasible: list[Trial], measured: list[float]) -> float | None:
     """Spearman's rho after calibration: each config's prediction with the model's phase scales fitted on
     the other configs' trials (throughput.phase_scales, leave one config out: never on its own runs);
-    None when a config has no phases or no other config measured them."""
+    None when a config has no phases or no other config measured them.
+
+    Args:
+        priced: The configs (Finalists) the model priced, each with its representative trial (`item`).
+        feasible: The trials that ran within the budget.
+        measured: Each priced config's rank by its measured median, in the same order.
+
+    Returns:
+        Spearman's rho, or None.
+    """
     from ..memory.throughput import calibrated_tokens_per_s, phase_scales
 
     calibrated = []

@@ -99,7 +99,15 @@ def _kill_group(pid: int) -> None:
 
 
 def stop_trial(proc, run_dir: Path, status: str, reason: str, grace_s: float = STOP_GRACE_S) -> None:
-    """Ask the worker to stop (reason file + SIGTERM: it records `reason`, ends W&B), then kill its group."""
+    """Ask the worker to stop (reason file + SIGTERM: it records `reason`, ends W&B), then kill its group.
+
+    Args:
+        proc: The worker's process.
+        run_dir: The trial's folder, where the reason file goes.
+        status: The status the worker records.
+        reason: Why it stops.
+        grace_s: Seconds it gets before its group is killed.
+    """
     process.write_stop_request(run_dir, status, reason)
     try:
         os.kill(proc.pid, signal.SIGTERM)

@@ -37,6 +37,15 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     `sampler` names what generates completions: "hf" (transformers `generate`, whose
     GenerationConfig calls the floor `min_new_tokens`) or "vllm" (`SamplingParams`: `min_tokens`).
     The vLLM backends add their own arguments on top of these (trl_vllm.vllm_args).
+
+    Args:
+        cfg: The composed train config.
+        on_cuda: The trial runs on a CUDA device.
+        output_dir: The trainer's output folder.
+        sampler: "hf" or "vllm": what generates completions.
+
+    Returns:
+        GRPOConfig keyword arguments.
     """
     completion = completion_budget(cfg)
     args = dict(
@@ -211,7 +220,17 @@ def build_trainer(cfg: Any, ctx: Any):
 
 
 def trainer_kwargs(ctx: Any, model, args, peft_config=None) -> dict:
-    """GRPOTrainer keyword arguments shared by every backend (tested against its signature)."""
+    """GRPOTrainer keyword arguments shared by every backend (tested against its signature).
+
+    Args:
+        ctx: The trial's context (its dataset, tokenizer and callbacks).
+        model: The model to train.
+        args: The GRPOConfig.
+        peft_config: The LoRA adapter's config, or None.
+
+    Returns:
+        GRPOTrainer keyword arguments.
+    """
     return dict(
         model=model,
         reward_funcs=list(ctx.reward_funcs),
@@ -224,7 +243,17 @@ def trainer_kwargs(ctx: Any, model, args, peft_config=None) -> dict:
 
 
 def make_trainer(ctx: Any, model, args, peft_config=None):
-    """GRPOTrainer as imported now (Unsloth's patched class once Unsloth has been imported)."""
+    """GRPOTrainer as imported now (Unsloth's patched class once Unsloth has been imported).
+
+    Args:
+        ctx: The trial's context (its dataset, tokenizer and callbacks).
+        model: The model to train.
+        args: The GRPOConfig.
+        peft_config: The LoRA adapter's config, or None.
+
+    Returns:
+        The trainer, with our patches applied (trl_patches.py, transformers_patches.py).
+    """
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
@@ -343,7 +372,16 @@ _UNWRITTEN_DEFAULTS = {"vllm_tensor_parallel_size": 1, "vllm_model_impl": "vllm"
 def settings(trainer, cfg: Any, effective: dict) -> dict:
     """metrics.json `trainer_settings`: what a TRL user needs to run this trial's configuration
     (GRPOConfig fields, the LoRA adapter, 4-bit loading, the model and the data), read back from the
-    built trainer; `effective` gives the levers in target-card terms (vLLM's share of the card)."""
+    built trainer; `effective` gives the levers in target-card terms (vLLM's share of the card).
+
+    Args:
+        trainer: The built trainer.
+        cfg: The composed train config.
+        effective: The levers in target-card terms.
+
+    Returns:
+        The settings, by name.
+    """
     import os
 
     from omegaconf import OmegaConf

@@ -42,14 +42,31 @@ def vllm_args(cfg: Any, *, device_util: float) -> dict:
 
 
 def grpo_vllm_args(cfg: Any, *, on_cuda: bool, output_dir: str, device_util: float) -> dict:
-    """The single lever translation (`trl.grpo_args`, vLLM sampler) plus the colocate arguments."""
+    """The single lever translation (`trl.grpo_args`, vLLM sampler) plus the colocate arguments.
+
+    Args:
+        cfg: The composed train config.
+        on_cuda: The trial runs on a CUDA device.
+        output_dir: The trainer's output folder.
+        device_util: vLLM's share of the physical card.
+
+    Returns:
+        GRPOConfig keyword arguments.
+    """
     args = trl_backend.grpo_args(cfg, on_cuda=on_cuda, output_dir=output_dir, sampler="vllm")
     args.update(vllm_args(cfg, device_util=device_util))
     return args
 
 
 def remember_budget(trainer, cfg: Any, device_util: float, cpu_plan: dict | None = None) -> None:
-    """Keep what `effective` needs to express vLLM's fraction in target-card terms."""
+    """Keep what `effective` needs to express vLLM's fraction in target-card terms.
+
+    Args:
+        trainer: The built trainer.
+        cfg: The composed train config.
+        device_util: vLLM's share of the physical card.
+        cpu_plan: vLLM-CPU's plan (memory.vllm.vllm_cpu_plan), or None on a card.
+    """
     trainer.grpo_sweep_vllm = {
         "requested_device_util": device_util,
         "target_bytes": budget_bytes(cfg),
@@ -92,7 +109,16 @@ def cpu_engine_kwargs(plan: dict, cfg: Any = None) -> dict:
 def explain_startup_error(exc: BaseException, plan: dict, cfg: Any) -> BaseException:
     """vLLM's KV-cache start-up error with the exact numbers first: vLLM states them in GiB with one
     decimal (0.0 GiB for small models), so the message leads with bytes in vLLM's own wording, which
-    memory/oom_message.py reads, then vLLM's message unchanged."""
+    memory/oom_message.py reads, then vLLM's message unchanged.
+
+    Args:
+        exc: vLLM's error.
+        plan: vLLM-CPU's plan (memory.vllm.vllm_cpu_plan).
+        cfg: The composed train config.
+
+    Returns:
+        The error with the numbers first, or `exc` when it is not about the KV cache.
+    """
     text = str(exc)
     if "KV cache" not in text and "cache blocks" not in text:
         return exc
@@ -114,7 +140,16 @@ def server_mode(cfg: Any) -> bool:
 
 def build_server_trainer(cfg: Any, ctx: Any, model):
     """backend.vllm_mode=server: rank 0 (or the only process) starts `trl vllm-serve` on the saved
-    model and waits for it to be healthy; TRL's client (main process only) generates through it."""
+    model and waits for it to be healthy; TRL's client (main process only) generates through it.
+
+    Args:
+        cfg: The composed train config.
+        ctx: The trial's context.
+        model: The model to train.
+
+    Returns:
+        The trainer.
+    """
     from trl import GRPOConfig
 
     from .. import vllm_server

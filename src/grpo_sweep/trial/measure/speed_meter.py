@@ -65,6 +65,18 @@ class StepMeter(TrainerCallback):
         first_timed_step: int = 2,
         step_probe=None,
     ):
+        """A meter for a run of `total_steps` steps.
+
+        Args:
+            total_steps: The steps the trial runs.
+            samples_per_step: Completions per optimiser step.
+            memory_probe: () -> (peak bytes, source); None: no memory column.
+            on_step: Called with each step's row (the loggers); None: nothing.
+            tracking: () -> whether the CPU tensor tracker slows this step; None: never.
+            stop_below: Tokens/s under which training stops early; None: never.
+            first_timed_step: The first step that may stop the trial (never before step 2).
+            step_probe: () -> the step's own peak bytes (trial.soak); None: not recorded.
+        """
         self.step_probe = step_probe  # () -> the step's own peak bytes (trial.soak); None: not recorded
         self.stop_below = stop_below  # tokens/s; None: never stop early
         self.first_timed_step = max(2, first_timed_step)  # never before the peak is measured

@@ -123,6 +123,13 @@ class _Entry:
     __slots__ = ("born", "category", "nbytes", "ref")
 
     def __init__(self, nbytes: int, category: str, born: int):
+        """One live storage: its bytes, category and when it was born.
+
+        Args:
+            nbytes: The storage's bytes.
+            category: Its category (CATEGORIES).
+            born: The tracker's op counter at its birth (ordered against the peak's).
+        """
         self.nbytes, self.category, self.born, self.ref = nbytes, category, born, None
 
 
@@ -136,6 +143,13 @@ class TensorTracker(TorchDispatchMode):
     def __init__(
         self, budget_bytes: int | None = None, phases: Phases | None = None, oom_error: Callable[..., BaseException] | None = None
     ):
+        """A tracker, not yet attached to a trainer.
+
+        Args:
+            budget_bytes: The budget it enforces; None: none.
+            phases: The phase marks; None: a fresh Phases.
+            oom_error: Builds the error for a refused allocation; None: enforce.simulated_oom_error.
+        """
         super().__init__()
         self.budget_bytes = budget_bytes
         self.phases = phases or Phases()
@@ -187,7 +201,13 @@ class TensorTracker(TorchDispatchMode):
         return nbytes
 
     def reclassify(self, tensor: torch.Tensor, category: str, only_from: str | None = "temporaries") -> None:
-        """Move a storage to `category`; fix the peak's breakdown if it was live at the peak."""
+        """Move a storage to `category`; fix the peak's breakdown if it was live at the peak.
+
+        Args:
+            tensor: A tensor whose storage is tracked.
+            category: The new category.
+            only_from: Move it only from this category; None: from any.
+        """
         try:
             entry = self._entries.get(id(tensor.untyped_storage()))
         except (RuntimeError, NotImplementedError):
@@ -305,6 +325,13 @@ class TensorTracker(TorchDispatchMode):
             self.reclassify(param.grad, "gradients", only_from=None)
 
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        """After an optimiser step: class the optimiser's tensors as optimizer_state (a torch hook).
+
+        Args:
+            optimizer: The optimiser that stepped.
+            args: Its step's positional arguments.
+            kwargs: Its step's keyword arguments.
+        """
         if not getattr(self, "active", False):
             return
         for state in optimizer.state.values():
