@@ -120,7 +120,7 @@ def start_method(name: str, requested: str, cuda: bool) -> str:
 
     Args:
         name: The resolved backend.
-        requested: The start method asked for (`auto`, `forkserver`, `spawn` or `fork`).
+        requested: trial.start_method (`auto`, or a method by name); a backend that always spawns ignores it.
         cuda: Whether the trial runs on a CUDA device.
 
     Returns:

@@ -165,7 +165,7 @@ def adapt(settings: dict, version: str, *, grpo_only: bool = False, known: set[s
     Args:
         settings: GRPOConfig fields by name.
         version: The TRL version the settings are for.
-        grpo_only: Only GRPOConfig's own fields, not TrainingArguments'.
+        grpo_only: Only GRPOConfig's fields (TrainingArguments' included), not ModelConfig's or the script's.
         known: The field names to keep; None: the fields of TRL `version`.
 
     Returns:
