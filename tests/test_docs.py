@@ -130,7 +130,7 @@ def _parameters(fn) -> list[str]:
 
 
 def _gives(fn) -> str | None:
-    """ "Yields" for a generator, "Returns" for a function that returns a value, else None."""
+    """The block `fn`'s value needs: "Yields" for a generator, "Returns" when it returns a value, else None."""
     import ast
 
     gives, stack = None, list(fn.body)
