@@ -89,7 +89,7 @@ MUTANTS ?= $(SWEEPER).outcome.* $(SWEEPER).failures.* $(SWEEPER).compose.* $(SWE
 	$(SWEEPER).standings.x_best_finalist* $(SWEEPER).summary.x_rows* $(SWEEPER).prescreen.xǁPrescreenǁverdict* \
 	$(SWEEPER).tell.x_tell* grpo_sweep.study.best.* grpo_sweep.study.storage.x_* \
 	grpo_sweep.memory.estimator.x_verdict* \
-	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.doctor.x_candidate_moves* grpo_sweep.memory.doctor.x__valid* \
+	grpo_sweep.memory.doctor.x_diagnose* grpo_sweep.memory.moves.x_candidate_moves* grpo_sweep.memory.moves.x_vllm_share_moves* grpo_sweep.memory.doctor.x__valid* \
 	grpo_sweep.memory.doctor.x_smallest_fix* grpo_sweep.memory.doctor.x_lever_rows* grpo_sweep.memory.doctor.x_allowed_shares* \
 	grpo_sweep.memory.doctor.x_unexplained_bytes* grpo_sweep.memory.doctor.x_observed_need* grpo_sweep.memory.doctor.xǁ_Judgeǁ* \
 	grpo_sweep.memory.doctor.x__after* grpo_sweep.memory.doctor.x__faster*

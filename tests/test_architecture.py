@@ -295,3 +295,42 @@ def test_the_length_scan_finds_methods_and_nested_functions():
         )
     )
     assert dict(_functions(tree, "mod")) == {"mod.A.m": 4, "mod.A.m.inner": 2, "mod.f": 2}
+
+
+# Binary sizes spelled as literals: 2**10 .. 2**40, n << 20, n >> 20 (10 .. 40), 1024**2, 1024 * 1024.
+_SIZE_EXPONENTS = {10, 20, 30, 40}
+# Modules whose literals other work converts; this list only shrinks.
+_SIZE_LITERALS_TO_DO = {"grpo_sweep/memory/throughput.py"}
+
+
+def _size_literal(node: ast.AST) -> str | None:
+    """The source text of `node` when it spells a binary size unit as a literal, else None."""
+    if not isinstance(node, ast.BinOp) or not isinstance(node.right, ast.Constant):
+        return None
+    left, right = node.left.value if isinstance(node.left, ast.Constant) else None, node.right.value
+    if isinstance(node.op, ast.Pow) and (left, right) in {(2, e) for e in _SIZE_EXPONENTS} | {(1024, 2), (1024, 3)}:
+        return ast.unparse(node)
+    if isinstance(node.op, (ast.LShift, ast.RShift)) and right in _SIZE_EXPONENTS:  # 16 << 20, n >> 20
+        return ast.unparse(node)
+    if isinstance(node.op, ast.Mult) and (left, right) == (1024, 1024):
+        return ast.unparse(node)
+    return None
+
+
+def test_size_units_are_spelled_once_in_units_py():
+    """KiB/MiB/GiB/TiB live in grpo_sweep/units.py only; every other module imports them from there."""
+    home = SRC / "grpo_sweep" / "units.py"
+    bad = [
+        f"{path.relative_to(SRC)}:{node.lineno}: {text} (use grpo_sweep.units)"
+        for path in sources()
+        if path != home and str(path.relative_to(SRC)) not in _SIZE_LITERALS_TO_DO
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (text := _size_literal(node))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_size_literal_check_sees_each_spelling():
+    spelled = ["x / 2**20", "1 << 30", "16 << 20", "n >> 20", "n * 1024**3", "1024 * 1024", "2 ** 40"]
+    assert all(any(_size_literal(n) for n in ast.walk(ast.parse(s))) for s in spelled)
+    assert not any(_size_literal(n) for s in ["2**8", "10**9", "x / MIB", "1 << 4"] for n in ast.walk(ast.parse(s)))

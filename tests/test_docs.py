@@ -134,3 +134,107 @@ def test_the_plugins_phase_table_is_one_table_in_its_docstring_and_architecture_
     phases = [phase for phase, _ in table]
     assert phases == sorted(phases, key=phases.index)  # each phase's modules sit together
     assert {"plan", "open", "start", "search loop", "prepare", "prescreen", "run", "tell", "confirmation", "soak"} <= set(phases)
+
+
+# Modules whose Args:/Returns: blocks other work writes; this list only shrinks. A path ending in "/"
+# stands for every module under it.
+ARGS_BLOCKS_TO_DO = (
+    "grpo_sweep/config/validate.py",
+    "grpo_sweep/memory/throughput.py",
+    "grpo_sweep/report/html.py",
+    "hydra_plugins/grpo_optuna_sweeper/",
+)
+_UPSTREAM_BASES = {"TrainerCallback"}  # its `on_*` hooks take the arguments transformers documents
+
+
+def _parameters(fn) -> list[str]:
+    a = fn.args
+    names = [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    names += [f"*{a.vararg.arg}"] if a.vararg else []
+    names += [f"**{a.kwarg.arg}"] if a.kwarg else []
+    return [n for n in names if n.lstrip("*") != "_"]  # `**_`: arguments taken and dropped
+
+
+def _gives(fn) -> str | None:
+    """The block `fn`'s value needs: "Yields" for a generator, "Returns" when it returns a value, else None."""
+    import ast
+
+    gives, stack = None, list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return "Yields"
+        if isinstance(node, ast.Return) and not (
+            node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)
+        ):
+            gives = "Returns"
+        stack.extend(ast.iter_child_nodes(node))
+    return gives
+
+
+def _documented(fn, doc: str) -> list[str]:
+    """What `fn`'s docstring lacks: its Args: block, a parameter in it, or its Returns:/Yields: block."""
+    params = _parameters(fn)
+    if "Args:" not in doc:
+        return ["Args:"]
+    args = doc.split("Args:", 1)[1]
+    missing = [p for p in params if not re.search(rf"^\s+{re.escape(p)}( \([^)]*\))?:", args, re.MULTILINE)]
+    gives = _gives(fn) if fn.name != "__init__" else None
+    return missing + ([f"{gives}:"] if gives and f"{gives}:" not in doc else [])
+
+
+def _functions_needing_args():
+    """(module, qualified name, function, docstring) of every function or method in src/ with three or
+    more parameters (self and cls not counted). Functions nested in functions are left out (no caller
+    outside sees them), as are dunder methods but __init__ and a TrainerCallback's `on_*` hooks."""
+    import ast
+
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        rel = str(path.relative_to(ROOT / "src"))
+        stack: list = [(ast.parse(path.read_text()), "", None)]
+        while stack:
+            node, prefix, cls = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef):
+                    stack.append((child, f"{prefix}{child.name}.", child))
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(_parameters(child)) >= 3:
+                    name = child.name
+                    if name.startswith("__") and name != "__init__":
+                        continue
+                    bases = {getattr(b, "id", getattr(b, "attr", None)) for b in cls.bases} if cls else set()
+                    if name.startswith("on_") and bases & _UPSTREAM_BASES:
+                        continue
+                    doc = ast.get_docstring(child) or ""
+                    if name == "__init__" and "Args:" not in doc:
+                        doc = ast.get_docstring(cls) or ""
+                    yield rel, f"{prefix}{name}", child, doc
+                elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    stack.append((child, prefix, cls))
+
+
+def test_every_function_of_three_or_more_parameters_has_an_args_block():
+    """Google style, as Optuna writes it: each parameter named under `Args:`, and `Returns:` (or
+    `Yields:`) when the function gives a value. An `__init__` may keep its block in the class docstring."""
+    lacking = [
+        f"{rel}: {name} lacks {', '.join(gaps)}"
+        for rel, name, fn, doc in _functions_needing_args()
+        if not any(rel == todo or (todo.endswith("/") and rel.startswith(todo)) for todo in ARGS_BLOCKS_TO_DO)
+        and (gaps := _documented(fn, doc))
+    ]
+    assert not lacking, f"{len(lacking)} functions lack their Args:/Returns: blocks:\n" + "\n".join(lacking)
+
+
+def test_the_args_block_check_reads_each_part():
+    import ast
+
+    fn = ast.parse("def f(a, b, *rest, c=1, **_):\n    return a\n").body[0]
+    assert _parameters(fn) == ["a", "b", "c", "*rest"]
+    good = "Sum.\n\nArgs:\n    a: One.\n    b (int): Two.\n    c: Three.\n    *rest: More.\n\nReturns:\n    The sum."
+    assert _documented(fn, good) == []
+    assert _documented(fn, good.replace("    b (int): Two.\n", "")) == ["b"]
+    assert _documented(fn, good.split("\n\nReturns:")[0]) == ["Returns:"]
+    assert _documented(fn, "Sum.") == ["Args:"]

@@ -23,6 +23,7 @@ from typing import Any
 
 from .config.schema import ConfigError
 from .config.trl_config import adapt, installed_version, read, to_overrides, value_text
+from .units import GIB
 
 # The knobs searched when `knobs` is not given (each a levers.KINDS knob that every backend and card runs).
 DEFAULT_KNOBS = ("per_device_train_batch_size", "gradient_checkpointing", "attn_implementation")
@@ -202,7 +203,23 @@ def recipe_overrides(
 ) -> list[str]:
     """The Hydra overrides the notebook's objects stand for, in order (later ones win): the `trl grpo`
     YAML, the GRPOConfig, the adapter, Unsloth's loading, the model, the card, the data and rewards
-    (written into `folder`), then `overrides`."""
+    (written into `folder`), then `overrides`.
+
+    Args:
+        model: A model name or path.
+        gpu: The target card: a conf/gpu name, or its memory in GiB.
+        training_args: A GRPOConfig (or its fields as a dict).
+        peft: A LoraConfig, or the get_peft_model kwargs.
+        unsloth: Unsloth's from_pretrained kwargs.
+        reward_funcs: Reward callables, sent by value.
+        train_dataset: A datasets.Dataset, written as parquet.
+        trl_config: A `trl grpo` YAML file.
+        overrides: Hydra overrides, applied last.
+        folder: The study's folder, where the data and rewards are written.
+
+    Returns:
+        The Hydra overrides.
+    """
     out: list[str] = list(read(trl_config)) if trl_config is not None else []
     if training_args is not None:
         out += to_overrides(_grpo_settings(training_args), "training_args")
@@ -243,7 +260,16 @@ def _compose(over: list[str]):
 
 def knob_space(cfg: Any, knobs: Any = None, concessions: list[str] | None = None) -> dict[str, list]:
     """hydra.sweeper.params: `knobs` a list of names (their usual values) or {name: [values]}; None:
-    DEFAULT_KNOBS. The micro-batch's values divide the config's completions per step."""
+    DEFAULT_KNOBS. The micro-batch's values divide the config's completions per step.
+
+    Args:
+        cfg: The composed config.
+        knobs: Knob names (their usual values) or {name: [values]}; None: DEFAULT_KNOBS.
+        concessions: Recipe settings the sweep may change too.
+
+    Returns:
+        hydra.sweeper.params: each searched setting's values.
+    """
     from .levers import kind_of
 
     batch = int(cfg.per_device_train_batch_size)
@@ -269,7 +295,19 @@ def _sweep_command(
     over: list[str], study_name: str, n_trials: int, folder: Path, space: dict, concessions: list[str] | None
 ) -> list[str]:
     """The app's command line: the fixed overrides, the study, the space as `key=choice(...)`; the
-    recipe's own value of each searched knob is enqueued as the first point (the starting point)."""
+    recipe's own value of each searched knob is enqueued as the first point (the starting point).
+
+    Args:
+        over: The recipe's overrides.
+        study_name: The study's name.
+        n_trials: How many trials count toward the sweep.
+        folder: The study's folder.
+        space: Each searched setting's values.
+        concessions: Recipe settings the sweep may change.
+
+    Returns:
+        The command line.
+    """
     fixed = [o for o in over if o.lstrip("+").split("=", 1)[0] not in space]
     given = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in over if "=" in o}
     start = {k: given[k] for k in space if k in given and given[k] in [value_text(v) for v in space[k]]}
@@ -300,7 +338,17 @@ def estimate(*, logits_mode: str | None = None, **recipe: Any):
 
 
 def plan(*, study_name: str = "notebook", knobs: Any = None, concessions: list[str] | None = None, **recipe: Any) -> dict:
-    """The sweep's forecast before any trial (what `grpo-sweep plan --json` prints), as a dict."""
+    """The sweep's forecast before any trial (what `grpo-sweep plan --json` prints), as a dict.
+
+    Args:
+        study_name: The study's name (its folder: outputs/sweeps/<name>).
+        knobs: Knob names or {name: [values]}; None: DEFAULT_KNOBS.
+        concessions: Recipe settings the sweep may change too.
+        **recipe: The recipe's objects, as `recipe_overrides` takes them.
+
+    Returns:
+        The forecast, as `grpo-sweep plan --json` prints it.
+    """
     import json
     import tempfile
 
@@ -327,7 +375,19 @@ def sweep(
     **recipe: Any,
 ) -> Best:
     """Run the sweep (or resume the study of that name) and return its Best. The sweep's lines are
-    printed as they come, beside a tqdm.auto bar of the trials that count toward n_trials."""
+    printed as they come, beside a tqdm.auto bar of the trials that count toward n_trials.
+
+    Args:
+        study_name: The study's name; the same name resumes it.
+        n_trials: How many trials count toward the sweep.
+        knobs: Knob names or {name: [values]}; None: DEFAULT_KNOBS.
+        concessions: Recipe settings the sweep may change too.
+        progress: Show a tqdm bar of the trials.
+        **recipe: The recipe's objects, as `recipe_overrides` takes them.
+
+    Returns:
+        The sweep's Best.
+    """
     folder = study_dir(study_name)
     over = recipe_overrides(folder=folder, **recipe)
     space = knob_space(_compose(over), knobs, concessions)
@@ -447,7 +507,7 @@ class Best:
         peak = s.get("peak_memory_bytes")
         words = (
             f"<p><b>Winner: trial {s['best_trial']}</b>, {s.get('objective', 'objective')} = {s.get('best_value', 0):.1f}"
-            + (f", peak {peak / 2**30:.3f} GiB" if peak else "")
+            + (f", peak {peak / GIB:.3f} GiB" if peak else "")
             + "</p><p><code>"
             + html.escape(" ".join(self.overrides))
             + f"</code></p><p>Report: {html.escape(str(self.report_path))}</p>"

@@ -198,7 +198,16 @@ REQUIRED_KEYS = (
 
 def empty_metrics(status: str, error: str | None, levers: dict, recipe: dict | None = None) -> TrialMetrics:
     """A record with every required key, for trials that ended before measuring anything.
-    recipe: levers.recipe_of(cfg), the recipe the trial trains (and its completions_per_step)."""
+
+    Args:
+        status: The trial's status.
+        error: Why it ended, or None.
+        levers: The trial's levers.
+        recipe: levers.recipe_of(cfg), the recipe the trial trains (and its completions_per_step).
+
+    Returns:
+        The record.
+    """
     record: TrialMetrics = {key: None for key in REQUIRED_KEYS}  # type: ignore[misc]
     record.update(status=status, error=error, levers=levers, effective={}, steps=0, lever_mismatch={})
     if recipe is not None:

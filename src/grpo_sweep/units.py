@@ -7,6 +7,7 @@ from typing import Any
 KIB = 2**10
 MIB = 2**20
 GIB = 2**30
+TIB = 2**40
 
 
 def gib_to_bytes(gib: float | None) -> int | None:

@@ -76,7 +76,16 @@ def get(name: str) -> Backend:
 
 def resolve(name: str, *, cuda: bool, installed: Callable[[str], bool]) -> str:
     """`auto` -> a concrete backend. `installed(package)` says what is present where it will run:
-    the trial passes the local check; a prediction for another machine passes its own assumption."""
+    the trial passes the local check; a prediction for another machine passes its own assumption.
+
+    Args:
+        name: The backend asked for (`auto` or a concrete one).
+        cuda: Whether the trial runs on a CUDA device.
+        installed: Whether a package is installed where the trial runs.
+
+    Returns:
+        The concrete backend's name.
+    """
     if name != AUTO:
         return name
     if not cuda:
@@ -108,6 +117,14 @@ def start_method(name: str, requested: str, cuda: bool) -> str:
     process forked after that cannot use CUDA at all (seen on an H200: every trial failed with
     "Cannot re-initialize CUDA in forked subprocess"); a few seconds of imports are small next to
     a GPU trial. A backend whose table entry says spawn always spawns.
+
+    Args:
+        name: The resolved backend.
+        requested: trial.start_method (`auto`, or a method by name); a backend that always spawns ignores it.
+        cuda: Whether the trial runs on a CUDA device.
+
+    Returns:
+        The start method's name.
     """
     if name in BACKENDS and BACKENDS[name].start_method != "auto":
         return BACKENDS[name].start_method

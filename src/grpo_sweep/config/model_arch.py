@@ -90,7 +90,16 @@ def arch_from_config(data: dict) -> dict[str, Any]:
 
 def _positive_int(value: Any, key: str, model_type: str) -> int:
     """A config.json size as an integer >= 1 (a whole float such as 2048.0 too); anything else is
-    refused in one line naming the key, so no ZeroDivisionError or int() error comes later."""
+    refused in one line naming the key, so no ZeroDivisionError or int() error comes later.
+
+    Args:
+        value: The size as config.json states it.
+        key: Its key, for the message.
+        model_type: The model's type, for the message.
+
+    Returns:
+        The size as an int.
+    """
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,17 @@ def fields(version: str, *, grpo_only: bool = False) -> set[str]:
 
 def adapt(settings: dict, version: str, *, grpo_only: bool = False, known: set[str] | None = None) -> tuple[dict, list[str]]:
     """`settings` with the names TRL `version` takes (or the names `known`): a renamed field under its
-    name there, a field it lacks dropped; one note for each change."""
+    name there, a field it lacks dropped; one note for each change.
+
+    Args:
+        settings: GRPOConfig fields by name.
+        version: The TRL version the settings are for.
+        grpo_only: Only GRPOConfig's fields (TrainingArguments' included), not ModelConfig's or the script's.
+        known: The field names to keep; None: the fields of TRL `version`.
+
+    Returns:
+        (the adapted settings, one note per change).
+    """
     known = fields(version, grpo_only=grpo_only) if known is None else known
     back = {old: new for new, old in RENAMES.items()}
     out, notes = {}, []
@@ -195,8 +206,17 @@ def value_text(value: Any) -> str:
 
 
 def to_overrides(settings: dict, where: str, *, version: str | None = None) -> list[str]:
-    """Hydra overrides for `trl grpo` settings (a YAML's keys, or a GRPOConfig's fields); `where` names
-    the source in an error. Refuses a setting it cannot map, in one line naming it and what to do."""
+    """Hydra overrides for `trl grpo` settings (a YAML's keys, or a GRPOConfig's fields). Refuses a
+    setting it cannot map, in one line naming it and what to do.
+
+    Args:
+        settings: The `trl grpo` settings by name.
+        where: The source's name, for an error.
+        version: The TRL version they are for; None: the installed one.
+
+    Returns:
+        The Hydra overrides.
+    """
     version = version or installed_version() or "?"
     known = fields(version) if version in _table() else None  # a TRL without a recorded list: passed on unchecked
     grpo_known = fields(version, grpo_only=True) if version in _table() else set()
@@ -233,21 +253,7 @@ def to_overrides(settings: dict, where: str, *, version: str | None = None) -> l
     if "model_name_or_path" in s:
         out["model"] = "hub"
         out["model.hub_id"] = s["model_name_or_path"]
-    datasets = s.get("datasets") or []
-    if len(datasets) > 1:
-        raise refuse("datasets", "a mixture of several datasets; give one (grpo-sweep measures one task)")
-    if datasets and s.get("dataset_name"):
-        raise refuse("datasets", "both datasets and dataset_name; give one")
-    if s.get("dataset_config"):
-        raise refuse(
-            "dataset_config", "a dataset configuration name is not supported; give its files as datasets: [{path, data_files}]"
-        )
-    if datasets or s.get("dataset_name"):
-        entry = datasets[0] if datasets else {"path": s["dataset_name"]}
-        out["task"] = "dataset"
-        out["task.path"] = entry.get("data_files") or entry.get("path")
-        if entry.get("split"):
-            out["task.split"] = entry["split"]
+    out.update(_dataset_overrides(s, refuse))
     if s.get("use_peft") is False:
         out["trial.full_finetune"] = True
     if s.get("use_vllm"):
@@ -274,6 +280,26 @@ def to_overrides(settings: dict, where: str, *, version: str | None = None) -> l
                 "gradient_checkpointing_kwargs", f"{key}: not a setting grpo-sweep maps ({', '.join(CHECKPOINTING_KWARGS)})"
             )
     return [f"{k}={value_text(v)}" for k, v in out.items()]
+
+
+def _dataset_overrides(s: dict, refuse: Callable[[str, str], ConfigError]) -> dict[str, Any]:
+    """`datasets` or `dataset_name` -> the dataset task: one dataset, by its files or its path."""
+    datasets = s.get("datasets") or []
+    if len(datasets) > 1:
+        raise refuse("datasets", "a mixture of several datasets; give one (grpo-sweep measures one task)")
+    if datasets and s.get("dataset_name"):
+        raise refuse("datasets", "both datasets and dataset_name; give one")
+    if s.get("dataset_config"):
+        raise refuse(
+            "dataset_config", "a dataset configuration name is not supported; give its files as datasets: [{path, data_files}]"
+        )
+    if not (datasets or s.get("dataset_name")):
+        return {}
+    entry = datasets[0] if datasets else {"path": s["dataset_name"]}
+    out = {"task": "dataset", "task.path": entry.get("data_files") or entry.get("path")}
+    if entry.get("split"):
+        out["task.split"] = entry["split"]
+    return out
 
 
 def read(path: str | Path) -> list[str]:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+from ..units import MIB
 from .schema import ConfigError
 
 # task.path's file extension -> the `datasets` builder that reads it (as `trl grpo`'s `datasets:` takes).
@@ -65,8 +66,8 @@ def load_args(task: Any) -> dict:
     return {"path": str(local) if local is not None else path, "split": str(task.split)}
 
 
-MAX_LINE = 16 << 20  # a JSON line longer than this is refused: the check's memory is bounded by it
-MAX_JSON_DOCUMENT = 256 << 20  # a whole-file .json list is parsed at once: larger ones must be JSON lines
+MAX_LINE = 16 * MIB  # a JSON line longer than this is refused: the check's memory is bounded by it
+MAX_JSON_DOCUMENT = 256 * MIB  # a whole-file .json list is parsed at once: larger ones must be JSON lines
 
 
 def _prompt_problem(value: Any) -> str | None:
@@ -82,6 +83,14 @@ def _prompt_problem(value: Any) -> str | None:
 
 
 def _check_prompt(where: str, row: int, record: Any, column: str) -> None:
+    """Refuse a row that is not an object of columns, or whose prompt is neither text nor a conversation.
+
+    Args:
+        where: The file (and line), for the message.
+        row: The row's number, from 1.
+        record: The row as parsed.
+        column: The prompt's column.
+    """
     if not isinstance(record, dict):
         raise ConfigError(f"task.path={where}: row {row} is a JSON {type(record).__name__}, not an object of columns")
     if column in record:
@@ -95,13 +104,22 @@ def _check_prompt(where: str, row: int, record: Any, column: str) -> None:
 
 def _json_lines(path: Path, column: str, check_rows: int) -> tuple[list[str], int]:
     """JSON lines, streamed: every line parsed (as datasets' json builder will), the first
-    `check_rows` rows' prompts checked; a line over MAX_LINE bytes is refused, so memory stays bounded."""
+    `check_rows` rows' prompts checked; a line over MAX_LINE bytes is refused, so memory stays bounded.
+
+    Args:
+        path: The JSON lines file.
+        column: The prompt's column.
+        check_rows: How many rows' prompts are checked.
+
+    Returns:
+        (the first row's column names, the number of rows).
+    """
     columns: list[str] = []
     rows = 0
     with open(path, "rb") as fh:
         for number, line in enumerate(iter(lambda: fh.readline(MAX_LINE + 1), b""), start=1):
             if len(line) > MAX_LINE:
-                raise ConfigError(f"task.path={path}: line {number} is longer than {MAX_LINE >> 20} MiB")
+                raise ConfigError(f"task.path={path}: line {number} is longer than {MAX_LINE // MIB} MiB")
             if not line.strip():
                 continue
             try:
@@ -123,7 +141,16 @@ def _json_lines(path: Path, column: str, check_rows: int) -> tuple[list[str], in
 def _columns_and_rows(path: Path, column: str = "prompt", check_rows: int = 0) -> tuple[list[str], int]:
     """A local file's column names and number of rows, without `datasets` (no torch), read for real:
     a parse error names the file and its line, and the first `check_rows` prompts (the rows a trial
-    uses) are checked for their type."""
+    uses) are checked for their type.
+
+    Args:
+        path: The data file (.parquet, .csv, .json or JSON lines).
+        column: The prompt's column.
+        check_rows: How many rows' prompts are checked.
+
+    Returns:
+        (the column names, the number of rows).
+    """
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -145,8 +172,8 @@ def _columns_and_rows(path: Path, column: str = "prompt", check_rows: int = 0) -
         if head[:1] == b"[":  # one JSON list of records (else JSON lines, which datasets reads too)
             if path.stat().st_size > MAX_JSON_DOCUMENT:
                 raise ConfigError(
-                    f"task.path={path}: a single JSON list of {path.stat().st_size >> 20} MiB; "
-                    f"give JSON lines (.jsonl, one object per line) above {MAX_JSON_DOCUMENT >> 20} MiB"
+                    f"task.path={path}: a single JSON list of {path.stat().st_size // MIB} MiB; "
+                    f"give JSON lines (.jsonl, one object per line) above {MAX_JSON_DOCUMENT // MIB} MiB"
                 )
             try:
                 data = json.loads(path.read_bytes())
@@ -162,6 +189,18 @@ def _columns_and_rows(path: Path, column: str = "prompt", check_rows: int = 0) -
 
 @functools.lru_cache(maxsize=16)
 def _file_facts(path: str, mtime: float, size: int, column: str = "prompt", check_rows: int = 0) -> tuple[tuple[str, ...], int]:
+    """`_columns_and_rows`, cached by the file's path, mtime and size; a read error is one ConfigError line.
+
+    Args:
+        path: The data file.
+        mtime: Its modification time (part of the cache key).
+        size: Its size in bytes (part of the cache key).
+        column: The prompt's column.
+        check_rows: How many rows' prompts are checked.
+
+    Returns:
+        (the column names, the number of rows).
+    """
     try:
         columns, rows = _columns_and_rows(Path(path), column, check_rows)
     except ConfigError:
@@ -190,7 +229,14 @@ def check_readable(path: Path, given: str) -> None:
 
 
 def check_columns(where: str, columns: list[str] | tuple[str, ...], rows: int, task: Any) -> None:
-    """The two dataset errors, one wording for the parent's check and the trial's."""
+    """The two dataset errors, one wording for the parent's check and the trial's.
+
+    Args:
+        where: The data's name, for the message.
+        columns: The data's column names.
+        rows: Its number of rows.
+        task: The `task` config (its `prompt_column`).
+    """
     column = str(task.prompt_column)
     if column not in columns:
         raise ConfigError(
@@ -337,7 +383,7 @@ def _fingerprint(path: str, stamp: tuple) -> str:
         if file != root:
             digest.update(str(file.relative_to(root)).encode() + b"\0")
         with open(file, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
+            for block in iter(lambda: handle.read(MIB), b""):
                 digest.update(block)
     return digest.hexdigest()
 

@@ -26,30 +26,13 @@ import itertools
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from ..config.model_arch import arch_of
-from ..config.split import processes_of, split_of
-from ..levers import RECIPE, kind_of
 from ..units import GIB as GiB
 from . import estimator as est_mod
 from . import throughput
+from .moves import Move, candidate_moves, with_overrides
 
 HEADROOM = 0.05
-
-
-@dataclass
-class Move:
-    group: str
-    overrides: dict
-    label: str
-    # More hardware (GPUs for the ranks, a GPU for vLLM): offered only when no change on one card fits
-    needs_hardware: bool = False
-
-    @property
-    def changes_experiment(self) -> bool:
-        """Whether the move changes the recipe (what is learned: levers.KINDS), not only a knob."""
-        return any(kind_of(key) == RECIPE for key in self.overrides)
 
 
 def infer_logits_mode(parsed: dict, cfg: Any) -> str | None:
@@ -77,6 +60,14 @@ def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
     vLLM's CPU build a negative KV share says the share is that much below what the process already
     holds, plus one sequence's KV. Free memory below the desired share: the share must fit in what
     was free at start-up. Both rounded to 0.05 (inwards).
+
+    Args:
+        cfg: The composed train config.
+        parsed: The parsed error message (oom_message.parse_oom_message).
+        base: The estimate at the config as it ran.
+
+    Returns:
+        (the least, the greatest) gpu_memory_utilization the message allows.
     """
     import math
 
@@ -99,121 +90,6 @@ def vllm_limits(cfg: Any, parsed: dict, base) -> tuple[float, float]:
     if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None:
         hi = math.floor(parsed["free_bytes"] / (parsed.get("total_bytes") or budget) * 20) / 20
     return lo, hi
-
-
-def with_overrides(cfg: Any, overrides: dict):
-    new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    for key, value in overrides.items():
-        OmegaConf.update(new, key, value, merge=False)
-    return new
-
-
-def candidate_moves(cfg: Any, backend: str, device: str) -> list[Move]:
-    moves: list[Move] = []
-    if not cfg.gradient_checkpointing and backend != "unsloth":
-        moves.append(Move("checkpointing", {"gradient_checkpointing": True}, "gradient checkpointing on"))
-    B, GA = split_of(cfg)
-    factor = 2
-    while B // factor >= 1 and B % factor == 0:
-        moves.append(
-            Move(
-                "micro_batch",
-                {"per_device_train_batch_size": B // factor, "gradient_accumulation_steps": GA * factor},
-                f"micro-batch {B} -> {B // factor} (grad-accum x{factor}: same generation batch)",
-            )
-        )
-        factor *= 2
-    if device == "cuda" and not cfg.load_in_4bit:
-        moves.append(Move("4bit", {"load_in_4bit": True}, "4-bit NF4 base weights"))
-    pooled = est_mod.generates_with_vllm(cfg, backend) and cfg.gpu.get("memory_gib")
-    if pooled and est_mod.estimate(cfg).kv_cache_ok is False:
-        # vLLM's KV cache cannot hold ONE max_seq_length sequence: vLLM refuses to start, so the fix
-        # is a larger share (never merely to hold the whole batch: that is speed, `speed_advice`).
-        util = round(cfg.gpu_memory_utilization + 0.05, 2)
-        while util <= 0.95:
-            if est_mod.estimate(with_overrides(cfg, {"gpu_memory_utilization": util})).kv_cache_ok:
-                moves.append(
-                    Move(
-                        "vllm_share",
-                        {"gpu_memory_utilization": util},
-                        f"vLLM share {cfg.gpu_memory_utilization} -> {util} (room for one max_seq_length sequence)",
-                    )
-                )
-                break
-            util = round(util + 0.05, 2)
-    elif pooled:
-        # Lower the share: as far as the whole batch still fits at once (no speed cost), and as far
-        # as one sequence fits (feasible; generation then runs in waves, which the score charges).
-        util = round(cfg.gpu_memory_utilization - 0.05, 2)
-        whole = one = None
-        while util >= 0.1:
-            e = est_mod.estimate(with_overrides(cfg, {"gpu_memory_utilization": util}))
-            if not e.kv_cache_ok:
-                break
-            one = util
-            if (e.assumptions.get("generation_waves") or 1) <= 1:
-                whole = util
-            util = round(util - 0.05, 2)
-        if whole is not None:
-            moves.append(
-                Move(
-                    "vllm_share",
-                    {"gpu_memory_utilization": whole},
-                    f"vLLM share {cfg.gpu_memory_utilization} -> {whole} (KV cache still holds the batch)",
-                )
-            )
-        if one is not None and one != whole:
-            moves.append(
-                Move(
-                    "vllm_share",
-                    {"gpu_memory_utilization": one},
-                    f"vLLM share {cfg.gpu_memory_utilization} -> {one} (KV cache holds one sequence: generation in waves)",
-                )
-            )
-    moves += hardware_moves(cfg, backend, device)
-    if cfg.lora_rank >= 8:
-        moves.append(Move("rank", {"lora_rank": cfg.lora_rank // 2}, f"LoRA rank {cfg.lora_rank} -> {cfg.lora_rank // 2}"))
-    completion = cfg.max_seq_length - cfg.max_prompt_length
-    if completion >= 32:
-        shorter = cfg.max_prompt_length + completion // 2
-        moves.append(
-            Move(
-                "sequence",
-                {"max_seq_length": shorter},
-                f"max_seq_length {cfg.max_seq_length} -> {shorter} (halves the completion budget)",
-            )
-        )
-    return moves
-
-
-def hardware_moves(cfg: Any, backend: str, device: str) -> list[Move]:
-    """On a card (CUDA): spread the trial over N GPUs with FSDP (parameters, gradients and optimiser
-    state sharded: the estimator's largest rank), or move vLLM off the training card to its own GPU
-    (backend.vllm_mode=server). Offered only when nothing on one card fits (docs/multi-gpu.md)."""
-    if device != "cuda":
-        return []
-    moves = []
-    if processes_of(cfg) == 1 and backend != "unsloth":
-        for n in (2, 4, 8):
-            moves.append(
-                Move(
-                    "gpus",
-                    {"trial.num_processes": n, "trial.strategy": "fsdp"},
-                    f"use {n} GPUs with FSDP (each rank holds 1/{n} of the weights, gradients and optimiser state)",
-                    needs_hardware=True,
-                )
-            )
-    if backend == "trl_vllm" and cfg.backend.get("vllm_mode", "colocate") == "colocate":
-        ranks = processes_of(cfg)
-        moves.append(
-            Move(
-                "vllm_server",
-                {"backend.vllm_mode": "server", "trial.vllm_devices": [ranks]},
-                f"move vLLM to its own GPU (backend.vllm_mode=server on GPU {ranks}: no vLLM pool on the training card)",
-                needs_hardware=True,
-            )
-        )
-    return moves
 
 
 def _valid(cfg: Any, device: str) -> bool:
@@ -326,7 +202,16 @@ class Diagnosis:
 
 def diagnose(cfg: Any, parsed: dict, logits_mode: str | None = None) -> Diagnosis:
     """The doctor's answer: parsed message, deficit, ranked levers, chosen overrides (module
-    docstring: how it decides)."""
+    docstring: how it decides).
+
+    Args:
+        cfg: The composed train config the message came from.
+        parsed: The parsed error message (oom_message.parse_oom_message).
+        logits_mode: The estimator's logits mode; None: what the backend does.
+
+    Returns:
+        The Diagnosis.
+    """
     if cfg.gpu.get("memory_gib") is None and parsed.get("total_bytes"):
         cfg = with_overrides(cfg, {"gpu.memory_gib": parsed["total_bytes"] / GiB})
     mode_source = "given" if logits_mode else None
@@ -384,7 +269,16 @@ def observed_need(parsed: dict) -> int | None:
 def unexplained_bytes(parsed: dict, base: est_mod.Estimate, observed: int | None) -> int:
     """Bytes the message proves beyond the estimate, kept in every candidate: the observed need
     over the estimate, and at a vLLM start-up whatever was in use beyond the trainer's weights and
-    CUDA context (often another process), which stays in use."""
+    CUDA context (often another process), which stays in use.
+
+    Args:
+        parsed: The parsed error message.
+        base: The estimate at the config as it ran.
+        observed: The need the message states, in bytes, or None.
+
+    Returns:
+        The bytes every candidate keeps on top of its estimate.
+    """
     unexplained = max(0, observed - base.total_bytes) if observed is not None else 0
     if parsed.get("desired_bytes") is not None and parsed.get("free_bytes") is not None and parsed.get("total_bytes"):
         before_vllm = base.components["weights"] + base.components["cuda_context"]
@@ -394,7 +288,16 @@ def unexplained_bytes(parsed: dict, base: est_mod.Estimate, observed: int | None
 
 def allowed_shares(cfg: Any, util_min: float, util_max: float) -> list[Move]:
     """When a vLLM error bounds gpu_memory_utilization: every allowed value in 0.05 steps, nearest
-    to the current one first (equal cost: the search keeps the first, i.e. the least change)."""
+    to the current one first (equal cost: the search keeps the first, i.e. the least change).
+
+    Args:
+        cfg: The composed train config.
+        util_min: The least share the message allows.
+        util_max: The greatest share the message allows.
+
+    Returns:
+        One move per allowed share.
+    """
     # The steps are counted with round(), not int(): (0.95 - 0.75) / 0.05 is 3.9999999999999996.
     if util_min > cfg.gpu_memory_utilization:
         utils = [round(util_min + 0.05 * i, 2) for i in range(round((0.95 - util_min) / 0.05) + 1)]
@@ -497,7 +400,18 @@ def _faster(chosen: Scored, fastest: Fix) -> dict | None:
 
 def stack_upgrade(cfg: Any, base: est_mod.Estimate, mode: str, unexplained: int, limit: int | None) -> dict | None:
     """With full logits (an older stack): what TRL >= 1.16's chunked LM head would free, and whether
-    that alone fits. None when the chunked head is what runs already."""
+    that alone fits. None when the chunked head is what runs already.
+
+    Args:
+        cfg: The composed train config.
+        base: The estimate at the config as it ran.
+        mode: The logits mode that ran ("full" or "chunked").
+        unexplained: Bytes the message proves beyond the estimate.
+        limit: The card's usable bytes, or None.
+
+    Returns:
+        What the chunked head frees and whether it fits, or None.
+    """
     if mode != "full":
         return None
     chunked = est_mod.estimate(cfg, "chunked")
@@ -513,7 +427,16 @@ def speed_advice(cfg: Any, base, mode: str) -> dict | None:
     generation batch (the estimator's `generation_waves` > 1), the least 0.05 step up of
     gpu_memory_utilization whose cache holds the whole batch and whose memory still fits, with the
     throughput it would gain (memory/throughput.py charges the waves). None when generation already
-    runs in one wave or no share up to 0.95 gives both."""
+    runs in one wave or no share up to 0.95 gives both.
+
+    Args:
+        cfg: The composed train config.
+        base: The estimate at the config as it ran.
+        mode: The logits mode.
+
+    Returns:
+        The share that holds the whole batch and its gain, or None.
+    """
     waves = base.assumptions.get("generation_waves") or 1
     if waves <= 1 or not base.kv_cache_ok:
         return None

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import re
 
-_UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+from ..units import GIB, KIB, MIB, TIB
+
+_UNITS = {"B": 1, "bytes": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 _NUM = r"([\d][\d,]*(?:\.\d+)?)"
 _UNIT = r"(KiB|MiB|GiB|TiB|KB|MB|GB|bytes|B)"
 _SIZE = _NUM + r"\s*" + _UNIT

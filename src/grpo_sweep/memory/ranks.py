@@ -28,6 +28,12 @@ def _shard(nbytes: int, n: int) -> int:
     return -(-int(nbytes) // n)
 
 
+def _master_copy(s: Shapes, strategy: str) -> bool:
+    """Whether DeepSpeed's bf16 optimiser keeps an fp32 master copy beside AdamW's two fp32 moments:
+    12 bytes per trainable parameter (the engine casts the model, adapters included, to bf16)."""
+    return strategy in ("zero2", "zero3") and s.wb == 2
+
+
 def rank_terms(
     s: Shapes,
     n: int,
@@ -39,8 +45,7 @@ def rank_terms(
     offload: bool = False,
     gather: bool = True,
 ) -> dict:
-    """The largest rank's components for `phase` (training | generation) of a trial with `n`
-    processes under `strategy`, from the single-process components `comps`. Sources:
+    """The largest rank's components of a trial of `n` processes, from one process's. Sources:
 
     - ddp (torch DistributedDataParallel as accelerate wraps the model): every rank holds the whole
       replica; the Reducer allocates flat gradient buckets the size of every trainable gradient
@@ -63,6 +68,19 @@ def rank_terms(
       CPUOffloadPolicy keeps parameter, gradient and optimiser shards there. The card still holds what
       a step gathers (`gathered_params`) and, under ZeRO, the gradient partitions before they are copied.
     Activations, logits and inputs are per micro-batch: the same on every rank. n == 1 changes nothing.
+
+    Args:
+        s: The model's and the run's shapes.
+        n: The number of processes.
+        strategy: "ddp", "fsdp", "zero2" or "zero3".
+        phase: "training" or "generation".
+        comps: The single-process components, in bytes.
+        hf_generate: Generation runs HF `generate` (not vLLM).
+        offload: trial.offload: the optimiser state (and ZeRO-3 parameters) in host memory.
+        gather: TRL's ds3_gather_for_generation.
+
+    Returns:
+        The largest rank's components, in bytes.
     """
     out = dict(comps)
     if n <= 1:
@@ -75,11 +93,7 @@ def rank_terms(
         return out
     # zero2, fsdp, zero3: gradients (training only) and optimiser state sharded
     out["gradients"] = _shard(out["gradients"], n)
-    optimizer = out["optimizer_state"]
-    if strategy in ("zero2", "zero3") and s.wb == 2:
-        # DeepSpeed's bf16 optimiser keeps an fp32 master copy beside AdamW's two fp32 moments:
-        # 12 bytes per trainable parameter (the engine casts the model, adapters included, to bf16).
-        optimizer = 12 * trainable_param_count(s)
+    optimizer = 12 * trainable_param_count(s) if _master_copy(s, strategy) else out["optimizer_state"]
     out["optimizer_state"] = 0 if offload else _shard(optimizer, n)
     if strategy == "zero2":
         out["ddp_buckets"] = min(grads, s.H * s.H * (4 if not s.full else s.wb)) if trains else 0

@@ -83,6 +83,16 @@ def resolve_backend_for(cfg: Any, device: str) -> str:
 
 
 def shapes(cfg: Any, backend: str, device: str | None = None) -> Shapes:
+    """The model's and the run's shapes the estimator and the throughput model read.
+
+    Args:
+        cfg: The composed train config.
+        backend: The resolved backend.
+        device: "cpu" or "cuda"; None: the target card's.
+
+    Returns:
+        The Shapes.
+    """
     arch = arch_of(cfg)  # conf/model's numbers, or the model's own config.json (model=hub)
     device = device or target_device(cfg)
     family = "gemma3" if str(arch.model_type).startswith("gemma3") else "llama"

@@ -91,7 +91,16 @@ def unsloth_kv_estimate_gib(s: Shapes, utilization: float, budget: int) -> float
     (unsloth_zoo vllm_utils.py `approximate_vllm_memory_usage`): utilization x free memory, less its weight
     estimate (the projections at 5/16 of bf16 under 4-bit, embeddings and an untied head in bf16, the LoRA
     buffers at the adapter's rank), less its CUDA-graph allowance (172 graphs x hidden x layers x 4 bytes,
-    within 0.15-1 GiB)."""
+    within 0.15-1 GiB).
+
+    Args:
+        s: The model's and the run's shapes.
+        utilization: gpu_memory_utilization.
+        budget: The card's usable bytes.
+
+    Returns:
+        GiB for the KV cache, as Unsloth estimates it.
+    """
     free = unsloth_utilization(utilization, budget) * budget
     kv = s.H // s.nh * s.nkv
     projections = (2 * s.H + 2 * kv) * s.H + 3 * s.H * s.I
@@ -112,6 +121,17 @@ def vllm_engine(s: Shapes, backend: str, engine: dict, *, budget: int | None, ut
     - unsloth: unsloth_zoo `load_vllm` picks max_num_batched_tokens and max_num_seqs from its own KV
       estimate (`UNSLOTH_ENGINE_TIERS`, `unsloth_kv_estimate_gib`; without a card its top tier), captures
       CUDA graphs and enables LoRA at the adapter's rank rounded up to a rank vLLM takes (`lora_rank`).
+
+    Args:
+        s: The model's and the run's shapes.
+        backend: The resolved backend.
+        engine: The config's backend.vllm_* engine settings.
+        budget: The card's usable bytes, or None.
+        utilization: gpu_memory_utilization.
+        server: backend.vllm_mode=server.
+
+    Returns:
+        The engine settings.
     """
     if backend == "unsloth":
         gib = math.inf if budget is None else unsloth_kv_estimate_gib(s, utilization, budget)
@@ -131,7 +151,16 @@ def vllm_weights_bytes(s: Shapes, backend: str, *, double_quant: bool | None = N
     TRL colocate passes `quantization="bitsandbytes"`: vLLM quantises the checkpoint as it loads, with
     BitsAndBytes' defaults (no double quantisation: an fp32 absmax per 64 weights, 0.5625 byte per weight);
     Unsloth shares its own weights (`weights_bytes`: its pre-quantised uploads are double-quantised NF4).
-    `double_quant` overrides that choice (a checkpoint Unsloth had vLLM quantise in flight: False)."""
+    `double_quant` overrides that choice (a checkpoint Unsloth had vLLM quantise in flight: False).
+
+    Args:
+        s: The model's and the run's shapes.
+        backend: The resolved backend.
+        double_quant: Double-quantised 4-bit weights; None: the backend's.
+
+    Returns:
+        Bytes.
+    """
     if not s.four_bit:
         return param_counts(s)["total"] * 2
     if double_quant is None:
@@ -162,7 +191,16 @@ def vllm_forward_peak_bytes(s: Shapes, tokens: int) -> int:
 def vllm_sampler_peak_bytes(s: Shapes, tokens: int, seqs: int) -> int:
     """The profile's sampler run (gpu_model_runner.py `_dummy_sampler_run`): min(max_num_seqs,
     max_num_batched_tokens) rows of logits sampled with top-k and top-p, VLLM_SAMPLER_ELEMENT_BYTES per row
-    and vocabulary entry, while the forward's hidden states (tokens x H, bf16) stay alive."""
+    and vocabulary entry, while the forward's hidden states (tokens x H, bf16) stay alive.
+
+    Args:
+        s: The model's and the run's shapes.
+        tokens: max_num_batched_tokens.
+        seqs: max_num_seqs.
+
+    Returns:
+        Bytes.
+    """
     return min(seqs, tokens) * s.V * VLLM_SAMPLER_ELEMENT_BYTES + tokens * s.H * 2
 
 
@@ -216,7 +254,18 @@ def vllm_non_kv_bytes(s: Shapes, backend: str, engine: dict, accounting: str = "
     run's transient peak (`vllm_activation_peak_bytes`), non-torch memory (`vllm_non_torch_bytes`) and the
     CUDA graphs (`vllm_graphs_bytes`; under the "0.8" accounting they are captured after the KV cache and
     land outside the pool: `cuda_graphs` is 0 here). `engine` as `vllm_engine` resolves it; `weights` goes
-    to `vllm_weights_bytes`."""
+    to `vllm_weights_bytes`.
+
+    Args:
+        s: The model's and the run's shapes.
+        backend: The resolved backend.
+        engine: The engine settings (`vllm_engine`).
+        accounting: vLLM's memory accounting, "0.31" or "0.8".
+        **weights: Passed to `vllm_weights_bytes`.
+
+    Returns:
+        Each term, in bytes.
+    """
     return {
         "weights": vllm_weights_bytes(s, backend, **weights),
         "lora": vllm_lora_bytes(s, engine),
@@ -230,13 +279,33 @@ def vllm_fixed_kv_pool(s: Shapes, backend: str, engine: dict) -> int:
     """vLLM's pool when backend.vllm_kv_cache_memory_bytes is set: what it holds besides the KV cache
     (`vllm_non_kv_bytes`) + those bytes. vLLM then reserves the KV cache as given and ignores
     gpu_memory_utilization (vllm/v1/worker/gpu_worker.py `determine_available_memory`: "This does not
-    respect the gpu_memory_utilization config")."""
+    respect the gpu_memory_utilization config").
+
+    Args:
+        s: The model's and the run's shapes.
+        backend: The resolved backend.
+        engine: The engine settings (`vllm_engine`).
+
+    Returns:
+        The pool's bytes.
+    """
     return sum(vllm_non_kv_bytes(s, backend, engine).values()) + int(engine["kv_cache_memory_bytes"])
 
 
 def vllm_kv_available(s: Shapes, pool: int, backend: str, engine: dict | None = None, accounting: str = "0.31") -> int:
     """KV cache vLLM can allocate inside its pool: pool less `vllm_non_kv_bytes`; backend.vllm_kv_cache_memory_bytes
-    when it is set (vLLM allocates exactly that). `engine` as `vllm_engine` resolves it."""
+    when it is set (vLLM allocates exactly that). `engine` as `vllm_engine` resolves it.
+
+    Args:
+        s: The model's and the run's shapes.
+        pool: vLLM's pool in bytes.
+        backend: The resolved backend.
+        engine: The engine settings (`vllm_engine`).
+        accounting: vLLM's memory accounting, "0.31" or "0.8".
+
+    Returns:
+        Bytes.
+    """
     engine = engine or {}
     if engine.get("kv_cache_memory_bytes"):
         return int(engine["kv_cache_memory_bytes"])
@@ -264,6 +333,16 @@ def kv_cache_capacity(s: Shapes, kv_cache_bytes: int, block_tokens: int, kv_byte
     `ceil(batch / sequences)` waves, which costs time (memory/throughput.py), not memory.
     The scheduler also runs at most max_num_seqs sequences at once (backend.vllm_max_num_seqs; vllm/v1/core/
     sched/scheduler.py; null: TRL colocate's, the generation batch, so no cap).
+
+    Args:
+        s: The model's and the run's shapes.
+        kv_cache_bytes: The KV cache vLLM allocates.
+        block_tokens: Tokens per block.
+        kv_bytes: Bytes per K or V element (the KV cache dtype).
+        max_num_seqs: The engine's max_num_seqs, which caps the sequences in flight; None: no cap.
+
+    Returns:
+        The blocks, whether one request fits, and how generation runs.
     """
     block = block_tokens * kv_bytes_per_token(s, kv_bytes)
     blocks = max(int(kv_cache_bytes), 0) // block
@@ -299,6 +378,14 @@ def vllm_cpu_plan(s: Shapes, share: int | None, *, kv_cache_bytes: int | None = 
     - no card (`gpu.memory_gib` null): the KV cache holds the whole generation batch at full length;
     - backend.vllm_kv_cache_memory_bytes (`kv_cache_bytes`): those bytes in whole blocks, whatever the share.
     The pool vLLM really allocates is weights + KV cache (its forward's transients are not charged).
+
+    Args:
+        s: The model's and the run's shapes.
+        share: The card's share in bytes, or None (no budget).
+        kv_cache_bytes: backend.vllm_kv_cache_memory_bytes, or None.
+
+    Returns:
+        The plan, in bytes.
     """
     weights = param_counts(s)["total"] * 4
     whole_batch = kv_cache_capacity(s, 0, VLLM_CPU_BLOCK_TOKENS, 4)

@@ -12,7 +12,17 @@ from .trials import CATEGORIES, Trial, load_presets, match_preset, param_importa
 
 
 def build(trials: list[Trial], out: Path, *, title: str, study: Any = None) -> Path:
-    """Write report.html (and its figures) for `trials` into `out`; the study adds importances."""
+    """Write report.html (and its figures) for `trials` into `out`; the study adds importances.
+
+    Args:
+        trials: The study's trials, read back.
+        out: The folder the report is written into.
+        title: The page's title.
+        study: The Optuna study, for the importances; None: none.
+
+    Returns:
+        report.html's path.
+    """
     presets = load_presets()
     for t in trials:
         t.preset = t.preset or match_preset(t.levers, presets)

@@ -55,7 +55,18 @@ def _load(run_dir: Path) -> tuple[dict, dict]:
 
 
 def header(metrics: dict, config: dict, *, sweep: str | None, trial: int | None, held: dict | None = None) -> list[str]:
-    """Which sweep and trial, and what it measured: the numbers this file reproduces."""
+    """Which sweep and trial, and what it measured: the numbers this file reproduces.
+
+    Args:
+        metrics: The trial's metrics.json.
+        config: The trial's config.yaml, as a dict.
+        sweep: The sweep's name; None: the trial's study.
+        trial: The trial's number; None: the config's.
+        held: The recipe the sweep held (best.yaml `recipe`), to name the concessions taken.
+
+    Returns:
+        The header's comment lines.
+    """
     trial_cfg = config.get("trial") or {}
     sweep = sweep or trial_cfg.get("study") or "(a single run)"
     trial = trial if trial is not None else trial_cfg.get("number")
@@ -131,6 +142,16 @@ def engine_notes(config: dict, settings: dict) -> list[str]:
 
 
 def _notes(metrics: dict, settings: dict, config: dict | None = None) -> list[str]:
+    """What a user must know to run the exported settings as the sweep measured them, one note each.
+
+    Args:
+        metrics: The trial's metrics.json.
+        settings: The trainer settings the trial ran with.
+        config: The trial's config.yaml, as a dict; None: unknown.
+
+    Returns:
+        The notes.
+    """
     notes = []
     levers_steps = metrics.get("steps")
     notes.append(f"max_steps / num_train_epochs: yours to set (the sweep measured {levers_steps} steps)")
@@ -156,7 +177,8 @@ def _notes(metrics: dict, settings: dict, config: dict | None = None) -> list[st
         notes.append(
             f"gradient_checkpointing_kwargs {', '.join(selection)}: TRL 1.16 turns checkpointing back on after each "
             "generation with the whole dict, which torch's checkpoint refuses; grpo-sweep passed these keys as "
-            "transformers' Trainer does (trial/backends/trl.py keep_checkpointing_settings): stock trl grpo needs the same"
+            "transformers' Trainer does (trial/backends/transformers_patches.py keep_checkpointing_settings): "
+            "stock trl grpo needs the same"
         )
     if metrics.get("device") == "cpu":
         notes.append("measured on CPU (bf16 off, as it ran); on a GPU you may set bf16: true")
@@ -178,7 +200,18 @@ def _model_name(settings: dict) -> tuple[str | None, str | None]:
 
 
 def trl_yaml(metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None) -> str:
-    """`trl grpo --config` YAML: ModelConfig, script (dataset, rewards) and GRPOConfig fields."""
+    """`trl grpo --config` YAML: ModelConfig, script (dataset, rewards) and GRPOConfig fields.
+
+    Args:
+        metrics: The trial's metrics.json.
+        config: The trial's config.yaml, as a dict.
+        sweep: The sweep's name.
+        trial: The trial's number.
+        held: The recipe the sweep held.
+
+    Returns:
+        The YAML text.
+    """
     import yaml
 
     settings = metrics["trainer_settings"]
@@ -242,6 +275,16 @@ def comment_block(lines: list[str]) -> str:
 
 
 def _output_dir(config: dict, sweep: str | None, trial: int | None) -> str:
+    """The output_dir the exported files name: one folder under the user's working directory.
+
+    Args:
+        config: The trial's config.yaml, as a dict.
+        sweep: The sweep's name; None: the trial's study.
+        trial: The trial's number; None: the config's.
+
+    Returns:
+        The folder's name.
+    """
     trial_cfg = config.get("trial") or {}
     label = trial if trial is not None else trial_cfg.get("number")
     name = f"grpo-{sweep or trial_cfg.get('study') or 'run'}" + (f"-trial{label}" if label is not None else "")
@@ -250,7 +293,16 @@ def _output_dir(config: dict, sweep: str | None, trial: int | None) -> str:
 
 def _call(name: str, kwargs: dict, indent: str = "    ") -> str:
     """`name(k=v, ...)`: each value by repr (a _Code as written); a key that is not a plain identifier
-    as `**{'key': value}`."""
+    as `**{'key': value}`.
+
+    Args:
+        name: The callable's name.
+        kwargs: Its arguments.
+        indent: The indent of each argument's line.
+
+    Returns:
+        The call's source text.
+    """
 
     def arg(k: str, v: Any) -> str:
         value = v if isinstance(v, _Code) else repr(v)
@@ -268,7 +320,18 @@ class _Code(str):
 def grpo_config_py(
     metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None
 ) -> str:
-    """A short script building the same GRPOConfig, LoraConfig and BitsAndBytesConfig."""
+    """A short script building the same GRPOConfig, LoraConfig and BitsAndBytesConfig.
+
+    Args:
+        metrics: The trial's metrics.json.
+        config: The trial's config.yaml, as a dict.
+        sweep: The sweep's name.
+        trial: The trial's number.
+        held: The recipe the sweep held.
+
+    Returns:
+        The script's text.
+    """
     settings = metrics["trainer_settings"]
     name, model_note = _model_name(settings)
     doc = comment_block(header(metrics, config, sweep=sweep, trial=trial, held=held) + [""] + _notes(metrics, settings, config))
@@ -319,7 +382,18 @@ def grpo_config_py(
 def unsloth_py(
     metrics: dict, config: dict, *, sweep: str | None = None, trial: int | None = None, held: dict | None = None
 ) -> str | None:
-    """backend=unsloth: FastLanguageModel.from_pretrained / get_peft_model as the trial called them, and the GRPOConfig."""
+    """backend=unsloth: FastLanguageModel.from_pretrained / get_peft_model as the trial called them, and the GRPOConfig.
+
+    Args:
+        metrics: The trial's metrics.json.
+        config: The trial's config.yaml, as a dict.
+        sweep: The sweep's name.
+        trial: The trial's number.
+        held: The recipe the sweep held.
+
+    Returns:
+        The script's text, or None for another backend.
+    """
     settings = metrics["trainer_settings"]
     calls = settings.get("unsloth")
     if not calls:
@@ -359,11 +433,23 @@ def export_trial(
     held: dict | None = None,
     force: bool = False,
 ) -> list[Path]:
-    """Write the files for the trial in `run_dir` into `out_dir`; returns their paths.
+    """Write the files for the trial in `run_dir` into `out_dir`.
 
-    `held`: the recipe the sweep held (best.yaml `recipe`), so each file names the concessions the
-    trial took. A trial that did not finish `ok` is refused (ExportError) unless `force`; then every
-    file says so at its top."""
+    A trial that did not finish `ok` is refused (ExportError) unless `force`; then every file says
+    so at its top.
+
+    Args:
+        run_dir: The trial's folder.
+        out_dir: Where the files are written.
+        prefix: The file names' start.
+        sweep: The sweep's name.
+        held: The recipe the sweep held (best.yaml `recipe`), so each file names the concessions the
+            trial took.
+        force: Export a trial that did not finish `ok`.
+
+    Returns:
+        The files' paths.
+    """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     metrics, config = _load(run_dir)
     status = metrics.get("status")
@@ -447,7 +533,19 @@ def trl_yaml_for(
 ) -> str:
     """trl_yaml with the setting names TRL `version` takes (config/trl_fields.json): a renamed field
     under its old name, a field that version lacks dropped, max_prompt_length written where its
-    GRPOConfig has it; a comment for each change."""
+    GRPOConfig has it; a comment for each change.
+
+    Args:
+        metrics: The trial's metrics.json.
+        config: The trial's config.yaml, as a dict.
+        version: The TRL version the file is for.
+        sweep: The sweep's name.
+        trial: The trial's number.
+        held: The recipe the sweep held.
+
+    Returns:
+        The YAML text.
+    """
     import yaml
 
     from ..config.trl_config import adapt, fields, source
@@ -473,7 +571,19 @@ def export_trl_version(
     sweep: str | None = None,
     held: dict | None = None,
 ) -> Path:
-    """Write `<prefix>.trl-<version>.yaml` (trl_yaml_for) for the trial in `run_dir`; returns its path."""
+    """Write `<prefix>.trl-<version>.yaml` (trl_yaml_for) for the trial in `run_dir`; returns its path.
+
+    Args:
+        run_dir: The trial's folder.
+        out_dir: Where the file is written.
+        version: The TRL version the file is for.
+        prefix: The file name's start.
+        sweep: The sweep's name.
+        held: The recipe the sweep held.
+
+    Returns:
+        The file's path.
+    """
     metrics, config = _load(Path(run_dir))
     trial = (config.get("trial") or {}).get("number")
     path = Path(out_dir) / f"{prefix}.trl-{version}.yaml"

@@ -45,6 +45,17 @@ def _x_peak(t: Trial) -> float | None:
 
 
 def throughput_vs_memory(trials: list[Trial], path: Path, *, budget: float | None, best: Trial | None) -> Path | None:
+    """The scatter of each trial's objective against its peak memory, by category, with the budget and the winner marked.
+
+    Args:
+        trials: The study's trials.
+        path: The PNG to write.
+        budget: The card's budget in GiB; None: no line.
+        best: The winner, marked; None: none.
+
+    Returns:
+        The PNG's path, or None when no trial has a peak.
+    """
     points = [(t, _x_peak(t)) for t in trials if _x_peak(t) is not None]
     if not points:
         return None

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from ..study.attrs import ConfirmationState, Status
+from ..units import GIB, MIB
 from . import figures as figs
 from .learning import Departure, key_of, verdict_lines
 from .page_assets import CSS, JS
@@ -87,7 +88,7 @@ def _columns(trials: list[Trial], flagged: dict | None = None) -> list[tuple[str
             (
                 "rank_peaks",
                 "per-rank peak GiB",
-                lambda t: " / ".join(f"{p / 2**30:.3f}" for p in t.record.get("rank_peak_memory_bytes") or [] if p) or None,
+                lambda t: " / ".join(f"{p / GIB:.3f}" for p in t.record.get("rank_peak_memory_bytes") or [] if p) or None,
             ),
         ]
     cols += [(lv, lv, _lever_getter(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
@@ -304,7 +305,7 @@ def soak_html(soak: dict) -> str:
     whether its peak grew over them, and every step's own peak."""
 
     def _mib1(n) -> str:  # a tiny model's step peaks differ by tenths of a MiB
-        return f"{n / 2**20:.1f}" if isinstance(n, (int, float)) else "-"
+        return f"{n / MIB:.1f}" if isinstance(n, (int, float)) else "-"
 
     asked = f" of {_e(soak['steps_asked'])}" if soak.get("steps_asked") and soak.get("steps") is not None else ""
     ran = soak.get("steps") if soak.get("steps") is not None else soak.get("steps_asked")
@@ -327,7 +328,7 @@ def soak_html(soak: dict) -> str:
         f"<p id=soak-note>Soak of {head}: <b>{verdict}</b>. Step {_e(soak['first_timed_step'])} peaked at "
         f"{_mib1(soak['first_peak_bytes'])} MiB, the highest step (step {_e(soak.get('highest_step'))}) at "
         f"{_mib1(highest)} MiB, the last steps at {_mib1(soak['last_peak_bytes'])} MiB; trend "
-        f"{soak['slope_bytes_per_step'] / 2**20:+.3f} MiB per step (grew: a step more than {soak['grew_share']:.0%} "
+        f"{soak['slope_bytes_per_step'] / MIB:+.3f} MiB per step (grew: a step more than {soak['grew_share']:.0%} "
         f"above step {_e(soak['first_timed_step'])}).</p>{warn}"
     )
     rows = "".join(f"<tr><td>{_e(step)}</td><td>{_mib1(peak)}</td></tr>" for step, peak in soak.get("step_peaks") or [])
@@ -367,7 +368,7 @@ def _value(v) -> str:
 
 
 def _mib(n) -> str:
-    return f"{n / 2**20:.0f}" if isinstance(n, (int, float)) else "-"
+    return f"{n / MIB:.0f}" if isinstance(n, (int, float)) else "-"
 
 
 def concessions_html(tags: dict, objective: str) -> str:

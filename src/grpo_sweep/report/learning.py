@@ -144,14 +144,21 @@ def compare(
 ) -> Checked:
     """The trials whose fingerprint departs from the others of their recipe and seed, each with what differed.
 
-    `trials`: (key, metrics record, seed). Only trials that trained (a `history`) are compared.
-    The reference is each key's median over the group's configs, each config one vote (the median of
-    its runs): a config run again (confirmation) repeats its own numbers, so its runs must not outvote
-    the other configs. `config(key, record)`: the config a run belongs to; None: each trial its own.
-    Of three configs or more, those outside the largest cluster of agreeing configs are named when it
+    Only trials that trained (a `history`) are compared. The reference is each key's median over the
+    group's configs, each config one vote (the median of its runs): a config run again
+    (confirmation) repeats its own numbers, so its runs must not outvote the other configs. Of three
+    configs or more, those outside the largest cluster of agreeing configs are named when it
     outnumbers every other cluster; of two that disagree, or of clusters of equal size, all are, each
-    with which trials agree. `tolerance` None: tolerance_for each trial. `Checked.unchecked`: the trials
-    whose group holds one config."""
+    with which trials agree.
+
+    Args:
+        trials: (key, metrics record, seed) of each trial.
+        tolerance: The relative tolerance; None: tolerance_for each trial.
+        config: The config a run belongs to, from (key, record); None: each trial its own.
+
+    Returns:
+        The departures; `Checked.unchecked` holds the trials whose group holds one config.
+    """
     out = Checked()
     alone: set[Hashable] = set()
     for members in _groups(trials).values():
@@ -198,6 +205,16 @@ def _groups(trials: Iterable[tuple[Hashable, Mapping, object]]) -> dict[str, lis
 
 
 def _agree(value: float, ref: float, tol: float) -> bool:
+    """Whether `value` lies within `tol` of `ref`, relative to |ref| (at least FLOOR).
+
+    Args:
+        value: The trial's number.
+        ref: The reference.
+        tol: The relative tolerance.
+
+    Returns:
+        Whether they agree.
+    """
     return abs(value - ref) <= tol * max(abs(ref), FLOOR)
 
 
@@ -271,7 +288,16 @@ def is_flagged(flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hasha
 
 
 def flagged_runs(finalist: Any, flagged: Mapping[Hashable, Departure], key: Callable[[Any], Hashable]) -> list:
-    """(key, Departure) of each run of a config that changed the learning."""
+    """(key, Departure) of each run of a config that changed the learning.
+
+    Args:
+        finalist: A config and its runs.
+        flagged: Each flagged run's Departure, by key.
+        key: A run's key.
+
+    Returns:
+        The pairs, in run order.
+    """
     return [(key(m), flagged[key(m)]) for m in finalist.members if key(m) in flagged]
 
 
@@ -283,8 +309,19 @@ def verdict_lines(
     rest: bool = True,
 ) -> list[str]:
     """What the summary and the report say about the learning check, one line each with its numbers:
-    every flagged config that ranked above the winner, the winner itself when it is flagged, and (rest)
-    every other flagged trial. `label(key)`: "trial 7"."""
+    every flagged config that ranked above the winner, the winner itself when it is flagged, and
+    every other flagged trial.
+
+    Args:
+        verdict: The best-config rule's Verdict.
+        flagged: Each flagged run's Departure, by key.
+        key: A run's key.
+        label: A key's name in the text ("trial 7").
+        rest: Also name every other flagged trial.
+
+    Returns:
+        The lines.
+    """
     if not flagged:
         return []
     said: set[Hashable] = set()

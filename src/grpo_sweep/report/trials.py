@@ -20,6 +20,7 @@ from ..levers import EXTRA_LEVER_NAMES, KINDS, LEVER_NAMES, LEVERS
 from ..metrics import METRICS_FILE, MetricsError, read_metrics
 from ..study import best as best_rule
 from ..study.attrs import Key, Status
+from ..units import GIB
 from .learning import Departure, check_trials, is_flagged, key_of
 
 # slow: stopped early by the sweeper's stop_below (measured, just too slow to win); never an OOM or a failure.
@@ -86,7 +87,7 @@ class Trial:
 
     def gib(self, key: str) -> float | None:
         value = self.record.get(key)
-        return value / 2**30 if _finite(value) else None
+        return value / GIB if _finite(value) else None
 
 
 def _finite(value) -> bool:
@@ -279,7 +280,7 @@ def budget_gib(trials: list[Trial]) -> float | None:
     """The memory budget: budget_bytes from the memory modules, else the target GPU's memory_gib."""
     for t in trials:
         if _finite(t.record.get("budget_bytes")):
-            return t.record["budget_bytes"] / 2**30
+            return t.record["budget_bytes"] / GIB
     for t in trials:
         gib = (t.config.get("gpu") or {}).get("memory_gib")
         if _finite(gib):
@@ -441,7 +442,16 @@ def overrides(trial: Trial) -> str:
 
 
 def wandb_group(trials: list[Trial], study_name: str | None, root: Path | None) -> str | None:
-    """The W&B group the trials were logged under (as wandb_logger chose it), for the W&B Report."""
+    """The W&B group the trials were logged under (as wandb_logger chose it), for the W&B Report.
+
+    Args:
+        trials: The study's trials.
+        study_name: The study's name, the group when no trial names one.
+        root: The sweep's folder, the group when there is no name.
+
+    Returns:
+        The group, or None.
+    """
     for t in trials:
         if t.record.get("wandb_group"):
             return t.record["wandb_group"]
@@ -523,7 +533,16 @@ def model_vs_measured(trials: list[Trial]) -> dict:
 def _calibrated_rho(priced: list, feasible: list[Trial], measured: list[float]) -> float | None:
     """Spearman's rho after calibration: each config's prediction with the model's phase scales fitted on
     the other configs' trials (throughput.phase_scales, leave one config out: never on its own runs);
-    None when a config has no phases or no other config measured them."""
+    None when a config has no phases or no other config measured them.
+
+    Args:
+        priced: The configs (Finalists) the model priced, each with its representative trial (`item`).
+        feasible: The trials that ran within the budget.
+        measured: Each priced config's rank by its measured median, in the same order.
+
+    Returns:
+        Spearman's rho, or None.
+    """
     from ..memory.throughput import calibrated_tokens_per_s, phase_scales
 
     calibrated = []

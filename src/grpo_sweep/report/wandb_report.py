@@ -33,7 +33,18 @@ def _workspaces():
 
 
 def build_report(trials: list[Trial], *, group: str | None, title: str, project: str, entity: str = ""):
-    """The W&B Report object (nothing is sent anywhere)."""
+    """The W&B Report object (nothing is sent anywhere).
+
+    Args:
+        trials: The study's trials.
+        group: The W&B group the trials were logged under.
+        title: The report's title.
+        project: The W&B project.
+        entity: The W&B entity; "": the default.
+
+    Returns:
+        The wandb_workspaces Report.
+    """
     wr = _workspaces()
     from wandb_workspaces import expr
 
@@ -77,6 +88,16 @@ def report_spec(report) -> dict:
 
 
 def _project_entity(trials: list[Trial], project: str | None, entity: str | None) -> tuple[str, str]:
+    """The W&B project and entity: as given, else the trials' `logger` config, else the defaults.
+
+    Args:
+        trials: The study's trials.
+        project: The project given, or None.
+        entity: The entity given, or None.
+
+    Returns:
+        (project, entity).
+    """
     logger = next((t.config.get("logger") for t in trials if t.config.get("logger")), {}) or {}
     return project or logger.get("project") or "grpo-sweep", entity or logger.get("entity") or ""
 
@@ -84,7 +105,19 @@ def _project_entity(trials: list[Trial], project: str | None, entity: str | None
 def build_and_save(
     trials: list[Trial], out: Path, *, group: str | None, title: str, project: str | None = None, entity: str | None = None
 ) -> Path | str:
-    """Save online when W&B credentials are configured; otherwise (or on failure) write the spec."""
+    """Save online when W&B credentials are configured; otherwise (or on failure) write the spec.
+
+    Args:
+        trials: The study's trials.
+        out: The folder the spec is written into when nothing is saved online.
+        group: The W&B group the trials were logged under.
+        title: The report's title.
+        project: The W&B project; None: the trials' logger config.
+        entity: The W&B entity; None: the trials' logger config.
+
+    Returns:
+        The report's URL, or the spec file's path.
+    """
     project, entity = _project_entity(trials, project, entity)
     mode, why = wandb_mode("auto")
     report = build_report(trials, group=group, title=title, project=project, entity=entity)

@@ -42,14 +42,32 @@ def sort_key(direction: object) -> Callable[[float], float]:
 def best(items: Iterable[T], *, value: Callable[[T], float | None], direction: object) -> T | None:
     """The item with the best finite `value` (None values are not candidates); None when there is none.
 
-    Ties keep the earlier item (the lower trial number)."""
+    Ties keep the earlier item (the lower trial number).
+
+    Args:
+        items: The candidates, in trial order.
+        value: An item's objective value; None or a non-finite value is no candidate.
+        direction: "maximize" or "minimize" (or Optuna's StudyDirection).
+
+    Returns:
+        The best item, or None.
+    """
     key = sort_key(direction)
     candidates = [(key(v), i, item) for i, item in enumerate(items) if _finite(v := value(item))]
     return min(candidates, key=lambda c: (c[0], c[1]))[2] if candidates else None
 
 
 def ranked(items: Iterable[T], *, value: Callable[[T], float | None], direction: object) -> list[T]:
-    """Items with a finite value, best first (ties in their original order)."""
+    """Items with a finite value, best first (ties in their original order).
+
+    Args:
+        items: The candidates, in trial order.
+        value: An item's objective value; None or a non-finite value is left out.
+        direction: "maximize" or "minimize" (or Optuna's StudyDirection).
+
+    Returns:
+        The items with a finite value, best first.
+    """
     key = sort_key(direction)
     scored = [(key(v), i, item) for i, item in enumerate(items) if _finite(v := value(item))]
     return [item for _, _, item in sorted(scored, key=lambda c: (c[0], c[1]))]
@@ -120,9 +138,19 @@ def finalists(
     """Group runs of the same config (group(item), see config_group) and rank the groups by the
     median of their finite values, best first. Ties keep the earlier group.
 
-    compete: the groups the confirmation phase chose (the study's Key.CONFIRMATION finalists); only they
-    compete once it exists, so a config seen once with a lucky run cannot beat a confirmed median.
-    None (no confirmation): every config competes with the median of its runs (one run: that run)."""
+    Args:
+        items: The runs, in trial order.
+        value: A run's objective value; None or a non-finite value is left out.
+        group: A run's config (`config_group`); runs of one config form one group.
+        direction: "maximize" or "minimize" (or Optuna's StudyDirection).
+        compete: The groups the confirmation phase chose (the study's Key.CONFIRMATION finalists).
+            Only they compete once it exists, so a config seen once with a lucky run cannot beat a
+            confirmed median. None (no confirmation): every config competes with the median of its
+            runs (one run: that run).
+
+    Returns:
+        The competing groups, best median first.
+    """
     groups: dict[object, list[T]] = {}
     for item in items:
         groups.setdefault(group(item), []).append(item)
@@ -141,7 +169,17 @@ def best_of_runs(
     items: Iterable[T], *, value: Callable[[T], float | None], group: Callable[[T], object], direction: object
 ) -> Finalist[T] | None:
     """The winner under the median-of-runs rule (`finalists`, every config competing), or None when
-    nothing has a value. With every config run once it is exactly `best` (its median is its value)."""
+    nothing has a value. With every config run once it is exactly `best` (its median is its value).
+
+    Args:
+        items: The runs, in trial order.
+        value: A run's objective value; None or a non-finite value is left out.
+        group: A run's config (`config_group`).
+        direction: "maximize" or "minimize" (or Optuna's StudyDirection).
+
+    Returns:
+        The best config's Finalist, or None.
+    """
     ranked_groups = finalists(items, value=value, group=group, direction=direction)
     return ranked_groups[0] if ranked_groups else None
 
@@ -176,14 +214,32 @@ def relative_noise(groups: Iterable[Finalist]) -> tuple[float | None, int]:
 
 def interval(f: Finalist, sigma: float, more: float = 0.0) -> tuple[float, float]:
     """The range a config's true median lies in at the measured noise: median +- Z sigma |median| / sqrt(n).
-    more: as it would be after that many more runs at the same median (what a budget could buy)."""
+
+    Args:
+        f: The config and its runs.
+        sigma: The study's relative noise (a run's spread over its median).
+        more: Extra runs at the same median: the interval they would give (what a budget could buy).
+
+    Returns:
+        (low, high) of the interval.
+    """
     half = INTERVAL_Z * sigma * abs(f.median) / math.sqrt(len(f.runs) + more)
     return f.median - half, f.median + half
 
 
 def within_noise(a: Finalist, b: Finalist, sigma: float | None, more: float = 0.0) -> bool | None:
     """Whether two configs' intervals overlap (neither is separated from the other); None when the
-    study has measured no noise yet (no config ran twice): nothing can be said."""
+    study has measured no noise yet (no config ran twice): nothing can be said.
+
+    Args:
+        a: One config and its runs.
+        b: The other.
+        sigma: The study's relative noise, or None when none is measured.
+        more: Extra runs of each at the same medians (see `interval`).
+
+    Returns:
+        True when the intervals overlap, False when they are apart, None without noise.
+    """
     if sigma is None:
         return None
     lo_a, hi_a = interval(a, sigma, more)
@@ -201,7 +257,18 @@ INDIFFERENCE = 0.05
 def indifferent(leader: Finalist, other: Finalist, sigma: float | None, zone: float = INDIFFERENCE, more: float = 0.0) -> bool:
     """Whether the study can tell that `other` is within `zone` of `leader`: both ends of other's
     interval lie within zone x |leader's median| of that median. False when no noise is measured
-    (nothing can be said)."""
+    (nothing can be said).
+
+    Args:
+        leader: The config with the best median.
+        other: The config compared with it.
+        sigma: The study's relative noise, or None when none is measured.
+        zone: The share of the leader's median that counts as "as good".
+        more: Extra runs of `other` at the same median (see `interval`).
+
+    Returns:
+        Whether other's whole interval lies within the zone.
+    """
     if sigma is None:
         return False
     lo, hi = interval(other, sigma, more)
@@ -211,14 +278,33 @@ def indifferent(leader: Finalist, other: Finalist, sigma: float | None, zone: fl
 def decidable(leader: Finalist, other: Finalist, sigma: float, more: float) -> bool:
     """Whether `more` runs of each, at the medians and the noise measured now, would separate the two
     or show `other` within INDIFFERENCE of the leader: if not, spending them cannot settle the pair
-    (the medians may still move, but the study could not tell that they had)."""
+    (the medians may still move, but the study could not tell that they had).
+
+    Args:
+        leader: The config with the best median.
+        other: The config compared with it.
+        sigma: The study's relative noise.
+        more: Extra runs of each.
+
+    Returns:
+        Whether those runs could settle the pair.
+    """
     return within_noise(leader, other, sigma, more) is False or indifferent(leader, other, sigma, more=more)
 
 
 def memory_used(
     f: Finalist, peak_of: Callable[[T], object], budget_of: Callable[[T], object]
 ) -> tuple[float | None, float | None]:
-    """(the config's largest peak over its runs in bytes, that peak's share of the budget); None where unknown."""
+    """The config's largest peak over its runs, and that peak's share of the budget.
+
+    Args:
+        f: The config and its runs.
+        peak_of: A run's peak memory in bytes (None or non-finite: unknown).
+        budget_of: A run's budget in bytes (None, 0 or non-finite: unknown).
+
+    Returns:
+        (peak bytes, share of the budget); None where unknown.
+    """
     peaks = [p for m in f.members if _finite(p := peak_of(m))]
     budgets = [b for m in f.members if _finite(b := budget_of(m)) and b > 0]
     if not peaks:
@@ -292,10 +378,24 @@ def decide(
     flagged: Callable[[T], bool] | None = None,
 ) -> Verdict[T]:
     """The verdict over `items` (see Verdict): the noise measured on every config of the study, the
-    competing configs (`compete`, as in finalists) ranked, the tie around the leader, its winner.
-    flagged(item): a run that changed the learning (grpo_sweep.report.learning.check_trials). The
-    leader, its tie and the winner are then chosen among the configs none of whose runs is flagged;
-    only when every competing config is flagged do they all compete (`winner_flagged`)."""
+    competing configs ranked, the tie around the leader, its winner. The leader, its tie and the
+    winner are chosen among the configs none of whose runs is flagged; only when every competing
+    config is flagged do they all compete (`winner_flagged`).
+
+    Args:
+        items: The runs, in trial order.
+        value: A run's objective value; None or a non-finite value is left out.
+        group: A run's config (`config_group`).
+        direction: "maximize" or "minimize" (or Optuna's StudyDirection).
+        compete: The groups that compete, as in `finalists`; None: every config.
+        peak_of: A run's peak memory in bytes.
+        budget_of: A run's budget in bytes.
+        flagged: Whether a run changed the learning (grpo_sweep.report.learning.check_trials);
+            None: no run did.
+
+    Returns:
+        The Verdict.
+    """
     items = list(items)
     every = finalists(items, value=value, group=group, direction=direction)
     sigma, configs = relative_noise(every)

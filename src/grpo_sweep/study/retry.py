@@ -100,7 +100,19 @@ def _chain(err: BaseException) -> Iterator[BaseException]:
 
 def call_with_retry(fn: Callable[..., Any], name: str, retry_s: float, source: str, *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs), retried with exponential backoff (0.5 s doubling, at most 8 s apart)
-    while it fails for a passing reason, for up to `retry_s` seconds; then StorageUnavailable."""
+    while it fails for a passing reason, for up to `retry_s` seconds; then StorageUnavailable.
+
+    Args:
+        fn: The storage's own method.
+        name: The method's name, for the messages and the one call whose lost commit counts.
+        retry_s: How long a call is retried, in seconds.
+        source: The storage as the user named it (masked in the messages).
+        *args: Passed to `fn`.
+        **kwargs: Passed to `fn`.
+
+    Returns:
+        What `fn` returns.
+    """
     deadline, delay, failed = time.monotonic() + retry_s, 0.5, None
     while True:
         try:
@@ -162,8 +174,12 @@ class _RetriesEveryCall:
     has goes through `call_with_retry`; the storage's own method is the next one in the MRO
     (`super(_RetriesEveryCall, self)`), which is also what `without_retry` calls.
 
-    retry_s: how long a call is retried for a passing reason (hydra.sweeper.storage_retry_s);
-    source: the storage as the user named it, for the messages (masked there)."""
+    Args:
+        retry_s: How long a call is retried for a passing reason (hydra.sweeper.storage_retry_s).
+        source: The storage as the user named it, for the messages (masked there).
+        *args: The storage class's own arguments.
+        **kwargs: The storage class's own keyword arguments.
+    """
 
     retry_s: float
     source: str

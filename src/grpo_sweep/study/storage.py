@@ -107,12 +107,22 @@ def open_storage(
     retry_s: float | None = None,
     may_create_dir: Path | None = None,
 ) -> Any:
-    """An Optuna storage for `source`. `create=False` (readers): a file that does not exist is an
-    error instead of a new empty study. The heartbeat arguments apply to RDB storages.
+    """An Optuna storage for `source`.
 
-    retry_s: retry a call that fails for a passing reason for up to this many seconds (None: never).
-    may_create_dir: the one folder this call may create for a file storage (the sweep directory);
-    any other missing parent folder is an error (a typo in a resume path must not start a new study)."""
+    Args:
+        source: A journal file path or an RDB URL.
+        create: False for readers: a file that does not exist is an error instead of a new empty study.
+        heartbeat_interval: Seconds between an RDB trial's heartbeats (RDB storages only).
+        grace_period: Seconds without a heartbeat before an RDB trial is stale (RDB storages only).
+        stale_trial_callback: Called on a stale RDB trial (RDB storages only).
+        retry_s: How long a call that fails for a passing reason is retried (None: never).
+        may_create_dir: The one folder this call may create for a file storage (the sweep
+            directory). Any other missing parent folder is an error: a typo in a resume path must
+            not start a new study.
+
+    Returns:
+        The storage.
+    """
     if is_journal(source):
         path = journal_path(source)
         if not create and not path.exists():
@@ -186,6 +196,13 @@ def load_study(source: str, study_name: str | None = None) -> Any:
 
 
 def _check_parent(source: str, path: Path, may_create_dir: Path | None) -> None:
+    """Make sure a journal file's folder exists; create it only when it is `may_create_dir`.
+
+    Args:
+        source: The storage as the user named it, for the message.
+        path: The journal file.
+        may_create_dir: The one folder this call may create, or None.
+    """
     parent = path.absolute().parent
     if parent.is_dir():
         return

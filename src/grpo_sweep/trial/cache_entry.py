@@ -239,7 +239,16 @@ def _disk_error(exc: BaseException | None) -> str | None:
 
 
 def ensure(target: Path, write: Callable[[Path], None], *, log: Callable[[str], None] = print) -> Path:
-    """`target`, whole: read as it is, or built once by `write(tmp_dir)` and published whole."""
+    """`target`, whole: read as it is, or built once by `write(tmp_dir)` and published whole.
+
+    Args:
+        target: The entry's folder.
+        write: Builds the entry into the temporary folder it is given.
+        log: Prints a line about what happens.
+
+    Returns:
+        `target`.
+    """
     target = Path(target)
     if not missing(target):
         return target

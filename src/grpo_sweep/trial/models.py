@@ -75,6 +75,16 @@ def load_model(cfg: Any, tokenizer, *, on_cuda: bool, quantization_config=None, 
     `by_path`: load random weights from their saved checkpoint so `model.name_or_path` points at
     real files (vLLM colocate loads its own copy from there). 4-bit always loads from a checkpoint:
     bitsandbytes quantises while loading, giving the same layers a hub model gets.
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        on_cuda: The trial runs on a CUDA device.
+        quantization_config: BitsAndBytesConfig for 4-bit loading, or None.
+        by_path: Load random weights from their saved checkpoint.
+
+    Returns:
+        The model.
     """
     from transformers import AutoModelForCausalLM
 
@@ -98,7 +108,18 @@ def is_warm(cfg: Any) -> bool:
 
 def build_random(cfg: Any, tokenizer, *, on_cuda: bool, dtype=None, **attn):
     """The architecture in `cfg.model.arch` with random weights (seeded), on CUDA or CPU, in
-    `dtype` (default: model.dtype's, models.torch_dtype)."""
+    `dtype` (default: model.dtype's, models.torch_dtype).
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer (its vocabulary and special tokens).
+        on_cuda: Build on the CUDA device.
+        dtype: The weights' dtype; None: model.dtype's.
+        **attn: Attention settings passed to the model's config (attn_implementation).
+
+    Returns:
+        The model.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -121,6 +142,14 @@ def random_model_dir(cfg: Any, tokenizer, on_cuda: bool) -> Path:
 
     Under $GRPO_SWEEP_CACHE (default ~/.cache/grpo-sweep), not the run directory: a sweep reuses
     one copy instead of writing a checkpoint per trial.
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        on_cuda: The trial runs on a CUDA device (the dtype follows it).
+
+    Returns:
+        The entry's folder.
     """
     from omegaconf import OmegaConf
 
@@ -150,6 +179,14 @@ def materialize_random(cfg: Any, tokenizer, *, on_cuda: bool) -> Path:
     (TRL colocate builds `LLM(model=model.name_or_path)`), Unsloth's `from_pretrained`, and
     bitsandbytes 4-bit quantisation at load time. A cache entry (cache_entry.ensure): one builder,
     visible only when complete, so concurrent trials never read half a checkpoint.
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        on_cuda: The trial runs on a CUDA device.
+
+    Returns:
+        The checkpoint's folder.
     """
     from .cache_entry import ensure
 
@@ -164,14 +201,33 @@ def materialize_random(cfg: Any, tokenizer, *, on_cuda: bool) -> Path:
 
 def loads_from_checkpoint(cfg: Any, *, quantized: bool, by_path: bool) -> bool:
     """Whether the policy loads from a checkpoint directory (hub, warm, or the saved random one)
-    rather than being built in memory: the one rule load_model and prepare_checkpoint share."""
+    rather than being built in memory: the one rule load_model and prepare_checkpoint share.
+
+    Args:
+        cfg: The composed train config.
+        quantized: The weights load in 4-bit.
+        by_path: A loader needs the weights by path (vLLM, Unsloth).
+
+    Returns:
+        Whether a checkpoint is loaded.
+    """
     return cfg.model.source == "hub" or quantized or by_path or is_warm(cfg)
 
 
 def prepare_checkpoint(cfg: Any, *, on_cuda: bool, by_path: bool, log=print) -> str | None:
     """Build the cached checkpoint the trial's ranks will load (warm or random weights), here,
     before they start: one process, no process group (cache_entry says why a rank must not).
-    None when the ranks load none of ours (a hub model, or random weights built in memory)."""
+    None when the ranks load none of ours (a hub model, or random weights built in memory).
+
+    Args:
+        cfg: The composed train config.
+        on_cuda: The trial runs on a CUDA device.
+        by_path: A loader needs the weights by path.
+        log: Prints a line about what happens.
+
+    Returns:
+        The checkpoint's folder, or None.
+    """
     if cfg.model.source == "hub" or not loads_from_checkpoint(cfg, quantized=bool(cfg.load_in_4bit), by_path=by_path):
         return None
     from .tasks import get_task
@@ -183,7 +239,16 @@ def prepare_checkpoint(cfg: Any, *, on_cuda: bool, by_path: bool, log=print) -> 
 
 def model_path(cfg: Any, tokenizer, *, on_cuda: bool) -> str:
     """What to hand a loader that takes a name: the hub id, the warm checkpoint (model.init=warm,
-    float32; loaders cast to their dtype) or the saved random-weight checkpoint."""
+    float32; loaders cast to their dtype) or the saved random-weight checkpoint.
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        on_cuda: The trial runs on a CUDA device.
+
+    Returns:
+        The name or folder.
+    """
     if cfg.model.source == "hub":
         return cfg.model.hub_id
     if is_warm(cfg):

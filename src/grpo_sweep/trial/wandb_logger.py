@@ -23,6 +23,7 @@ from typing import Any
 from ..config.split import split_of
 from ..credentials import redact, wandb_mode
 from ..study.attrs import Status
+from ..units import GIB
 
 FINISH_TIMEOUT_S = 60.0  # after this W&B stops uploading; the data stays on disk for `wandb sync`
 HISTORY_SKIP = ("step",)  # the step is W&B's own x-axis
@@ -74,7 +75,16 @@ def run_name(cfg: Any) -> str:
 
 
 def run_config(cfg: Any, run_dir: Path, record: dict) -> dict:
-    """The resolved config (levers top-level, model/gpu/backend groups) plus where and how it ran."""
+    """The resolved config (levers top-level, model/gpu/backend groups) plus where and how it ran.
+
+    Args:
+        cfg: The composed train config.
+        run_dir: The trial's folder.
+        record: The trial's record.
+
+    Returns:
+        The W&B run's config.
+    """
     from omegaconf import DictConfig, OmegaConf
 
     config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
@@ -102,7 +112,7 @@ def _number(value) -> bool:
 
 
 def _gib(value) -> float | None:
-    return value / 2**30 if _number(value) else None
+    return value / GIB if _number(value) else None
 
 
 def step_metrics(row: dict) -> dict:
@@ -170,6 +180,13 @@ class WandbTrialLogger:
     """A live W&B run. Every method swallows W&B errors (reporting them once) and never raises."""
 
     def __init__(self, run, mode: str, objective: str):
+        """A logger over an open W&B run.
+
+        Args:
+            run: The W&B run.
+            mode: "online" or "offline".
+            objective: The objective's metric name.
+        """
         self.run, self.mode, self.objective = run, mode, objective
         self._broken = False
 
@@ -211,6 +228,18 @@ class WandbTrialLogger:
 
 
 def _init(cfg: Any, run_dir: Path, record: dict, mode: str, run_id: str | None = None):
+    """`wandb.init` for this trial: its group, name, config and folder; resume `run_id` when given.
+
+    Args:
+        cfg: The composed train config.
+        run_dir: The trial's folder.
+        record: The trial's record.
+        mode: "online" or "offline".
+        run_id: A run to resume, or None.
+
+    Returns:
+        The W&B run.
+    """
     import wandb
 
     settings = wandb.Settings(
@@ -238,7 +267,16 @@ def _init(cfg: Any, run_dir: Path, record: dict, mode: str, run_id: str | None =
 
 
 def open_logger(cfg: Any, run_dir: Path, record: dict):
-    """Start this trial's logger. Records where the W&B run lives in `record` (metrics.json)."""
+    """Start this trial's logger. Records where the W&B run lives in `record` (metrics.json).
+
+    Args:
+        cfg: The composed train config.
+        run_dir: The trial's folder.
+        record: The trial's record, updated in place.
+
+    Returns:
+        The logger (a no-op one unless logger=wandb).
+    """
     if cfg.logger.name != "wandb":
         return NullLogger()
     try:
@@ -250,6 +288,16 @@ def open_logger(cfg: Any, run_dir: Path, record: dict):
 
 
 def _open(cfg: Any, run_dir: Path, record: dict):
+    """The W&B logger in the mode logger.mode and the credentials allow; a failed online start logs offline.
+
+    Args:
+        cfg: The composed train config.
+        run_dir: The trial's folder.
+        record: The trial's record, updated in place.
+
+    Returns:
+        The logger.
+    """
     run_dir = Path(run_dir)
     mode, why = wandb_mode(cfg.logger.get("mode", "auto"))
     if mode == "disabled":
@@ -270,6 +318,18 @@ def _open(cfg: Any, run_dir: Path, record: dict):
 
 
 def _attach(run, mode: str, why: str, cfg: Any, record: dict):
+    """Record where the W&B run lives in `record` and wrap the run in a logger.
+
+    Args:
+        run: The W&B run.
+        mode: "online" or "offline".
+        why: Why that mode, for the record.
+        cfg: The composed train config.
+        record: The trial's record, updated in place.
+
+    Returns:
+        The logger.
+    """
     record.update(
         wandb_run_id=run.id,
         wandb_dir=str(run.settings.sync_dir),

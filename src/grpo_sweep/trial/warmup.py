@@ -23,7 +23,16 @@ INFO_FILE = "warmup.json"  # next to the weights: the recipe, steps, final loss,
 
 
 def training_rows(tokenizer, examples: list[tuple[str, str]], max_prompt_length: int) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length) per row: each example padded and unpadded, answer + eos after it."""
+    """(token ids, prompt length) per row: each example padded and unpadded, answer + eos after it.
+
+    Args:
+        tokenizer: The trial's tokenizer.
+        examples: (question, answer) pairs.
+        max_prompt_length: The prompt length rows are padded to.
+
+    Returns:
+        The rows.
+    """
     from .tasks.base import INSTRUCTION, answer_text, fit_prompt
 
     rows = []
@@ -55,6 +64,19 @@ def warm_up(model, tokenizer, examples, *, seed: int, steps: int, lr: float, bat
 
     AdamW (betas 0.9/0.98) with linear decay to 10% of `lr`, gradient clipping at 1.0, one torch
     thread for the duration (deterministic, and fastest for a model this small).
+
+    Args:
+        model: The model, trained in place.
+        tokenizer: The trial's tokenizer.
+        examples: (question, answer) pairs.
+        seed: The seed for the order and the initial state.
+        steps: Optimiser steps.
+        lr: The peak learning rate.
+        batch_size: Rows per step.
+        max_prompt_length: The prompt length rows are padded to.
+
+    Returns:
+        steps, final loss, wall and CPU seconds.
     """
     import torch
 
@@ -94,7 +116,16 @@ def warm_up(model, tokenizer, examples, *, seed: int, steps: int, lr: float, bat
 
 
 def warm_key(cfg: Any, tokenizer, examples) -> dict:
-    """Everything that changes the warm weights."""
+    """Everything that changes the warm weights.
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        examples: The warm-up's examples.
+
+    Returns:
+        The key, by field.
+    """
     from omegaconf import OmegaConf
 
     def plain(node):
@@ -115,7 +146,17 @@ def warm_key(cfg: Any, tokenizer, examples) -> dict:
 
 
 def warm_model_dir(cfg: Any, tokenizer, examples, root: Path) -> Path:
-    """The cache entry under `root` ($GRPO_SWEEP_CACHE, models.cache_root) for these weights."""
+    """The cache entry under `root` ($GRPO_SWEEP_CACHE, models.cache_root) for these weights.
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        examples: The warm-up's examples.
+        root: The cache's root.
+
+    Returns:
+        The entry's folder.
+    """
     key = json.dumps(warm_key(cfg, tokenizer, examples), sort_keys=True, default=str)
     return Path(root) / "warm-models" / f"{cfg.model.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
@@ -126,6 +167,16 @@ def materialize_warm(cfg: Any, tokenizer, *, build: Callable[[], Any], root: Pat
 
     `build()` returns the seeded random-weight model in float32 on CPU (models.build_random) to
     start from, whatever model.dtype and the card say (loaders cast the saved float32 weights).
+
+    Args:
+        cfg: The composed train config.
+        tokenizer: The trial's tokenizer.
+        build: Returns the seeded random-weight model to start from.
+        root: The cache's root.
+        log: Prints a line about what happens.
+
+    Returns:
+        The checkpoint's folder.
     """
     from .cache_entry import ensure
     from .tasks import get_task

@@ -8,6 +8,9 @@ TRL imports vLLM whenever it is installed, even for `use_vllm=False` (trl/import
 find_spec answer None and `import vllm` fail in this process and its forks only. The forkserver
 serves `trl` trials; `trl_vllm` trials always start in a fresh interpreter (config/backends.py
 `start_method="spawn"`), where vLLM loads normally.
+
+Targets: TRL 1.16 `trl.import_utils.is_vllm_available`, which asks `importlib.util.find_spec`
+(`_is_package_available`). Remove once TRL imports vLLM only when `use_vllm` is set.
 """
 
 from __future__ import annotations

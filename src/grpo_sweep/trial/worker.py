@@ -62,7 +62,17 @@ def main(
 
     With trial.num_processes > 1 this process leads the trial: it launches the ranks under torchrun
     (trial/ranks.py) and merges their records; each rank runs this function again with `as_rank`
-    (trial/rank.py), in its own directory, as a one-process trial's body."""
+    (trial/rank.py), in its own directory, as a one-process trial's body.
+
+    Args:
+        container: The composed train config, as a plain dict.
+        run_dir: The trial's folder.
+        lifeline: The read end of the parent's pipe, or None.
+        grace_s: Seconds the worker gets to stop when the parent is gone.
+        as_rank: This process is a rank of a multi-process trial.
+        environ: The parent's environment, or None.
+        stdio: The parent's stdout and stderr descriptors, or None.
+    """
     run_path = own_process(run_dir, lifeline, grace_s, as_rank=as_rank, environ=environ, stdio=stdio)
     cfg = OmegaConf.create(container)
     record = empty_metrics(Status.FAILED, None, requested_levers(cfg), recipe_of(cfg))
@@ -89,13 +99,18 @@ class TrialRun:
     The context manager always writes metrics.json: a TrialStopped is its status and reason, any
     other exception `oom` (its numbers parsed) or `failed`, printed (stopping.print_failure); the exception
     is not raised further (the record is the trial's answer). The frames of a failed step are
-    cleared before the record is finished: they hold its tensors.
-
-    cfg: the trial's composed config; run_path: its run directory; record: metrics.json so far
-    (`metrics.empty_metrics`), completed here; as_rank: one rank of trial.num_processes > 1 (the
-    leader merges the ranks' records and writes world_size, strategy and the ranks' peaks)."""
+    cleared before the record is finished: they hold its tensors."""
 
     def __init__(self, cfg: Any, run_path: Path, record: dict, *, as_rank: bool) -> None:
+        """A trial's run, set up by `setup` and closed by `finish`.
+
+        Args:
+            cfg: The trial's composed config.
+            run_path: Its run directory.
+            record: metrics.json so far (`metrics.empty_metrics`), completed here.
+            as_rank: One rank of trial.num_processes > 1 (the leader merges the ranks' records and
+                writes world_size, strategy and the ranks' peaks).
+        """
         self.cfg, self.run_path, self.record, self.as_rank = cfg, run_path, record, as_rank
         # What setup built so far; finish reads whichever exist when a step fails.
         self.wb: Any = None  # this trial's W&B run (wandb_logger.py); a no-op logger unless logger=wandb
@@ -174,7 +189,13 @@ class TrialRun:
 
     def _read_back(self, backend_name: str, tokenizer: Any, dataset: Any) -> None:
         """What the built trainer really does: the effective levers and lengths, the settings the
-        export writes, the levers the backend changed, the trainable parameters, the warm-up."""
+        export writes, the levers the backend changed, the trainable parameters, the warm-up.
+
+        Args:
+            backend_name: The resolved backend.
+            tokenizer: The trial's tokenizer.
+            dataset: The trial's dataset.
+        """
         from .backends import trl as trl_backend
         from .backends.readback import format_mismatch, lever_mismatch
         from .models import warmup_record
@@ -278,7 +299,16 @@ class TrialRun:
 
 
 def _prediction(cfg: Any, device: str, backend_name: str) -> dict:
-    """The estimator's prediction, to stand beside the measured peak; never fails the trial."""
+    """The estimator's prediction, to stand beside the measured peak; never fails the trial.
+
+    Args:
+        cfg: The composed train config.
+        device: "cpu" or "cuda".
+        backend_name: The resolved backend.
+
+    Returns:
+        The prediction's numbers, or why there is none.
+    """
     try:
         predicted = estimate(cfg, device=device, backend=backend_name)
     except Exception as exc:  # noqa: BLE001

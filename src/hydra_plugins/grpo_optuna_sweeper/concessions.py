@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from grpo_sweep.levers import KINDS, RECIPE, RECIPE_SETTINGS, kind_in, listed_as, why_in
 from grpo_sweep.study.attrs import Key
+from grpo_sweep.units import MIB
 
 from .config import SweeperSettingError
 
@@ -346,14 +347,14 @@ def _why_full_does_not_fit(done: list, estimate_recipe: Callable[[], dict | None
             status = t.user_attrs.get(Key.STATUS) or t.state.name.lower()
             pred, budget = t.user_attrs.get(Key.PREDICTED_PEAK_BYTES), t.user_attrs.get(Key.BUDGET_BYTES)
             knobs = " ".join(f"{k}={fmt(v)}" for k, v in t.params.items())
-            need = f", predicted {pred / 2**20:.0f} MiB of {budget / 2**20:.0f} MiB" if pred and budget else ""
+            need = f", predicted {pred / MIB:.0f} MiB of {budget / MIB:.0f} MiB" if pred and budget else ""
             parts.append(f"trial {t.number} ({knobs}): {status}{need}")
         return "no knob setting tried made the full recipe fit: " + "; ".join(parts)
     est = estimate_recipe()
     if est and est.get("peak_bytes") and est.get("budget_bytes"):
         return (
-            f"no trial ran the full recipe; the estimator predicts {est['peak_bytes'] / 2**20:.0f} MiB "
-            f"for a budget of {est['budget_bytes'] / 2**20:.0f} MiB at the recipe's own knobs"
+            f"no trial ran the full recipe; the estimator predicts {est['peak_bytes'] / MIB:.0f} MiB "
+            f"for a budget of {est['budget_bytes'] / MIB:.0f} MiB at the recipe's own knobs"
         )
     return "no trial ran the full recipe"
 
@@ -368,7 +369,7 @@ def describe(tags: dict, objective: str) -> str:
         peak = full.get("peak_memory_bytes")
         lines.append(
             f"  full recipe: fits; fastest trial {full['trial']}, {objective} {full['objective']:.4g}"
-            + (f", peak {peak / 2**20:.0f} MiB" if peak else "")
+            + (f", peak {peak / MIB:.0f} MiB" if peak else "")
         )
     else:
         lines.append(f"  full recipe: does not fit: {full.get('reason')}")
@@ -393,7 +394,7 @@ def describe(tags: dict, objective: str) -> str:
     for row in tags.get("taken", []):
         peak = ""
         if row.get("peak_at_recipe_bytes") and row.get("peak_used_bytes"):
-            peak = f", peak {row['peak_at_recipe_bytes'] / 2**20:.0f} -> {row['peak_used_bytes'] / 2**20:.0f} MiB"
+            peak = f", peak {row['peak_at_recipe_bytes'] / MIB:.0f} -> {row['peak_used_bytes'] / MIB:.0f} MiB"
         where = (
             f" (measured: trial {winner['trial']} vs trial {row['vs_trial']})" if row["basis"] == "measured" else " (estimated)"
         )

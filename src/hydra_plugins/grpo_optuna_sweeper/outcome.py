@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, overload
 from grpo_sweep.memory.oom_message import parse_oom_message
 from grpo_sweep.memory.throughput import SPEED_KEYS
 from grpo_sweep.study.attrs import Key, Status
+from grpo_sweep.units import GIB
 
 from . import handles
 
@@ -190,12 +191,12 @@ def prescreen_verdict(
     deficit = float(predicted_bytes - limit_bytes)
     if trials and raw_bytes is not None:
         why = (
-            f"calibrated prediction {predicted_bytes / 2**30:.3f} GiB (raw {raw_bytes / 2**30:.3f} GiB x "
-            f"{predicted_bytes / raw_bytes:.3f}, from {trials} measured trials) > budget {limit_bytes / 2**30:.3f} GiB "
+            f"calibrated prediction {predicted_bytes / GIB:.3f} GiB (raw {raw_bytes / GIB:.3f} GiB x "
+            f"{predicted_bytes / raw_bytes:.3f}, from {trials} measured trials) > budget {limit_bytes / GIB:.3f} GiB "
             f"+ {margin:.1%} allowance: not run"
         )
     else:
-        why = f"predicted {predicted_bytes / 2**30:.2f} GiB > budget {limit_bytes / 2**30:.2f} GiB + {margin:.0%} margin: not run"
+        why = f"predicted {predicted_bytes / GIB:.2f} GiB > budget {limit_bytes / GIB:.2f} GiB + {margin:.0%} margin: not run"
     return Outcome(
         "PRUNED",
         constraint=deficit,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpo_sweep.study.attrs import Key, Status
+from grpo_sweep.units import MIB
 
 from . import space
 
@@ -129,19 +130,19 @@ def judge(record: dict, metrics: Mapping[str, Any]) -> dict:
 def warning(soak: dict) -> str | None:
     """The line that flags the winner when its soak shows it may not hold a long run: out of memory,
     a step's peak over the budget, or a step's peak above step 2's; None otherwise."""
-    mib, trial = 2**20, soak.get("trial")
+    trial = soak.get("trial")
     if soak.get("status") == Status.OOM:
         at = f" at step {soak['steps'] + 1}" if soak.get("steps") is not None else ""
         return f"trial {trial}'s config ran out of memory{at} of its {soak.get('steps_asked') or '?'}-step soak"
     if soak.get("over_budget"):
         return (
-            f"trial {trial}'s config peaked over the budget ({max(p for _, p in soak['step_peaks']) / mib:.1f} of "
-            f"{soak['budget_bytes'] / mib:.1f} MiB) at step {soak['over_budget_step']} of its soak"
+            f"trial {trial}'s config peaked over the budget ({max(p for _, p in soak['step_peaks']) / MIB:.1f} of "
+            f"{soak['budget_bytes'] / MIB:.1f} MiB) at step {soak['over_budget_step']} of its soak"
         )
     if soak.get("grew"):
         return (
             f"trial {trial}'s memory rose in its soak: step {soak['highest_step']} peaked at "
-            f"{soak['highest_peak_bytes'] / mib:.1f} MiB, {soak['highest_peak_bytes'] / soak['first_peak_bytes'] - 1:.0%} "
+            f"{soak['highest_peak_bytes'] / MIB:.1f} MiB, {soak['highest_peak_bytes'] / soak['first_peak_bytes'] - 1:.0%} "
             f"above step {soak['first_timed_step']}'s"
         )
     return None
@@ -168,13 +169,12 @@ def words(soak: dict) -> str:
         return said + (f". WARNING: {soak['warning']}" if soak.get("warning") else "")
     if soak.get("grew") is None:
         return f"Soak of trial {soak['trial']}, {steps} steps: {soak.get('why')}"
-    mib = 2**20
     verdict = "memory GREW" if soak["grew"] else "memory held"
     said = (
         f"Soak of trial {soak['trial']}, {steps} steps: {verdict}: step {soak['first_timed_step']} peaked at "
-        f"{soak['first_peak_bytes'] / mib:.1f} MiB, the highest (step {soak.get('highest_step')}) at "
-        f"{soak.get('highest_peak_bytes', soak['last_peak_bytes']) / mib:.1f} MiB, the last steps at "
-        f"{soak['last_peak_bytes'] / mib:.1f} MiB ({soak['slope_bytes_per_step'] / mib:+.3f} MiB/step; grew means "
+        f"{soak['first_peak_bytes'] / MIB:.1f} MiB, the highest (step {soak.get('highest_step')}) at "
+        f"{soak.get('highest_peak_bytes', soak['last_peak_bytes']) / MIB:.1f} MiB, the last steps at "
+        f"{soak['last_peak_bytes'] / MIB:.1f} MiB ({soak['slope_bytes_per_step'] / MIB:+.3f} MiB/step; grew means "
         f"a step more than {GREW_SHARE:.0%} above step {soak['first_timed_step']})"
     )
     return said + (f". WARNING: {soak['warning']}" if soak.get("warning") else "")

@@ -21,6 +21,7 @@ from grpo_sweep.report.learning import verdict_lines, verdict_of
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import ConfirmationState, Key, Status
 from grpo_sweep.study.storage import is_journal, journal_path
+from grpo_sweep.units import MIB
 
 from .concessions import describe, fmt
 from .failures import NOTHING_FITS, Stop, why_no_best
@@ -169,7 +170,7 @@ def tie_line(ruling: best_rule.Verdict) -> str:
         peak, share = ruling.memory(f)
         if share is not None:
             return f"{1 - share:.0%} headroom"
-        return f"peak {peak / 2**20:.0f} MiB" if peak is not None else "peak unknown"
+        return f"peak {peak / MIB:.0f} MiB" if peak is not None else "peak unknown"
 
     winner = ruling.winner
     assert winner is not None  # a tie is among finalists, one of which wins it

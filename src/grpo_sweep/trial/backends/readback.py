@@ -39,6 +39,14 @@ def lever_mismatch(levers: dict, effective: dict, *, worst_case_lengths: bool = 
 
     `max_seq_length` is compared only with worst-case lengths (prompts padded to
     max_prompt_length): otherwise the real prompts are shorter by design, not by a rewrite.
+
+    Args:
+        levers: The levers the trial asked for.
+        effective: What the built trainer runs with.
+        worst_case_lengths: Prompts are padded to max_prompt_length, so max_seq_length is compared.
+
+    Returns:
+        The levers that did not run as asked.
     """
     out = {}
     for key in COMPARED:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config.split import generation_batch_size, processes_of, split_of
+from .transformers_patches import keep_checkpointing_settings
+from .trl_patches import time_generation
 
 
 def lora_alpha(cfg: Any) -> int:
@@ -35,6 +37,15 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     `sampler` names what generates completions: "hf" (transformers `generate`, whose
     GenerationConfig calls the floor `min_new_tokens`) or "vllm" (`SamplingParams`: `min_tokens`).
     The vLLM backends add their own arguments on top of these (trl_vllm.vllm_args).
+
+    Args:
+        cfg: The composed train config.
+        on_cuda: The trial runs on a CUDA device.
+        output_dir: The trainer's output folder.
+        sampler: "hf" or "vllm": what generates completions.
+
+    Returns:
+        GRPOConfig keyword arguments.
     """
     completion = completion_budget(cfg)
     args = dict(
@@ -107,35 +118,6 @@ def checkpointing_kwargs(cfg: Any) -> dict:
     if cfg.get("gradient_checkpointing_offload"):
         out["offload"] = True
     return out
-
-
-# The gradient_checkpointing_kwargs keys transformers' Trainer takes out before the rest reach torch's
-# checkpoint (transformers 5.17 trainer.py: "`every_n_layers` selects which layers ... `offload` where").
-_LAYER_SELECTION_KEYS = ("every_n_layers", "offload")
-
-
-def keep_checkpointing_settings(trainer) -> None:
-    """TRL 1.16 turns checkpointing off around each generation and back on with
-    `gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`, the whole dict
-    (trl/models/utils.py `disable_gradient_checkpointing`, `_unwrap_model_for_generation`): torch's checkpoint
-    then refuses every_n_layers ("Unexpected keyword arguments: every_n_layers") and the re-enabled model would
-    checkpoint every layer without offload. The base model's `gradient_checkpointing_enable` here takes those
-    keys out of the dict and passes them as its own arguments, as transformers' Trainer does, so every call
-    enables the checkpointing the trial asked for."""
-    if not set(trainer.args.gradient_checkpointing_kwargs or {}) & set(_LAYER_SELECTION_KEYS):
-        return
-    model = trainer.model
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    enable = base.gradient_checkpointing_enable  # the bound method of transformers' PreTrainedModel
-
-    def enable_with_layer_selection(gradient_checkpointing_kwargs=None, **kwargs):
-        rest = dict(gradient_checkpointing_kwargs or {})
-        for key in _LAYER_SELECTION_KEYS:
-            if key in rest:
-                kwargs.setdefault(key, rest.pop(key))
-        return enable(gradient_checkpointing_kwargs=rest or None, **kwargs)
-
-    base.gradient_checkpointing_enable = enable_with_layer_selection
 
 
 def checkpointed_layers(model) -> int:
@@ -238,7 +220,17 @@ def build_trainer(cfg: Any, ctx: Any):
 
 
 def trainer_kwargs(ctx: Any, model, args, peft_config=None) -> dict:
-    """GRPOTrainer keyword arguments shared by every backend (tested against its signature)."""
+    """GRPOTrainer keyword arguments shared by every backend (tested against its signature).
+
+    Args:
+        ctx: The trial's context (its dataset, tokenizer and callbacks).
+        model: The model to train.
+        args: The GRPOConfig.
+        peft_config: The LoRA adapter's config, or None.
+
+    Returns:
+        GRPOTrainer keyword arguments.
+    """
     return dict(
         model=model,
         reward_funcs=list(ctx.reward_funcs),
@@ -251,7 +243,17 @@ def trainer_kwargs(ctx: Any, model, args, peft_config=None) -> dict:
 
 
 def make_trainer(ctx: Any, model, args, peft_config=None):
-    """GRPOTrainer as imported now (Unsloth's patched class once Unsloth has been imported)."""
+    """GRPOTrainer as imported now (Unsloth's patched class once Unsloth has been imported).
+
+    Args:
+        ctx: The trial's context (its dataset, tokenizer and callbacks).
+        model: The model to train.
+        args: The GRPOConfig.
+        peft_config: The LoRA adapter's config, or None.
+
+    Returns:
+        The trainer, with our patches applied (trl_patches.py, transformers_patches.py).
+    """
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
@@ -260,28 +262,6 @@ def make_trainer(ctx: Any, model, args, peft_config=None):
     keep_checkpointing_settings(trainer)
     time_generation(trainer)
     return trainer
-
-
-def time_generation(trainer) -> None:
-    """Seconds of each call to TRL's `_generate_single_turn` (weight sync to vLLM + sampling, HF or
-    vLLM), kept on the trainer for `after_train` (metrics.json `generation_time_s`)."""
-    import functools
-    import time
-
-    inner = getattr(trainer, "_generate_single_turn", None)
-    if inner is None:  # another TRL version: no generation timing
-        return
-    trainer.grpo_sweep_generation_s = []
-
-    @functools.wraps(inner)
-    def timed(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            trainer.grpo_sweep_generation_s.append(time.perf_counter() - started)
-
-    trainer._generate_single_turn = timed
 
 
 def after_train(trainer, record: dict) -> None:
@@ -392,7 +372,16 @@ _UNWRITTEN_DEFAULTS = {"vllm_tensor_parallel_size": 1, "vllm_model_impl": "vllm"
 def settings(trainer, cfg: Any, effective: dict) -> dict:
     """metrics.json `trainer_settings`: what a TRL user needs to run this trial's configuration
     (GRPOConfig fields, the LoRA adapter, 4-bit loading, the model and the data), read back from the
-    built trainer; `effective` gives the levers in target-card terms (vLLM's share of the card)."""
+    built trainer; `effective` gives the levers in target-card terms (vLLM's share of the card).
+
+    Args:
+        trainer: The built trainer.
+        cfg: The composed train config.
+        effective: The levers in target-card terms.
+
+    Returns:
+        The settings, by name.
+    """
     import os
 
     from omegaconf import OmegaConf

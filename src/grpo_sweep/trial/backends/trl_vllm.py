@@ -23,7 +23,7 @@ from typing import Any
 from ...config.backends import vllm_engine_settings
 from ...units import budget_bytes
 from . import trl as trl_backend
-from .vllm_patches import inject_engine_kwargs, patch_for_cpu, patch_server_for_cpu, watch_scheduler
+from .vllm_patches import inject_engine_kwargs, patch_for_cpu, patch_server_for_cpu, untrack_generation, watch_scheduler
 from .vllm_sync import check_sync
 from .vllm_util import cuda_total_bytes, device_utilization, engine_utilization, own_rendezvous_port, target_equivalent
 
@@ -42,14 +42,31 @@ def vllm_args(cfg: Any, *, device_util: float) -> dict:
 
 
 def grpo_vllm_args(cfg: Any, *, on_cuda: bool, output_dir: str, device_util: float) -> dict:
-    """The single lever translation (`trl.grpo_args`, vLLM sampler) plus the colocate arguments."""
+    """The single lever translation (`trl.grpo_args`, vLLM sampler) plus the colocate arguments.
+
+    Args:
+        cfg: The composed train config.
+        on_cuda: The trial runs on a CUDA device.
+        output_dir: The trainer's output folder.
+        device_util: vLLM's share of the physical card.
+
+    Returns:
+        GRPOConfig keyword arguments.
+    """
     args = trl_backend.grpo_args(cfg, on_cuda=on_cuda, output_dir=output_dir, sampler="vllm")
     args.update(vllm_args(cfg, device_util=device_util))
     return args
 
 
 def remember_budget(trainer, cfg: Any, device_util: float, cpu_plan: dict | None = None) -> None:
-    """Keep what `effective` needs to express vLLM's fraction in target-card terms."""
+    """Keep what `effective` needs to express vLLM's fraction in target-card terms.
+
+    Args:
+        trainer: The built trainer.
+        cfg: The composed train config.
+        device_util: vLLM's share of the physical card.
+        cpu_plan: vLLM-CPU's plan (memory.vllm.vllm_cpu_plan), or None on a card.
+    """
     trainer.grpo_sweep_vllm = {
         "requested_device_util": device_util,
         "target_bytes": budget_bytes(cfg),
@@ -89,26 +106,19 @@ def cpu_engine_kwargs(plan: dict, cfg: Any = None) -> dict:
     return {"enforce_eager": True, **given, "dtype": "float32", "kv_cache_memory_bytes": int(plan["kv_cache_bytes"])}
 
 
-def untracked(fn):
-    """Run `fn` outside the CPU tensor tracker (any TorchDispatchMode): vLLM's forward passes and its
-    weight reload allocate inside vLLM's pool, which is charged to the card as one block
-    (`vllm_pool_bytes`), not as training memory."""
-    import functools
-
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with _disable_current_modes():
-            return fn(*args, **kwargs)
-
-    return run
-
-
 def explain_startup_error(exc: BaseException, plan: dict, cfg: Any) -> BaseException:
     """vLLM's KV-cache start-up error with the exact numbers first: vLLM states them in GiB with one
     decimal (0.0 GiB for small models), so the message leads with bytes in vLLM's own wording, which
-    memory/oom_message.py reads, then vLLM's message unchanged."""
+    memory/oom_message.py reads, then vLLM's message unchanged.
+
+    Args:
+        exc: vLLM's error.
+        plan: vLLM-CPU's plan (memory.vllm.vllm_cpu_plan).
+        cfg: The composed train config.
+
+    Returns:
+        The error with the numbers first, or `exc` when it is not about the KV cache.
+    """
     text = str(exc)
     if "KV cache" not in text and "cache blocks" not in text:
         return exc
@@ -130,7 +140,16 @@ def server_mode(cfg: Any) -> bool:
 
 def build_server_trainer(cfg: Any, ctx: Any, model):
     """backend.vllm_mode=server: rank 0 (or the only process) starts `trl vllm-serve` on the saved
-    model and waits for it to be healthy; TRL's client (main process only) generates through it."""
+    model and waits for it to be healthy; TRL's client (main process only) generates through it.
+
+    Args:
+        cfg: The composed train config.
+        ctx: The trial's context.
+        model: The model to train.
+
+    Returns:
+        The trainer.
+    """
     from trl import GRPOConfig
 
     from .. import vllm_server
@@ -218,9 +237,7 @@ def build_trainer(cfg: Any, ctx: Any):
             raise
         raise explain_startup_error(exc, plan, cfg) from exc
     if plan is not None:
-        generation = trainer.vllm_generation
-        generation.generate = untracked(generation.generate)
-        generation.sync_weights = untracked(generation.sync_weights)
+        untrack_generation(trainer.vllm_generation)
     generation = getattr(trainer, "vllm_generation", None)
     trainer.grpo_sweep_scheduler = watch_scheduler(getattr(generation, "llm", None))
     remember_budget(trainer, cfg, util, plan)

@@ -35,7 +35,18 @@ def fast_inference(cfg: Any) -> bool:
 
 def from_pretrained_kwargs(cfg: Any, model_name: str, *, device_util: float, dtype=None, fast_inference: bool = True) -> dict:
     """FastLanguageModel.from_pretrained arguments (tested against its signature where installed).
-    The vLLM arguments (pool fraction, LoRA rank cap, standby) only with `fast_inference`."""
+    The vLLM arguments (pool fraction, LoRA rank cap, standby) only with `fast_inference`.
+
+    Args:
+        cfg: The composed train config.
+        model_name: The model's name or path.
+        device_util: vLLM's share of the physical card.
+        dtype: The weights' dtype; None: Unsloth's choice.
+        fast_inference: Unsloth runs vLLM for generation.
+
+    Returns:
+        The keyword arguments.
+    """
     kwargs = dict(
         model_name=model_name,
         max_seq_length=cfg.max_seq_length,
@@ -78,7 +89,17 @@ def grpo_unsloth_args(cfg: Any, *, on_cuda: bool, output_dir: str, fast_inferenc
     """`trl.grpo_args` for a vLLM sampler; Unsloth's trainer turns on use_vllm/colocate itself
     when the model carries an engine, we set them too so the config says what runs. Without fast
     inference: the HF sampler (`min_new_tokens`) and use_vllm=False. gradient_checkpointing is
-    Unsloth's (above)."""
+    Unsloth's (above).
+
+    Args:
+        cfg: The composed train config.
+        on_cuda: The trial runs on a CUDA device.
+        output_dir: The trainer's output folder.
+        fast_inference: Unsloth runs vLLM for generation.
+
+    Returns:
+        GRPOConfig keyword arguments.
+    """
     sampler = "vllm" if fast_inference else "hf"
     args = trl_backend.grpo_args(cfg, on_cuda=on_cuda, output_dir=output_dir, sampler=sampler)
     if fast_inference:
@@ -148,7 +169,16 @@ def unsloth_settings(cfg: Any, load_kwargs: dict) -> dict:
 
 
 def settings(trainer, cfg: Any, effective: dict) -> dict:
-    """`trl.settings` plus Unsloth's own calls (metrics.json trainer_settings)."""
+    """`trl.settings` plus Unsloth's own calls (metrics.json trainer_settings).
+
+    Args:
+        trainer: The built trainer.
+        cfg: The composed train config.
+        effective: The levers in target-card terms.
+
+    Returns:
+        The settings, by name.
+    """
     out = trl_backend.settings(trainer, cfg, effective)
     out["unsloth"] = getattr(trainer, "grpo_sweep_unsloth", None)
     return out

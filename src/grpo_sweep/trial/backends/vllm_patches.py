@@ -1,10 +1,15 @@
-"""Every patch grpo-sweep applies to TRL and vLLM, each in the trial process only.
+"""Every patch grpo-sweep applies to vLLM and to TRL's vLLM integration (trl.generation), each in
+the trial process (or its vLLM server's process) only.
 
 Each patch names the upstream version it targets and the condition for its removal.
-tests/test_patches.py calls each target, so an upgrade that moves one fails there, in seconds.
+tests/test_backends.py reads each target as the patch reads it, so an upgrade that moves one fails
+there, in seconds; tests/test_vllm_cpu.py runs them for real. TRL's trainer is patched in
+trl_patches.py, and transformers in transformers_patches.py.
 """
 
 from __future__ import annotations
+
+import importlib.metadata as metadata
 
 
 def inject_engine_kwargs(engine_kwargs: dict) -> None:
@@ -139,3 +144,52 @@ def watch_scheduler(llm) -> dict | None:
     scheduler.schedule = schedule
     scheduler._preempt_request = preempt
     return seen
+
+
+def untrack_generation(generation) -> None:
+    """Run TRL's vLLM generation and weight sync outside the CPU tensor tracker (any TorchDispatchMode):
+    vLLM's forward passes and its weight reload allocate inside vLLM's pool, which is charged to the
+    card as one block (`vllm_pool_bytes`), not as training memory. This shadows the two methods on
+    one `VLLMGeneration` instance.
+
+    Targets: TRL 1.16 `VLLMGeneration.generate` and `VLLMGeneration.sync_weights`; torch's
+    `torch.utils._python_dispatch._disable_current_modes`. Remove once TRL runs vLLM outside the
+    trainer's dispatch modes, or the tracker charges vLLM's pool itself."""
+    generation.generate = _untracked(generation.generate)
+    generation.sync_weights = _untracked(generation.sync_weights)
+
+
+def _untracked(fn):
+    import functools
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def answer_cpu_build_version() -> None:
+    """vLLM's CLI asks `importlib.metadata.version("vllm")`, but the CPU build's distribution is
+    `vllm-cpu`, so `vllm serve` dies before parsing its arguments (PackageNotFoundError). After this,
+    a lookup of "vllm" that finds no such distribution answers with vllm-cpu's version, in this
+    process only (the server's: trial/vllm_serve.py).
+
+    Targets: vllm-cpu 0.31.0 (distribution `vllm-cpu`, package `vllm`) and its
+    `vllm.entrypoints.cli.main.main`. Remove once the CPU build installs as the `vllm` distribution,
+    or vLLM's CLI stops asking for its own version by that name."""
+    stock = getattr(metadata.version, "grpo_sweep_stock", metadata.version)
+
+    def version(name: str) -> str:
+        try:
+            return stock(name)
+        except metadata.PackageNotFoundError:
+            if name == "vllm":
+                return stock("vllm-cpu")
+            raise
+
+    version.grpo_sweep_stock = stock  # type: ignore[attr-defined]
+    metadata.version = version

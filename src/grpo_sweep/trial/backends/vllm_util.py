@@ -24,6 +24,14 @@ def rescale_utilization(util: float, target_bytes: float | None, actual_bytes: f
 
     No rescale without a target, or when the target is not smaller than the card (a budget can
     only shrink what vLLM gets: emulating a bigger card than the one present is not possible).
+
+    Args:
+        util: gpu_memory_utilization on the target card.
+        target_bytes: The target card's bytes, or None.
+        actual_bytes: The physical card's bytes, or None.
+
+    Returns:
+        The fraction of the physical card.
     """
     if not target_bytes or not actual_bytes or target_bytes >= actual_bytes:
         return float(util)
@@ -31,7 +39,16 @@ def rescale_utilization(util: float, target_bytes: float | None, actual_bytes: f
 
 
 def target_equivalent(device_util: float, target_bytes: float | None, actual_bytes: float | None) -> float:
-    """Inverse of `rescale_utilization`: the lever value a device-level fraction stands for."""
+    """Inverse of `rescale_utilization`: the lever value a device-level fraction stands for.
+
+    Args:
+        device_util: A fraction of the physical card.
+        target_bytes: The target card's bytes, or None.
+        actual_bytes: The physical card's bytes, or None.
+
+    Returns:
+        The fraction of the target card.
+    """
     if not target_bytes or not actual_bytes or target_bytes >= actual_bytes:
         return float(device_util)
     return float(device_util) * float(actual_bytes) / float(target_bytes)

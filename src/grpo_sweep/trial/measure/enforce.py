@@ -19,7 +19,18 @@ SIMULATED_NOTE = "simulated device"
 
 
 def simulated_oom_error(requested: int, live: int, budget: int, phase: str, card: str = "cpu_sim"):
-    """The error a CUDA card of `budget` bytes would raise for this allocation, labelled simulated."""
+    """The error a CUDA card of `budget` bytes would raise for this allocation, labelled simulated.
+
+    Args:
+        requested: The allocation's bytes.
+        live: Bytes in use.
+        budget: The card's bytes.
+        phase: The phase the allocation fell in.
+        card: The card's name, for the message.
+
+    Returns:
+        A torch.OutOfMemoryError with CUDA's message shape.
+    """
     import torch
 
     free = max(budget - live, 0)

@@ -11,11 +11,13 @@ import sys
 
 from transformers import TrainerCallback
 
+from ...units import KIB
+
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    return int(peak if sys.platform == "darwin" else peak * KIB)
 
 
 def cuda_peak_bytes() -> int:
@@ -116,6 +118,13 @@ class MemoryMeter:
     """
 
     def __init__(self, cfg, on_cuda: bool, vllm: bool = False):
+        """Set up the meter for the trial's device: the tracker on CPU, the capped allocator on CUDA.
+
+        Args:
+            cfg: The composed train config (its budget).
+            on_cuda: The trial runs on a CUDA device.
+            vllm: The trial holds a vLLM pool, charged to the card as one block on CPU.
+        """
         from ...units import budget_bytes
         from .enforce import cap_cuda_process
         from .tracker import Phases, TensorTracker
@@ -282,7 +291,19 @@ class MemoryMeter:
 
 
 def _with_vllm_share(requested: int, live: int, budget: int, phase: str, *, share: int, card: str):
-    """The simulated OOM as the whole card would report it: vLLM's share counts as in use."""
+    """The simulated OOM as the whole card would report it: vLLM's share counts as in use.
+
+    Args:
+        requested: The allocation's bytes.
+        live: Training's bytes in use.
+        budget: Training's bytes (the card less vLLM's share).
+        phase: The phase the allocation fell in.
+        share: vLLM's share in bytes.
+        card: The card's name.
+
+    Returns:
+        The simulated OOM.
+    """
     from .enforce import simulated_oom_error
 
     return simulated_oom_error(requested, live + share, budget + share, phase, card=card)

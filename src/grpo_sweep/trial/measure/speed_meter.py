@@ -24,6 +24,8 @@ import time
 
 from transformers import TrainerCallback
 
+from ...units import MIB
+
 # Keys of TRL's GRPO logs we keep per step (TRL names on the left).
 LOG_KEYS = {
     "loss": "loss",
@@ -63,6 +65,18 @@ class StepMeter(TrainerCallback):
         first_timed_step: int = 2,
         step_probe=None,
     ):
+        """A meter for a run of `total_steps` steps.
+
+        Args:
+            total_steps: The steps the trial runs.
+            samples_per_step: Completions per optimiser step.
+            memory_probe: () -> (peak bytes, source); None: no memory column.
+            on_step: Called with each step's row (the loggers); None: nothing.
+            tracking: () -> whether the CPU tensor tracker slows this step; None: never.
+            stop_below: Tokens/s under which training stops early; None: never.
+            first_timed_step: The first step that may stop the trial (never before step 2).
+            step_probe: () -> the step's own peak bytes (trial.soak); None: not recorded.
+        """
         self.step_probe = step_probe  # () -> the step's own peak bytes (trial.soak); None: not recorded
         self.stop_below = stop_below  # tokens/s; None: never stop early
         self.first_timed_step = max(2, first_timed_step)  # never before the peak is measured
@@ -116,7 +130,7 @@ class StepMeter(TrainerCallback):
         print(
             f"[trial] step {row['step']}/{self.total_steps}  {row['step_time_s']:.2f} s  "
             f"{row['tokens_per_s']:.0f} tok/s  reward {row.get('reward', float('nan')):.3f}"
-            + (f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB" if "peak_memory_bytes" in row else ""),
+            + (f"  peak {row['peak_memory_bytes'] / MIB:.0f} MiB" if "peak_memory_bytes" in row else ""),
             flush=True,
         )
         if self.on_step is not None:

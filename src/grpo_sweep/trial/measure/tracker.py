@@ -51,6 +51,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..backends.trl_patches import phase_targets
+
 CATEGORIES = ("weights", "trainable_params", "gradients", "optimizer_state", "activations", "temporaries")
 PHASES = ("generation", "forward", "backward", "optimiser", "other")
 
@@ -95,13 +97,7 @@ class Phases:
     def attach(self, trainer) -> None:
         """Mark GRPOTrainer's phases (instance attributes shadow the methods; nothing global but
         the optimiser hooks, removed by `detach`)."""
-        marks = [
-            (trainer, "_generate_and_score_completions", "generation"),
-            (trainer, "compute_loss", "forward"),
-            (trainer.accelerator, "backward", "backward"),
-            (trainer, "_clip_grad_norm", "optimiser"),
-        ]
-        for owner, name, phase in marks:
+        for owner, name, phase in phase_targets(trainer):
             if callable(getattr(owner, name, None)):  # a trainer version without it: that phase reads `other`
                 setattr(owner, name, self.wrap(getattr(owner, name), phase))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -127,6 +123,13 @@ class _Entry:
     __slots__ = ("born", "category", "nbytes", "ref")
 
     def __init__(self, nbytes: int, category: str, born: int):
+        """One live storage: its bytes, category and when it was born.
+
+        Args:
+            nbytes: The storage's bytes.
+            category: Its category (CATEGORIES).
+            born: The tracker's op counter at its birth (ordered against the peak's).
+        """
         self.nbytes, self.category, self.born, self.ref = nbytes, category, born, None
 
 
@@ -140,6 +143,13 @@ class TensorTracker(TorchDispatchMode):
     def __init__(
         self, budget_bytes: int | None = None, phases: Phases | None = None, oom_error: Callable[..., BaseException] | None = None
     ):
+        """A tracker, not yet attached to a trainer.
+
+        Args:
+            budget_bytes: The budget it enforces; None: none.
+            phases: The phase marks; None: a fresh Phases.
+            oom_error: Builds the error for a refused allocation; None: enforce.simulated_oom_error.
+        """
         super().__init__()
         self.budget_bytes = budget_bytes
         self.phases = phases or Phases()
@@ -191,7 +201,13 @@ class TensorTracker(TorchDispatchMode):
         return nbytes
 
     def reclassify(self, tensor: torch.Tensor, category: str, only_from: str | None = "temporaries") -> None:
-        """Move a storage to `category`; fix the peak's breakdown if it was live at the peak."""
+        """Move a storage to `category`; fix the peak's breakdown if it was live at the peak.
+
+        Args:
+            tensor: A tensor whose storage is tracked.
+            category: The new category.
+            only_from: Move it only from this category; None: from any.
+        """
         try:
             entry = self._entries.get(id(tensor.untyped_storage()))
         except (RuntimeError, NotImplementedError):
@@ -309,6 +325,13 @@ class TensorTracker(TorchDispatchMode):
             self.reclassify(param.grad, "gradients", only_from=None)
 
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        """After an optimiser step: class the optimiser's tensors as optimizer_state (a torch hook).
+
+        Args:
+            optimizer: The optimiser that stepped.
+            args: Its step's positional arguments.
+            kwargs: Its step's keyword arguments.
+        """
         if not getattr(self, "active", False):
             return
         for state in optimizer.state.values():

@@ -100,7 +100,17 @@ def length_stats(lengths: list[int], max_len: int) -> dict:
 
 
 def fit_prompt(text: str, tokenizer, max_len: int, pad: bool) -> str:
-    """Cut `text` to at most `max_len` tokens; with `pad`, prepend filler up to exactly `max_len`."""
+    """Cut `text` to at most `max_len` tokens; with `pad`, prepend filler up to exactly `max_len`.
+
+    Args:
+        text: The prompt's text.
+        tokenizer: The trial's tokenizer.
+        max_len: The length in tokens.
+        pad: Pad up to exactly `max_len`.
+
+    Returns:
+        The text.
+    """
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) > max_len:
         return tokenizer.decode(ids[-max_len:])

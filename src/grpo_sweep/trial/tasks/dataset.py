@@ -33,7 +33,17 @@ def fit_conversation(messages: list, tokenizer, max_len: int, pad: bool) -> list
     """`fit_prompt` for a conversation: the last user message's text is cut or padded until the
     whole templated prompt is `max_len` tokens (or at most, without `pad`). When the other messages
     alone are over it (a long system message), they are cut from the left too, the first first: the
-    prompt TRL tokenizes is then the length the estimate was made for."""
+    prompt TRL tokenizes is then the length the estimate was made for.
+
+    Args:
+        messages: The conversation's {role, content} messages.
+        tokenizer: The trial's tokenizer (its chat template).
+        max_len: The templated prompt's length in tokens.
+        pad: Pad up to exactly `max_len`.
+
+    Returns:
+        The messages.
+    """
     messages = [dict(m) for m in messages]
     idx = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
     if not isinstance(messages[idx]["content"], str):

@@ -138,7 +138,16 @@ class RewardClock(TrainerCallback):
 
 
 def reward_functions(names: list[str], defaults: tuple, clock: RewardClock) -> list[Callable]:
-    """The functions a trial passes to GRPOTrainer: the user's when `names`, else the task's own."""
+    """The functions a trial passes to GRPOTrainer: the user's when `names`, else the task's own.
+
+    Args:
+        names: The user's task.reward_funcs entries (TRL's built-in names, or module.function).
+        defaults: The task's own reward functions.
+        clock: Times each call per step.
+
+    Returns:
+        The functions, each timed.
+    """
     if names:
         return [clock.wrap(import_reward(n), reward_path(n)) for n in names]
     return [clock.wrap(f, f"{f.__module__}.{f.__name__}") for f in defaults]
