@@ -129,9 +129,10 @@ def sweep_cost_of(
         return trial_forecast(cfg, relative_step_time(cfg)["step_s"])["gpu_s"]
 
     runs = [f for f in judged if f.runs]
-    if not runs or not judged or all(f.tokens_per_s is None for f in runs):
+    priceable = [f for f in runs if f.tokens_per_s is not None]  # a card without datasheet speeds has none
+    if not priceable:
         return None
-    priced = [gpu_s(f) for f in runs[:PRICED]]
+    priced = [gpu_s(f) for f in priceable[:PRICED]]
     share = len(runs) / len(judged)
     confirm = plan.n_trials - plan.n_search
     finalist = gpu_s(ranking[0]) if ranking and confirm else 0.0
