@@ -150,7 +150,14 @@ def summarize(keep_measured_at: bool = False) -> dict:
                 ),
                 (
                     "published_runs",
-                    ("published_heldout_median_factor", "published_heldout_worst_factor", "published_card_ratio_error"),
+                    (
+                        "published_heldout_median_factor",
+                        "published_heldout_worst_factor",
+                        "published_card_ratio_error",
+                        "published_heldout_median_factor_worst_case",
+                        "published_heldout_worst_factor_worst_case",
+                        "published_card_ratio_error_worst_case",
+                    ),
                 ),
             )
             for k in keys

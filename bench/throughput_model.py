@@ -10,8 +10,8 @@ in bench/data/plan_tiny_cpu_vllm.json; --fresh remakes it after a model change).
   default seed 0 breaking ties as the sweep breaks them) over the best point's;
 - the model's median predicted / measured tokens/s, and the measured range of its top four.
 --calibrate: self-calibration replayed (calibrated_after: 5 real trials here, a few minutes).
-Beside them, the public GPU runs (bench/published_runs.py's configs) at the expected length: each run's
-logged mean completion length as task.expected_completion_tokens (published_runs.py judges the worst case).
+Beside them, the public GPU runs at the expected length, as bench/published_runs.py judges them: each
+run's logged mean completion length as task.expected_completion_tokens.
 The cpu_sim card's overheads were fitted to this same landscape (conf/gpu/cpu_sim.yaml says so): these
 figures are in-sample. Writes bench/results/throughput_model.json and .md.
 """
@@ -144,36 +144,13 @@ def calibrated_after(land: dict, count: int = 5) -> dict:
 
 
 def published_at_expected_length() -> dict:
-    """The public GPU runs (bench/published_runs.py's configs) predicted at the expected case: each run's
-    logged mean completion length as task.expected_completion_tokens (the budget where it logged none).
-    published_runs.py judges the worst case, as trials measure; this is the forecast a user gets who
-    states the mean length of their data."""
+    """The public GPU runs at the expected case (each run's logged mean completion length as
+    task.expected_completion_tokens), as bench/published_runs.py judges them: its rows and per-split figures."""
     import published_runs
 
-    from grpo_sweep.config.compose import compose_train_config
-    from grpo_sweep.memory.throughput import relative_step_time
-
-    rows = []
-    for run in published_runs.load()["runs"]:
-        if not run.get("predictable"):
-            continue
-        over = published_runs.overrides(run)
-        if run.get("completion_length_mean"):
-            over.append(f"task.expected_completion_tokens={round(run['completion_length_mean'])}")
-        predicted = relative_step_time(compose_train_config(over))["expected"]["step_s"]
-        measured = run["seconds_per_step"]
-        rows.append({"id": run["id"], "split": run["split"], "measured_s": measured, "predicted_s": predicted})
-        rows[-1]["factor"] = published_runs.factor(predicted, measured)
-    splits = {
-        split: {
-            "runs": len(f),
-            "median_factor": statistics.median(f),
-            "worst_factor": max(f),
-        }
-        for split in published_runs.SPLITS
-        if (f := [r["factor"] for r in rows if r["split"] == split])
-    }
-    return {"rows": rows, "splits": splits}
+    result = published_runs.evaluate(published_runs.load())
+    rows = [{k: r[k] for k in ("id", "split", "measured_s", "predicted_s", "factor")} for r in result["rows"]]
+    return {"rows": rows, "splits": result["splits"]}
 
 
 if __name__ == "__main__":

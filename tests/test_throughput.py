@@ -185,6 +185,8 @@ def test_plan_compares_the_cards_for_one_recipe():
 
     from conftest import cli
 
+    from grpo_sweep.memory.throughput import SWEEP_N_TRIALS
+
     done = cli("plan", "--cards", "t4_16g,a100_40g,h100_80g", *L4_VLLM, "task.max_steps=10", "--json")
     rows = json.loads(done.stdout)
     assert [r["card"] for r in rows] == ["t4_16g", "a100_40g", "h100_80g"]
@@ -195,6 +197,98 @@ def test_plan_compares_the_cards_for_one_recipe():
     assert bare[0]["speed"] is None and "gpu.tflops_bf16=None" in bare[0]["speed_error"]
     text = cli("plan", "--cards", "t4_16g,h100_80g", *L4_VLLM).stdout
     assert text.splitlines()[1].startswith("t4_16g") and "set task.max_steps=N" in text
+    # each card's sweep: the default n_trials trials of the recipe, in GPU-minutes, a faster card cheaper
+    sweeps = [r["speed"]["sweep"]["gpu_minutes"] for r in rows]
+    assert sweeps[0] > sweeps[2] and sweeps[0] == pytest.approx(SWEEP_N_TRIALS * rows[0]["speed"]["trial"]["gpu_s"] / 60)
+    assert f"{sweeps[0]:.3g}" in text.splitlines()[1].split()[-1]
+
+
+def test_4bit_dequantisation_runs_at_the_cards_own_fraction():
+    """A 4-bit model's dequantisation stream (DEQUANT_BYTES_PER_WEIGHT per projection weight, once per decode
+    step) runs at the card's dequant_bandwidth_fraction, not its decode fraction: halving it adds exactly that
+    stream's extra seconds to generation, by hand; a 16-bit model has no such stream."""
+    from grpo_sweep.memory.shapes import param_counts
+    from grpo_sweep.memory.throughput import DEQUANT_BYTES_PER_WEIGHT
+
+    four = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl_vllm", "load_in_4bit=true"]
+    cfg = compose(four)
+    card, s = card_of(cfg), shapes(cfg, "trl_vllm")
+    assert card.dequant_fraction == 0.77 != card.decode_fraction  # conf/gpu/t4_16g.yaml's fitted value
+    full = relative_step_time(cfg)
+    half = relative_step_time(compose([*four, f"gpu.dequant_bandwidth_fraction={card.dequant_fraction / 2}"]))
+    stream = param_counts(s)["linear"] * DEQUANT_BYTES_PER_WEIGHT * full["generation_waves"] * s.C
+    extra = stream / (card.bandwidth * card.dequant_fraction)  # at half the fraction the stream takes twice as long
+    assert half["generation_s"] - full["generation_s"] == pytest.approx(extra)
+    assert half["training_s"] > full["training_s"]  # training dequantises too, at the same rate
+    sixteen = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl_vllm"]
+    assert relative_step_time(compose([*sixteen, "gpu.dequant_bandwidth_fraction=0.1"]))["step_s"] == pytest.approx(
+        relative_step_time(compose(sixteen))["step_s"]
+    )
+
+
+def test_hf_generate_pays_the_cards_eager_seconds_per_layer_per_token():
+    """HF generate's per-step overhead is the card's eager_layer_s per layer: on the T4 (fitted to its public
+    HF-generate run) each of the budget's decode steps costs layers x that, by hand against the generic rate."""
+    from grpo_sweep.memory.throughput import EAGER_LAYER_S
+
+    hf = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl"]
+    cfg = compose(hf)
+    s, card = shapes(cfg, "trl"), card_of(cfg)
+    assert card.eager_layer_s > EAGER_LAYER_S
+    generic = relative_step_time(compose([*hf, f"gpu.eager_layer_s={EAGER_LAYER_S}"]))
+    t4 = relative_step_time(cfg)
+    assert t4["generation_s"] - generic["generation_s"] == pytest.approx(s.C * s.L * (card.eager_layer_s - EAGER_LAYER_S))
+    assert t4["training_s"] == generic["training_s"]
+
+
+def test_estimate_prices_a_trial_and_a_sweep_in_gpu_minutes():
+    """`estimate` forecasts one trial (its start: imports, the weights read by the trainer and by vLLM, vLLM's
+    engine start; then trial.steps worst-case steps) and a sweep of n_trials such trials in GPU-minutes, by
+    hand; `--json` carries both; n_trials=N sets the count and a bad one is refused in one line."""
+    import json
+
+    from conftest import cli
+
+    from grpo_sweep.memory.throughput import LOAD_BYTES_PER_S, PROCESS_START_S, SWEEP_N_TRIALS, VLLM_START_S
+
+    args = ["estimate", *L4_VLLM, "trial.num_processes=2", "trial.strategy=ddp"]
+    speed = json.loads(cli(*args, "n_trials=7", "--json").stdout)["speed"]
+    cfg = compose([*L4_VLLM, "trial.num_processes=2", "trial.strategy=ddp"])
+    start = PROCESS_START_S + 2 * weights_bytes(shapes(cfg, "trl_vllm")) / LOAD_BYTES_PER_S + VLLM_START_S
+    trial = speed["trial"]
+    assert trial["start_s"] == pytest.approx(start)
+    assert trial["trial_s"] == pytest.approx(start + cfg.trial.steps * speed["worst_case"]["step_s"])
+    assert trial["gpus"] == 2 and trial["gpu_s"] == pytest.approx(2 * trial["trial_s"])
+    assert speed["sweep"]["gpu_minutes"] == pytest.approx(7 * trial["gpu_s"] / 60)
+    default = json.loads(cli(*args, "--json").stdout)["speed"]["sweep"]
+    assert default["gpu_minutes"] == pytest.approx(SWEEP_N_TRIALS * trial["gpu_s"] / 60)
+    text = cli(*args, "n_trials=7").stdout
+    assert f"sweep cost: {speed['sweep']['gpu_minutes']:.3g} GPU-minutes (n_trials=7 trials, each this config" in text
+    refused = cli(*args, "n_trials=0")
+    assert refused.returncode == 2 and "n_trials=0: must be an integer >= 1" in refused.stderr
+
+
+def test_plan_prices_the_sweep_over_its_own_space(capfd):
+    """`grpo-sweep plan`: the sweep's forecast cost over its space: its search trials less the share the
+    pre-screen prunes (those load no model), each at least a trial's start, plus the confirmation runs;
+    twice the trial steps cost more; the text says it."""
+    import json
+
+    from conftest import cli
+
+    from grpo_sweep.memory.throughput import PROCESS_START_S
+
+    data = json.loads(cli("plan", "+sweeps=tiny_cpu", "--json").stdout)
+    cost, pre = data["cost"], data["prescreen"]
+    assert pre["pruned"] > 0  # the tiny sweep's micro-batch 8 points: the cost leaves them out
+    search = cost["search_trials"] / (pre["runs"] / (pre["runs"] + pre["pruned"]))
+    assert search + cost["confirm_runs"] == 8  # the sweep's n_trials
+    assert cost["gpu_minutes"] * 60 > (cost["search_trials"] + cost["confirm_runs"]) * PROCESS_START_S
+    longer = json.loads(cli("plan", "+sweeps=tiny_cpu", "trial.steps=4", "--json").stdout)["cost"]
+    assert longer["gpu_minutes"] > cost["gpu_minutes"]
+    capfd.readouterr()
+    cli("plan", "+sweeps=tiny_cpu")  # the text plan comes from the app's own process
+    assert f"Forecast cost: {cost['gpu_minutes']:.3g} GPU-minutes ({cost['assumption']})" in capfd.readouterr().out
 
 
 def test_limit_words_say_how_far_the_card_is_from_its_limit():

@@ -181,7 +181,7 @@ def cli(argv: list[str]) -> int:
         print("grpo-sweep doctor: --message FILE is required\n" + USAGE, file=sys.stderr)
         return 2
     try:
-        overrides, mode, _ = split_args(rest)
+        overrides, mode, _, _ = split_args(rest)
         text, config_path, fields = read_message(source)
         cfg = load_config(config_path, overrides)
         # Keys and ranges as train.py checks them (a `+typo` is an error here too), for the target card.

@@ -16,12 +16,13 @@ from ..config.trl_config import expand
 from ..config.validate import validate
 from ..memory.estimator import LOGITS_MODES, Estimate, estimate, verdict, waves_note
 from ..memory.shapes import target_device
-from ..memory.throughput import speed_forecast, speed_lines
+from ..memory.throughput import SWEEP_N_TRIALS, speed_forecast, speed_lines
 from ..units import GIB
 
-USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [trl_config=my.yaml] [logits_mode=chunked|full] [--json]
+USAGE = """usage: grpo-sweep estimate [HYDRA_OVERRIDES ...] [trl_config=my.yaml] [logits_mode=chunked|full] [n_trials=N] [--json]
 
-Predict peak memory for a config without a GPU, e.g.
+Predict peak memory and speed for a config without a GPU; the speed includes a sweep's cost in GPU-minutes if
+its n_trials trials (default: hydra.sweeper.n_trials's) all ran this config. E.g.
   grpo-sweep estimate model=gemma3_1b gpu=l4_24g gpu.memory_gib=22 preset=seed_baseline logits_mode=full
   grpo-sweep estimate model=gemma3_1b gpu=l4_24g trial.num_processes=4 trial.strategy=zero3   (per rank)
   grpo-sweep estimate trl_config=my_grpo.yaml gpu=l4_24g   (your `trl grpo --config` file as the recipe)"""
@@ -57,9 +58,10 @@ def format_rank_table(est: Estimate) -> str:
     return "\n".join(rows)
 
 
-def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
-    """Hydra overrides (a `trl_config=my.yaml` read as its overrides), the CLI-level logits_mode, and --json."""
-    overrides, mode, as_json = [], None, False
+def split_args(argv: list[str]) -> tuple[list[str], str | None, bool, int]:
+    """Hydra overrides (a `trl_config=my.yaml` read as its overrides), the CLI-level logits_mode and n_trials,
+    and --json."""
+    overrides, mode, as_json, n_trials = [], None, False, SWEEP_N_TRIALS
     for arg in argv:
         if arg == "--json":
             as_json = True
@@ -67,9 +69,14 @@ def split_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
             mode = arg.split("=", 1)[1]
             if mode not in LOGITS_MODES:
                 raise ConfigError(f"logits_mode={mode}: must be one of {', '.join(LOGITS_MODES)}")
+        elif arg.startswith("n_trials="):
+            value = arg.split("=", 1)[1]
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"n_trials={value}: must be an integer >= 1 (the sweep's trials to price)")
+            n_trials = int(value)
         else:
             overrides.append(arg)
-    return expand(overrides), mode, as_json
+    return expand(overrides), mode, as_json, n_trials
 
 
 def cli(argv: list[str]) -> int:
@@ -77,7 +84,7 @@ def cli(argv: list[str]) -> int:
         print(USAGE)
         return 0
     try:
-        overrides, mode, as_json = split_args(argv)
+        overrides, mode, as_json, n_trials = split_args(argv)
         cfg = compose_train_config(overrides)
         # The estimate is for the target machine: CUDA rules as on a card, no local install check.
         validate(cfg, cuda=target_device(cfg) == "cuda")
@@ -91,7 +98,7 @@ def cli(argv: list[str]) -> int:
         return 2
     speed, no_speed = None, None
     try:
-        speed = speed_forecast(cfg, mode)
+        speed = speed_forecast(cfg, mode, n_trials)
     except ConfigError as exc:  # a card without datasheet speeds
         no_speed = str(exc)
     if as_json:

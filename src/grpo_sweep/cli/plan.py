@@ -31,7 +31,8 @@ full recipe cannot fit. The overrides are those of `python train.py -m`, e.g.
   grpo-sweep plan +sweeps=tiny_cpu_vllm
   grpo-sweep plan +sweeps=gemma3_1b_l4 gpu=a100_40g --json
 With --cards: one recipe (the overrides, no sweep) on each card: whether it fits, seconds per step
-(worst case and expected), and the run's time for task.max_steps."""
+(worst case and expected), the run's time for task.max_steps, and the GPU-minutes of a sweep whose
+trials (hydra.sweeper.n_trials's default) all run the recipe."""
 
 
 def compare_cards(cards: list[str], overrides: list[str]) -> list[dict]:
@@ -42,7 +43,7 @@ def compare_cards(cards: list[str], overrides: list[str]) -> list[dict]:
     from ..config.validate import validate
     from ..memory.estimator import estimate
     from ..memory.shapes import target_device
-    from ..memory.throughput import speed_forecast
+    from ..memory.throughput import SWEEP_N_TRIALS, speed_forecast
 
     rows = []
     for card in cards:
@@ -51,7 +52,7 @@ def compare_cards(cards: list[str], overrides: list[str]) -> list[dict]:
         est = estimate(cfg)
         row: dict = {"card": card, "fits": est.fits, "headroom_bytes": est.headroom_bytes, "speed": None}
         try:
-            row["speed"] = speed_forecast(cfg)
+            row["speed"] = speed_forecast(cfg, n_trials=SWEEP_N_TRIALS)
         except ConfigError as exc:
             row["speed_error"] = str(exc)
         rows.append(row)
@@ -62,7 +63,10 @@ def cards_table(rows: list[dict]) -> str:
     """The comparison as text: one line per card."""
     from ..memory.throughput import format_duration
 
-    lines = [f"{'card':<14} {'fits':<5} {'s/step worst':>12} {'s/step expected':>15} {'run (worst)':>14} {'run (expected)':>15}"]
+    lines = [
+        f"{'card':<14} {'fits':<5} {'s/step worst':>12} {'s/step expected':>15} {'run (worst)':>14} {'run (expected)':>15} "
+        f"{'sweep GPU-min':>13}"
+    ]
     for r in rows:
         sp = r["speed"]
         if sp is None:
@@ -72,10 +76,12 @@ def cards_table(rows: list[dict]) -> str:
         worst, expected = ("-", "-") if run is None else (format_duration(run["worst_case"]), format_duration(run["expected"]))
         lines.append(
             f"{r['card']:<14} {str(r['fits']).lower():<5} {sp['worst_case']['step_s']:>12.3g} "
-            f"{sp['expected']['step_s']:>15.3g} {worst:>14} {expected:>15}"
+            f"{sp['expected']['step_s']:>15.3g} {worst:>14} {expected:>15} {sp['sweep']['gpu_minutes']:>13.3g}"
         )
     if rows and rows[0]["speed"] and rows[0]["speed"]["run_s"] is None:
         lines.append("run time: set task.max_steps=N")
+    if rows and rows[0]["speed"]:
+        lines.append(f"sweep: {rows[0]['speed']['sweep']['assumption']}")
     return "\n".join(lines)
 
 

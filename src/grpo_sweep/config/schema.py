@@ -95,9 +95,11 @@ class GpuConfig:
     # null = the model's generic fractions (memory.throughput.GENERIC_EFFICIENCY).
     train_flops_fraction: float | None = None
     decode_bandwidth_fraction: float | None = None
+    dequant_bandwidth_fraction: float | None = None
     microbatch_overhead_s: float | None = None
     step_overhead_s: float | None = None
     vllm_pool_s_per_gib: float | None = None
+    eager_layer_s: float | None = None
 
 
 @dataclass

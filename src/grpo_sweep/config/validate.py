@@ -487,11 +487,11 @@ def check_ranges(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value <= 0:
             raise ConfigError(f"{key}={value}: must be > 0, or null (the card's datasheet number)")
-    for key in ("gpu.train_flops_fraction", "gpu.decode_bandwidth_fraction"):
+    for key in ("gpu.train_flops_fraction", "gpu.decode_bandwidth_fraction", "gpu.dequant_bandwidth_fraction"):
         value = OmegaConf.select(cfg, key)
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"{key}={value}: must be a fraction of the card's peak in (0, 1], or null (the generic one)")
-    for key in ("gpu.microbatch_overhead_s", "gpu.step_overhead_s", "gpu.vllm_pool_s_per_gib"):
+    for key in ("gpu.microbatch_overhead_s", "gpu.step_overhead_s", "gpu.vllm_pool_s_per_gib", "gpu.eager_layer_s"):
         _at_least(cfg, key, 0, optional=True)
     _at_least(cfg, "task.expected_completion_tokens", 1, optional=True)
     _at_least(cfg, "task.max_steps", 1, optional=True)

@@ -3,8 +3,8 @@
 Pure arithmetic like the estimator (no torch). The card's speed comes from its own
 `conf/gpu/*.yaml` and nowhere else: its peak (`tflops_bf16`, `bandwidth_gbs`; a card without them is
 an error that names the file to fix, never another card's numbers) and the efficiencies it reaches
-(`train_flops_fraction`, `decode_bandwidth_fraction`, `microbatch_overhead_s`, `step_overhead_s`,
-`vllm_pool_s_per_gib`), each with its source in that file.
+(`train_flops_fraction`, `decode_bandwidth_fraction`, `dequant_bandwidth_fraction`, `microbatch_overhead_s`,
+`step_overhead_s`, `vllm_pool_s_per_gib`, `eager_layer_s`), each with its source in that file.
 
 Each step is modelled at three points:
 - the worst case: every completion runs to its budget (max_seq_length - max_prompt_length). Trials
@@ -25,6 +25,7 @@ from typing import Any
 from ..config.backends import vllm_engine_settings
 from ..config.schema import ConfigError
 from ..config.split import processes_of, split_of
+from ..units import GIB
 from .estimator import checkpointed_layers, estimate, generates_with_vllm
 from .shapes import kv_bytes_per_token, param_counts, resolve_backend_for, shapes, target_device, weights_bytes
 from .vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_bytes
@@ -38,18 +39,33 @@ EAGER_LAYER_S = 0.00035
 GENERIC_EFFICIENCY = {
     "train_flops_fraction": 0.4,
     "decode_bandwidth_fraction": 0.6,
+    "dequant_bandwidth_fraction": 0.6,
     "microbatch_overhead_s": 0.0,
     "step_overhead_s": 0.0,
     "vllm_pool_s_per_gib": 0.0,
+    "eager_layer_s": EAGER_LAYER_S,
 }
 # A micro-batch of T tokens runs at T / (T + MICROBATCH_FILL_TOKENS) of the card's training fraction: small
 # matmuls fill a card's tensor cores less (the model's assumption, kept from its first version; not fitted).
 MICROBATCH_FILL_TOKENS = 2048
+# A trial's start before its first step, from the public runs' own logs (bench/data/published_grpo_runs.json's
+# sources): vLLM's "init engine (profile, create kv cache, warmup model) took N seconds" is 28-194 s over the 15
+# public GPU runs that print it (T4, RTX 4090, A100; vLLM 0.7-0.9), median 58 s; their "Model loading took X GiB
+# and Y seconds" where nothing was downloaded reads 0.4-2.7 GiB/s (4.04 GiB in 2.8 s, 5.91 GiB in 15.0 s), taken
+# as 1 GiB/s; the process's imports (torch, TRL) ~10 s, as a first trial here starts (bench/results/trial_start.md).
+VLLM_START_S = 58.0
+LOAD_BYTES_PER_S = 1.0 * GIB
+PROCESS_START_S = 10.0
+# hydra.sweeper.n_trials's default (the sweeper's config reads it from here): the trials `grpo-sweep estimate`
+# prices a sweep of one config at unless told n_trials=N.
+SWEEP_N_TRIALS = 20
 # At the expected length, the longest completion of a generation wave is taken as this multiple of the
 # mean (at most the budget) until a trial measures it (metrics.json completion_tokens_max).
 EXPECTED_TAIL = 2.0
 # bitsandbytes dequantises each NF4 projection to a 16-bit copy before its matmul (bnb.functional
-# dequantize_4bit, in training and in HF generate alike): read 0.5 byte, write and read 2 bytes per weight.
+# dequantize_4bit, in training, HF generate and vLLM alike: bnb matmul_4bit takes its fused gemv only for a
+# single row, and a GRPO wave decodes several): read 0.5 byte, write and read 2 bytes per weight. That stream
+# runs at the card's dequant_bandwidth_fraction: the dequantisation kernel is branch-bound on some cards.
 DEQUANT_BYTES_PER_WEIGHT = 4.5
 
 
@@ -61,9 +77,11 @@ class Card:
     bandwidth: float  # bytes/s
     train_fraction: float
     decode_fraction: float
+    dequant_fraction: float  # of the bandwidth, in bitsandbytes' 4-bit dequantisation stream
     microbatch_s: float  # fixed seconds per training micro-batch (forward + backward launches)
     step_s: float  # fixed seconds per step in generation (TRL times the weight sync to vLLM inside it)
     pool_s_per_byte: float  # seconds per step per byte of vLLM's KV pool (vLLM's CPU build; 0 on a GPU)
+    eager_layer_s: float  # HF generate's seconds per layer per decode step (eager kernel launches, host-bound)
 
 
 def vllm_step_overhead(s, engine: dict, device: str) -> float:
@@ -97,9 +115,11 @@ def card_of(cfg: Any) -> Card:
         bandwidth=gbs * 1e9,
         train_fraction=eff["train_flops_fraction"],
         decode_fraction=eff["decode_bandwidth_fraction"],
+        dequant_fraction=eff["dequant_bandwidth_fraction"],
         microbatch_s=eff["microbatch_overhead_s"],
         step_s=eff["step_overhead_s"],
         pool_s_per_byte=eff["vllm_pool_s_per_gib"] / 2**30,
+        eager_layer_s=eff["eager_layer_s"],
     )
 
 
@@ -144,6 +164,7 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     s = m["s"]
     flops_rate = card.peak_flops * (1.0 if limit else card.train_fraction)
     bytes_rate = card.bandwidth * (1.0 if limit else card.decode_fraction)
+    dequant_rate = card.bandwidth * (1.0 if limit else card.dequant_fraction)
     fixed = 0.0 if limit else 1.0
     # training: TRL pads a micro-batch to its longest completion
     tokens = s.G * (s.P + longest)
@@ -152,7 +173,7 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     dequant = m["dequant"] * (m["passes"] + m["extra"]) * s.GA
     micro = s.B * (s.P + longest)  # tokens per micro-batch: a small one fills the card's matmuls less
     fill = 1.0 if limit else micro / (micro + MICROBATCH_FILL_TOKENS)
-    train = (train_flops + extra_flops) / (flops_rate * fill) + dequant / bytes_rate
+    train = (train_flops + extra_flops) / (flops_rate * fill) + dequant / dequant_rate
     train += fixed * s.GA * card.microbatch_s * (1 + m["extra"] / 2)
     # generation: prefill (compute-bound; a prefix cache computes the group's shared full blocks once) ...
     prefill = m["prefill_tokens"] * m["layer_flops"] / flops_rate
@@ -162,8 +183,9 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     # until the longest ends (transformers generation/utils.py _sample: unfinished_sequences masks, no removal).
     steps = m["waves"] * longest
     kv_tokens = s.G * (s.P * mean + mean * mean / 2) if m["vllm"] else s.G * longest * (s.P + longest / 2)
-    decode_bytes = steps * m["weight_read"] + kv_tokens * m["kv_per_token"]
-    gen = prefill + decode_bytes / bytes_rate + fixed * (steps * m["step_overhead"] + m["pool_s"] + card.step_s)
+    decode_bytes = steps * (m["weight_read"] + m["dequant"]) + kv_tokens * m["kv_per_token"]
+    decode_s = (steps * m["weight_read"] + kv_tokens * m["kv_per_token"]) / bytes_rate + steps * m["dequant"] / dequant_rate
+    gen = prefill + decode_s + fixed * (steps * m["step_overhead"] + m["pool_s"] + card.step_s)
     return {
         "generation_s": gen,
         "training_s": train,
@@ -183,13 +205,13 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     forward) with LoRA's backward ~ one forward (no base-weight gradients), +1 forward with checkpointing,
     the chunked head's recompute, and the forwards outside the micro-batches (extra_forwards), at the card's
     train_flops_fraction of peak scaled by the micro-batch's fill (MICROBATCH_FILL_TOKENS), plus its fixed
-    seconds per micro-batch. 4-bit adds the
-    dequantisation traffic (DEQUANT_BYTES_PER_WEIGHT per projection weight per pass, training and HF
-    decode alike). generation: prefill at the training rate (prefix caching computes the group's shared
-    full KV blocks once: vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per
-    token of each wave's longest completion, bound by reading the weights and the live KV cache at the
-    card's decode_bandwidth_fraction, plus a per-step overhead (HF generate ~0.35 ms per layer, vLLM 3 ms:
-    `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
+    seconds per micro-batch. 4-bit adds the dequantisation stream (DEQUANT_BYTES_PER_WEIGHT per projection
+    weight per pass, training and decode alike) at the card's dequant_bandwidth_fraction. generation: prefill
+    at the training rate (prefix caching computes the group's shared full KV blocks once:
+    vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per token of each wave's
+    longest completion, bound by reading the weights and the live KV cache at the card's
+    decode_bandwidth_fraction, plus a per-step overhead (HF generate: the card's eager_layer_s per layer; vLLM
+    3 ms: `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
     backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
     `generation_waves`, vLLM's scheduler queueing the rest), the weights are read and the per-step overhead
     paid once per wave, the KV reads stay the batch's. The card's fixed seconds per step are generation's:
@@ -223,9 +245,9 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
         "passes": 2 + recompute_passes(s),
         "extra": extra_forwards(cfg, vllm),
         "dequant": dequant,
-        "weight_read": weights_bytes(s) + dequant,
+        "weight_read": weights_bytes(s),
         "kv_per_token": kv_bytes_per_token(s, vllm_kv_element_bytes(engine, s.wb) if vllm else s.wb),
-        "step_overhead": vllm_step_overhead(s, engine, device) if vllm else EAGER_LAYER_S * s.L,
+        "step_overhead": vllm_step_overhead(s, engine, device) if vllm else card.eager_layer_s * s.L,
         "prefill_tokens": s.G * s.P - (s.G - prompts) * shared,
         "pool_s": pool * card.pool_s_per_byte,
     }
@@ -315,10 +337,11 @@ def speed_record(measured: dict, model: dict | None, why_no_model: str | None = 
     return out
 
 
-def speed_forecast(cfg: Any, logits_mode: str | None = None) -> dict:
+def speed_forecast(cfg: Any, logits_mode: str | None = None, n_trials: int | None = None) -> dict:
     """What `grpo-sweep estimate` and `plan` say of a recipe's speed before launch: seconds per step (generation
-    and training) at the worst case, at the expected length and at the card's limit, and the run's wall time for
-    task.max_steps (null: no run time)."""
+    and training) at the worst case, at the expected length and at the card's limit, the run's wall time for
+    task.max_steps (null: no run time), one trial of it (trial_forecast) and, with n_trials, the cost of a sweep
+    whose n_trials trials all run this config (`grpo-sweep plan` prices a sweep's own space)."""
     r = relative_step_time(cfg, logits_mode)
     keys = ("step_s", "generation_s", "training_s")
     out = {
@@ -329,7 +352,52 @@ def speed_forecast(cfg: Any, logits_mode: str | None = None) -> dict:
     }
     steps = out["max_steps"]
     out["run_s"] = None if steps is None else {case: steps * out[case]["step_s"] for case in ("worst_case", "expected")}
+    out["trial"] = trial = trial_forecast(cfg, r["step_s"])
+    if n_trials is not None:
+        why = (
+            f"n_trials={n_trials} trials, each this config: its start + trial.steps={trial['steps']} worst-case steps; "
+            "`grpo-sweep plan` prices a sweep's own space"
+        )
+        out["sweep"] = sweep_cost(n_trials, trial["gpu_s"], 0, 0.0, why)
     return out
+
+
+def trial_start_s(cfg: Any) -> float:
+    """Seconds from a trial's launch to its first step: the process's imports, the weights read once by the
+    trainer and once more by vLLM (its own copy, colocated or served), and vLLM's engine start (PROCESS_START_S,
+    LOAD_BYTES_PER_S, VLLM_START_S and their sources)."""
+    device = target_device(cfg)
+    backend = resolve_backend_for(cfg, device)
+    vllm = generates_with_vllm(cfg, backend)
+    loads = 2 if vllm else 1
+    return PROCESS_START_S + loads * weights_bytes(shapes(cfg, backend)) / LOAD_BYTES_PER_S + (VLLM_START_S if vllm else 0.0)
+
+
+def trial_forecast(cfg: Any, step_s: float) -> dict:
+    """One trial of cfg as a sweep runs it: its start (trial_start_s), then trial.steps steps at the worst case
+    (step_s: trials pad every completion to the budget), on trial.num_processes cards."""
+    steps = int(cfg.trial.get("steps") or 1)
+    start = trial_start_s(cfg)
+    seconds = start + steps * step_s
+    return {"start_s": start, "steps": steps, "trial_s": seconds, "gpus": processes_of(cfg), "gpu_s": seconds * processes_of(cfg)}
+
+
+def sweep_cost(search_trials: float, search_gpu_s: float, confirm_runs: int, confirm_gpu_s: float, assumption: str) -> dict:
+    """A sweep's forecast cost in GPU-minutes: its search trials at their mean predicted GPU-seconds and its
+    confirmation runs at the finalist's.
+
+    Args:
+        search_trials: the search trials expected to run (pruned ones load no model and cost nothing).
+        search_gpu_s: one search trial's predicted GPU-seconds (trial_forecast's gpu_s; a mean over the space).
+        confirm_runs: the confirmation runs reserved in n_trials.
+        confirm_gpu_s: one confirmation run's predicted GPU-seconds.
+        assumption: what the figure assumes, in words, as plan and estimate print it.
+
+    Returns:
+        {"gpu_minutes", "search_trials", "confirm_runs", "assumption"}.
+    """
+    total = search_trials * search_gpu_s + confirm_runs * confirm_gpu_s
+    return {"gpu_minutes": total / 60, "search_trials": search_trials, "confirm_runs": confirm_runs, "assumption": assumption}
 
 
 def format_duration(seconds: float) -> str:
@@ -363,6 +431,14 @@ def speed_lines(forecast: dict, card: str) -> list[str]:
             f"  {forecast['max_steps']} steps (task.max_steps): {format_duration(run['worst_case'])} at the worst case, "
             f"{format_duration(run['expected'])} expected"
         )
+    trial = forecast["trial"]
+    lines.append(
+        f"  one sweep trial: {format_duration(trial['trial_s'])} ({format_duration(trial['start_s'])} to start, "
+        f"{trial['steps']} worst-case steps) on {trial['gpus']} GPU{'s' if trial['gpus'] > 1 else ''}"
+    )
+    if forecast.get("sweep"):
+        sweep = forecast["sweep"]
+        lines.append(f"  sweep cost: {sweep['gpu_minutes']:.3g} GPU-minutes ({sweep['assumption']})")
     return lines
 
 

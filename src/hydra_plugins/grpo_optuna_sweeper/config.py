@@ -13,6 +13,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
 
+from grpo_sweep.memory.throughput import SWEEP_N_TRIALS
+
 SAMPLERS = ("tpe", "gp", "random", "grid")
 STARTS = ("model", "memory", "none")  # hydra.sweeper.start
 
@@ -31,7 +33,7 @@ class GrpoOptunaSweeperConf:
     # None: a JournalStorage file `study.journal` in hydra.sweep.dir (no server needed).
     # Else: `journal:<path>` / `<path>.journal`, `sqlite:///<path>`, `postgresql://user:pw@host/db`.
     storage: str | None = None
-    n_trials: int = 20  # finished trials the study must hold; a resumed sweep runs only the rest
+    n_trials: int = SWEEP_N_TRIALS  # finished trials the study must hold; a resumed sweep runs only the rest
     n_jobs: int = 1  # trials asked and launched together (use with a parallel launcher, e.g. joblib)
     objective: str | None = None  # a numeric metrics.json key; None: the config's `objective`
     direction: str = "maximize"

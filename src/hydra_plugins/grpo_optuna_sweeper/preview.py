@@ -29,6 +29,7 @@ from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
 PLAN_CANDIDATES = 512  # points judged; a larger space is drawn at random down to this many (seeded): ~25 ms each
+PRICED = 64  # the points that run whose trial time the sweep's cost averages (the judged order: seeded, random)
 SHOWN = 10  # the fastest points printed (--json lists every point judged)
 
 
@@ -92,6 +93,7 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
         "fastest": [_row(f, i + 1) for i, f in enumerate(ranking[:SHOWN])],
         "start": _start(plan, forecasts),
         "cheapest_concession": cheapest_concession(plan, judged, configs, at_recipe),
+        "cost": sweep_cost_of(plan, configs, judged, ranking),
         "points": [_point(f) for f in forecasts],
     }
     return data
@@ -110,6 +112,36 @@ def _at_recipe(plan: SweepPlan, prescreen: Prescreen, configs: Any, whole: bool)
         return [own]
     knob_plan = replace(plan, distributions=knobs)
     return [own, *forecast.forecast(knob_plan, prescreen, configs, check_for_target, cap=PLAN_CANDIDATES // 4)]
+
+
+def sweep_cost_of(
+    plan: SweepPlan, configs: Any, judged: list[forecast.Forecast], ranking: list[forecast.Forecast]
+) -> dict | None:
+    """The sweep's forecast cost in GPU-minutes (memory.throughput.sweep_cost), or None when the card has no
+    datasheet speeds or no point runs. Each search trial is a draw from the space: a point the pre-screen
+    prunes loads no model and costs nothing, one that runs costs the mean predicted time (start + trial.steps
+    worst-case steps, trial.num_processes cards) of the points that run (PRICED of them, in the judged order).
+    The confirmation runs reserved in n_trials cost the predicted fastest point's trial each."""
+    from grpo_sweep.memory.throughput import relative_step_time, sweep_cost, trial_forecast
+
+    def gpu_s(f: forecast.Forecast) -> float:
+        cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in f.params.items())])
+        return trial_forecast(cfg, relative_step_time(cfg)["step_s"])["gpu_s"]
+
+    runs = [f for f in judged if f.runs]
+    priceable = [f for f in runs if f.tokens_per_s is not None]  # a card without datasheet speeds has none
+    if not priceable:
+        return None
+    priced = [gpu_s(f) for f in priceable[:PRICED]]
+    share = len(runs) / len(judged)
+    confirm = plan.n_trials - plan.n_search
+    finalist = gpu_s(ranking[0]) if ranking and confirm else 0.0
+    assumption = (
+        f"{plan.n_search} search trials, {share:.0%} of them running (the rest pruned before any model loads) at the "
+        f"mean predicted trial of the points that run (start + trial.steps worst-case steps), and {confirm} "
+        "confirmation runs at the predicted fastest point's"
+    )
+    return sweep_cost(plan.n_search * share, sum(priced) / len(priced), confirm, finalist, assumption)
 
 
 def _errors(forecasts: list[forecast.Forecast]) -> dict:
@@ -266,6 +298,9 @@ def format_text(data: dict) -> str:
             )
     elif data["fit"]:
         lines.append("Predicted fastest: none ranked (the card has no datasheet speeds: conf/gpu tflops_bf16, bandwidth_gbs)")
+    cost = data.get("cost")
+    if cost:
+        lines.append(f"Forecast cost: {cost['gpu_minutes']:.3g} GPU-minutes ({cost['assumption']})")
     cc = data["cheapest_concession"]
     if cc.get("recipe_fits"):
         lines.append("Recipe: the full recipe fits (its own point, or a point that takes no concession, is predicted to fit)")
