@@ -301,6 +301,14 @@ def format_text(data: dict) -> str:
     cost = data.get("cost")
     if cost:
         lines.append(f"Forecast cost: {cost['gpu_minutes']:.3g} GPU-minutes ({cost['assumption']})")
+    lines += _recipe_lines(data)
+    lines += _start_lines(data)
+    return "\n".join(lines)
+
+
+def _recipe_lines(data: dict) -> list[str]:
+    """The plan's line on the full recipe: it fits, or its cheapest concession."""
+    lines: list[str] = []
     cc = data["cheapest_concession"]
     if cc.get("recipe_fits"):
         lines.append("Recipe: the full recipe fits (its own point, or a point that takes no concession, is predicted to fit)")
@@ -320,6 +328,12 @@ def format_text(data: dict) -> str:
         )
     else:
         lines.append(f"Recipe: {cc.get('why')}")
+    return lines
+
+
+def _start_lines(data: dict) -> list[str]:
+    """The plan's lines on the start: the first search trials the model picks."""
+    lines: list[str] = []
     start = data["start"]
     n = len(start.get("points") or [])
     trials = "search trial" if n == 1 else f"{n} search trials"
@@ -336,4 +350,4 @@ def format_text(data: dict) -> str:
         lines += [f"  {_point_text(p)}" for p in start["points"]]
     else:
         lines.append(f"Start: hydra.sweeper.start={start['mode']}, start_points={start.get('start_points', start['count'])}")
-    return "\n".join(lines)
+    return lines
