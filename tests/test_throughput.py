@@ -305,10 +305,11 @@ def test_limit_words_say_how_far_the_card_is_from_its_limit():
 def test_calibration_on_measured_phases_reranks_the_configs():
     """The model predicts generation 3x too fast and training right: its order is wrong where configs split
     their time differently. phase_scales finds (3, 1) from measured trials; each config recalibrated on the
-    other configs' trials (never its own) ranks as measured, and the report's line says both rhos."""
+    other configs' trials (never its own) ranks as measured, and the report's line and table say both."""
     import optuna
 
     from grpo_sweep.memory.throughput import phase_scales
+    from grpo_sweep.report.html import model_rank_html
     from grpo_sweep.report.trials import model_trust_line, model_vs_measured, trials_from_study
 
     # batch: (predicted generation s, predicted training s); measured = (3 x generation, training)
@@ -336,8 +337,104 @@ def test_calibration_on_measured_phases_reranks_the_configs():
     result = model_vs_measured(trials)
     assert result["rho"] < 0.5 and result["rho_calibrated"] == pytest.approx(1.0)
     assert "calibrated on the other configs' measured phase times: rho 1.00" in model_trust_line(result)
+    # the report's table: each config's predicted, calibrated and measured rank; calibrated as measured
+    assert all(row["calibrated_rank"] == row["measured_rank"] for row in result["rows"])
+    assert any(row["predicted_rank"] != row["measured_rank"] for row in result["rows"])
+    html = model_rank_html(result)
+    assert "<th>predicted rank</th><th>calibrated rank</th><th>measured rank</th>" in html
+    assert html.count("<tr>") == 1 + len(configs)
     bare = trials_from_study(study)  # trials that carry no measured phases: no calibrated rho
     for t in bare:
         t.record.pop("generation_s", None)
         t.record.pop("training_s", None)
     assert model_vs_measured(bare)["rho_calibrated"] is None and phase_scales([t.record for t in bare]) is None
+
+
+# Real trials of sweeps/tiny_cpu_vllm.yaml (vLLM's CPU build, one core of the shared 2-core box, one run each,
+# in one session): (gpu_memory_utilization, batch, checkpointing, prefix caching), the model's predicted and
+# the measured generation and training seconds, and the measured tokens/s. The first five are the model
+# start's picks (bench/throughput_model.py), the rest points it did not try.
+MEASURED_TINY_VLLM = [
+    ((0.1, 4, False, False), 0.5541, 0.2133, 0.0756, 0.0483, 1958),
+    ((0.1, 4, True, False), 0.5541, 0.2197, 0.0776, 0.0544, 1867),
+    ((0.1, 2, False, True), 0.5541, 0.2110, 0.1495, 0.0604, 1887),
+    ((0.1, 2, True, False), 0.5541, 0.2135, 0.1531, 0.0775, 1760),
+    ((0.3, 4, False, False), 0.6440, 0.2250, 0.0756, 0.0495, 1865),
+    ((0.1, 4, False, True), 0.5541, 0.2166, 0.0756, 0.0500, 1920),
+    ((0.1, 4, True, True), 0.5541, 0.2136, 0.0776, 0.0573, 1890),
+    ((0.1, 1, False, False), 0.5541, 0.2824, 0.2975, 0.1001, 1339),
+    ((0.5, 2, False, False), 0.7341, 0.2158, 0.1495, 0.0609, 1850),
+]
+TINY_TOKENS_PER_STEP = 4 * 128  # 4 completions of the 128-token sequence per step
+
+
+def measured_tiny_records() -> list[dict]:
+    """MEASURED_TINY_VLLM as trial records (the model's tokens/s from its phases, as relative_step_time has it)."""
+    return [
+        {
+            "predicted_generation_s": gen,
+            "generation_s": gen_measured,
+            "predicted_training_s": train,
+            "training_s": train_measured,
+            "predicted_tokens_per_s": TINY_TOKENS_PER_STEP / (gen + train),
+            "tokens_per_s": tokens_per_s,
+        }
+        for _, gen, gen_measured, train, train_measured, tokens_per_s in MEASURED_TINY_VLLM
+    ]
+
+
+def test_calibration_on_real_trials_fits_a_scale_and_a_per_step_overhead():
+    """On real trials the training phase is a fixed ~30 ms per step plus a part that grows with the model's
+    prediction: the fit finds both (a pure scale would stretch the fixed part with the prediction and put
+    micro-batch 1 at twice its measured seconds). Generation, predicted alike at every pick, keeps a scale."""
+    from grpo_sweep.memory.speed_fit import MIN_SPREAD, calibrate_untried, phase_fit
+
+    records = measured_tiny_records()
+    picks, untried = records[:5], records[5:]
+    fit = phase_fit(picks)
+    assert fit["trials"] == 5
+    generation, training = fit["generation"], fit["training"]
+    assert max(r["predicted_generation_s"] for r in picks) < MIN_SPREAD * min(r["predicted_generation_s"] for r in picks)
+    assert generation["kind"] == "scale" and generation["overhead_s"] == 0.0
+    assert generation["scale"] == pytest.approx(sorted(r["generation_s"] / r["predicted_generation_s"] for r in picks)[2])
+    assert training["kind"] == "affine"
+    assert 0 < training["overhead_s"] < min(r["training_s"] for r in picks)
+    batch1 = untried[2]
+    affine = training["scale"] * batch1["predicted_training_s"] + training["overhead_s"]
+    assert affine == pytest.approx(batch1["training_s"], rel=0.1)
+    ratio = sorted(r["training_s"] / r["predicted_training_s"] for r in picks)[2]
+    assert ratio * batch1["predicted_training_s"] > 1.5 * batch1["training_s"]
+
+    same, calibrated = calibrate_untried(picks, untried)
+    assert same == fit and len(calibrated) == len(untried)
+    errors = sorted(abs(c["tokens_per_s"] / r["tokens_per_s"] - 1) for c, r in zip(calibrated, untried))
+    before = sorted(abs(r["predicted_tokens_per_s"] / r["tokens_per_s"] - 1) for r in untried)
+    assert (errors[1] + errors[2]) / 2 <= 0.15 < 0.5 < (before[1] + before[2]) / 2
+    for c in calibrated:
+        assert c["step_s"] == pytest.approx(c["generation_s"] + c["training_s"])
+
+
+def test_calibration_shrugs_off_an_outlier_and_falls_back_to_a_scale():
+    """Theil-Sen's line: one trial measured at 3x moves neither the slope nor the overhead. With one trial,
+    with trials the model predicts alike, or with a line that is not physical (measured falling as predicted
+    grows), each phase keeps the median ratio; no measured phase: no fit, no calibrated prediction."""
+    from grpo_sweep.memory.speed_fit import FLOOR, calibrate_untried, calibrated, fit_phase
+
+    line = [(p, 0.4 * p + 0.03) for p in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    noisy = [*line[:2], (0.3, 3 * line[2][1]), *line[3:]]
+    for points in (line, noisy):
+        fit = fit_phase(points)
+        assert fit["kind"] == "affine"
+        assert fit["scale"] == pytest.approx(0.4) and fit["overhead_s"] == pytest.approx(0.03)
+    assert fit_phase(line[:1]) == {"scale": pytest.approx(0.7), "overhead_s": 0.0, "points": 1, "kind": "scale"}
+    assert fit_phase([(0.5, 0.2), (0.52, 0.4), (0.55, 0.3)])["kind"] == "scale"
+    falling = fit_phase([(0.1, 0.5), (0.2, 0.4), (0.4, 0.2)])
+    assert falling["kind"] == "scale" and falling["scale"] == pytest.approx(2.0)
+    # the model counts fixed seconds this machine does not spend: a negative overhead, floored far below
+    lower = fit_phase([(1.0, 0.6), (2.0, 1.6), (3.0, 2.6)])
+    assert lower["kind"] == "affine" and lower["overhead_s"] == pytest.approx(-0.4)
+    fit = {"generation": lower, "training": {"scale": 1.0, "overhead_s": 0.0}}
+    tiny = calibrated({"predicted_generation_s": 0.1, "predicted_training_s": 0.1, "predicted_tokens_per_s": 100.0}, fit)
+    assert tiny["generation_s"] == pytest.approx(FLOOR * 0.1)
+    assert calibrated({"predicted_generation_s": 1.0, "predicted_training_s": None, "predicted_tokens_per_s": 1.0}, fit) is None
+    assert calibrate_untried([{"tokens_per_s": 5.0}], [{"predicted_tokens_per_s": 1.0}]) == (None, [None])

@@ -53,7 +53,7 @@ class TrialMetrics(TypedDict, total=False):
     throughput_tracked: bool  # true when every measured step ran under the CPU tensor tracker
     # Against the card's limit (memory/throughput.py speed_record; null with its reason in speed_unknown):
     predicted_generation_s: float | None  # the throughput model's generation seconds per step at this config
-    predicted_training_s: float | None  # ... and its training seconds (phase_scales calibrates from both)
+    predicted_training_s: float | None  # ... and its training seconds (speed_fit.phase_fit calibrates from both)
     generation_s: float | None  # median s per step generating, over the steps step_time_s is taken from
     training_s: float | None  # median of each such step's seconds less its generation's
     completion_tokens_mean: float | None  # mean completion length TRL logged, steps after the first

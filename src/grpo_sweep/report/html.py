@@ -453,18 +453,29 @@ def _label(trials: list[Trial], key: object) -> str:
 
 def model_rank_html(result: dict) -> str:
     """The Model vs measured rank section: Spearman's rho of the throughput model's predicted order
-    against the measured one (trials.model_vs_measured), and each config's two ranks."""
+    against the measured one (trials.model_vs_measured), and each config's ranks: predicted, calibrated on
+    the other configs' trials (where the trials measured their phases) and measured."""
     html = f"<p id=model-rank>{_e(model_trust_line(result))}</p>"
     if not result["rows"]:
         return html
+    calibrated = result.get("rho_calibrated") is not None
     body = "".join(
-        f"<tr><td>{_e(r['trial'])}</td><td>{r['predicted_rank']:g}</td><td>{r['measured_rank']:g}</td>"
-        f"<td>{_fmt(r['predicted_tokens_per_s'])}</td><td>{_fmt(r['measured'], 2)}</td></tr>"
+        f"<tr><td>{_e(r['trial'])}</td><td>{r['predicted_rank']:g}</td>"
+        + (f"<td>{r['calibrated_rank']:g}</td>" if calibrated else "")
+        + f"<td>{r['measured_rank']:g}</td><td>{_fmt(r['predicted_tokens_per_s'])}</td>"
+        + (f"<td>{_fmt(r['calibrated_tokens_per_s'])}</td>" if calibrated else "")
+        + f"<td>{_fmt(r['measured'], 2)}</td></tr>"
         for r in result["rows"]
     )
+    head = (
+        "<th>trial</th><th>predicted rank</th>"
+        + ("<th>calibrated rank</th>" if calibrated else "")
+        + "<th>measured rank</th><th>model tok/s</th>"
+        + ("<th>calibrated tok/s</th>" if calibrated else "")
+        + "<th>measured</th>"
+    )
     return (
-        html + "<table id=model-ranks><thead><tr><th>trial</th><th>predicted rank</th><th>measured rank</th>"
-        f"<th>model tok/s</th><th>measured</th></tr></thead><tbody>{body}</tbody></table>"
+        html + f"<table id=model-ranks><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         '<p class="note">The model ranks configs from datasheet speeds; its tokens/s is not a promise. '
         "A low rho on your card says: trust the measured trials, and start the next sweep from them.</p>"
     )

@@ -496,8 +496,9 @@ def model_vs_measured(trials: list[Trial]) -> dict:
     that ran (each config once: its runs' median, grpo_sweep.study.best.finalists) and carry the
     model's `predicted_tokens_per_s`. Both orders are best first: the model's by predicted tokens/s,
     the measured by the objective in the study's direction. Returns {configs, rho (None with fewer
-    than MIN_RANKED configs: `why` says so), rows: [{trial, predicted_rank, measured_rank,
-    predicted_tokens_per_s, measured}] in measured order}."""
+    than MIN_RANKED configs: `why` says so), rho_calibrated, rows: [{trial, predicted_rank, measured_rank,
+    predicted_tokens_per_s, measured, and once calibrated calibrated_tokens_per_s and calibrated_rank}] in
+    measured order}."""
     feasible = [t for t in trials if t.category == "feasible"]
     direction = trials[0].direction if trials else "maximize"
     groups = best_rule.finalists(
@@ -526,37 +527,34 @@ def model_vs_measured(trials: list[Trial]) -> dict:
         out["why"] = f"needs {MIN_RANKED} feasible configs with a prediction (this study has {len(priced)})"
     else:
         out["rho"] = spearman(predicted, measured)
-        out["rho_calibrated"] = _calibrated_rho(priced, feasible, measured)
+        calibrated = _calibrated(priced, feasible)
+        if calibrated is not None:
+            ranks = average_ranks(calibrated)
+            out["rho_calibrated"] = spearman(ranks, measured)
+            for row, value, rank in zip(rows, calibrated, ranks):
+                row.update(calibrated_tokens_per_s=value, calibrated_rank=rank)
     return out
 
 
-def _calibrated_rho(priced: list, feasible: list[Trial], measured: list[float]) -> float | None:
-    """Spearman's rho after calibration: each config's prediction with the model's phase scales fitted on
-    the other configs' trials (throughput.phase_scales, leave one config out: never on its own runs);
-    None when a config has no phases or no other config measured them.
+def _calibrated(priced: list, feasible: list[Trial]) -> list[float] | None:
+    """Each config's predicted tokens/s calibrated on the other configs' trials (speed_fit.phase_fit: per
+    phase a scale and a per-step overhead; leave one config out: never on its own runs); None when a
+    config has no phases or no other config measured them."""
+    from ..memory.speed_fit import calibrated as calibrated_prediction
+    from ..memory.speed_fit import phase_fit
 
-    Args:
-        priced: The configs (Finalists) the model priced, each with its representative trial (`item`).
-        feasible: The trials that ran within the budget.
-        measured: Each priced config's rank by its measured median, in the same order.
-
-    Returns:
-        Spearman's rho, or None.
-    """
-    from ..memory.throughput import calibrated_tokens_per_s, phase_scales
-
-    calibrated = []
+    out = []
     for g in priced:
         own = best_rule.config_group(g.item.record, g.item.number if g.item.number is not None else g.item.name)
         others = [
             t.record for t in feasible if best_rule.config_group(t.record, t.number if t.number is not None else t.name) != own
         ]
-        scales = phase_scales(others)
-        value = calibrated_tokens_per_s(g.item.record, scales) if scales else None
+        fit = phase_fit(others)
+        value = calibrated_prediction(g.item.record, fit) if fit else None
         if value is None:
             return None
-        calibrated.append(value)
-    return spearman(average_ranks(calibrated), measured)
+        out.append(value["tokens_per_s"])
+    return out
 
 
 def model_trust_line(result: dict) -> str:
