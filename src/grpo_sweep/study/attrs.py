@@ -110,6 +110,8 @@ class ConfirmationState:
     why: str | None = None  # ... and in a sentence
     chosen: list | None = None  # the finalists it had, once it gave its runs back
     given_back: bool = False  # it ran nothing, and every config competes by its median
+    zone: float | None = None  # the indifference zone it judged by (hydra.sweeper.indifference)
+    agreed: list | None = None  # the configs whose runs and forecast agreed within the zone: the safest wins
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form: the keys a round has set, in the order confirmation sets them."""
@@ -118,6 +120,10 @@ class ConfirmationState:
             out.update(sweep_s=self.sweep_s, budget=self.budget, sigma=self.sigma, leader=self.leader)
         if self.given_back:
             out.update(chosen=self.chosen, given_back=True)
+        if self.zone is not None:
+            out.update(zone=self.zone)
+        if self.agreed:
+            out.update(agreed=self.agreed)
         if self.stopped is not None:
             out.update(stopped=self.stopped, why=self.why)
         return out

@@ -23,6 +23,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.study.storage import StorageUnavailable
 
@@ -100,18 +101,25 @@ class Loop:
         return self._report()
 
     def _confirm(self) -> None:
-        """The confirmation rounds (confirm.py): the queued runs first (a resumed sweep's, another
-        worker's), then the next round, until the leader is separated or the budget is spent."""
+        """The confirmation phases (confirm.phases): the queued runs first (a resumed sweep's, another
+        worker's), then the next round, until the leader is separated, the finalists are within the
+        indifference zone, or the budget is spent."""
         plan, settings = self.plan, self.plan.settings
-        confirm.choose(self.study, plan.confirm_top, log)
-        while True:
-            self._phase(plan.n_search + confirm.planned(self.study))
-            if self.stopped is not None:
-                return
-            if not confirm.next_round(self.study, settings.confirm_budget, log):
-                break
-        if confirm.given_back(self.study):  # undecidable or unaffordable from the start: its reserved runs search instead
-            self._phase(plan.n_trials, search=True)
+        confirm.phases(
+            self.study,
+            top=plan.confirm_top,
+            n_trials=plan.n_trials,
+            searched=plan.n_search,
+            budget=settings.confirm_budget,
+            run_to=self._run_to,
+            log=log,
+            zone=settings.get("indifference", best_rule.INDIFFERENCE),
+        )
+
+    def _run_to(self, target: int, search: bool) -> bool:
+        """_phase to `target`; False when a systematic failure stopped the sweep."""
+        self._phase(target, search=search)
+        return self.stopped is None
 
     def _soak(self, steps: int) -> None:
         """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
