@@ -65,6 +65,7 @@ class Key(StrEnum):
     NEIGHBOUR_OF = "neighbour_of"  # the first trial of the config it moved from
     CONCESSIONS_TAKEN = "concessions_taken"  # {recipe setting: the value this trial used}
     START = "start"  # the start mode that queued it
+    MODEL_LED = "model_led"  # queued by the model-led search (lead.py): the calibrated model's next point
     LEVERS = "levers"  # the levers as requested
     STOP_BELOW = "stop_below"  # the early-stop threshold it ran under
     PREDICTED_TOKENS_PER_S = "predicted_tokens_per_s"  # the throughput model's, at the pre-screen
@@ -89,6 +90,7 @@ class Key(StrEnum):
     PRICE_TAGS = "price_tags"
     LEARNING_TOLERANCE = "learning_tolerance"
     MODEL_RANKING = "model_ranking"  # the model's predicted order
+    SEARCH_STOPPED = "search_stopped"  # {line, trials}: the model-led search ended the search phase early
     SOAK = "soak"  # what the soak found (trend, verdict, per-step peaks)
     CONFIRMATION = "confirmation"  # ConfirmationState.to_dict()
 
