@@ -429,7 +429,7 @@ def _picked(trial, land: dict) -> dict | None:
 
 
 def measure_compose_s(land: dict, base: list[str], count: int = 12, cuda: bool | None = None) -> float:
-    """Seconds the sweeper spends on one point before it launches it: compose the config (Hydra),
+    """Seconds the sweeper spends on one point before it launches it (or refuses it): compose the config (Hydra),
     check it (validate_here; `cuda=True` for a GPU landscape replayed here) and estimate its peak;
     the median over `count` points of `land`."""
     import time
@@ -440,7 +440,12 @@ def measure_compose_s(land: dict, base: list[str], count: int = 12, cuda: bool |
     times = []
     for point in random.Random(0).sample(land["points"], count):
         started = time.perf_counter()
-        _check_and_estimate(compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())]), cuda)
+        try:
+            _check_and_estimate(
+                compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())]), cuda
+            )
+        except Exception:  # noqa: BLE001 - as the sweeper: a point the checks refuse costs its composition and check
+            pass
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 

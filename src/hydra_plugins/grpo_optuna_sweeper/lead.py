@@ -191,6 +191,9 @@ def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
 
 
 def study_next_point(study: Any, candidates: list) -> dict | None:
-    """next_point on the study: the calibrated model refit to every measured config."""
+    """next_point on the study: the calibrated model refit to every measured config; None while a
+    queued trial waits (a start point runs first, as a neighbour move waits for it)."""
+    if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
+        return None
     records = [r for r in measured_records(study)[0] if r.get(PREDICTED)]
     return next_point(candidates, tried_keys(study), fit(records))

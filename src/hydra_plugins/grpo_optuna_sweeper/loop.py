@@ -254,7 +254,8 @@ class Loop:
 
     def _model_turn(self) -> None:
         """The model's turn (neighbours.due): the untried point the calibrated model ranks fastest
-        (lead.study_next_point), queued; without one, a neighbour move of the best config so far."""
+        (lead.study_next_point), queued; without one (or while a start point waits), a neighbour move of
+        the best config so far (which waits for queued points too)."""
         params = lead.study_next_point(self.study, self.candidates) if self.candidates else None
         if params is None:
             enqueue_neighbour(self.study, self.plan, self.prescreen, self.moves)
