@@ -10,8 +10,9 @@ to one scale, the median of measured over predicted tokens/s, where the records 
 and its own error is measured too (error: the spread of measured over calibrated, on a log scale).
 
 The search stops (stop_line) once at least MIN_MEASURED configs have run and no untried point is
-predicted, raised by twice the model's measured error (its interval, as best.INTERVAL_Z sets a
-run's), to beat the best measured median by more than the
+predicted, raised by the model's measured error times z (best.INTERVAL_Z, or sqrt(2 ln n) for n
+untried points, the size of the largest of n errors: one of many mispredicted points may hide the
+best), to beat the best measured median by more than the
 measured run noise plus the indifference zone (hydra.sweeper.indifference): no run left could
 change the pick by more than the user asked to care about. A model whose error is large keeps the
 search going (its predictions, raised by that error, still beat the best); a model that is right
@@ -97,6 +98,7 @@ def stop_line(
     model_error: float | None,
     best_untried: float | None,
     zone: float,
+    untried_count: int = 1,
 ) -> str | None:
     """The one line that ends the search, or None while it should go on.
 
@@ -107,6 +109,8 @@ def stop_line(
         model_error: the calibrated model's error (error); None: not known yet, the search goes on.
         best_untried: the calibrated prediction of the fastest untried runnable point (None: none left).
         zone: the indifference zone (hydra.sweeper.indifference).
+        untried_count: how many untried runnable points the model ranks: the largest of that many
+            errors is what could hide a faster point, so the raise grows as sqrt(2 ln n).
     """
     if best is None or measured < MIN_MEASURED or (model_error is None and best_untried is not None):
         return None
@@ -114,7 +118,8 @@ def stop_line(
     bar = best * (1.0 + noise + zone)
     if best_untried is None:
         return f"Search stopped: every point the pre-screen lets run has been tried (best measured {best:.4g} tokens/s)"
-    raise_by = math.exp(best_rule.INTERVAL_Z * (model_error or 0.0))  # the model's own interval, as a run's
+    z = max(best_rule.INTERVAL_Z, math.sqrt(2.0 * math.log(max(untried_count, 1))))  # the largest of n errors
+    raise_by = math.exp(z * (model_error or 0.0))
     if best_untried * raise_by > bar:
         return None
     return (
@@ -187,7 +192,7 @@ def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
     priced = [r for r in records if r.get(PREDICTED)]
     speed = fit(priced)
     ranked = untried(candidates, tried_keys(study), speed)
-    return stop_line(best, len(priced), sigma, error(priced, speed), ranked[0][0] if ranked else None, zone)
+    return stop_line(best, len(priced), sigma, error(priced, speed), ranked[0][0] if ranked else None, zone, len(ranked))
 
 
 def study_next_point(study: Any, candidates: list) -> dict | None:
