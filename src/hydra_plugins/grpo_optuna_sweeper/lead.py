@@ -5,9 +5,9 @@ After the start points, the search alternates: on the model's turns (neighbours.
 is the untried point the calibrated speed model ranks fastest among those the memory pre-screen
 lets run (next_point); on the others Optuna's sampler asks, and so explores where the model is
 unsure. The model is calibrated after every measured trial (fit: the one place that calls the
-throughput model's calibration, throughput.phase_scales and calibrated_tokens_per_s, falling back
-to one scale, the median of measured over predicted tokens/s, where the records carry no phases),
-and its own error is measured too (error: the spread of measured over calibrated, on a log scale).
+throughput model's calibration, throughput.phase_scales and calibrated_tokens_per_s, then a
+log-linear fit of measured on predicted tokens/s, its slope in [0, 1]), and its own error is
+measured too (error: the spread of measured over calibrated, on a log scale).
 
 The search stops (stop_line) once at least MIN_MEASURED configs have run and no untried point is
 predicted, raised by the model's measured error times z (best.INTERVAL_Z, or sqrt(2 ln n) for n
@@ -36,6 +36,7 @@ from grpo_sweep.study import best as best_rule
 
 FLAT_SHARE = 0.5  # "most of the space": this share of the runnable points within the zone of the fastest
 MIN_MEASURED = 2  # configs measured before the model may end the search (its error needs two)
+SLOPE_RECORDS = 3  # measured configs before the calibration fits a slope, not only a scale
 PREDICTED = "predicted_tokens_per_s"
 
 
@@ -46,18 +47,35 @@ def point_key(params: dict) -> tuple:
 def fit(records: list[dict]) -> Callable[[dict], float | None]:
     """The calibrated speed model from measured records (each: `predicted_tokens_per_s`, the measured
     `tokens_per_s`, and where known the predicted and measured phase seconds): a function from a
-    point's record (its predictions) to its calibrated tokens/s, None without a prediction."""
-    scales = throughput.phase_scales(records)
-    ratios = [r["tokens_per_s"] / r[PREDICTED] for r in records if r.get(PREDICTED) and r.get("tokens_per_s")]
-    scale = statistics.median(ratios) if ratios else 1.0
+    point's record (its predictions) to its calibrated tokens/s, None without a prediction.
 
-    def speed(record: dict) -> float | None:
+    The prediction (phase-scaled where the records carry phases: throughput.phase_scales) is mapped
+    by log(measured) = a + b log(predicted), fitted by least squares over the measured records with
+    b held in [0, 1] (b = 1, a the median log ratio, with fewer than SLOPE_RECORDS): where the model
+    ranks the measured points as they ran, b stays near 1; where its differences do not show in the
+    runs (a wrong model over a flat space), b falls toward 0 and the predictions toward the measured."""
+    scales = throughput.phase_scales(records)
+
+    def base(record: dict) -> float | None:
         if scales is not None:
             calibrated = throughput.calibrated_tokens_per_s(record, scales)
             if calibrated is not None:
                 return calibrated
         predicted = record.get(PREDICTED)
-        return predicted * scale if predicted else None
+        return float(predicted) if predicted else None
+
+    pairs = [(math.log(b), math.log(r["tokens_per_s"])) for r in records if r.get("tokens_per_s") and (b := base(r))]
+    slope, offset = 1.0, statistics.median(y - x for x, y in pairs) if pairs else 0.0
+    if len(pairs) >= SLOPE_RECORDS:
+        mx, my = statistics.fmean(x for x, _ in pairs), statistics.fmean(y for _, y in pairs)
+        var = sum((x - mx) ** 2 for x, _ in pairs)
+        if var > 0:
+            slope = min(1.0, max(0.0, sum((x - mx) * (y - my) for x, y in pairs) / var))
+            offset = my - slope * mx
+
+    def speed(record: dict) -> float | None:
+        b = base(record)
+        return math.exp(offset + slope * math.log(b)) if b else None
 
     return speed
 
