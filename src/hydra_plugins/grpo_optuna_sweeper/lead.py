@@ -80,13 +80,15 @@ def fit(records: list[dict]) -> Callable[[dict], float | None]:
     return speed
 
 
-def error(records: list[dict], speed: Callable[[dict], float | None]) -> float | None:
-    """The calibrated model's error on the measured records: the standard deviation of
-    log(measured / calibrated); None with fewer than MIN_MEASURED records it can price."""
+def error(records: list[dict], speed: Callable[[dict], float | None], sigma: float | None = None) -> float | None:
+    """The calibrated model's own error on the measured records: the standard deviation of
+    log(measured / calibrated), less what the run noise the study measured (`sigma`, None: none
+    known) explains; None with fewer than MIN_MEASURED records it can price."""
     logs = [math.log(r["tokens_per_s"] / s) for r in records if r.get("tokens_per_s") and (s := speed(r))]
     if len(logs) < MIN_MEASURED:
         return None
-    return statistics.pstdev(logs) * math.sqrt(len(logs) / (len(logs) - 1))
+    spread = statistics.pstdev(logs) * math.sqrt(len(logs) / (len(logs) - 1))
+    return math.sqrt(max(0.0, spread**2 - (sigma or 0.0) ** 2))
 
 
 def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None]) -> list[tuple[float, Any]]:
@@ -210,7 +212,7 @@ def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
     priced = [r for r in records if r.get(PREDICTED)]
     speed = fit(priced)
     ranked = untried(candidates, tried_keys(study), speed)
-    return stop_line(best, len(priced), sigma, error(priced, speed), ranked[0][0] if ranked else None, zone, len(ranked))
+    return stop_line(best, len(priced), sigma, error(priced, speed, sigma), ranked[0][0] if ranked else None, zone, len(ranked))
 
 
 def study_next_point(study: Any, candidates: list) -> dict | None:
