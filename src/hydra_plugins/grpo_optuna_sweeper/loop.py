@@ -243,7 +243,9 @@ class Loop:
         study = self.study
         if study.user_attrs.get(Key.SEARCH_STOPPED):
             return True
-        if not self.candidates or any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
+        if not self.candidates or not self.plan.settings.get("search_stop", True):
+            return False
+        if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
             return False
         line = lead.study_stop_line(study, self.candidates, self.zone)
         if line is None:
