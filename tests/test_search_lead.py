@@ -106,3 +106,38 @@ def test_a_wrong_model_still_reaches_a_good_point(space):
         for seed in range(10)
     ]
     assert sum(p is not None and search_seconds.good(p, land) for p in picks) >= 9
+
+
+def test_the_sweep_says_a_flat_space_is_flat_before_its_first_trial(monkeypatch, caplog):
+    """enqueue_frontier on the tiny_cpu_vllm sweep's real plan, its forecast flattened (every point the
+    throughput model prices at its fastest speed, less 1 % for half of them): the start says the space
+    is flat in one line, before any trial, and queues one start point, the safest of the flat ones, as
+    the forecast's least share of the allowed memory."""
+    import dataclasses
+
+    import optuna
+    from test_sweeper_helpers import tiny_sweeper
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tiny_sweeper("backend.vllm_enable_prefix_caching=false", sweep="+sweeps=tiny_cpu_vllm") as tiny:
+        # Imported here: Hydra's plugin scan in tiny_sweeper loads the plugin's modules afresh.
+        from hydra_plugins.grpo_optuna_sweeper import start as start_now
+
+        real = start_now.forecast.forecast
+
+        def flattened(*args, **kwargs):
+            points = real(*args, **kwargs)
+            fastest = max(f.tokens_per_s or 0.0 for f in points)
+            return [dataclasses.replace(f, tokens_per_s=fastest * (0.99 if i % 2 else 1.0)) for i, f in enumerate(points)]
+
+        monkeypatch.setattr(start_now.forecast, "forecast", flattened)
+        study = optuna.create_study(direction="maximize")
+        with caplog.at_level(logging.INFO):
+            forecasts = start_now.enqueue_frontier(study, tiny.plan, tiny.prescreen, tiny.compose.cache(), 4)
+    flat_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Flat space:")]
+    assert len(flat_lines) == 1 and "the sweep runs the safest of them" in flat_lines[0]
+    queued = study.get_trials(deepcopy=False)
+    assert len(queued) == 1 and queued[0].user_attrs["start"] == "flat" and queued[0].state.name == "WAITING"
+    runnable = [f for f in forecasts if f.runs and f.fits and f.tokens_per_s]
+    safest = min(runnable, key=lambda f: f.share)
+    assert queued[0].system_attrs["fixed_params"] == safest.params
