@@ -670,6 +670,7 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
         sweep_cmd(
             tmp_path,
             "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.search_stop=false",  # the 4 search trials are the point here, not the model's stop
             "hydra.sweeper.confirm_top=2",
             "hydra.sweeper.confirm_repeats=1",
             "hydra.sweeper.confirm_budget=1",
