@@ -143,8 +143,8 @@ def enqueue_frontier(
     trial, and its safest point is the one start point. Returns the forecast (empty: none made)."""
     settings = plan.settings
     mode = settings.get("start", "model")
-    if mode == "none" or settings.sampler == "grid" or not plan.distributions:
-        return []  # the grid sampler runs every point anyway; nothing to search: nothing to start from
+    if mode == "none" or not start_points_of(settings) or settings.sampler == "grid" or not plan.distributions:
+        return []  # no start asked (nor a model-led search); the grid runs every point; nothing to search
     forecasts = forecast.forecast(plan, prescreen, configs, validate_here)
     if count <= 0 or any(t.user_attrs.get(Key.START_POINT) for t in study.get_trials(deepcopy=False)):
         return forecasts  # started before (a resumed sweep): the model-led search still reads the forecast
