@@ -141,3 +141,31 @@ def test_the_sweep_says_a_flat_space_is_flat_before_its_first_trial(monkeypatch,
     runnable = [f for f in forecasts if f.runs and f.fits and f.tokens_per_s]
     safest = min(runnable, key=lambda f: f.share)
     assert queued[0].system_attrs["fixed_params"] == safest.params
+
+
+def test_the_plan_says_a_flat_space_is_flat(monkeypatch):
+    """`grpo-sweep plan` (preview.build and format_text) on the tiny_cpu_vllm sweep's real plan, its
+    forecast flattened as above: the plan prints the flat-space line and the one start point the sweep
+    would queue; the same plan with its real forecast prints no such line."""
+    import dataclasses
+
+    from test_sweeper_helpers import tiny_sweeper
+
+    with tiny_sweeper("backend.vllm_enable_prefix_caching=false", sweep="+sweeps=tiny_cpu_vllm") as tiny:
+        from hydra_plugins.grpo_optuna_sweeper import preview
+
+        real = preview.forecast.forecast
+        honest = preview.format_text(preview.build(tiny.plan, tiny.compose))
+
+        def flattened(*args, **kwargs):
+            points = real(*args, **kwargs)
+            fastest = max(f.tokens_per_s or 0.0 for f in points)
+            return [dataclasses.replace(f, tokens_per_s=fastest * (0.99 if i % 2 else 1.0)) for i, f in enumerate(points)]
+
+        monkeypatch.setattr(preview.forecast, "forecast", flattened)
+        data = preview.build(tiny.plan, tiny.compose)
+    text = preview.format_text(data)
+    assert "Flat space:" not in honest
+    flat = [line for line in text.splitlines() if line.startswith("Flat space:")]
+    assert len(flat) == 1 and "the sweep runs the safest of them" in flat[0]
+    assert len(data["start"]["points"]) == 1

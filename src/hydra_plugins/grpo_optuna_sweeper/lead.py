@@ -5,7 +5,7 @@ After the start points, the search alternates: on the model's turns (neighbours.
 is the untried point the calibrated speed model ranks fastest among those the memory pre-screen
 lets run (next_point); on the others Optuna's sampler asks, and so explores where the model is
 unsure. The model is calibrated after every measured trial (fit: the one place that calls the
-throughput model's calibration, throughput.phase_scales and calibrated_tokens_per_s, then a
+throughput model's calibration, speed_fit.phase_fit and speed_fit.calibrated, then a
 log-linear fit of measured on predicted tokens/s, its slope in [0, 1]), and its own error is
 measured too (error: the spread of measured over calibrated, on a log scale).
 
@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from grpo_sweep.memory import throughput
+from grpo_sweep.memory import speed_fit
 from grpo_sweep.study import best as best_rule
 
 FLAT_SHARE = 0.5  # "most of the space": this share of the runnable points within the zone of the fastest
@@ -49,18 +49,19 @@ def fit(records: list[dict]) -> Callable[[dict], float | None]:
     `tokens_per_s`, and where known the predicted and measured phase seconds): a function from a
     point's record (its predictions) to its calibrated tokens/s, None without a prediction.
 
-    The prediction (phase-scaled where the records carry phases: throughput.phase_scales) is mapped
-    by log(measured) = a + b log(predicted), fitted by least squares over the measured records with
+    The prediction (calibrated per phase where the records carry phases: speed_fit.phase_fit, a scale
+    and a per-step overhead) is mapped by log(measured) = a + b log(predicted), fitted by least
+    squares over the measured records with
     b held in [0, 1] (b = 1, a the median log ratio, with fewer than SLOPE_RECORDS): where the model
     ranks the measured points as they ran, b stays near 1; where its differences do not show in the
     runs (a wrong model over a flat space), b falls toward 0 and the predictions toward the measured."""
-    scales = throughput.phase_scales(records)
+    phases = speed_fit.phase_fit(records)
 
     def base(record: dict) -> float | None:
-        if scales is not None:
-            calibrated = throughput.calibrated_tokens_per_s(record, scales)
+        if phases is not None:
+            calibrated = speed_fit.calibrated(record, phases)
             if calibrated is not None:
-                return calibrated
+                return calibrated["tokens_per_s"]
         predicted = record.get(PREDICTED)
         return float(predicted) if predicted else None
 
