@@ -525,6 +525,29 @@ def test_gpu_check_cases_compose_and_validate(gpu_check, cpu):
     assert compose(plan["unsloth"]).backend.name == "unsloth"
 
 
+def test_gpu_check_caps_hold_the_h200s_measured_trials(gpu_check):
+    """Each seed case's trial timeout holds its start and two steps as the H200 measured them (+10 %), and
+    each part-d case's and the sweep's base trial's holds its start and two steps as the throughput model
+    prices them on the H200 (its fitted HF-generate overhead), so no case is killed at its cap as
+    seed_baseline was at 145 s."""
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    measured = json.loads(
+        (Path(__file__).resolve().parents[1] / "bench" / "results" / "gpu_check_h200_2026-12-04.json").read_text()
+    )
+    cases = measured["cases"]
+    start = max(c["start_latency_s"] for c in cases.values() if c.get("start_latency_s"))
+    plan = gpu_check.plan(False)
+    for name in ("seed_baseline", "seed_optimized"):
+        need = 1.1 * (start + 2 * cases[name]["step_time_s"])
+        assert compose(plan[name]).trial.timeout_s >= need, (name, need)
+    for name in [*gpu_check.KNOB_CASES, "sweep"]:
+        cfg = compose([*plan[name], "gpu=h200_141g"])
+        need = 1.1 * (start + 2 * relative_step_time(cfg)["step_s"])
+        assert cfg.trial.timeout_s >= need, (name, need)
+    assert gpu_check.PART_BUDGET_S["a"] >= sum(gpu_check.CASES[n][2] for n in ("seed_baseline", "seed_optimized"))
+
+
 @pytest.mark.parametrize("name", ["sweep_l4", "sweep_cpu"])
 def test_gpu_check_sweep_space_composes(gpu_check, name):
     """Every value the device sweep can sample is a valid trial of the sweep's base config."""
