@@ -27,7 +27,16 @@ def overrides(levers: dict) -> list[str]:
 
 
 def model_at(recipe: list[str], levers: dict, eager_layer_s: float | None = None) -> dict:
-    """The throughput model at one point of the landscape (eager_layer_s: the card's, unless given)."""
+    """The throughput model at one point of the landscape, with what the fits subtract.
+
+    Args:
+        recipe: the landscape's recipe overrides.
+        levers: the point's knobs.
+        eager_layer_s: HF generate's seconds per layer per decode step; None: the card's own.
+
+    Returns:
+        relative_step_time's dict, plus the decode layer-steps and the generation and training seconds
+        without the card's eager_layer_s and microbatch_overhead_s terms."""
     from grpo_sweep.config.compose import compose_train_config
     from grpo_sweep.memory.shapes import shapes
     from grpo_sweep.memory.throughput import card_of, generation_rounds, relative_step_time

@@ -223,12 +223,9 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     3 ms: `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
     backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
     `generation_waves`, vLLM's scheduler queueing the rest), the weights are read and the per-step overhead
-    paid once per wave, the KV reads stay the batch's. steps_per_generation below the accumulation splits the
-    step's completions into generation rounds (`generation_rounds`), each decoding to its longest completion
-    with its own weight reads and per-step overheads; the KV reads and prefill stay the step's. The card's
-    fixed seconds per step are generation's (one per round): TRL's `_generate_single_turn`, which trials time
-    as generation, syncs the weights to vLLM first.
-    Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
+    paid once per wave, the KV reads stay the batch's; so per generation round (`generation_rounds`). The
+    card's fixed seconds are generation's, once a round: TRL's `_generate_single_turn` syncs the weights to
+    vLLM first. Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
     `compute_flops_per_token`. Seconds are one rank's (the ranks step together); tokens/s is the trial's,
     over its trial.num_processes ranks, at the worst case.
     """
@@ -241,8 +238,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     engine = vllm_engine_settings(cfg) if backend == "trl_vllm" else {}
     assumptions = estimate(cfg, logits_mode, device=device, backend=backend).assumptions if vllm else {}
     rounds = generation_rounds(cfg, s)
-    # the estimator's waves are the step's G completions'; a round holds G / rounds of them
-    waves = math.ceil((assumptions.get("generation_waves") or 1) / rounds) if vllm else 1
+    waves = math.ceil((assumptions.get("generation_waves") or 1) / rounds) if vllm else 1  # per round
     dequant = n["linear"] * DEQUANT_BYTES_PER_WEIGHT if s.four_bit else 0
     group = max(int(cfg.get("num_generations") or 1), 1)
     block = VLLM_GPU_BLOCK_TOKENS if device == "cuda" else VLLM_CPU_BLOCK_TOKENS
