@@ -118,7 +118,7 @@ def card_of(cfg: Any) -> Card:
         dequant_fraction=eff["dequant_bandwidth_fraction"],
         microbatch_s=eff["microbatch_overhead_s"],
         step_s=eff["step_overhead_s"],
-        pool_s_per_byte=eff["vllm_pool_s_per_gib"] / 2**30,
+        pool_s_per_byte=eff["vllm_pool_s_per_gib"] / GIB,
         eager_layer_s=eff["eager_layer_s"],
     )
 
