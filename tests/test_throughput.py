@@ -236,7 +236,7 @@ def test_hf_generate_pays_the_cards_eager_seconds_per_layer_per_token():
     hf = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl"]
     cfg = compose(hf)
     s, card = shapes(cfg, "trl"), card_of(cfg)
-    assert card.eager_layer_s > EAGER_LAYER_S
+    assert card.eager_layer_s != EAGER_LAYER_S  # the T4's own fit, not the generic rate
     generic = relative_step_time(compose([*hf, f"gpu.eager_layer_s={EAGER_LAYER_S}"]))
     t4 = relative_step_time(cfg)
     assert t4["generation_s"] - generic["generation_s"] == pytest.approx(s.C * s.L * (card.eager_layer_s - EAGER_LAYER_S))

@@ -31,9 +31,13 @@ from .shapes import kv_bytes_per_token, param_counts, resolve_backend_for, shape
 from .vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_bytes
 
 # vLLM's per-decode-step overhead (scheduler, sampler, CUDA graph replay) and, under enforce_eager, the kernel
-# launches per layer a graph replay saves, at HF generate's measured rate (both eager PyTorch).
+# launches per layer a graph replay saves (not fitted: no enforce_eager run is measured).
 VLLM_STEP_S = 0.003
-EAGER_LAYER_S = 0.00035
+VLLM_EAGER_LAYER_S = 0.00035
+# HF generate's seconds per layer per decode step on a card whose conf/gpu file fits none: the midpoint of the
+# two cards measured, the H200's 3.0 ms and the T4's 2.15 ms. The cost is the host's (Python and kernel
+# launches), so it carries across cards.
+EAGER_LAYER_S = 0.0026
 # A card's efficiencies where its conf/gpu file names none (a card added by hand): the fractions the model
 # used before cards carried their own, no fixed overheads.
 GENERIC_EFFICIENCY = {
@@ -88,7 +92,7 @@ def vllm_step_overhead(s, engine: dict, device: str) -> float:
     """Seconds of overhead per vLLM decode step: VLLM_STEP_S, or with backend.vllm_enforce_eager=true on a card
     (no CUDA graphs: vllm/config/model.py enforce_eager) the per-layer launches, whichever is larger."""
     if engine.get("enforce_eager") and device == "cuda":
-        return max(VLLM_STEP_S, EAGER_LAYER_S * s.L)
+        return max(VLLM_STEP_S, VLLM_EAGER_LAYER_S * s.L)
     return VLLM_STEP_S
 
 
