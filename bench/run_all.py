@@ -19,6 +19,7 @@ import recipe_held  # noqa: E402
 import record_grid  # noqa: E402
 import search_efficiency  # noqa: E402
 import search_real_space  # noqa: E402
+import search_vs_limit  # noqa: E402
 import throughput_model  # noqa: E402
 import trial_start  # noqa: E402
 import vllm_vs_hf  # noqa: E402
@@ -34,6 +35,7 @@ def main(record: bool) -> dict:
     calibration_replay.main()
     recipe_held.main(recipe_held.SEEDS)  # reads search_efficiency.json: after it
     search_real_space.main(search_real_space.SEEDS, search_real_space.landscapes.TINY_VLLM, "make bench")
+    search_vs_limit.main(search_vs_limit.SEEDS, "make bench")
     vllm_vs_hf.main()
     throughput_model.main(fresh=True, calibrate=True)  # the plan remade from today's model; 5 real trials
     published_runs.main()
@@ -51,6 +53,7 @@ def summarize(keep_measured_at: bool = False) -> dict:
     previous = load("summary") if (RESULTS / "summary.json").exists() else {}
     recipe = load("recipe_held") if (RESULTS / "recipe_held.json").exists() else {}
     real = load("search_real_space") if (RESULTS / "search_real_space.json").exists() else {}
+    limit = load("search_vs_limit") if (RESULTS / "search_vs_limit.json").exists() else {}
     start, over, search = load("trial_start"), load("overhead"), load("search_efficiency")
     accuracy = load("estimator_accuracy")["summary"]
     summary = {
@@ -134,6 +137,10 @@ def summarize(keep_measured_at: bool = False) -> dict:
         # tiny_cpu_vllm landscape and the Gemma 3 1B / L4 knob space (a model), per start, beside random and TPE.
         **{k: v for k, v in real.items() if "_real_space_" in k},
         "real_space_measured_at": real.get("measured_at"),
+        # Issue 58: the model-led search against one run of the best point (bench/search_vs_limit.py):
+        # {space, sigma, model_error, ours_s, random_s, tpe_s, limit_s, pick, trials}, medians over seeds.
+        "search_vs_limit": limit.get("search_vs_limit"),
+        "search_vs_limit_measured_at": limit.get("measured_at"),
         # Issue 56: the throughput model against the measured tiny_cpu_vllm landscape (bench/throughput_model.py)
         # and against public GPU runs, the held-out ones never fitted (bench/published_runs.py).
         **{
@@ -165,7 +172,7 @@ def summarize(keep_measured_at: bool = False) -> dict:
         "measured_at": previous.get("measured_at") if keep_measured_at and previous.get("measured_at") else measured_at(),
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    rows = [{"figure": k, "value": v} for k, v in summary.items()]
+    rows = [{"figure": k, "value": v} for k, v in summary.items() if not isinstance(v, list)]  # lists: their own page
     parts = [f"## Performance (`make bench`, {summary['measured_at']})", "", markdown_table(rows), ""]
     for name in (
         "overhead",
@@ -175,6 +182,7 @@ def summarize(keep_measured_at: bool = False) -> dict:
         "calibration_replay",
         "recipe_held",
         "search_real_space",
+        "search_vs_limit",
         "vllm_vs_hf",
         "estimator_accuracy",
     ):

@@ -28,6 +28,7 @@ import math
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,13 +92,20 @@ def sweep(
     neighbour_every: int | None = None,
     calibrate: bool = False,
     start: str | None = None,
+    lead: bool = False,
+    model_error: float = 0.0,
+    zone: float | None = None,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials.
     frontier / n_startup_trials / neighbour_every / start: None, the plugin's defaults (hydra.sweeper.start_points,
     n_startup_trials, neighbour_every, start). A landscape whose points carry the sweeper's forecast
     (landscapes.forecasts) starts as the sweeper's start.choose does (model: the predicted fastest fits;
-    memory: the fullest); one without (the old landscapes) starts from memory, by its predicted peaks."""
+    memory: the fullest); one without (the old landscapes) starts from memory, by its predicted peaks.
+    lead: the model-led search (lead.py: the calibrated model's next point on the model's turns, the
+    stop rule, the flat space; confirmation judged with the trials' predictions), its own seconds
+    charged as measured here; model_error: each point's forecast tokens/s disturbed by
+    exp(N(0, model_error)), drawn once per seed (a wrong model); zone: hydra.sweeper.indifference."""
     import logging
 
     import optuna
@@ -124,6 +132,9 @@ def sweep(
     space = {name: optuna.distributions.CategoricalDistribution(values) for name, values in land["grid"].items()}
     study = optuna.create_study(direction="maximize", sampler=build_sampler(sampler, seed, space, n_startup_trials))
     start = conf.start if start is None else start
+    zone = conf.indifference if zone is None else zone
+    forecast_of = disturbed(land, seed, model_error) if lead else {}
+    candidates = list(forecast_of.values())
     composed: list = []
     if frontier and start != "none":  # hydra.sweeper.start_points points, as hydra.sweeper.start says
         from hydra_plugins.grpo_optuna_sweeper import space as space_rules
@@ -131,7 +142,7 @@ def sweep(
         from hydra_plugins.grpo_optuna_sweeper.forecast import Forecast
 
         if "forecast" in land["points"][0]:
-            composed = [p["forecast"] for p in land["points"]]
+            composed = [forecast_of.get(key(p["levers"]), p["forecast"]) for p in land["points"]]
             estimated = [f for f in composed if f.error is None]
         else:
             # the old landscapes forecast the peak alone: start=model falls back to memory in start.choose
@@ -143,9 +154,9 @@ def sweep(
                 for params in composed
                 if key(params) in land["by_key"]
             ]
-        picks = start_points.choose(start, estimated, frontier, seed)[1]
+        mode, picks, _ = start_points.choose(start, estimated, frontier, seed, zone if lead else None)
         for params in picks:
-            study.enqueue_trial(params)
+            study.enqueue_trial(params, user_attrs={"start": mode})
     rng = random.Random(1_000_003 * seed + 17)
     compose_s = land.get("compose_s", 0.0)  # the sweeper composes and estimates a config: measured per landscape
     # A neighbour move's candidate is composed from the sweeper's ComposeCache (a copy of a composition per
@@ -182,6 +193,8 @@ def sweep(
         record, seconds = run_point(land, point, rng, threshold)
         clock += seconds
         trial_s[trial.number] = seconds
+        if lead and key(point["levers"]) in forecast_of:  # what the pre-screen records: the model's tokens/s
+            trial.set_user_attr("predicted_tokens_per_s", forecast_of[key(point["levers"])].tokens_per_s)
         oom_trials[0] += record["status"] == "oom"
         if calibrate:  # what the sweeper's trial attrs hold for calibration.observation
             trial.set_user_attr("predicted_phases", {"training": point["predicted_peak_bytes"]})
@@ -221,13 +234,38 @@ def sweep(
     def search_to(target: int) -> None:
         """The sweeper's search phase: sampler trials (neighbour moves on their turns) until `target` count."""
         while counted < target or (until_found and found_s is None and counted < CAP):
+            if lead and lead_stopped():
+                return
             search_trial()
+
+    def timed(call, *args):
+        """A call of the sweeper's own model, its seconds on this machine charged to the replay's clock."""
+        nonlocal clock
+        started = time.perf_counter()
+        out = call(*args)
+        clock += time.perf_counter() - started
+        return out
+
+    def lead_stopped() -> bool:
+        """The sweeper's Loop._search_over: never while a start point waits; the stop line once."""
+        if ended:
+            return True
+        if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
+            return False
+        line = timed(lead_rules.study_stop_line, study, candidates, zone)
+        if line is not None:
+            ended.append((line, counted))
+        return bool(ended)
 
     def search_trial() -> None:
         nonlocal clock, counted, pick_no_confirm
         if counted == n_search and pick_no_confirm is None:
             pick_no_confirm = _picked(best_trial(study), land)
-        if constrained and neighbours.due(counted, n_startup_trials, neighbour_every):
+        model_turn = constrained and neighbours.due(counted, n_startup_trials, neighbour_every)
+        params = timed(lead_rules.study_next_point, study, candidates) if lead and model_turn else None
+        if params is not None:  # the sweeper's Loop._model_turn: the calibrated model's fastest untried point
+            study.enqueue_trial(params, user_attrs={"model_led": True})
+        elif model_turn:
             allowed = (lambda params: _move_runs(land, params, prescreen_of)) if (calibrate and prescreen) else None
             if allowed is not None:  # the sweeper's Prescreen.learn: a new calibration re-judges the moves
                 learned = len(calibration.observations(t.user_attrs for t in study.get_trials(deepcopy=False)))
@@ -256,20 +294,38 @@ def sweep(
         best = best_finalist(study) if constrained and stop_below else None
         run(trial, point, stop_threshold(best.median if best else None, stop_below, OBJECTIVE, "maximize"))
 
+    ended: list = []  # (the line, the trials counted) once the model-led search stopped
+    from hydra_plugins.grpo_optuna_sweeper import lead as lead_rules
+
     search_to(n_search)
     if pick_no_confirm is None:
         pick_no_confirm = _picked(best_trial(study), land)
     if top and not until_found:
-        replay_log = logging.getLogger("replay")
-        confirm.choose(study, top, replay_log)
         seconds_of = lambda t: trial_s.get(t.number)  # noqa: E731 - the landscape's seconds, not the replay's clock
-        while confirm.next_round(study, confirm_budget, replay_log, seconds_of=seconds_of):
+
+        def run_to(target: int, search: bool) -> bool:
+            """The sweeper's Loop._run_to: search trials to `target`, or the queued confirmation runs."""
+            if search:
+                search_to(target)
+                return True
             ran = sum(t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None and t.state.name != "WAITING" for t in study.trials)
             for _ in range(confirm.planned(study) - ran):
                 trial = study.ask(space)
                 run(trial, land["by_key"][key(trial.params)], None)  # a confirmation run never stops early
-        if confirm.given_back(study):  # undecidable from the start: the reserved runs search instead
-            search_to(n_trials)
+            return True
+
+        confirm.phases(
+            study,
+            top=top,
+            n_trials=n_trials,
+            searched=ended[0][1] if ended else n_search,
+            budget=confirm_budget,
+            run_to=run_to,
+            log=logging.getLogger("replay"),
+            zone=zone,
+            search_done=bool(ended),
+            seconds_of=seconds_of,
+        )
     confirm_s = sum(trial_s.get(t.number, 0.0) for t in study.trials if t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None)
     ruling = verdict(study) if constrained else None  # best.yaml's winner: the best median, a tie to the safer
     pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
@@ -301,11 +357,28 @@ def sweep(
         "given_back": confirm.given_back(study),
         "confirm_stopped": plan.stopped,
         "trials": counted,
+        "search_stopped": ended[0][0] if ended else None,
         "stopped_good": len(stopped_good),
         "oom_trials": oom_trials[0],
         "false_prunes": false_prunes[0],
         "study": study,
     }
+
+
+def disturbed(land: dict, seed: int, model_error: float) -> dict:
+    """key -> the point's forecast with its tokens/s x exp(N(0, model_error)), drawn once per seed
+    (model_error 0: the forecast as recorded): the model the sweeper would have if it were this wrong."""
+    import dataclasses
+
+    rng = random.Random(7_919 * seed + 101)
+    out = {}
+    for p in land["points"]:
+        f = p.get("forecast")
+        if f is None:
+            continue
+        factor = math.exp(rng.gauss(0.0, model_error)) if model_error else 1.0
+        out[key(p["levers"])] = dataclasses.replace(f, tokens_per_s=f.tokens_per_s * factor) if f.tokens_per_s else f
+    return out
 
 
 def _move_runs(land: dict, params: dict, prescreen_of) -> bool:
@@ -356,7 +429,7 @@ def _picked(trial, land: dict) -> dict | None:
 
 
 def measure_compose_s(land: dict, base: list[str], count: int = 12, cuda: bool | None = None) -> float:
-    """Seconds the sweeper spends on one point before it launches it: compose the config (Hydra),
+    """Seconds the sweeper spends on one point before it launches it (or refuses it): compose the config (Hydra),
     check it (validate_here; `cuda=True` for a GPU landscape replayed here) and estimate its peak;
     the median over `count` points of `land`."""
     import time
@@ -367,7 +440,12 @@ def measure_compose_s(land: dict, base: list[str], count: int = 12, cuda: bool |
     times = []
     for point in random.Random(0).sample(land["points"], count):
         started = time.perf_counter()
-        _check_and_estimate(compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())]), cuda)
+        try:
+            _check_and_estimate(
+                compose_train_config([*base, *(space.to_override(k, v) for k, v in point["levers"].items())]), cuda
+            )
+        except Exception:  # noqa: BLE001 - as the sweeper: a point the checks refuse costs its composition and check
+            pass
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 

@@ -67,12 +67,15 @@ TINY = ["model=tiny", "model.init=random", "backend=trl", "task.num_prompts=32"]
 
 # name -> (part, cap in seconds for the whole subprocess, the least time worth starting it with),
 # in the order they run (the most decisive first: what is cut at the end of a part is the least).
+# Caps from the H200 run (bench/results/gpu_check_h200_2026-12-04.json): a trial starts in 20-26 s and HF
+# generate costs ~3 ms per layer per token (conf/gpu/h200_141g.yaml), so seed_baseline's 768-token step takes
+# ~88 s (two steps and the start: ~205 s) and seed_optimized's 4-bit 256-token step ~38 s (~105 s).
 CASES = {
-    "seed_baseline": ("a", 170, 110),
+    "seed_baseline": ("a", 260, 230),
     "oom": ("a", 90, 50),
     "oom_2x": ("a", 90, 50),  # only when `oom` did not end oom (the estimate was too high): ~2x the cap
     "doctor": ("a", 150, 80),
-    "seed_optimized": ("a", 120, 70),
+    "seed_optimized": ("a", 150, 120),
     "unsloth": ("b", 240, 150),
     "alloc_default": ("b", 75, 50),
     "alloc_expandable": ("b", 75, 50),
@@ -84,20 +87,24 @@ CASES = {
     "multi_zero2": ("c", 150, 100),
     "multi_zero3": ("c", 150, 100),
     "vllm_server": ("c", 200, 140),
-    # part d: the speed knobs that need a card (trial/backends/trl.py grpo_args), against knob_ckpt.
+    # part d: the speed knobs that need a card (trial/backends/trl.py grpo_args), against knob_ckpt, at
+    # 128-token completions (KNOB_SHAPE): ~10 s of HF generate a step on an H200, ~55 s a case with its start.
     # vLLM's engine settings need vLLM's CUDA wheel, which the device machine cannot install.
-    "knob_ckpt": ("d", 110, 80),
-    "knob_every2": ("d", 110, 80),
-    "knob_offload": ("d", 110, 80),
-    "knob_eager_attn": ("d", 110, 80),
-    "knob_fused": ("d", 110, 80),
+    "knob_ckpt": ("d", 90, 70),
+    "knob_every2": ("d", 90, 70),
+    "knob_offload": ("d", 90, 70),
+    "knob_eager_attn": ("d", 90, 70),
+    "knob_fused": ("d", 90, 70),
 }
 MULTI_GPU_CASES = ("multi_ddp", "multi_fsdp", "multi_zero2", "multi_zero3", "vllm_server")
-# Seconds of cases per device call: 15 minutes of device time hold one machine start (~1.5 min),
-# two transfers and installs (~1 min) and 330 + 370 s of cases; each call stays under 600 s.
-PART_BUDGET_S = {"a": 330, "b": 370, "c": 560, "d": 560, "landscape": 400}
+# Seconds of cases per device call (each call stays under 600 s with its install): 15 minutes of device time
+# hold one machine start (~1.5 min), two transfers and installs (~1 min) and two parts' cases (b then d: 370 +
+# ~320 s; part a alone takes ~400 s of its 520 s at the caps above).
+PART_BUDGET_S = {"a": 520, "b": 370, "c": 560, "d": 450, "landscape": 400}
 # The landscape part on CPU (--cpu-dry-run): a few points, the best two run twice: the flow, not the numbers.
 LANDSCAPE_DRY_RUN = {"max_points": 4, "top": 2, "repeats": 2}
+# Part d's shape: the seed's preset at 128-token completions (its 768 take ~88 s a step of HF generate on an H200).
+KNOB_SHAPE = ["max_seq_length=384", "max_prompt_length=256"]
 KNOB_CASES = {
     "knob_ckpt": [],
     "knob_every2": ["gradient_checkpointing_every_n_layers=2"],
@@ -193,8 +200,9 @@ def plan(cpu: bool) -> dict:
         ],
         "alloc_default": [*near, *steps_and_cap(CASES["alloc_default"][1])],
         "alloc_expandable": [*near, *steps_and_cap(CASES["alloc_expandable"][1])],
-        # Per trial: 2 steps of 256-token completions; the sweeper's space is in gpu_check_conf/.
-        "sweep": [*GEMMA, *l4, "max_seq_length=384", "max_prompt_length=128", "num_generations=4", *steps_and_cap(75)],
+        # Per trial: 2 steps of 128-token completions (~10 s of HF generate a step on an H200; 256 took ~20 s, past
+        # a 75 s trial's cap with its start); the sweeper's space is in gpu_check_conf/.
+        "sweep": [*GEMMA, *l4, "max_seq_length=384", "max_prompt_length=256", "num_generations=4", *steps_and_cap(90)],
         # Full fine-tuning, where sharding matters; each rank's peak against the per-rank estimate.
         **{
             f"multi_{s}": [*GEMMA, *l4, "trial.full_finetune=true", "trial.num_processes=2", f"trial.strategy={s}",
@@ -205,7 +213,7 @@ def plan(cpu: bool) -> dict:
         "vllm_server": [*GEMMA, *l4, "backend=trl_vllm", "backend.vllm_mode=server", "trial.vllm_devices=[1]",
                         "max_seq_length=384", "max_prompt_length=128", *steps_and_cap(CASES["vllm_server"][1])],
         **{
-            name: [*GEMMA, *l4, "preset=seed_baseline", "gradient_checkpointing=true", *knob,
+            name: [*GEMMA, *l4, "preset=seed_baseline", *KNOB_SHAPE, "gradient_checkpointing=true", *knob,
                    *steps_and_cap(CASES[name][1])]
             for name, knob in KNOB_CASES.items()
         },

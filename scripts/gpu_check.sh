@@ -3,11 +3,12 @@
 #
 # Here, once:    scripts/gpu_wheels.sh               # wheels the device lacks -> .whl/{base,bnb,unsloth}
 # Here, first:   PY=.venv/bin/python scripts/gpu_check.sh --cpu-dry-run   # same flow on CPU (~1-2 min)
-# On the GPU (device tool), two calls of < 64 MiB carry each, back to back (docs/contributing.md "The device check"):
+# On the GPU (device tool), calls of < 64 MiB carry each, back to back (docs/contributing.md "The device check"
+# says which parts the next session runs and how its budget is split):
 #   carry [".whl/base", ".whl/bnb"]      command: scripts/gpu_check.sh --part a    timeout_s 590
-#   carry [".whl/base", ".whl/unsloth"]  command: scripts/gpu_check.sh --part b    timeout_s 590
-# The CUDA-only speed knobs, a third call when the device time allows:
-#   carry [".whl/base"]                  command: scripts/gpu_check.sh --part d    timeout_s 590
+#   carry [".whl/base", ".whl/unsloth"]  command: scripts/gpu_check.sh --part b    timeout_s 430
+# The CUDA-only speed knobs:
+#   carry [".whl/base"]                  command: scripts/gpu_check.sh --part d --budget-s B    timeout_s B + 40
 # The landscape for the speed model, right after part a (docs/contributing.md: B = min(budget left - 60, 520)):
 #   carry [".whl/base"]                  command: scripts/gpu_check.sh --part landscape --budget-s B    timeout_s B + 45
 # then here:     .venv/bin/python scripts/gpu_check.py --merge <part a json> <part b json>

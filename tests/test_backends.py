@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import json
 import os
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -525,6 +526,29 @@ def test_gpu_check_cases_compose_and_validate(gpu_check, cpu):
     assert compose(plan["unsloth"]).backend.name == "unsloth"
 
 
+def test_gpu_check_caps_hold_the_h200s_measured_trials(gpu_check):
+    """Each seed case's trial timeout holds its start and two steps as the H200 measured them (+10 %), and
+    each part-d case's and the sweep's base trial's holds its start and two steps as the throughput model
+    prices them on the H200 (its fitted HF-generate overhead), so no case is killed at its cap as
+    seed_baseline was at 145 s."""
+    from grpo_sweep.memory.throughput import relative_step_time
+
+    measured = json.loads(
+        (Path(__file__).resolve().parents[1] / "bench" / "results" / "gpu_check_h200_2026-12-04.json").read_text()
+    )
+    cases = measured["cases"]
+    start = max(c["start_latency_s"] for c in cases.values() if c.get("start_latency_s"))
+    plan = gpu_check.plan(False)
+    for name in ("seed_baseline", "seed_optimized"):
+        need = 1.1 * (start + 2 * cases[name]["step_time_s"])
+        assert compose(plan[name]).trial.timeout_s >= need, (name, need)
+    for name in [*gpu_check.KNOB_CASES, "sweep"]:
+        cfg = compose([*plan[name], "gpu=h200_141g"])
+        need = 1.1 * (start + 2 * relative_step_time(cfg)["step_s"])
+        assert cfg.trial.timeout_s >= need, (name, need)
+    assert gpu_check.PART_BUDGET_S["a"] >= sum(gpu_check.CASES[n][2] for n in ("seed_baseline", "seed_optimized"))
+
+
 @pytest.mark.parametrize("name", ["sweep_l4", "sweep_cpu"])
 def test_gpu_check_sweep_space_composes(gpu_check, name):
     """Every value the device sweep can sample is a valid trial of the sweep's base config."""
@@ -713,6 +737,38 @@ def test_gpu_landscape_dry_run_replays(tmp_path):
     assert set(ratios) == {"per_device_train_batch_size=2", "per_device_train_batch_size=8"}
     base, moved = land["points"][0], land["points"][1]
     assert ratios["per_device_train_batch_size=2"]["measured"] == pytest.approx(moved["tokens_per_s"] / base["tokens_per_s"])
+
+
+def test_h200_landscape_loads_and_the_search_replay_runs_it():
+    """The H200's committed landscape (17 points of Gemma 3 1B, 27 runs, the best 5 to 3 runs) loads as the
+    search bench replays it: every recorded point fits with its forecast and its measured runs, the points
+    the recording did not reach are absent, the optimum is the best median, and a random search over it
+    draws measured runs and charges their seconds."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import landscapes
+    import search_seconds
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "data" / "landscape_gpu_h200_2026-12-04.json"
+    raw = json.loads(path.read_text())
+    land = landscapes.gpu_landscape(path)
+    assert land["card"] == "h200_141g" and land["recorded_points"] == 17 and land["runs"] == 27 and land["steps"] == 2
+    assert land["noise"] == "measured runs" and 0 < land["measured_sigma"] < 0.2
+    assert sorted(len(p["measured_runs"]) for p in land["points"]).count(3) == 5
+    assert all(p["status"] == "ok" and p["forecast"].runs and p["forecast"].tokens_per_s > 0 for p in land["points"])
+    assert all(landscapes.key(levers) not in land["by_key"] for levers in raw["not_reached"])
+    medians = [statistics.median(r["tokens_per_s"] for r in p["measured_runs"]) for p in land["points"]]
+    assert land["optimum"] == pytest.approx(max(medians))
+    for p in land["points"]:
+        assert 1.0 < p["start_s"] < 60 and len(p["step_s"]) == 2 and p["step_s"][1] > 1.0
+    rng = random.Random(0)
+    record, seconds = search_seconds.run_point(land, land["points"][0], rng, threshold=None)
+    assert record["status"] == "ok" and record["tokens_per_s"] in [r["tokens_per_s"] for r in land["points"][0]["measured_runs"]]
+    assert seconds == pytest.approx(sum(land["points"][0]["step_s"]) + land["points"][0]["start_s"], rel=0.5)
+    assert 0 < search_seconds.random_seconds(land, seed=0) <= sum(search_seconds.full_seconds(p) for p in land["points"])
+    assert search_seconds.random_pick(land, seed=0)["status"] == "ok"
 
 
 def test_vllm_readback_reports_the_pool_in_process():

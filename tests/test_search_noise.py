@@ -241,8 +241,9 @@ def test_repeats_pool_and_confirmation_runs_on_while_the_finalists_overlap():
     assert best_trial(study).number == 5
 
 
-def _search(values: list[tuple[int, float]], peaks: dict[int, int] | None = None):
-    """An in-memory study whose search ran `values` ((b, value) per trial) as the sweeper records them."""
+def _search(values: list[tuple[int, float]], peaks: dict[int, int] | None = None, predicted: dict[int, float] | None = None):
+    """An in-memory study whose search ran `values` ((b, value) per trial) as the sweeper records them;
+    `predicted`: b -> the throughput model's tokens/s, recorded as the pre-screen records it."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -254,6 +255,8 @@ def _search(values: list[tuple[int, float]], peaks: dict[int, int] | None = None
         trial.set_user_attr("overrides", [f"b={b}"])
         confirm.mark_repeat(study, trial, [f"b={b}"])
         _record(trial, b, peaks)
+        if predicted:
+            trial.set_user_attr("predicted_tokens_per_s", predicted[b])
         study.tell(trial, value)
     return study, space
 
@@ -282,6 +285,55 @@ def _round(study, space, values: dict[int, list[float]], log, *, budget=1.0, sec
         if seconds is not None:
             seconds[trial.number] = seconds[run["confirms"]]  # a run costs what its config's first did
     return queued
+
+
+def test_confirmation_stops_inside_the_zone_when_runs_and_model_agree_and_the_safer_config_wins(tmp_path, capsys):
+    """No config ran twice (no noise measured), but the finalists' runs (180 and 176) and the model's
+    predictions (1000 and 990 tokens/s) agree they lie within 5 % of each other: confirmation stops
+    (`indifferent`) without one run, and b=4, 40 % of its budget free against b=2's 10 %, wins; the
+    summary says "within 5 % of each other: the safer one wins". Where the model disagrees (b=4
+    predicted 20 % slower), the round runs both; with a zone of 1 % the runs disagree and it runs too."""
+    import logging
+
+    from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
+    from hydra_plugins.grpo_optuna_sweeper.summary import write_summary
+
+    log = logging.getLogger("test")
+    peaks = {1: 500, 2: 900, 3: 500, 4: 600}
+    values = [(1, 100.0), (2, 180.0), (3, 90.0), (4, 176.0)]
+
+    def confirmed(predicted: dict[int, float], zone: float = 0.05):
+        study, _ = _search(values, peaks, predicted)
+        called: list[tuple[int, bool]] = []
+        confirm.phases(
+            study,
+            top=2,
+            n_trials=8,
+            searched=4,
+            budget=1.0,
+            run_to=lambda target, search: called.append((target, search)) or True,
+            log=log,
+            zone=zone,
+            seconds_of=lambda t: 10.0,
+        )
+        return study, called
+
+    agree = {1: 600.0, 2: 1000.0, 3: 500.0, 4: 990.0}
+    study, called = confirmed(agree)
+    state = study.user_attrs["confirmation"]
+    assert called == [(4, False)] and (state["stopped"], state["runs"], state["agreed"]) == ("indifferent", [], [1, 3])
+    assert best_trial(study).number == 3  # b=4: the median 176 against 180, but 40 % of its budget free
+    write_summary(
+        study, tmp_path, storage_url=f"journal:{tmp_path / 's.journal'}", objective="tokens_per_s", top_k=5, headroom=None
+    )
+    out = capsys.readouterr().out
+    assert "within 5 % of each other: the safer one wins, trial 3" in out
+    study, called = confirmed({**agree, 4: 800.0})  # the model sees b=4 20 % slower: it runs
+    state = study.user_attrs["confirmation"]
+    assert state.get("agreed") is None and [r["confirms"] for r in state["runs"][:2]] == [1, 3]
+    study, called = confirmed(agree, zone=0.01)  # 176 is 2.2 % below 180: outside a 1 % zone
+    state = study.user_attrs["confirmation"]
+    assert state.get("agreed") is None and [r["confirms"] for r in state["runs"][:2]] == [1, 3]
 
 
 def test_confirmation_stops_once_the_leader_is_separated():
@@ -398,30 +450,26 @@ def test_confirmation_undecidable_from_the_start_gives_its_runs_back_to_the_sear
     assert confirm.choose(study, 3, log) == [] and not confirm.next_round(study, 0.25, log)
 
 
-def test_the_loop_runs_the_search_on_to_n_trials_when_confirmation_gives_its_runs_back(monkeypatch):
-    """The sweep loop's confirmation phase: undecidable from the start, the search phase runs again,
-    to n_trials, with its neighbour moves; decided or confirmed, it does not."""
-    import types
-
-    from hydra_plugins.grpo_optuna_sweeper.loop import Loop
+def test_the_confirmation_phases_run_the_search_on_to_n_trials_when_confirmation_gives_its_runs_back():
+    """confirm.phases (the sweep loop's confirmation): undecidable from the start, the search phase
+    runs again, to n_trials, with its neighbour moves; decided or confirmed, it does not."""
+    import logging
 
     def phases(search: list[tuple[int, float]]) -> list[tuple[int, bool]]:
         study, _ = _search(search)
         seconds = {t.number: 10.0 for t in study.trials}
         called: list[tuple[int, bool]] = []
-        settings = types.SimpleNamespace(confirm_budget=0.25)
-        loop = types.SimpleNamespace(
-            study=study,
-            stopped=None,
-            plan=types.SimpleNamespace(n_search=len(search), n_trials=len(search) + 6, confirm_top=3, settings=settings),
-            _phase=lambda target, search=False: called.append((target, search)),
+        confirm.phases(
+            study,
+            top=3,
+            n_trials=len(search) + 6,
+            searched=len(search),
+            budget=0.25,
+            run_to=lambda target, search: called.append((target, search)) or True,
+            log=logging.getLogger("test"),
+            seconds_of=lambda t: seconds.get(t.number),  # the trials' seconds, as the replay gives them
         )
-        clock = {"seconds_of": lambda t: seconds.get(t.number)}  # the trials' seconds, as the replay gives them
-        monkeypatch.setattr(confirm, "next_round", lambda study, budget, log: original(study, budget, log, **clock))
-        Loop._confirm(loop)
         return called
-
-    original = confirm.next_round
 
     assert phases([(1, 100.0), (2, 180.0), (3, 90.0), (4, 170.0), (2, 120.0)]) == [(5, False), (11, True)]
     # b=2 ran 180 and 181 (the floor's 2 %): b=1 and b=3 are separated from it at once, nothing given back.
@@ -450,7 +498,7 @@ def test_confirmation_runs_only_the_undecided_and_stops_once_the_rest_are_within
     assert _round(study, space, {}, log) == []
     state = study.user_attrs["confirmation"]
     assert (state["stopped"], state["rounds"], len(state["runs"])) == ("indifferent", 2, 4)
-    assert "within 5% of it: any of them is as good a pick" in state["why"]
+    assert "within 5 % of it: any of them is as good a pick" in state["why"]
     ruling = verdict(study)
     assert [f.item.number for f in ruling.tie] == [0, 1, 2] == [f.item.number for f in ruling.close]
 
@@ -497,10 +545,10 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
     out = capsys.readouterr().out
     tie_lines = [line for line in out.splitlines() if line.startswith("Tie:")]
     assert tie_lines == [best["tie_note"]] and (
-        "trials 1, 3 are within 5% of each other, and trial 3 wins with the most memory headroom "
+        "within 5 % of each other: the safer one wins, trial 3, with the most memory headroom "
         "(40% headroom vs 10% headroom)" in tie_lines[0]
     )
-    assert "stopped: every finalist within the leader's noise is, at that noise, within 5% of it" in out
+    assert "stopped: every finalist within the leader's noise is, at that noise, within 5 % of it" in out
     report = (tmp_path / "report.html").read_text()
     assert "id=tie-note" in report and "trial 3 wins the tie with the most memory headroom" in report
     assert "<p id=confirmation-note>Confirmation: 2 runs in 1 rounds" in report and "stopped: every finalist" in report
@@ -524,7 +572,7 @@ def test_a_tie_is_reported_and_the_safer_config_wins(tmp_path, capsys):
         (1, False, True),
         (3, False, False),
     ]
-    assert "none is shown within 5% of the leader, so trial 1 wins with the best median" in best["tie_note"]
+    assert "none is shown within 5 % of the leader, so trial 1 wins with the best median" in best["tie_note"]
     report = (out_dir / "report.html").read_text()
     assert "trial 1 wins the tie with the best median" in report
 
@@ -622,6 +670,7 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
         sweep_cmd(
             tmp_path,
             "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.search_stop=false",  # the 4 search trials are the point here, not the model's stop
             "hydra.sweeper.confirm_top=2",
             "hydra.sweeper.confirm_repeats=1",
             "hydra.sweeper.confirm_budget=1",
@@ -733,33 +782,29 @@ def test_a_lead_no_noise_can_judge_is_said_to_rest_on_one_run():
     assert "lead_note" not in twice and twice["top_two_within_noise"] in (True, False)
 
 
-def test_a_confirm_budget_too_small_for_one_run_gives_its_runs_back(tmp_path, capsys, monkeypatch):
+def test_a_confirm_budget_too_small_for_one_run_gives_its_runs_back(tmp_path, capsys):
     """confirm_budget=0.01 of 4 search trials' 40 s has no room for one 10 s run: confirmation stops
     (`budget`) before its first round and gives its reserved runs back to the search, as an
     undecidable one does, so the loop runs the search on to n_trials; the summary lists no
     "Confirmed finalists" (none was confirmed)."""
     import logging
-    import types
 
-    from hydra_plugins.grpo_optuna_sweeper.loop import Loop
     from hydra_plugins.grpo_optuna_sweeper.summary import write_summary
 
     log = logging.getLogger("test")
     study, space = _search([(1, 100.0), (2, 180.0), (3, 90.0), (4, 176.0)])
     seconds = {t.number: 10.0 for t in study.trials}
-    confirm.choose(study, 3, log)
     called: list[tuple[int, bool]] = []
-    loop = types.SimpleNamespace(
-        study=study,
-        stopped=None,
-        plan=types.SimpleNamespace(n_search=4, n_trials=10, confirm_top=3, settings=types.SimpleNamespace(confirm_budget=0.01)),
-        _phase=lambda target, search=False: called.append((target, search)),
+    confirm.phases(
+        study,
+        top=3,
+        n_trials=10,
+        searched=4,
+        budget=0.01,
+        run_to=lambda target, search: called.append((target, search)) or True,
+        log=log,
+        seconds_of=lambda t: seconds.get(t.number),  # the trials' seconds, as the replay gives them
     )
-    original = confirm.next_round  # the trials' seconds, as the replay gives them
-    monkeypatch.setattr(
-        confirm, "next_round", lambda study, budget, log: original(study, budget, log, seconds_of=lambda t: seconds.get(t.number))
-    )
-    Loop._confirm(loop)
     state = study.user_attrs["confirmation"]
     assert (state["stopped"], state["runs"], state["finalists"], state["chosen"]) == ("budget", [], [], [1, 3, 0])
     assert confirm.given_back(study) and "reserved runs went back to the search" in state["why"]

@@ -448,7 +448,10 @@ def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
 def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     """SIGTERM mid-trial, then the same command: finished trials kept, the count reached, nothing run twice. Over 20 s: two
     sweeps (the interrupted one in its own process, the resume)."""
-    cmd = sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", *SPLIT_SPACE, "max_seq_length=64", "lora=qv")
+    # search_stop=false: the count is the point here, not the model's stop (lead.py)
+    cmd = sweep_cmd(
+        tmp_path, "hydra.sweeper.n_trials=3", "hydra.sweeper.search_stop=false", *SPLIT_SPACE, "max_seq_length=64", "lora=qv"
+    )
     journal = f"journal:{tmp_path / 'study.journal'}"
     proc = start(cmd, tmp_path / "first.log")
     try:

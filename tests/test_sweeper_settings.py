@@ -41,6 +41,8 @@ BAD = {
     "learning_tolerance": (0, "a number in (0, 1) (relative: 1e-4 = 0.01 %), or null: per precision"),
     "soak_steps": (-1, "an integer >= 0 (steps the winner runs after the sweep; 0: off)"),
     "confirm_budget": (0, "a number in (0, 1] (a share of the sweep's seconds"),
+    "search_stop": ("yes", "true or false"),
+    "indifference": (5, "a number in [0, 0.5) (a fraction of the best: 0.05 = configs within 5 % of each other"),
 }
 
 
@@ -55,6 +57,7 @@ def test_the_defaults_and_the_edges_pass():
         "headroom": [None, 1, 0.5],
         "confirm_top": [0],
         "confirm_budget": [1, 0.05],
+        "indifference": [0, 0.05, 0.2],
         "seed": [None, 0],
         "grace_period": [None],
         "learning_tolerance": [None, 1e-3],

@@ -5,6 +5,8 @@ Pure arithmetic: every test composes a config and checks the model's numbers, mo
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -239,6 +241,50 @@ def test_hf_generate_pays_the_cards_eager_seconds_per_layer_per_token():
     t4 = relative_step_time(cfg)
     assert t4["generation_s"] - generic["generation_s"] == pytest.approx(s.C * s.L * (card.eager_layer_s - EAGER_LAYER_S))
     assert t4["training_s"] == generic["training_s"]
+
+
+H200_LANDSCAPE = Path(__file__).resolve().parents[1] / "bench" / "data" / "landscape_gpu_h200_2026-12-04.json"
+
+
+def _h200_point(levers: dict):
+    land = json.loads(H200_LANDSCAPE.read_text())
+    extra = [f"{k}={'null' if v is None else str(v).lower()}" for k, v in levers.items()]
+    return compose([*land["recipe"], *extra])
+
+
+def test_steps_per_generation_prices_each_generation_round_by_hand():
+    """steps_per_generation=1 under an accumulation of 4 generates four rounds of 8 (TRL `_prepare_inputs`): each
+    round decodes to the budget, reading the weights and paying HF generate's per-layer overhead per decode step;
+    prefill, the KV reads and training stay the step's."""
+    base = {"per_device_train_batch_size": 8, "steps_per_generation": None}
+    one, whole = _h200_point({**base, "steps_per_generation": 1}), _h200_point(base)
+    s, card = shapes(whole, "trl"), card_of(whole)
+    assert s.GA == 4
+    r1, r4 = relative_step_time(one), relative_step_time(whole)
+    per_round = s.C * (s.L * card.eager_layer_s + weights_bytes(s) / (card.bandwidth * card.decode_fraction))
+    assert r1["generation_s"] - r4["generation_s"] == pytest.approx((s.GA - 1) * per_round)
+    assert r1["training_s"] == r4["training_s"]
+    # a round feeding several optimiser steps is shared among them
+    two = relative_step_time(_h200_point({**base, "steps_per_generation": 8}))
+    assert two["generation_s"] < r4["generation_s"]
+
+
+def test_h200_landscape_generation_rounds_and_seconds_match_the_card():
+    """On the H200's measured landscape the model's generation seconds (its fitted eager_layer_s) are within 35 %
+    of every point's (the one-run points read 1.96-2.94 s at one shape), and steps_per_generation=1's generation over the other points' median within 10 %."""
+    land = json.loads(H200_LANDSCAPE.read_text())
+    points = [p for p in land["points"] if p["status"] == "ok"]
+    assert len(points) == 17
+    for p in points:
+        model = relative_step_time(_h200_point(p["levers"]))["generation_s"]
+        assert model == pytest.approx(p["generation_s"], rel=0.35), p["levers"]
+    one = [p for p in points if p["levers"]["steps_per_generation"] == 1]
+    rest = statistics.median(p["generation_s"] for p in points if p["levers"]["steps_per_generation"] is None)
+    ratio_model = (
+        relative_step_time(_h200_point(one[0]["levers"]))["generation_s"]
+        / relative_step_time(_h200_point(points[0]["levers"]))["generation_s"]
+    )
+    assert one[0]["generation_s"] / rest == pytest.approx(ratio_model, rel=0.10)
 
 
 def test_estimate_prices_a_trial_and_a_sweep_in_gpu_minutes():

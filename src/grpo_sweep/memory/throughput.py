@@ -118,7 +118,7 @@ def card_of(cfg: Any) -> Card:
         dequant_fraction=eff["dequant_bandwidth_fraction"],
         microbatch_s=eff["microbatch_overhead_s"],
         step_s=eff["step_overhead_s"],
-        pool_s_per_byte=eff["vllm_pool_s_per_gib"] / 2**30,
+        pool_s_per_byte=eff["vllm_pool_s_per_gib"] / GIB,
         eager_layer_s=eff["eager_layer_s"],
     )
 
@@ -145,6 +145,15 @@ def extra_forwards(cfg: Any, vllm: bool) -> int:
     accum, per_gen = split_of(cfg)[1], cfg.get("steps_per_generation")
     old = 1 if (vllm and cfg.get("vllm_importance_sampling_correction")) or (per_gen and accum % int(per_gen)) else 0
     return ref + old
+
+
+def generation_rounds(cfg: Any, s) -> float:
+    """Generation rounds per optimiser step: accumulation / steps_per_generation (null: the accumulation, one
+    round). TRL generates a batch of per_device_train_batch_size x steps_per_generation completions every
+    steps_per_generation micro-steps and trains on its slices (trl/trainer/grpo_trainer.py `_prepare_inputs`:
+    generate_every = steps_per_generation x num_iterations); under 1, one round feeds several steps."""
+    per_gen = cfg.get("steps_per_generation")
+    return s.GA / int(per_gen) if per_gen else 1.0
 
 
 def expected_completion_tokens(cfg: Any, s) -> tuple[float, float]:
@@ -181,11 +190,11 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     # the KV reads are every live sequence's. vLLM drops a finished sequence from the batch (its scheduler
     # frees it: vllm/v1/core/sched/scheduler.py update_from_output), HF generate keeps it padded in the batch
     # until the longest ends (transformers generation/utils.py _sample: unfinished_sequences masks, no removal).
-    steps = m["waves"] * longest
+    steps = m["rounds"] * m["waves"] * longest  # each round decodes its own batch: weights read per round
     kv_tokens = s.G * (s.P * mean + mean * mean / 2) if m["vllm"] else s.G * longest * (s.P + longest / 2)
     decode_bytes = steps * (m["weight_read"] + m["dequant"]) + kv_tokens * m["kv_per_token"]
     decode_s = (steps * m["weight_read"] + kv_tokens * m["kv_per_token"]) / bytes_rate + steps * m["dequant"] / dequant_rate
-    gen = prefill + decode_s + fixed * (steps * m["step_overhead"] + m["pool_s"] + card.step_s)
+    gen = prefill + decode_s + fixed * (steps * m["step_overhead"] + m["rounds"] * (m["pool_s"] + card.step_s))
     return {
         "generation_s": gen,
         "training_s": train,
@@ -214,9 +223,9 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     3 ms: `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
     backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
     `generation_waves`, vLLM's scheduler queueing the rest), the weights are read and the per-step overhead
-    paid once per wave, the KV reads stay the batch's. The card's fixed seconds per step are generation's:
-    TRL's `_generate_single_turn`, which trials time as generation, syncs the weights to vLLM first.
-    Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
+    paid once per wave, the KV reads stay the batch's; so per generation round (`generation_rounds`). The
+    card's fixed seconds are generation's, once a round: TRL's `_generate_single_turn` syncs the weights to
+    vLLM first. Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
     `compute_flops_per_token`. Seconds are one rank's (the ranks step together); tokens/s is the trial's,
     over its trial.num_processes ranks, at the worst case.
     """
@@ -228,7 +237,8 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     vllm = generates_with_vllm(cfg, backend)
     engine = vllm_engine_settings(cfg) if backend == "trl_vllm" else {}
     assumptions = estimate(cfg, logits_mode, device=device, backend=backend).assumptions if vllm else {}
-    waves = (assumptions.get("generation_waves") or 1) if vllm else 1
+    rounds = generation_rounds(cfg, s)
+    waves = math.ceil((assumptions.get("generation_waves") or 1) / rounds) if vllm else 1  # per round
     dequant = n["linear"] * DEQUANT_BYTES_PER_WEIGHT if s.four_bit else 0
     group = max(int(cfg.get("num_generations") or 1), 1)
     block = VLLM_GPU_BLOCK_TOKENS if device == "cuda" else VLLM_CPU_BLOCK_TOKENS
@@ -239,6 +249,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
         "s": s,
         "vllm": vllm,
         "waves": waves,
+        "rounds": rounds,
         "layer_flops": 2 * n["linear"] + 4 * s.nh * s.hd * s.S * s.L,  # per token, forward
         "head_flops": 2 * s.V * s.H * (2 if logits_mode == "full" else 4),  # per token, forward + backward
         "head_forward": 2 * s.V * s.H,

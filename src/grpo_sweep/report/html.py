@@ -177,7 +177,8 @@ def tie_html(ruling: best_rule.Verdict) -> str:
         )
     return (
         f"<p id=tie-note>Tie: {', '.join(_e(f.item.name) for f in ruling.tie)} are within each other's noise "
-        f"({ruling.sigma:.1%} of a run, measured on this study): none is faster as far as this machine can tell. "
+        f"({f'{ruling.sigma:.1%} of a run, measured on this study' if ruling.sigma is not None else 'no noise measured yet'}): "
+        "none is faster as far as this machine can tell. "
         f"{_tie_winner(ruling)}</p>"
         "<table id=tie><thead><tr><th class=l>config</th><th>median</th><th>runs</th><th>peak MiB</th>"
         f"<th>headroom</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -187,7 +188,7 @@ def tie_html(ruling: best_rule.Verdict) -> str:
 def _tie_winner(ruling: best_rule.Verdict) -> str:
     """How the tie was settled (grpo_sweep.study.best.decide): by headroom among the configs shown within
     best.INDIFFERENCE of the leader, else by the best median."""
-    zone = f"{best_rule.INDIFFERENCE:.0%}"
+    zone = f"{ruling.zone:.0%}"
     name = _e(ruling.winner.item.name)
     if not ruling.close:
         return (

@@ -157,10 +157,16 @@ def trials_from_study(study) -> list[Trial]:
     """Optuna trials, with the metrics.json of their run_dir when it still exists, else user attrs."""
     trials = []
     chosen = best_rule.competing(study.user_attrs) or []  # the confirmation phase's finalists
+    confirmation = study.user_attrs.get(Key.CONFIRMATION) or {}
+    agreed = confirmation.get("agreed") or []  # the finalists whose runs and model agreed within the zone
     for ft in study.get_trials(deepcopy=False):
         attrs = dict(ft.user_attrs)
         if ft.number in chosen:
             attrs["finalist"] = True
+        if ft.number in agreed:
+            attrs["agreed"] = True
+        if confirmation.get("zone") is not None:
+            attrs["indifference"] = confirmation["zone"]
         run_dir = attrs.get(Key.RUN_DIR)
         # The sweeper's flat attrs (status, predicted_peak_bytes, deficit_bytes, ...), then a nested
         # "metrics" dict if any, then the trial's own metrics.json, which wins where they overlap.
@@ -255,6 +261,7 @@ def verdict(trials: list[Trial], flagged: dict[object, Departure] | None = None)
         return best_rule.Verdict([], None, 0, [], None, {})
     runs = [t for t in trials if t.category == "feasible" or best_rule.config_group(t.record, None) is not None]
     chosen = [t.number for t in trials if t.record.get("finalist")]
+    zone = next((t.record["indifference"] for t in trials if t.record.get("indifference") is not None), best_rule.INDIFFERENCE)
     return best_rule.decide(
         runs,
         value=lambda t: t.objective if t.category == "feasible" else None,
@@ -264,6 +271,8 @@ def verdict(trials: list[Trial], flagged: dict[object, Departure] | None = None)
         peak_of=lambda t: t.record.get("peak_memory_bytes"),
         budget_of=lambda t: t.record.get("budget_bytes"),
         flagged=is_flagged(flagged, key_of) if flagged else None,
+        zone=zone,
+        agreed=[t.number for t in trials if t.record.get("agreed")] or None,
     )
 
 

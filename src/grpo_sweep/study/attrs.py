@@ -65,6 +65,7 @@ class Key(StrEnum):
     NEIGHBOUR_OF = "neighbour_of"  # the first trial of the config it moved from
     CONCESSIONS_TAKEN = "concessions_taken"  # {recipe setting: the value this trial used}
     START = "start"  # the start mode that queued it
+    MODEL_LED = "model_led"  # queued by the model-led search (lead.py): the calibrated model's next point
     LEVERS = "levers"  # the levers as requested
     STOP_BELOW = "stop_below"  # the early-stop threshold it ran under
     PREDICTED_TOKENS_PER_S = "predicted_tokens_per_s"  # the throughput model's, at the pre-screen
@@ -89,6 +90,7 @@ class Key(StrEnum):
     PRICE_TAGS = "price_tags"
     LEARNING_TOLERANCE = "learning_tolerance"
     MODEL_RANKING = "model_ranking"  # the model's predicted order
+    SEARCH_STOPPED = "search_stopped"  # {line, trials}: the model-led search ended the search phase early
     SOAK = "soak"  # what the soak found (trend, verdict, per-step peaks)
     CONFIRMATION = "confirmation"  # ConfirmationState.to_dict()
 
@@ -110,6 +112,8 @@ class ConfirmationState:
     why: str | None = None  # ... and in a sentence
     chosen: list | None = None  # the finalists it had, once it gave its runs back
     given_back: bool = False  # it ran nothing, and every config competes by its median
+    zone: float | None = None  # the indifference zone it judged by (hydra.sweeper.indifference)
+    agreed: list | None = None  # the configs whose runs and forecast agreed within the zone: the safest wins
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form: the keys a round has set, in the order confirmation sets them."""
@@ -118,6 +122,10 @@ class ConfirmationState:
             out.update(sweep_s=self.sweep_s, budget=self.budget, sigma=self.sigma, leader=self.leader)
         if self.given_back:
             out.update(chosen=self.chosen, given_back=True)
+        if self.zone is not None:
+            out.update(zone=self.zone)
+        if self.agreed:
+            out.update(agreed=self.agreed)
         if self.stopped is not None:
             out.update(stopped=self.stopped, why=self.why)
         return out

@@ -275,9 +275,9 @@ def indifferent(leader: Finalist, other: Finalist, sigma: float | None, zone: fl
     return max(abs(lo - leader.median), abs(hi - leader.median)) <= zone * abs(leader.median)
 
 
-def decidable(leader: Finalist, other: Finalist, sigma: float, more: float) -> bool:
+def decidable(leader: Finalist, other: Finalist, sigma: float, more: float, zone: float = INDIFFERENCE) -> bool:
     """Whether `more` runs of each, at the medians and the noise measured now, would separate the two
-    or show `other` within INDIFFERENCE of the leader: if not, spending them cannot settle the pair
+    or show `other` within `zone` of the leader: if not, spending them cannot settle the pair
     (the medians may still move, but the study could not tell that they had).
 
     Args:
@@ -285,11 +285,12 @@ def decidable(leader: Finalist, other: Finalist, sigma: float, more: float) -> b
         other: The config compared with it.
         sigma: The study's relative noise.
         more: Extra runs of each.
+        zone: The indifference zone, a share of the leader's median.
 
     Returns:
         Whether those runs could settle the pair.
     """
-    return within_noise(leader, other, sigma, more) is False or indifferent(leader, other, sigma, more=more)
+    return within_noise(leader, other, sigma, more) is False or indifferent(leader, other, sigma, zone, more)
 
 
 def memory_used(
@@ -338,6 +339,8 @@ class Verdict(Generic[T]):
     close: list[Finalist[T]] = field(default_factory=list)
     passed_over: list[Finalist[T]] = field(default_factory=list)
     winner_flagged: bool = False
+    zone: float = INDIFFERENCE  # the indifference zone the verdict used (hydra.sweeper.indifference)
+    agreed: bool = False  # `close` is the configs whose runs and model agreed within the zone (no noise needed)
 
     @property
     def leader(self) -> Finalist[T] | None:
@@ -363,7 +366,7 @@ class Verdict(Generic[T]):
         """The unseparated configs the study cannot yet call as good as the leader (`indifferent`): the
         ones a run could still turn into a better or a worse pick."""
         leader = self.leader
-        return [f for f in self.unseparated() if leader is None or not indifferent(leader, f, self.sigma)]
+        return [f for f in self.unseparated() if leader is None or not indifferent(leader, f, self.sigma, self.zone)]
 
 
 def decide(
@@ -376,6 +379,8 @@ def decide(
     peak_of: Callable[[T], object] = lambda _: None,
     budget_of: Callable[[T], object] = lambda _: None,
     flagged: Callable[[T], bool] | None = None,
+    zone: float = INDIFFERENCE,
+    agreed: Collection[object] | None = None,
 ) -> Verdict[T]:
     """The verdict over `items` (see Verdict): the noise measured on every config of the study, the
     competing configs ranked, the tie around the leader, its winner. The leader, its tie and the
@@ -392,6 +397,9 @@ def decide(
         budget_of: A run's budget in bytes.
         flagged: Whether a run changed the learning (grpo_sweep.report.learning.check_trials);
             None: no run did.
+        zone: The indifference zone, a share of the leader's median.
+        agreed: The configs (groups) whose runs and forecast agreed within the zone of the
+            leader's (confirmation's `agreed`): with the leader they are `close` without a measured noise.
 
     Returns:
         The Verdict.
@@ -410,13 +418,15 @@ def decide(
     def settled(tie: list[Finalist[T]], winner: Finalist[T], close: list[Finalist[T]] | None = None) -> Verdict[T]:
         above = [] if every_flagged else ranked_[: next(i for i, f in enumerate(ranked_) if f is winner)]
         passed = [f for f in above if any(f is m for m in marked)]
-        return Verdict(ranked_, sigma, configs, tie, winner, used, close or [], passed, every_flagged)
+        return Verdict(ranked_, sigma, configs, tie, winner, used, close or [], passed, every_flagged, zone, agreeing)
 
     leader = field_[0]
-    tie = [f for f in field_ if f is leader or within_noise(leader, f, sigma)]
+    shown = set(agreed or ())
+    agreeing = bool(shown) and group(leader.item) in shown
+    tie = [f for f in field_ if f is leader or within_noise(leader, f, sigma) or (agreeing and group(f.item) in shown)]
     if len(tie) < 2:
         return settled([], leader)
-    close = [f for f in tie if f is leader or indifferent(leader, f, sigma)]
+    close = [f for f in tie if f is leader or indifferent(leader, f, sigma, zone) or (agreeing and group(f.item) in shown)]
     if len(close) < 2:
         return settled(tie, leader)
     by_share = all(used[id(f)][1] is not None for f in close)

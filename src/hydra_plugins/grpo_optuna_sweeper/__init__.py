@@ -14,7 +14,7 @@ what each module holds; tests/test_docs.py checks that the two agree.
 | plan only | preview |
 | open | opening, identity |
 | start | start, forecast, compose |
-| search loop | loop, neighbours, progress |
+| search loop | loop, lead, neighbours, progress |
 | prepare | prepare |
 | prescreen | prescreen, calibration |
 | run | launch_config, workers |

@@ -104,6 +104,16 @@ class GrpoOptunaSweeperConf:
     # report.html, and wins only when no other config can. null: per precision (float32 1e-4, bf16 2e-2).
     learning_tolerance: float | None = None
     confirm_budget: float = 0.25  # a share of the sweep's seconds (every trial's, confirmation's included)
+    # The indifference zone: configs within this fraction of each other are as good a pick, so the one
+    # with the most memory headroom wins (confirmation stops once the finalists' runs and the model agree
+    # they lie within it), the search stops once the model predicts no untried point beats the best
+    # measured by more than the noise plus this, and a space predicted mostly within it is flat.
+    indifference: float = 0.05
+    # The model-led search (lead.py) ends the search phase once the calibrated model predicts no untried
+    # point beats the best measured by more than the noise plus `indifference` (or a flat space's safest
+    # point has run): fewer trials than n_trials. false: the search runs its n_trials (the model still
+    # picks the next point on its turns).
+    search_stop: bool = True
     # Soak (soak.py): after the sweep, the winner runs this many steps with every step's own peak
     # measured; best.yaml (`soak:`) and the report say whether memory grew. Not a trial: it counts
     # nowhere and cannot change the winner. 0: off.
@@ -171,6 +181,11 @@ ALLOWED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "confirm_budget": (
         lambda v: _number(v) and 0 < v <= 1,
         "a number in (0, 1] (a share of the sweep's seconds: 0.25 = a quarter; 1: no limit)",
+    ),
+    "search_stop": (lambda v: isinstance(v, bool), "true or false"),
+    "indifference": (
+        lambda v: _number(v) and 0 <= v < 0.5,
+        "a number in [0, 0.5) (a fraction of the best: 0.05 = configs within 5 % of each other are as good a pick)",
     ),
 }
 

@@ -13,7 +13,14 @@ separated from the leader when their intervals no longer overlap (a run cannot m
 and indifferent when its whole interval lies within best.INDIFFERENCE (5 %) of the leader's median
 (picking it costs at most that: best.indifferent); the others are undecided. Neither kind is run, but every
 finalist is judged again each round (the measured noise moves as runs come in). Before any config
-ran twice no noise is known: every finalist is undecided.
+ran twice no noise is known: every finalist is undecided, unless its runs and the model agree.
+
+The zone is hydra.sweeper.indifference (best.INDIFFERENCE, 5 %, by default). When every undecided
+finalist's runs and the throughput model's prediction agree with the leader's to within the zone
+(the medians within it, the predictions within it, at a measured noise no larger than it: agreeing),
+a run could only tell apart configs the user need not tell apart: confirmation stops (`indifferent`)
+without more runs, records them (`agreed`), and the one with the most memory headroom wins
+(standings.verdict; the summary: "within 5 % of each other: the safer one wins").
 
 Confirmation stops when no finalist is undecided (`separated`: the leader is clear of every other;
 `indifferent`: the ones still within its noise are within 5 % of it), when the next run would take
@@ -166,81 +173,71 @@ def seconds_so_far(study: Any, seconds_of: Callable[[Any], float | None] = trial
     return sweep, spent
 
 
-def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], float | None] = trial_seconds) -> bool:
+def predicted_of(trial: Any) -> float | None:
+    """The throughput model's tokens/s for a trial's config, as the pre-screen recorded it."""
+    value = trial.user_attrs.get(Key.PREDICTED_TOKENS_PER_S)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def agreeing(ruling: Any, zone: float, predicted: Callable[[Any], float | None] = predicted_of) -> list:
+    """The unseparated finalists whose runs and forecast both put them within `zone` of the leader:
+    the median of their runs within zone of the leader's median (at a measured noise no larger than
+    the zone: runs noisier than it cannot show it), and the model's prediction within zone of the
+    leader's. Empty when the leader has no prediction or the noise is too large."""
+    leader = ruling.leader
+    if leader is None or (ruling.sigma is not None and ruling.sigma > zone):
+        return []
+    lead_p = predicted(leader.item)
+    if lead_p is None:
+        return []
+    out = []
+    for f in ruling.unseparated():
+        p = predicted(f.item)
+        runs_agree = abs(f.median - leader.median) <= zone * abs(leader.median)
+        if p is not None and runs_agree and abs(p - lead_p) <= zone * lead_p:
+            out.append(f)
+    return out
+
+
+def next_round(
+    study: Any,
+    budget: float,
+    log: Any,
+    seconds_of: Callable[[Any], float | None] = trial_seconds,
+    zone: float = best_rule.INDIFFERENCE,
+) -> bool:
     """Decide and queue the next round (see the module docstring); True when there are runs to run,
-    False once confirmation has stopped (the reason recorded in the study's `confirmation` attr)."""
+    False once confirmation has stopped (the reason recorded in the study's `confirmation` attr).
+    zone: the indifference zone (hydra.sweeper.indifference)."""
 
     state = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
     if state is None or state.stopped:
         return False
+    state.zone = zone
+    study.set_user_attr(Key.CONFIRMATION, {**study.user_attrs.get(Key.CONFIRMATION), "zone": zone})
     ruling = verdict(study)
     sweep_s, spent_s = seconds_so_far(study, seconds_of)
     state.spent_s, state.sweep_s, state.budget, state.sigma = spent_s, sweep_s, budget, ruling.sigma
     state.leader = best_rule.config_group(ruling.leader.item.user_attrs, ruling.leader.item.number) if ruling.leader else None
-    open_ = ruling.unseparated()
     undecided = ruling.undecided()
+    agreed = agreeing(ruling, zone)
+    if undecided and all(any(f is a for a in agreed) for f in undecided):
+        state.agreed = [best_rule.config_group(f.item.user_attrs, f.item.number) for f in (ruling.leader, *agreed)]
+        undecided = []
     wanted = [ruling.leader, *undecided] if ruling.leader is not None and undecided else []
     trials = study.get_trials(deepcopy=False)
-    known = [s for t in trials if t.user_attrs.get(Key.STATUS) != Status.SURPLUS and (s := seconds_of(t))]
     searched = sum(1 for t in trials if t.user_attrs.get(CONFIRMS_ATTR) is None and t.state.name != "WAITING")
-    # A run is priced at its config's longest run so far (none yet: the sweep's median trial), raised by
-    # the measured noise (a run's seconds vary as its throughput does), so a slow run stays within budget.
-    slack = 1.0 + best_rule.INTERVAL_Z * (ruling.sigma or 0.0)
-    priced = []
-    for f in wanted:  # the leader first, then its closest contenders
-        costs = [s for m in f.members if (s := seconds_of(m)) is not None]
-        priced.append((f, (max(costs) if costs else statistics.median(known or [0.0])) * slack))
-    # The seconds confirmation may still spend: x more keep spent + x <= budget x (sweep + x), so
-    # x <= (budget x sweep - spent) / (1 - budget); no limit at budget 1.
-    room_s = (budget * sweep_s - spent_s) / (1.0 - budget) if budget < 1 else math.inf
-    # What that could buy, spread over the configs this round runs: `more` runs each (None: no limit).
-    price = statistics.fmean(cost for _, cost in priced) if priced else 0.0
-    more = room_s / price / len(priced) if priced and price and math.isfinite(room_s) else None
-    runs: list[dict] = []
-    queued_s = 0.0
-    for f, cost in priced:
-        if queued_s + cost > room_s:
-            continue
-        queued_s += cost
-        first = best_rule.config_group(f.item.user_attrs, f.item.number)
-        runs.append({Key.CONFIRMS: first, "params": dict(f.item.params), Key.PRESET: f.item.user_attrs.get(Key.PRESET)})
-    stop: str | None
-    why: str | None
-    if ruling.leader is None:
-        stop, why = "no value", "no finalist has a run that finished within memory"
-    elif not open_:
-        stop, why = "separated", "the leader's interval is clear of every other finalist's at the measured noise"
-    elif not undecided:
-        stop, why = (
-            "indifferent",
-            f"every finalist within the leader's noise is, at that noise, within {best_rule.INDIFFERENCE:.0%} of it: "
-            "any of them is as good a pick",
-        )
-    elif planned(study) + len(runs) > searched:
-        stop, why = "runs", f"confirmation has run as many trials as the search ({searched})"
-    elif not runs:
-        stop, why = (
-            "budget",
-            (
-                f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
-                f"({spent_s:.0f} of {sweep_s:.0f} s spent)"
-            ),
-        )
-    elif (
-        more is not None
-        and ruling.sigma is not None
-        and not any(best_rule.decidable(ruling.leader, f, ruling.sigma, more) for f in undecided)
-    ):
-        stop, why = (
-            "undecidable",
-            (
-                f"confirm_budget={budget:g} has room for about {more:.1f} more runs of each undecided finalist, too few to "
-                f"separate any from the leader or show it within {best_rule.INDIFFERENCE:.0%} of it at the measured noise "
-                f"({ruling.sigma:.1%})"
-            ),
-        )
-    else:
-        stop = why = None
+    runs, more = _priced_runs(trials, wanted, ruling.sigma, budget, (sweep_s, spent_s), seconds_of)
+    stop, why = _stop_reason(
+        ruling,
+        undecided,
+        zone,
+        agreed=bool(state.agreed),
+        over_runs=planned(study) + len(runs) > searched,
+        runs=runs,
+        more=more,
+        words={"budget": budget, "spent_s": spent_s, "sweep_s": sweep_s, "searched": searched},
+    )
     current = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION)) or ConfirmationState()
     if current.rounds != state.rounds or current.stopped:
         return not current.stopped  # another worker decided this round first: its runs are the ones
@@ -262,10 +259,126 @@ def next_round(study: Any, budget: float, log: Any, seconds_of: Callable[[Any], 
         "Confirmation round %d: %s (noise %s); runs of trials %s queued (%.0f of %.0f s spent so far)",
         state.rounds,
         f"trials {', '.join(str(best_rule.config_group(f.item.user_attrs, f.item.number)) for f in undecided)} neither "
-        f"separated from the leader, trial {state.leader}, nor within {best_rule.INDIFFERENCE:.0%} of it",
+        f"separated from the leader, trial {state.leader}, nor within {zone:.0%} of it",
         f"{ruling.sigma:.1%}" if ruling.sigma is not None else "not measured yet",
         ", ".join(str(r[Key.CONFIRMS]) for r in runs),
         spent_s,
         sweep_s,
     )
     return True
+
+
+def _priced_runs(
+    trials: list,
+    wanted: list,
+    sigma: float | None,
+    budget: float,
+    seconds: tuple[float, float],
+    seconds_of: Callable[[Any], float | None],
+) -> tuple[list[dict], float | None]:
+    """(the runs of `wanted` the budget affords this round, how many more runs of each the budget
+    left could buy: None, no limit).
+
+    Args:
+        trials: the study's trials.
+        wanted: the leader, then its undecided contenders.
+        sigma: the measured run noise (None: not yet).
+        budget: confirm_budget.
+        seconds: (the sweep's seconds, confirmation's seconds so far).
+        seconds_of: a trial's seconds.
+    """
+    sweep_s, spent_s = seconds
+    known = [s for t in trials if t.user_attrs.get(Key.STATUS) != Status.SURPLUS and (s := seconds_of(t))]
+    # A run is priced at its config's longest run so far (none yet: the sweep's median trial), raised by
+    # the measured noise (a run's seconds vary as its throughput does), so a slow run stays within budget.
+    slack = 1.0 + best_rule.INTERVAL_Z * (sigma or 0.0)
+    priced = []
+    for f in wanted:  # the leader first, then its closest contenders
+        costs = [s for m in f.members if (s := seconds_of(m)) is not None]
+        priced.append((f, (max(costs) if costs else statistics.median(known or [0.0])) * slack))
+    # The seconds confirmation may still spend: x more keep spent + x <= budget x (sweep + x), so
+    # x <= (budget x sweep - spent) / (1 - budget); no limit at budget 1.
+    room_s = (budget * sweep_s - spent_s) / (1.0 - budget) if budget < 1 else math.inf
+    # What that could buy, spread over the configs this round runs: `more` runs each (None: no limit).
+    price = statistics.fmean(cost for _, cost in priced) if priced else 0.0
+    more = room_s / price / len(priced) if priced and price and math.isfinite(room_s) else None
+    runs: list[dict] = []
+    queued_s = 0.0
+    for f, cost in priced:
+        if queued_s + cost > room_s:
+            continue
+        queued_s += cost
+        first = best_rule.config_group(f.item.user_attrs, f.item.number)
+        runs.append({Key.CONFIRMS: first, "params": dict(f.item.params), Key.PRESET: f.item.user_attrs.get(Key.PRESET)})
+    return runs, more
+
+
+def _stop_reason(
+    ruling: Any, undecided: list, zone: float, *, agreed: bool, over_runs: bool, runs: list, more: float | None, words: dict
+) -> tuple[str | None, str | None]:
+    """Why confirmation stops now, in a word and a sentence (None, None: it runs `runs`); see the
+    module docstring. words: budget, spent_s, sweep_s, searched (for the sentence)."""
+    budget = words["budget"]
+    if ruling.leader is None:
+        return "no value", "no finalist has a run that finished within memory"
+    if not ruling.unseparated():
+        return "separated", "the leader's interval is clear of every other finalist's at the measured noise"
+    if not undecided:
+        zone_words = f"{zone:.0%}".replace("%", " %")
+        if agreed:
+            return (
+                "indifferent",
+                f"the finalists' runs and the model agree they lie within {zone_words} of each other: the safer one wins",
+            )
+        return (
+            "indifferent",
+            f"every finalist within the leader's noise is, at that noise, within {zone_words} of it: "
+            "any of them is as good a pick",
+        )
+    if over_runs:
+        return "runs", f"confirmation has run as many trials as the search ({words['searched']})"
+    if not runs:
+        return "budget", (
+            f"the next run would take confirmation past confirm_budget={budget:g} of the sweep's seconds "
+            f"({words['spent_s']:.0f} of {words['sweep_s']:.0f} s spent)"
+        )
+    sigma = ruling.sigma
+    if (
+        more is not None
+        and sigma is not None
+        and not any(best_rule.decidable(ruling.leader, f, sigma, more, zone) for f in undecided)
+    ):
+        return "undecidable", (
+            f"confirm_budget={budget:g} has room for about {more:.1f} more runs of each undecided finalist, too few to "
+            f"separate any from the leader or show it within {zone:.0%} of it at the measured noise ({sigma:.1%})"
+        )
+    return None, None
+
+
+def phases(
+    study: Any,
+    *,
+    top: int,
+    n_trials: int,
+    searched: int,
+    budget: float,
+    run_to: Callable[[int, bool], bool],
+    log: Any,
+    zone: float = best_rule.INDIFFERENCE,
+    search_done: bool = False,
+    seconds_of: Callable[[Any], float | None] = trial_seconds,
+) -> None:
+    """The confirmation phases, as the sweep loop and the search replay run them: choose the
+    finalists, run the queued runs (a resumed sweep's, another worker's), then round after round
+    until confirmation stops; given back, the search runs on to n_trials (unless it stopped itself:
+    `search_done`, the model predicted nothing better). `searched`: the search phase's trials;
+    run_to(target, search): run trials until the study counts `target` (search: the sampler's),
+    False when the sweep must stop (a systematic failure)."""
+    choose(study, top, log)
+    while True:
+        if not run_to(searched + planned(study), False):
+            return
+        if not next_round(study, budget, log, seconds_of, zone):
+            break
+    if given_back(study) and not search_done:  # undecidable or unaffordable from the start: its runs search instead
+        run_to(n_trials, True)

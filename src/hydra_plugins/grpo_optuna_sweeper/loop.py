@@ -23,10 +23,11 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.study.storage import StorageUnavailable
 
-from . import confirm, handles, neighbours, soak
+from . import confirm, handles, lead, neighbours, soak
 from .failures import systematic_failure
 from .plan import Composer, SweepPlan
 from .prepare import prepare
@@ -63,9 +64,23 @@ class Interrupted(BaseException):
 
 class Loop:
     def __init__(
-        self, study: Study, plan: SweepPlan, prescreen: Prescreen, launcher: Launcher, compose: Composer, progress: Progress
+        self,
+        study: Study,
+        plan: SweepPlan,
+        prescreen: Prescreen,
+        launcher: Launcher,
+        compose: Composer,
+        progress: Progress,
+        forecasts: list | None = None,
     ) -> None:
         self.study, self.plan, self.prescreen = study, plan, prescreen
+        # The models' forecast of the space (start.enqueue_start): the model-led search ranks its untried
+        # points (lead.py); none, or an objective other than tokens/s maximised: the sampler alone.
+        settings = plan.settings
+        speeds = [f for f in forecasts or [] if f.tokens_per_s]
+        led = plan.objective == "tokens_per_s" and settings.direction == "maximize" and settings.sampler != "grid"
+        self.candidates = speeds if led else []
+        self.zone = settings.get("indifference", best_rule.INDIFFERENCE)
         self.launcher, self.compose, self.progress = launcher, compose, progress
         self.moves = compose.cache()  # the neighbour moves' compositions, one per group choice
         self.job_idx = 0  # Hydra's job index of the next launch
@@ -100,18 +115,27 @@ class Loop:
         return self._report()
 
     def _confirm(self) -> None:
-        """The confirmation rounds (confirm.py): the queued runs first (a resumed sweep's, another
-        worker's), then the next round, until the leader is separated or the budget is spent."""
+        """The confirmation phases (confirm.phases): the queued runs first (a resumed sweep's, another
+        worker's), then the next round, until the leader is separated, the finalists are within the
+        indifference zone, or the budget is spent."""
         plan, settings = self.plan, self.plan.settings
-        confirm.choose(self.study, plan.confirm_top, log)
-        while True:
-            self._phase(plan.n_search + confirm.planned(self.study))
-            if self.stopped is not None:
-                return
-            if not confirm.next_round(self.study, settings.confirm_budget, log):
-                break
-        if confirm.given_back(self.study):  # undecidable or unaffordable from the start: its reserved runs search instead
-            self._phase(plan.n_trials, search=True)
+        ended = self.study.user_attrs.get(Key.SEARCH_STOPPED)  # the model-led search ended it early
+        confirm.phases(
+            self.study,
+            top=plan.confirm_top,
+            n_trials=plan.n_trials,
+            searched=ended["trials"] if ended else plan.n_search,
+            budget=settings.confirm_budget,
+            run_to=self._run_to,
+            log=log,
+            zone=self.zone,
+            search_done=bool(ended),
+        )
+
+    def _run_to(self, target: int, search: bool) -> bool:
+        """_phase to `target`; False when a systematic failure stopped the sweep."""
+        self._phase(target, search=search)
+        return self.stopped is None
 
     def _soak(self, steps: int) -> None:
         """The winner run `steps` more steps, each step's peak measured (soak.py); recorded on the study."""
@@ -188,6 +212,8 @@ class Loop:
                 log.warning("Trials %s belonged to a worker of this host that is gone (its pid): FAIL, re-enqueued", dead)
             counted, running = counts(study)
             self.prescreen.learn(study)  # every trial told so far (other workers' too) calibrates the next verdicts
+            if search and not running and self._search_over(counted):
+                return
             room = target - counted - len(running)
             if room <= 0:
                 if not running:
@@ -201,7 +227,7 @@ class Loop:
             turn = counted + len(running)  # the study's count when this batch's first trial is told
             every, startup = settings.neighbour_every, settings.n_startup_trials
             if search and any(neighbours.due(turn + i, startup, every) for i in range(size)):
-                enqueue_neighbour(study, self.plan, self.prescreen, self.moves)  # never in place of a confirmation run
+                self._model_turn()  # never in place of a confirmation run
             batch = [study.ask() for _ in range(size)]
             for trial in batch:  # at once: a kill from here on leaves a RUNNING trial worker_dead recognises
                 trial.set_user_attr(Key.WORKER, this_worker())
@@ -209,6 +235,38 @@ class Loop:
             self.stopped = self._systematic_failure()
             if self.stopped is not None:
                 return
+
+    def _search_over(self, counted: int) -> bool:
+        """Whether the search phase is over before its n_search trials: the model-led search said so
+        (lead.study_stop_line, recorded on the study with the count, said in one line). Never while a
+        start point still waits: it would run as a confirmation run."""
+        study = self.study
+        if study.user_attrs.get(Key.SEARCH_STOPPED):
+            return True
+        if not self.candidates or not self.plan.settings.get("search_stop", True):
+            return False
+        if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
+            return False
+        line = lead.study_stop_line(study, self.candidates, self.zone)
+        if line is None:
+            return False
+        log.info(line)
+        study.set_user_attr(Key.SEARCH_STOPPED, {"line": line, "trials": counted})
+        return True
+
+    def _model_turn(self) -> None:
+        """The model's turn (neighbours.due): the untried point the calibrated model ranks fastest
+        (lead.study_next_point), queued; without one (or while a start point waits), a neighbour move of
+        the best config so far (which waits for queued points too)."""
+        params = lead.study_next_point(self.study, self.candidates) if self.candidates else None
+        if params is None:
+            enqueue_neighbour(self.study, self.plan, self.prescreen, self.moves)
+            return
+        self.study.enqueue_trial(params, user_attrs={Key.MODEL_LED: True})
+        log.info(
+            "Model-led: the calibrated speed model's fastest untried point next: %s",
+            " ".join(f"{k}={v}" for k, v in params.items()),
+        )
 
     def _systematic_failure(self) -> Stop | None:
 

@@ -21,9 +21,10 @@ from typing import Any
 from grpo_sweep.config.model_arch import check_hub_lora_targets
 from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.shapes import target_device
+from grpo_sweep.study import best as best_rule
 from grpo_sweep.units import format_size
 
-from . import concessions, forecast, neighbours, space, start
+from . import concessions, forecast, lead, neighbours, space, start
 from .config import SweepError, SweeperSettingError, start_points_of
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
@@ -215,7 +216,11 @@ def _start(plan: SweepPlan, forecasts: list[forecast.Forecast]) -> dict:
         by_point = {neighbours.point_key(f.params): f for f in forecasts}
         points = space.space_candidates(plan.distributions, settings.seed, space.MAX_CANDIDATES)
         theirs = [f for p in points if (f := by_point.get(neighbours.point_key(p))) is not None and f.error is None]
-        out["points"] = start.choose(mode, theirs, count, settings.seed)[1]
+        zone = settings.get("indifference", best_rule.INDIFFERENCE)
+        ran, out["points"], _ = start.choose(mode, theirs, count, settings.seed, zone)
+        found = lead.flat(theirs, zone) if ran == "flat" else None
+        if found is not None:
+            out["flat"] = lead.flat_line(found, zone)
     return out
 
 
@@ -364,6 +369,8 @@ def _start_lines(data: dict) -> list[str]:
     """The plan's lines on the start: the first search trials the model picks."""
     lines: list[str] = []
     start = data["start"]
+    if start.get("flat"):
+        lines.append(start["flat"])
     n = len(start.get("points") or [])
     trials = "search trial" if n == 1 else f"{n} search trials"
     if start.get("points") and start["points"] == [r["params"] for r in data["fastest"][:n]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_sweep.report.learning import check_trials, is_flagged
 from grpo_sweep.report.trials import trials_from_study
 from grpo_sweep.study import best as best_rule
-from grpo_sweep.study.attrs import Key, Status
+from grpo_sweep.study.attrs import ConfirmationState, Key, Status
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -62,13 +62,19 @@ def finalists(study: Study) -> list[best_rule.Finalist[FrozenTrial]]:
 
 def verdict(study: Study, flagged: dict | None = None) -> best_rule.Verdict:
     """grpo_sweep.study.best.decide over the study: the noise it measured, the leader, the tie, the
-    winner; `flagged` (learning_verdict): the trials that changed the learning, out of the running."""
+    winner; `flagged` (learning_verdict): the trials that changed the learning, out of the running.
+    The indifference zone and the configs whose runs and forecast agreed within it are confirmation's
+    (the study's `confirmation` attr; the zone best.INDIFFERENCE before it judged)."""
+    state = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
+    zone = state.zone if state is not None and state.zone is not None else best_rule.INDIFFERENCE
     return best_rule.decide(
         runs(study),
         **by_config(study),
         peak_of=lambda t: t.user_attrs.get(Key.PEAK_MEMORY_BYTES),
         budget_of=lambda t: t.user_attrs.get(Key.BUDGET_BYTES),
         flagged=is_flagged(flagged, lambda t: t.number) if flagged else None,
+        zone=zone,
+        agreed=state.agreed if state is not None else None,
     )
 
 

@@ -16,10 +16,11 @@ from omegaconf import OmegaConf
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of
+from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import Key
 from grpo_sweep.units import budget_bytes
 
-from . import forecast, neighbours, space
+from . import forecast, lead, neighbours, space
 from .compose import ComposeCache
 from .config import start_points_of
 from .plan import Composer, SweepPlan
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> None:
+def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: Composer) -> list[forecast.Forecast]:
     """Queue the start points: the presets (warm_start), the `enqueue` points, then the frontier.
     A point the sweeper would refuse as a trial (outside the space, not composed or checked, or a
     recipe change the concessions do not allow) is dropped with its reason: it never takes a trial.
@@ -40,7 +41,8 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
     Never more than the search phase has room for (n_search less what the study already counts,
     runs or queues): a queued point the search never reaches would stay WAITING, and the
     confirmation phase would then run it in place of a confirmation run. The points left out are
-    named in a warning (raise hydra.sweeper.n_trials to run them)."""
+    named in a warning (raise hydra.sweeper.n_trials to run them). Returns the models' forecast of
+    the space (enqueue_frontier; empty when no start ranks it): the model-led search reads it."""
     settings = plan.settings
     if settings.warm_start:
         _enqueue_presets(study, plan, compose)
@@ -66,8 +68,7 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
             ", ".join(left_out),
         )
     frontier_count = min(start_points_of(settings), room(study, plan.n_search))
-    if frontier_count > 0:
-        enqueue_frontier(study, plan, prescreen, configs, frontier_count)
+    return enqueue_frontier(study, plan, prescreen, configs, frontier_count)
 
 
 def outside_space(plan: SweepPlan, params: dict) -> str | None:
@@ -131,39 +132,49 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
         log.info("Warm start: enqueued preset=%s", preset)
 
 
-def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, count: int) -> None:
+def enqueue_frontier(
+    study: Study, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, count: int
+) -> list[forecast.Forecast]:
     """Queue (once per study) `count` start points from the models' forecast (forecast.py), as
     hydra.sweeper.start says: `model`, the points predicted fastest among those predicted to fit;
     `memory`, those predicted to fill the allowed memory best (start.pick); `none`, no start.
     The model's ranking is recorded on the study (MODEL_RANKING_ATTR) whichever start runs, so the
-    report can set the measured order beside it."""
+    report can set the measured order beside it. A flat space (lead.flat) is said before the first
+    trial, and its safest point is the one start point. Returns the forecast (empty: none made)."""
     settings = plan.settings
     mode = settings.get("start", "model")
-    if mode == "none" or any(t.user_attrs.get(Key.START_POINT) for t in study.get_trials(deepcopy=False)):
-        return
-    if settings.sampler == "grid" or not plan.distributions:
-        return  # the grid sampler runs every point anyway; nothing to search: nothing to start from
+    if mode == "none" or not start_points_of(settings) or settings.sampler == "grid" or not plan.distributions:
+        return []  # no start asked (nor a model-led search); the grid runs every point; nothing to search
     forecasts = forecast.forecast(plan, prescreen, configs, validate_here)
+    if count <= 0 or any(t.user_attrs.get(Key.START_POINT) for t in study.get_trials(deepcopy=False)):
+        return forecasts  # started before (a resumed sweep): the model-led search still reads the forecast
     estimated = [f for f in forecasts if f.error is None]
     if not estimated:
         log.info(
             "Frontier start skipped: none of the space's points could be composed, checked and estimated "
             "(each is refused as it would be when run: see the first trials' errors)"
         )
-        return
+        return forecasts
     if all(f.limit_bytes is None for f in estimated):
         log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
-        return
-    mode, picks, ranking = choose(mode, estimated, count, settings.seed)
+        return forecasts
+    zone = settings.get("indifference", best_rule.INDIFFERENCE)
+    mode, picks, ranking = choose(mode, estimated, count, settings.seed, zone)
     study.set_user_attr(MODEL_RANKING_ATTR, ranking_attr(ranking, len(forecasts), sum(f.fits for f in estimated)))
-    words = "fastest predicted fit first" if mode == "model" else "fullest predicted fit first"
+    words = {"model": "fastest predicted fit first", "flat": "the safest of the flat space"}.get(
+        mode, "fullest predicted fit first"
+    )
+    if mode == "flat":
+        found = lead.flat(estimated, zone)
+        assert found is not None  # choose said flat
+        log.info(lead.flat_line(found, zone))
     if not picks:
         log.info(
             "Frontier start: none of the %d candidates is predicted to fit the allowed memory; "
             "the search starts from sampled points",
             len(estimated),
         )
-        return
+        return forecasts
     for params in picks:
         study.enqueue_trial(params, user_attrs={Key.START_POINT: True, Key.START: mode}, skip_if_exists=True)
     log.info(
@@ -174,16 +185,21 @@ def enqueue_frontier(study: Study, plan: SweepPlan, prescreen: Prescreen, config
         words,
         "; ".join(" ".join(f"{k}={v}" for k, v in p.items()) for p in picks),
     )
+    return forecasts
 
 
 def choose(
-    mode: str, estimated: list[forecast.Forecast], count: int, seed: int | None
+    mode: str, estimated: list[forecast.Forecast], count: int, seed: int | None, zone: float | None = None
 ) -> tuple[str, list[dict], list[forecast.Forecast]]:
     """The start's picks from the estimated points: (the mode that ran, up to `count` points' params,
     the model's whole predicted order). `model`: the predicted fastest fits (forecast.fastest_first);
-    `memory`: the fullest predicted fits (start.pick). The search replay (bench/search_seconds.py)
-    calls it on a landscape's forecast, so the bench starts where the sweeper starts."""
+    `memory`: the fullest predicted fits (start.pick); `flat` (mode model with a `zone`, when most of
+    the space is predicted within it of the fastest: lead.flat): the safest of those, alone. The
+    search replay (bench/search_seconds.py) calls it on a landscape's forecast, so the bench starts
+    where the sweeper starts."""
     ranking = forecast.fastest_first(estimated, len(estimated), seed)
+    if mode == "model" and zone is not None and (found := lead.flat(estimated, zone)) is not None:
+        return "flat", [found[0].params], ranking
     if mode == "model" and not ranking and any(f.fits for f in estimated):
         # a card without datasheet speeds: the memory start is the next best guess
         log.info(

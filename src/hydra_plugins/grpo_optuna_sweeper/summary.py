@@ -174,11 +174,17 @@ def tie_line(ruling: best_rule.Verdict) -> str:
 
     winner = ruling.winner
     assert winner is not None  # a tie is among finalists, one of which wins it
-    zone = f"{best_rule.INDIFFERENCE:.0%}"
+    zone = f"{ruling.zone:.0%}".replace("%", " %")
+    noise = f"noise {ruling.sigma:.1%}" if ruling.sigma is not None else "no noise measured yet"
     said = (
         f"Tie: trials {', '.join(str(f.item.number) for f in ruling.tie)} are within noise "
-        f"(medians {', '.join(f'{f.median:.4g}' for f in ruling.tie)}; noise {ruling.sigma:.1%}): "
+        f"(medians {', '.join(f'{f.median:.4g}' for f in ruling.tie)}; {noise}): "
     )
+    if ruling.agreed and ruling.close:
+        said = (
+            f"Tie: trials {', '.join(str(f.item.number) for f in ruling.close)} ran within {zone} of each other and the "
+            f"model predicts them so (medians {', '.join(f'{f.median:.4g}' for f in ruling.close)}; {noise}): "
+        )
     if not ruling.close:
         return (
             said + f"none is shown within {zone} of the leader, so trial {winner.item.number} wins with the best median "
@@ -186,9 +192,8 @@ def tie_line(ruling: best_rule.Verdict) -> str:
         )
     others = [f for f in ruling.close if f is not winner]
     return said + (
-        f"trials {', '.join(str(f.item.number) for f in ruling.close)} are within {zone} of each other, and trial "
-        f"{winner.item.number} wins with the most memory headroom ({headroom(winner)} vs "
-        f"{', '.join(headroom(f) for f in others)})"
+        f"within {zone} of each other: the safer one wins, trial {winner.item.number}, with the most memory headroom "
+        f"({headroom(winner)} vs {', '.join(headroom(f) for f in others)})"
     )
 
 

@@ -102,8 +102,8 @@ class GrpoOptunaSweeper(Sweeper):
             )
             prescreen = Prescreen(plan.settings)
             prescreen.learn(study)  # a resumed study's measured trials calibrate the pre-screen from the start
-            enqueue_start(study, plan, prescreen, compose)
-            return Loop(study, plan, prescreen, self.launcher, compose, progress).run()
+            forecasts = enqueue_start(study, plan, prescreen, compose)
+            return Loop(study, plan, prescreen, self.launcher, compose, progress, forecasts).run()
         except StorageUnavailable as err:  # retried for storage_retry_s already: one line, no traceback
             raise SweepError(f"Sweep stopped: {err}") from None
         except OSError as err:  # the sweep directory or its journal cannot be written: one line
