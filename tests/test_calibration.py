@@ -139,7 +139,7 @@ def test_the_report_figure_and_table_show_raw_and_calibrated(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from grpo_sweep.report import figures, html
+    from grpo_sweep.report import figures, trials_table
     from grpo_sweep.report.trials import Trial
 
     rec = {"status": "ok", "tokens_per_s": 10.0, "peak_memory_bytes": 90 * MIB, "predicted_peak_bytes": 100 * MIB}
@@ -165,6 +165,6 @@ def test_the_report_figure_and_table_show_raw_and_calibrated(tmp_path):
     finally:
         figures.plt.Axes.scatter = original
     assert hollow_with == 3 and hollow_without == 0  # two calibrated points + the legend's marker
-    headers = [header for _, header, _ in html._columns(calibrated)]
+    headers = [header for _, header, _ in trials_table._columns(calibrated)]
     assert "calibrated GiB" in headers and "correction" in headers
-    assert "calibrated GiB" not in [header for _, header, _ in html._columns(raw_only)]
+    assert "calibrated GiB" not in [header for _, header, _ in trials_table._columns(raw_only)]

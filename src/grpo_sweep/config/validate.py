@@ -41,6 +41,13 @@ def _positive(cfg: Any, key: str) -> None:
 
 
 def _one_of(cfg: Any, key: str, allowed: tuple) -> None:
+    """ConfigError naming `key` unless its value is one of `allowed`.
+
+    Args:
+        cfg: The config.
+        key: The dotted key to check.
+        allowed: The values allowed (None: null).
+    """
     value = OmegaConf.select(cfg, key)
     if value not in allowed:
         shown = ", ".join("null" if a is None else str(a) for a in allowed)
@@ -48,13 +55,19 @@ def _one_of(cfg: Any, key: str, allowed: tuple) -> None:
 
 
 def validate(cfg: DictConfig, *, cuda: bool | None = None, installed: Callable[[str], bool] | None = None) -> DictConfig:
-    """Check ranges and cross-field rules; raise ConfigError naming the key. Returns cfg, whose
-    gradient_accumulation_steps is then resolved (split_of: derived from completions_per_step when null).
+    """Check ranges and cross-field rules; raise ConfigError naming the key.
 
-    Pure: it knows nothing about this machine. The facts about where the trial will run are passed
-    in: `cuda` (None: skip the CUDA-only rules) and `installed(package)` (None: skip the package
-    check). `config.local.validate_here` passes this machine's facts; the estimator and the doctor
-    pass the target card's (CUDA for a real card) and no package check.
+    Pure: it knows nothing about this machine. The facts about where the trial will run are passed in.
+    `config.local.validate_here` passes this machine's facts; the estimator and the doctor pass the target
+    card's (CUDA for a real card) and no package check.
+
+    Args:
+        cfg: The trial's config.
+        cuda: Whether the trial runs on CUDA; None: skip the CUDA-only rules.
+        installed: installed(package) -> whether it is importable; None: skip the package check.
+
+    Returns:
+        cfg, its gradient_accumulation_steps resolved (split_of: derived from completions_per_step when null).
     """
     check_known_keys(cfg)
     _positive(cfg, "per_device_train_batch_size")
@@ -341,7 +354,13 @@ def check_vllm_engine(cfg: Any, *, cuda: bool | None) -> None:
 
 
 def check_processes(cfg: Any, *, cuda: bool | None, installed: Callable[[str], bool] | None) -> None:
-    """trial.num_processes and trial.strategy: a range, the strategies, what each needs."""
+    """trial.num_processes and trial.strategy: a range, the strategies, what each needs.
+
+    Args:
+        cfg: The trial's config.
+        cuda: Whether the trial runs on CUDA; None: skip the CUDA-only rules.
+        installed: installed(package) -> whether it is importable; None: skip the package check.
+    """
     n = cfg.trial.get("num_processes", 1)
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"trial.num_processes={n}: must be an integer >= 1 (processes, one per GPU, in one trial)")
@@ -468,6 +487,14 @@ def check_objective(cfg: Any) -> None:
 
 
 def _at_least(cfg: Any, key: str, low: float, *, optional: bool = False) -> None:
+    """ConfigError naming `key` unless its value is a number of at least `low`.
+
+    Args:
+        cfg: The config.
+        key: The dotted key to check.
+        low: The least value allowed.
+        optional: Whether null is allowed too.
+    """
     value = OmegaConf.select(cfg, key, throw_on_missing=False)
     if value is None and optional:
         return

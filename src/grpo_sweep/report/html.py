@@ -8,14 +8,12 @@ test reads back.
 
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 
-from ..levers import EXTRA_LEVER_NAMES, LEVER_NAMES
 from ..study import best as best_rule
 from ..study.attrs import ConfirmationState, Status
-from ..units import GIB, MIB
+from ..units import MIB
 from . import figures as figs
 from .learning import Departure, key_of, verdict_lines
 from .page_assets import CSS, JS
@@ -25,112 +23,11 @@ from .trials import (
     budget_gib,
     learning_check,
     lever_effects,
-    lever_label,
     model_trust_line,
     model_vs_measured,
     overrides,
 )
-
-
-def _e(text) -> str:
-    return html.escape(str(text))
-
-
-def _fmt(value, digits=1) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return lever_label(value) if isinstance(value, (list, tuple)) else str(value)
-
-
-def _lever_getter(name: str):
-    return lambda t: t.levers.get(name)
-
-
-def _columns(trials: list[Trial], flagged: dict | None = None) -> list[tuple[str, str, callable]]:
-    """(key, header, getter) for the trials table; optional columns only when some trial has them.
-    flagged: the trials that changed the learning (learning.check_trials): a `learning` column."""
-    objective = trials[0].objective_name
-    cols = [
-        ("number", "#", lambda t: t.number),
-        ("name", "trial", lambda t: t.name),
-        ("status", "status", lambda t: t.status),
-        (objective, objective, lambda t: t.record.get(objective)),
-        ("samples_per_s", "samples/s", lambda t: t.record.get("samples_per_s")),
-        ("step_time_s", "step s", lambda t: t.record.get("step_time_s")),
-        ("peak_gib", "peak GiB", lambda t: t.gib("peak_memory_bytes")),
-    ]
-    optional = [
-        ("predicted_gib", "predicted GiB", lambda t: t.gib("predicted_peak_bytes")),
-        ("calibrated_gib", "calibrated GiB", lambda t: t.gib("predicted_calibrated_bytes")),
-        # the throughput model's tokens/s (memory/throughput.py; vLLM's generation waves charged): ranks, not promises
-        ("predicted_tps", "model tok/s", lambda t: t.record.get("predicted_tokens_per_s")),
-        ("waves", "gen. waves", lambda t: t.record.get("generation_waves")),
-        ("prescreen_correction", "correction", lambda t: t.record.get("prescreen_correction")),
-        ("budget_gib", "budget GiB", lambda t: t.gib("budget_bytes")),
-        ("peak_phase", "peak phase", lambda t: t.record.get("peak_phase")),
-        ("oom_phase", "OOM phase", lambda t: t.record.get("oom_phase")),
-        ("deficit_gib", "deficit GiB", lambda t: t.gib("deficit_bytes")),
-        ("reward_seconds_per_step", "reward s/step", lambda t: t.record.get("reward_seconds_per_step")),
-        ("reward_share_pct", "reward % of step", lambda t: reward_share_pct(t.record)),
-    ]
-    if all(t.number is None for t in trials):
-        cols.pop(0)  # a plain multirun has no Optuna trial numbers
-    cols += [c for c in optional if any(c[2](t) is not None for t in trials)]
-    unchecked = getattr(flagged, "unchecked", ())
-    if flagged or unchecked:
-        cols.append(("learning", "learning", lambda t: _learning_cell(t, flagged or {}, unchecked)))
-    if any((t.record.get("world_size") or 1) > 1 for t in trials):  # trials of N processes (trial.num_processes)
-        cols += [
-            ("world_size", "ranks", lambda t: t.record.get("world_size")),
-            ("strategy", "strategy", lambda t: t.record.get("strategy")),
-            (
-                "rank_peaks",
-                "per-rank peak GiB",
-                lambda t: " / ".join(f"{p / GIB:.3f}" for p in t.record.get("rank_peak_memory_bytes") or [] if p) or None,
-            ),
-        ]
-    cols += [(lv, lv, _lever_getter(lv)) for lv in LEVER_NAMES + EXTRA_LEVER_NAMES]
-    cols += [
-        ("reward_mean", "reward", lambda t: t.record.get("reward_mean")),
-        ("reward_first", "reward first", lambda t: t.record.get("reward_first")),
-        ("reward_last", "reward last", lambda t: t.record.get("reward_last")),
-        ("reward_change", "reward change", lambda t: t.record.get("reward_change")),
-        ("preset", "seed preset", lambda t: t.preset),
-        ("wandb", "W&B run", lambda t: t.record.get("wandb_url") or t.record.get("wandb_run_id")),
-        ("error", "error", lambda t: (t.record.get("error") or "").splitlines()[0][:120] if t.record.get("error") else None),
-    ]
-    return cols
-
-
-def _learning_cell(t: Trial, flagged: dict, unchecked) -> str | None:
-    if key_of(t) in flagged:
-        return flagged[key_of(t)].text
-    return "unchecked: no other config of its recipe and seed ran" if key_of(t) in unchecked else None
-
-
-def trials_table(trials: list[Trial], best: Trial | None, flagged: dict | None = None) -> str:
-    cols = _columns(trials, flagged)
-    left = ("name", "status", "error", "learning")
-    head = "".join(f'<th data-key="{_e(k)}" class="{"l" if k in left else ""}">{_e(h)}</th>' for k, h, _ in cols)
-    rows = []
-    for t in trials:
-        cells = []
-        for key, _, get in cols:
-            value = get(t)
-            digits = 3 if key.endswith("gib") or key.startswith("reward") or key == "step_time_s" else 1
-            digits = 1 if key == "reward_share_pct" else digits
-            raw = "" if value is None else (value if not isinstance(value, (list, tuple)) else len(value))
-            cls = "l " + key if key in left else key
-            tip = f' title="{_e(t.record.get("error"))}"' if key == "error" and value else ""
-            cells.append(f'<td class="{cls}" data-v="{_e(raw)}"{tip}>{_e(_fmt(value, digits))}</td>')
-        extra = (" best" if t is best else "") + (" changed" if flagged and key_of(t) in flagged else "")
-        rows.append(f'<tr class="{t.category}{extra}" data-status="{_e(t.status)}">{"".join(cells)}</tr>')
-    return (
-        f'<div class="wide"><table id="trials" class="sortable"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
+from .trials_table import _e, _fmt, reward_share_pct, trials_table
 
 
 def effects_table(rows: list[dict], objective: str) -> str:
@@ -148,14 +45,6 @@ def effects_table(rows: list[dict], objective: str) -> str:
         for r in rows
     )
     return f'<table id="effects" class="sortable"><thead>{head}</thead><tbody>{body}</tbody></table>'
-
-
-def reward_share_pct(record: dict) -> float | None:
-    """The reward functions' share of the step time, in percent (reward_seconds_per_step / step_time_s)."""
-    seconds, step = record.get("reward_seconds_per_step"), record.get("step_time_s")
-    if not isinstance(seconds, (int, float)) or not isinstance(step, (int, float)) or step <= 0:
-        return None
-    return 100.0 * seconds / step
 
 
 def reward_time_text(record: dict) -> str:
@@ -184,6 +73,16 @@ def reward_text(record: dict) -> str:
 
 
 def _figure(path: Path | None, alt: str, missing: str) -> str:
+    """A figure's image, or a note in its place.
+
+    Args:
+        path: The PNG beside the page, or None when there is none.
+        alt: The image's alternative text.
+        missing: The note said when there is no figure.
+
+    Returns:
+        The HTML.
+    """
     if path is None:
         return f'<p class="note">{_e(missing)}</p>'
     return f'<p><img src="{_e(path.name)}" alt="{_e(alt)}"></p>'
@@ -193,9 +92,18 @@ def finalists_html(ruling: best_rule.Verdict, objective: str, *, confirmed: bool
     """The Finalists: the configs the confirmation phase compared (hydra.sweeper.confirm_top), the
     winner first, each with its runs, median and spread, and whether the winner is separated from the
     others at the noise the study measured, or ties with them (and then why it won the tie). Without a
-    confirmation phase, a note saying so (given_back: confirmation chose finalists, but the noise was
-    beyond what its budget could settle, so it ran none and gave its runs to the search) and what the
-    winner rests on."""
+    confirmation phase, a note saying so and what the winner rests on.
+
+    Args:
+        ruling: The best rule's verdict, the configs ranked.
+        objective: The objective's name.
+        confirmed: Whether a confirmation phase ran.
+        given_back: Confirmation chose finalists, but the noise was beyond what its budget could settle,
+            so it ran none and gave its runs to the search.
+
+    Returns:
+        The section's HTML.
+    """
     ranked = ruling.ranked
     if not ranked:
         return ""
@@ -415,8 +323,16 @@ def concessions_html(tags: dict, objective: str) -> str:
 
 def learning_html(trials: list[Trial], verdict: best_rule.Verdict, flagged: dict[object, Departure]) -> str:
     """The Equal learning section: which trials changed the learning (their first steps' numbers against
-    the others of their recipe and seed, report/learning.py), or that none did; and what it did to the
-    winner (study.best.decide's `flagged`)."""
+    the others of their recipe and seed, report/learning.py), or that none did; and what it did to the winner.
+
+    Args:
+        trials: The trials.
+        verdict: The best rule's verdict.
+        flagged: The trials that changed the learning (study.best.decide's `flagged`).
+
+    Returns:
+        The section's HTML: only the unchecked note (maybe "") when fewer than two ok trials were compared.
+    """
     unchecked: frozenset = getattr(flagged, "unchecked", frozenset())
     compared = [t for t in trials if t.status == Status.OK and t.record.get("history") and key_of(t) not in unchecked]
     tolerance = trials[0].learning_tolerance if trials else None
@@ -539,8 +455,21 @@ def write_report(
     soak: dict | None = None,
     confirmation: dict | None = None,
 ) -> Path:
-    """report.html in `out`, its figures beside it: the best config, then one section per view of the
-    trials. Returns the page's path."""
+    """report.html in `out`, its figures beside it: the best config, then one section per view of the trials.
+
+    Args:
+        trials: The trials.
+        out: The folder to write in.
+        title: The page's title.
+        importances: Optuna's parameter importances, or None.
+        importance_note: Why there are no importances, when there are none.
+        concessions: The price tags (the sweeper's concessions.price_tags, stored on the study), or None.
+        soak: The soak's record, or None.
+        confirmation: The confirmation phase's stored state, or None.
+
+    Returns:
+        The page's path.
+    """
     out = Path(out)
     ruling, flagged = learning_check(trials)  # the median-of-runs rule, its noise, tie and the learning check
     best = ruling.ranked[0].item if ruling.ranked else None  # best_trial(trials)

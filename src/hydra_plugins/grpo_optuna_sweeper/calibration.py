@@ -130,6 +130,16 @@ def observations(all_attrs: Iterable[dict]) -> list[Observation]:
 
 
 def _fit(obs: list[Observation], margin: float, scope: str) -> Correction:
+    """The correction the log ratios of `obs` give: their mean, and a margin of Z standard deviations.
+
+    Args:
+        obs: The observations to fit, at least one.
+        margin: The prior's margin (unused: the fit sets its own, never below FLOOR).
+        scope: What the observations cover, recorded on the correction.
+
+    Returns:
+        The fitted Correction.
+    """
     logs = [o.log_ratio for o in obs]
     n = len(logs)
     mean = sum(logs) / n
@@ -138,7 +148,18 @@ def _fit(obs: list[Observation], margin: float, scope: str) -> Correction:
 
 
 def correct(obs: list[Observation], backend: str, phase: str, margin: float, min_trials: int = MIN_TRIALS) -> Correction:
-    """The correction for `backend`'s `phase`: from that phase's trials, else the backend's, else the prior."""
+    """The correction for `backend`'s `phase`: from that phase's trials, else the backend's, else the prior.
+
+    Args:
+        obs: The measured trials' observations.
+        backend: The generation backend whose trials count.
+        phase: The phase whose peak is corrected.
+        margin: The prior's margin, used until enough trials back a fit.
+        min_trials: The trials a fit needs.
+
+    Returns:
+        The Correction, its scope naming what backs it.
+    """
     same = [o for o in obs if o.backend == backend and o.phase == phase]
     if len(same) >= min_trials:
         return _fit(same, margin, "backend/phase")
@@ -149,7 +170,18 @@ def correct(obs: list[Observation], backend: str, phase: str, margin: float, min
 
 
 def calibrate(phases: dict, backend: str, obs: list[Observation], margin: float, min_trials: int = MIN_TRIALS) -> Calibrated:
-    """The calibrated peak for a prediction (`phases`: the estimator's bytes per phase)."""
+    """The calibrated peak for a prediction.
+
+    Args:
+        phases: The estimator's bytes per phase.
+        backend: The generation backend the point runs.
+        obs: The measured trials' observations.
+        margin: The prior's margin, used until enough trials back a fit.
+        min_trials: The trials a fit needs.
+
+    Returns:
+        The Calibrated prediction: the highest corrected phase, its allowance and what backs it.
+    """
     raw = max(phases.values())
     judged = []
     for phase, predicted in phases.items():

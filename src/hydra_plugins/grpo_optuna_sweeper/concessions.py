@@ -49,7 +49,13 @@ def _recipe_params(searched: Set[str], recipe: dict | None = None) -> set[str]:
 def check_list(concessions: list[str], groups: set[str], recipe: dict | None = None, searched: Set[str] = frozenset()) -> None:
     """Each entry of hydra.sweeper.concessions names a recipe setting, a searched config group, or a searched
     setting that is recipe (levers.kind_of: every setting not listed as a knob), once.
-    recipe: the held recipe, for the settings whose kind depends on it (levers.CONDITIONS: the split under bnpo)."""
+
+    Args:
+        concessions: The hydra.sweeper.concessions entries.
+        groups: The config groups the sweep searches.
+        recipe: The held recipe, for the settings whose kind depends on it (levers.CONDITIONS: the split under bnpo).
+        searched: The settings the sweep searches.
+    """
     twice = sorted({name for name in concessions if list(concessions).count(name) > 1})
     if twice:
         raise SweeperSettingError(
@@ -67,16 +73,33 @@ def check_list(concessions: list[str], groups: set[str], recipe: dict | None = N
 
 
 def covered(setting: str, via: str, concessions: list[str]) -> bool:
-    """Whether a change of `setting` made by the search parameter `via` is a declared concession."""
+    """Whether a change of `setting` made by the search parameter `via` is a declared concession.
+
+    Args:
+        setting: The recipe setting changed.
+        via: The search parameter that changes it.
+        concessions: The hydra.sweeper.concessions entries.
+
+    Returns:
+        True when `setting` or `via` is listed.
+    """
     return setting in concessions or via.lstrip("+~") in concessions
 
 
 def check_space(
     distributions: dict, concessions: list[str], changes: Callable[[str], set[str]], recipe: dict | None = None
 ) -> dict[str, set]:
-    """Stop (SweeperSettingError) when a search parameter changes a recipe setting `concessions` does not
-    list. changes(key) -> the recipe settings the parameter can change (a group: found by composing
-    each choice). Returns {param: the recipe settings it changes}: the concession parameters."""
+    """Stop (SweeperSettingError) when a search parameter changes a recipe setting `concessions` does not list.
+
+    Args:
+        distributions: The search space, parameter to distribution.
+        concessions: The hydra.sweeper.concessions entries.
+        changes: changes(key) -> the recipe settings the parameter can change (a group: found by composing each choice).
+        recipe: The held recipe, for the settings whose kind depends on it.
+
+    Returns:
+        {param: the recipe settings it changes}: the concession parameters.
+    """
     held_split = CPS not in concessions
     out = {}
     for key in distributions:
@@ -119,8 +142,17 @@ def setting_changes(key: str, recipe: dict | None = None) -> set[str]:
 
 
 def divisors_only(distributions: dict, totals: list[int], log: Logger) -> dict:
-    """With completions_per_step held (or searched over `totals`), keep only the micro-batches and
-    generation counts that divide every total: a split that does not divide is never proposed."""
+    """With completions_per_step held (or searched), keep only the micro-batches and generation counts that
+    divide every total: a split that does not divide is never proposed.
+
+    Args:
+        distributions: The search space, parameter to distribution.
+        totals: The completions_per_step values the sweep can run.
+        log: Where a dropped value is said.
+
+    Returns:
+        The space without the values that do not divide.
+    """
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     out = dict(distributions)
@@ -190,9 +222,24 @@ def price_tags(
     """The note's table as data: the fastest configuration at the full recipe (or why none fits), the
     cheapest concession(s) that fit, and for each concession the winner took: the recipe value, the
     value used, and the objective and peak it bought. Measured from a trial that differs only there
-    (same knobs, the other concessions the same), else estimated (estimate_without(winner, setting):
-    {peak_bytes, fits, tokens_per_s_ratio} of the winner at the recipe value) and labelled so.
-    value_of(trial): the value a trial counts by (the median of its config's runs; default its own)."""
+    (same knobs, the other concessions the same), else estimated and labelled so.
+
+    Args:
+        trials: The study's trials.
+        recipe: The held recipe.
+        concession_params: The search parameters that change recipe settings.
+        is_ok: Whether a trial finished feasible.
+        maximize: Whether a larger objective is better.
+        best: The winner, or None.
+        best_value: The winner's value, or None.
+        estimate_without: estimate_without(winner, setting) -> {peak_bytes, fits, tokens_per_s_ratio} of the
+            winner at the recipe value, or None.
+        estimate_recipe: The estimate of the recipe's own point, or None.
+        value_of: value_of(trial) -> the value a trial counts by (the median of its config's runs; default its own).
+
+    Returns:
+        The table's data.
+    """
     done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     ok = [t for t in done if is_ok(t)]
     sign = 1 if maximize else -1

@@ -95,9 +95,17 @@ def cause_of(reason: str) -> str:
 def systematic_failure(
     study: "Study", since: datetime.datetime, limit: int, command_of: Callable[["FrozenTrial"], str]
 ) -> Stop | None:
-    """A Stop when the last `limit` trials finished since `since` (this worker's start: earlier
-    failures belong to a run the user may have fixed since) all failed for one reason.
-    `command_of(trial)`: the line that runs a trial's point alone (tables.command_line)."""
+    """A Stop when the last `limit` trials finished since `since` all failed for one reason.
+
+    Args:
+        study: The study to read.
+        since: This worker's start: earlier failures belong to a run the user may have fixed since.
+        limit: The failures in a row that stop the sweep.
+        command_of: command_of(trial) -> the line that runs a trial's point alone (tables.command_line).
+
+    Returns:
+        The Stop, or None to go on.
+    """
     if not limit or limit <= 0:
         return None
     finished = [

@@ -27,7 +27,16 @@ if TYPE_CHECKING:
 def suggest(trial: Trial, key: str, dist: BaseDistribution) -> Any:
     """`trial._suggest(key, dist)`: the space holds Optuna distributions already (space.parse_space);
     the public suggest_* methods would rebuild each one from its bounds and lose nothing but time,
-    and there is no public suggest for an arbitrary distribution."""
+    and there is no public suggest for an arbitrary distribution.
+
+    Args:
+        trial: The trial to suggest for.
+        key: The parameter's name.
+        dist: Its distribution.
+
+    Returns:
+        The suggested value.
+    """
     return trial._suggest(key, dist)
 
 
@@ -75,7 +84,16 @@ def contains(dist: BaseDistribution, value: Any) -> bool:
 
 def load_sweep_config(hydra_context: HydraContext, config: DictConfig, overrides: list[str]) -> DictConfig:
     """A job's config for `overrides`, composed as Hydra's launchers compose it
-    (`config_loader.load_sweep_config`): the sweep checks a point before it launches it."""
+    (`config_loader.load_sweep_config`): the sweep checks a point before it launches it.
+
+    Args:
+        hydra_context: Hydra's context, holding the config loader.
+        config: The sweep's master config.
+        overrides: The job's overrides.
+
+    Returns:
+        The job's config.
+    """
     return hydra_context.config_loader.load_sweep_config(config, list(overrides))
 
 

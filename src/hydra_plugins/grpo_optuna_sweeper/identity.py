@@ -111,7 +111,13 @@ STUDY_NAME = "hydra.sweeper.study_name"
 def enforce(study: Study, fields: dict[str, Any], storage: str = "") -> None:
     """Record `fields` on a study that does not hold them; StudyMismatch when it holds different ones.
 
-    Called right after the study is opened, before any trial is asked or queued."""
+    Called right after the study is opened, before any trial is asked or queued.
+
+    Args:
+        study: The study just opened.
+        fields: The search's identity, field to value.
+        storage: The storage's URL, named in the error ("" leaves it out).
+    """
     old = recorded(study)
     found = differences(old, fields)
     if found:

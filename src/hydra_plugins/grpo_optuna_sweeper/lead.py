@@ -83,8 +83,16 @@ def fit(records: list[dict]) -> Callable[[dict], float | None]:
 
 def error(records: list[dict], speed: Callable[[dict], float | None], sigma: float | None = None) -> float | None:
     """The calibrated model's own error on the measured records: the standard deviation of
-    log(measured / calibrated), less what the run noise the study measured (`sigma`, None: none
-    known) explains; None with fewer than MIN_MEASURED records it can price."""
+    log(measured / calibrated), less what the run noise the study measured explains.
+
+    Args:
+        records: The measured records.
+        speed: speed(record) -> the calibrated model's tokens/s for it, or None.
+        sigma: The run noise the study measured; None: none known.
+
+    Returns:
+        The error, or None with fewer than MIN_MEASURED records it can price.
+    """
     logs = [math.log(r["tokens_per_s"] / s) for r in records if r.get("tokens_per_s") and (s := speed(r))]
     if len(logs) < MIN_MEASURED:
         return None
@@ -93,8 +101,16 @@ def error(records: list[dict], speed: Callable[[dict], float | None], sigma: flo
 
 
 def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None]) -> list[tuple[float, Any]]:
-    """(calibrated tokens/s, forecast) of every candidate the pre-screen lets run and no trial has
-    (tried: point_key of every point queued, run or pruned), fastest first."""
+    """Every candidate the pre-screen lets run and no trial has, fastest first.
+
+    Args:
+        candidates: The forecasts of the space's points.
+        tried: point_key of every point queued, run or pruned.
+        speed: speed(record) -> the calibrated model's tokens/s for it, or None.
+
+    Returns:
+        (calibrated tokens/s, forecast) pairs.
+    """
     out = []
     for f in candidates:
         if not (f.runs and f.fits and f.tokens_per_s) or point_key(f.params) in tried:
@@ -107,7 +123,16 @@ def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float
 
 
 def next_point(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None]) -> dict | None:
-    """The params of the untried point the calibrated model ranks fastest; None when none is left."""
+    """The params of the untried point the calibrated model ranks fastest.
+
+    Args:
+        candidates: The forecasts of the space's points.
+        tried: point_key of every point queued, run or pruned.
+        speed: speed(record) -> the calibrated model's tokens/s for it, or None.
+
+    Returns:
+        The params, or None when none is left.
+    """
     ranked = untried(candidates, tried, speed)
     return ranked[0][1].params if ranked else None
 
@@ -132,6 +157,9 @@ def stop_line(
         zone: the indifference zone (hydra.sweeper.indifference).
         untried_count: how many untried runnable points the model ranks: the largest of that many
             errors is what could hide a faster point, so the raise grows as sqrt(2 ln n).
+
+    Returns:
+        The line, or None.
     """
     if best is None or measured < MIN_MEASURED or (model_error is None and best_untried is not None):
         return None
@@ -202,7 +230,16 @@ def flat_proved(study: Any) -> Any | None:
 
 def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
     """stop_line on the study: its measured configs, noise and best, and the calibrated model's
-    best untried candidate; or the flat space's line once its safest point ran ok."""
+    best untried candidate; or the flat space's line once its safest point ran ok.
+
+    Args:
+        study: The study.
+        candidates: The forecasts of the space's points.
+        zone: The indifference zone (hydra.sweeper.indifference).
+
+    Returns:
+        The line that ends the search, or None while it should go on.
+    """
     proved = flat_proved(study)
     if proved is not None:
         return (

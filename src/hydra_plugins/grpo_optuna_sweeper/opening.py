@@ -82,7 +82,15 @@ def resume_line(study: Study) -> str:
 def build_sampler(name: str, seed: int | None, distributions: dict, n_startup_trials: int = 10) -> BaseSampler:
     """The Optuna sampler for `hydra.sweeper.sampler` (also used by bench/search_efficiency.py).
 
-    n_startup_trials: TPE's random trials before it models the study (`hydra.sweeper.n_startup_trials`)."""
+    Args:
+        name: The sampler's name (config.SAMPLERS).
+        seed: The sampler's seed, or None.
+        distributions: The search space (the grid sampler's choices).
+        n_startup_trials: TPE's random trials before it models the study (`hydra.sweeper.n_startup_trials`).
+
+    Returns:
+        The sampler.
+    """
     import optuna
 
     check_setting("n_startup_trials", n_startup_trials)

@@ -115,7 +115,18 @@ def oom_deficit(record: Record, budget_bytes: float | None) -> tuple[float, str]
 def judge(
     record: Record | None, *, objective: str, direction: str, budget_bytes: float | None, headroom: float | None
 ) -> Outcome:
-    """Turn one trial's metrics.json record into what the study is told."""
+    """Turn one trial's metrics.json record into what the study is told.
+
+    Args:
+        record: The trial's record, or None when it wrote none.
+        objective: The metric the study optimises.
+        direction: "minimize" or "maximize".
+        budget_bytes: The memory budget, or None.
+        headroom: The fraction of the budget a peak may use, or None.
+
+    Returns:
+        The trial's Outcome.
+    """
     if record is None:
         return Outcome("FAIL", attrs={Key.STATUS: Status.FAILED, Key.ERROR: "the job left no metrics.json"})
     attrs = {key: record.get(key) for key in RECORD_ATTRS if record.get(key) is not None}
@@ -172,8 +183,18 @@ def timed_steps(record: Record | None, objective: str) -> list[tuple[int, float]
 
 
 def stop_threshold(best_value: float | None, stop_below: float | None, objective: str, direction: str) -> float | None:
-    """trial.stop_below for the next trial: stop_below x the best feasible value so far, or None
-    (off, no feasible trial yet, or an objective the speed meter cannot watch: tokens_per_s, maximize)."""
+    """trial.stop_below for the next trial, or None (off, no feasible trial yet, or an objective the
+    speed meter cannot watch: tokens_per_s, maximize).
+
+    Args:
+        best_value: The best feasible value so far, or None.
+        stop_below: The fraction of it below which a trial stops, or None.
+        objective: The metric the study optimises.
+        direction: "minimize" or "maximize".
+
+    Returns:
+        stop_below x best_value, or None.
+    """
     if not stop_below or objective != "tokens_per_s" or direction != "maximize" or not _number(best_value):
         return None
     return float(stop_below) * float(best_value)
@@ -184,8 +205,16 @@ def prescreen_verdict(
 ) -> Outcome | None:
     """PRUNED (never run) when the estimate exceeds the budget by more than `margin`; else None: run it.
 
-    `predicted_bytes` is the calibrated prediction and `margin` its allowance (calibration.py) once
-    `trials` measured trials back it; before that the raw prediction and the fixed prescreen_margin."""
+    Args:
+        predicted_bytes: The calibrated prediction once `trials` measured trials back it, else the raw one.
+        limit_bytes: The budget, or None (nothing is pruned).
+        margin: The prediction's allowance (calibration.py), else the fixed prescreen_margin.
+        raw_bytes: The estimator's own prediction, recorded beside the calibrated one.
+        trials: The measured trials behind the calibration.
+
+    Returns:
+        The PRUNED Outcome, or None.
+    """
     if limit_bytes is None or predicted_bytes <= limit_bytes * (1 + margin):
         return None
     deficit = float(predicted_bytes - limit_bytes)
@@ -223,7 +252,16 @@ def for_sampler(outcome: None, sampler: str, direction: str) -> None: ...
 @overload
 def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None: ...
 def for_sampler(outcome: Outcome | None, sampler: str, direction: str) -> Outcome | None:
-    """A pre-screen verdict as `sampler` can learn from it (see the module docstring)."""
+    """A pre-screen verdict as `sampler` can learn from it (see the module docstring).
+
+    Args:
+        outcome: The verdict, or None.
+        sampler: The sampler's name.
+        direction: "minimize" or "maximize".
+
+    Returns:
+        The Outcome to tell, or None.
+    """
     if outcome is None or outcome.state != "PRUNED" or sampler not in SAMPLERS_BLIND_TO_PRUNED:
         return outcome
     if outcome.attrs.get(Key.STATUS) == Status.SLOW:  # measured, just slower: the partial value is real

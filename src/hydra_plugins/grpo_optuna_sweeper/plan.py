@@ -76,8 +76,17 @@ class SweepPlan:
 
 
 def undeclared_changes(held: dict, recipe: dict, may_change: Collection[str]) -> list[str]:
-    """The recipe settings `recipe` changes from the `held` one that `may_change` (the concessions
-    and their parameters' settings) does not allow: the sweeper's rule for refusing a point."""
+    """The recipe settings `recipe` changes from the `held` one that `may_change` does not allow: the
+    sweeper's rule for refusing a point.
+
+    Args:
+        held: The held recipe.
+        recipe: A point's recipe.
+        may_change: The concessions and their parameters' settings.
+
+    Returns:
+        The settings changed without leave.
+    """
     return sorted(set(concessions.diff(held, recipe)) - set(may_change))
 
 
@@ -115,10 +124,18 @@ class Composer:
 def build_plan(
     settings: DictConfig, config: DictConfig, arguments: Sequence[str], compose: Callable[[list[str]], DictConfig]
 ) -> SweepPlan:
-    """The plan for `python train.py -m <arguments>`: `settings` the hydra.sweeper node, `config` the
-    sweep's master config, `compose` a job's config for overrides (Composer). A bad setting, a bad
-    range or a recipe change not declared is one line (SweeperSettingError, concessions), before the
-    storage opens and before any model loads."""
+    """The plan for `python train.py -m <arguments>`. A bad setting, a bad range or a recipe change not
+    declared is one line (SweeperSettingError, concessions), before the storage opens and before any model loads.
+
+    Args:
+        settings: The hydra.sweeper node.
+        config: The sweep's master config.
+        arguments: The command line's overrides.
+        compose: A job's config for overrides (Composer).
+
+    Returns:
+        The SweepPlan.
+    """
     check_settings(settings)
     node = OmegaConf.select(config, "hydra.sweeper")
     # the node as written (unresolved); to_container of a DictConfig is a dict
@@ -186,7 +203,18 @@ def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callab
     (no partner setting or config group searched beside it): with steps_per_generation fixed above
     a micro-batch's accumulation, one generation would feed several optimiser steps, a recipe change
     the sweeper refuses (SweepPlan.refusal's rule), so such a micro-batch is never proposed, as a
-    micro-batch that does not divide the held completions_per_step is not (divisors_only)."""
+    micro-batch that does not divide the held completions_per_step is not (divisors_only).
+
+    Args:
+        distributions: The search space.
+        fixed: The overrides held fixed.
+        compose: A job's config for overrides.
+        recipe: The held recipe.
+        may_change: The settings the concessions allow to change.
+
+    Returns:
+        The space without those micro-batches.
+    """
     from optuna.distributions import CategoricalDistribution
 
     key = SPLIT[0]
@@ -239,7 +267,16 @@ def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str
     """Equal learning (concessions.py): the recipe is the sweep's base config (every trial trains it),
     completions_per_step is held (the split batch x accumulation is the knob), and a search parameter
     that changes a recipe setting must be listed in hydra.sweeper.concessions.
-    Returns (recipe, concession_params, fixed, distributions)."""
+
+    Args:
+        declared: The hydra.sweeper.concessions entries.
+        distributions: The search space.
+        fixed: The overrides held fixed.
+        compose: A job's config for overrides.
+
+    Returns:
+        (recipe, concession_params, fixed, distributions).
+    """
     recipe = recipe_of(compose(fixed))
     concessions.check_list(
         list(declared), {k for k in distributions if k not in SCHEMA_KEYS and "." not in k}, recipe, set(distributions)

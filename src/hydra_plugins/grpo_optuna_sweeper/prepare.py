@@ -47,7 +47,17 @@ class Prepared:
 
 
 def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callable[[list[str]], DictConfig]) -> Prepared:
-    """Suggest the point, compose and check it; an Outcome when it must not run (invalid, pruned)."""
+    """Suggest the point, compose and check it.
+
+    Args:
+        trial: The trial asked.
+        plan: The sweep's plan.
+        prescreen: The pre-screen that judges the point.
+        compose: A job's config for overrides.
+
+    Returns:
+        The job's overrides and attributes, with an Outcome when it must not run (invalid, pruned).
+    """
     attrs: dict[str, Any] = {}
     preset = trial.user_attrs.get(Key.PRESET)
     enqueued = handles.fixed_params(trial)
@@ -112,7 +122,16 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
 
 def _stop_override(trial: Trial, plan: SweepPlan, attrs: dict) -> list[str]:
     """`trial.stop_below=<tokens/s>` (stop_below x the best feasible so far) for a search trial;
-    never for a confirmation run (it must run to its end) or before any trial is feasible."""
+    never for a confirmation run (it must run to its end) or before any trial is feasible.
+
+    Args:
+        trial: The trial asked.
+        plan: The sweep's plan.
+        attrs: The trial's attributes so far.
+
+    Returns:
+        The override, or no override.
+    """
     if trial.user_attrs.get(confirm.CONFIRMS_ATTR) is not None:
         return []
 

@@ -78,9 +78,16 @@ class Prescreen:
         return calibration.calibrate(est.phases, est.assumptions["backend"], self.observations, margin, self.min_trials)
 
     def verdict(self, cfg: DictConfig, budget: float | None, est: "Estimate | None" = None) -> Verdict:
-        """The Verdict on cfg. `budget`: the bytes the point may use where the estimate names none.
-        `est`: cfg's estimate when the caller has it already (forecast.py). A failed estimate lets
-        the point run: the error is its one attribute."""
+        """The Verdict on cfg. A failed estimate lets the point run: the error is its one attribute.
+
+        Args:
+            cfg: The point's composed config.
+            budget: The bytes the point may use where the estimate names none.
+            est: cfg's estimate when the caller has it already (forecast.py).
+
+        Returns:
+            The Verdict.
+        """
         if not self.settings.prescreen:
             return Verdict()
         try:

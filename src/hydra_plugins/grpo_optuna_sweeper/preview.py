@@ -102,11 +102,20 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
 
 def _at_recipe(plan: SweepPlan, prescreen: Prescreen, configs: Any, whole: bool) -> list[forecast.Forecast]:
     """The held recipe's own point (the base config, its knobs as the sweep's config sets them),
-    judged always; then, unless the judged points hold the whole knob sub-space already (`whole`: the
-    space was enumerated and holds points that take no concession), a sample of that sub-space (the
-    knobs searched, every concession parameter left at the recipe's value): a sample of the whole
-    space may hold no point that takes no concession, nor may a space whose concession parameters
-    leave out the recipe's values."""
+    judged always; then, unless the judged points hold the whole knob sub-space already, a sample of
+    that sub-space (the knobs searched, every concession parameter left at the recipe's value): a
+    sample of the whole space may hold no point that takes no concession, nor may a space whose
+    concession parameters leave out the recipe's values.
+
+    Args:
+        plan: The sweep's plan.
+        prescreen: The pre-screen that judges each point.
+        configs: The configs composed so far, by point.
+        whole: Whether the space was enumerated and holds points that take no concession.
+
+    Returns:
+        The forecasts of those points.
+    """
     own = forecast.one({}, plan, prescreen, configs, check_for_target)
     knobs = {k: d for k, d in plan.distributions.items() if k not in plan.concession_params}
     if whole or not knobs or len(knobs) == len(plan.distributions):
@@ -118,11 +127,21 @@ def _at_recipe(plan: SweepPlan, prescreen: Prescreen, configs: Any, whole: bool)
 def sweep_cost_of(
     plan: SweepPlan, configs: Any, judged: list[forecast.Forecast], ranking: list[forecast.Forecast]
 ) -> dict | None:
-    """The sweep's forecast cost in GPU-minutes (memory.throughput.sweep_cost), or None when the card has no
-    datasheet speeds or no point runs. Each search trial is a draw from the space: a point the pre-screen
-    prunes loads no model and costs nothing, one that runs costs the mean predicted time (start + trial.steps
-    worst-case steps, trial.num_processes cards) of the points that run (PRICED of them, in the judged order).
-    The confirmation runs reserved in n_trials cost the predicted fastest point's trial each."""
+    """The sweep's forecast cost in GPU-minutes (memory.throughput.sweep_cost). Each search trial is a
+    draw from the space: a point the pre-screen prunes loads no model and costs nothing, one that runs
+    costs the mean predicted time (start + trial.steps worst-case steps, trial.num_processes cards) of the
+    points that run (PRICED of them, in the judged order). The confirmation runs reserved in n_trials cost
+    the predicted fastest point's trial each.
+
+    Args:
+        plan: The sweep's plan.
+        configs: The configs composed so far, by point.
+        judged: The forecasts of the points judged.
+        ranking: The forecasts that run, fastest first.
+
+    Returns:
+        The cost, or None when the card has no datasheet speeds or no point runs.
+    """
     from grpo_sweep.memory.throughput import relative_step_time, sweep_cost, trial_forecast
 
     def gpu_s(f: forecast.Forecast) -> float:
@@ -210,11 +229,21 @@ def cheapest_concession(
 ) -> dict:
     """Whether the full recipe fits, and if not the cheapest change that does.
 
-    - The recipe's own point (`at_recipe`: its knob points too, _at_recipe) or a point of the space
-      that takes no concession fits: the recipe fits ({"recipe_fits": true}).
+    - The recipe's own point (`at_recipe`) or a point of the space that takes no concession fits: the
+      recipe fits ({"recipe_fits": true}).
     - Only points that take concessions fit: the one taking the fewest, the fastest of those.
     - Nothing fits: the doctor's smallest change set (memory.doctor.diagnose, knobs first, recipe
-      changes only when no knob suffices) for the point predicted nearest to fitting."""
+      changes only when no knob suffices) for the point predicted nearest to fitting.
+
+    Args:
+        plan: The sweep's plan.
+        judged: The forecasts of the points judged.
+        configs: The configs composed so far, by point.
+        at_recipe: The recipe's own point and its knob points (_at_recipe).
+
+    Returns:
+        The answer as data.
+    """
     fitting = [f for f in judged if f.fits]
     if any(f.fits for f in at_recipe) or any(not f.taken for f in fitting):
         return {"recipe_fits": True}

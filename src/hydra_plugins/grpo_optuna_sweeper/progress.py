@@ -29,9 +29,18 @@ class Progress:
         self.counted_at_start: int | None = None
 
     def line(self, counted: int, best: Finalist[FrozenTrial] | None, objective: str, now: datetime.datetime | None = None) -> str:
-        """`trial k/N | best <objective>=<v> (trial n) | ~<t> left` for a study holding `counted`
-        counted trials, `best` its best feasible config (grpo_sweep.study.best.Finalist: the median of
-        its runs, its first trial; None: none yet)."""
+        """`trial k/N | best <objective>=<v> (trial n) | ~<t> left`.
+
+        Args:
+            counted: The study's counted trials.
+            best: Its best feasible config (grpo_sweep.study.best.Finalist: the median of its runs, its first
+                trial); None: none yet.
+            objective: The metric the study optimises.
+            now: The time to measure from; None: now.
+
+        Returns:
+            The line.
+        """
         now = now or datetime.datetime.now()
         if best is None:
             shown_best = "no feasible trial yet"

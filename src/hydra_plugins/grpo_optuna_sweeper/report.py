@@ -31,8 +31,18 @@ Compose = Callable[[list[str]], DictConfig]
 
 
 def write_report(study: Study, plan: SweepPlan, compose: Compose, quiet: bool = False, stopped: Stop | None = None) -> dict:
-    """`stopped`: the failures.Stop that ended the sweep (the summary ends with its words), or None.
-    `compose`: a job's config for overrides (plan.Composer), to price the concessions."""
+    """Write the sweep's summary (summary.write_summary), its concessions priced.
+
+    Args:
+        study: The study.
+        plan: The sweep's plan.
+        compose: A job's config for overrides (plan.Composer), to price the concessions.
+        quiet: Write the summary, do not print it.
+        stopped: The failures.Stop that ended the sweep (the summary ends with its words), or None.
+
+    Returns:
+        What summary.write_summary returns.
+    """
 
     study.set_user_attr(Key.LEARNING_TOLERANCE, plan.learning_tolerance)  # for report.html and `grpo-sweep report`
     learning = learning_verdict(study, plan.learning_tolerance)
@@ -59,8 +69,18 @@ def _any_taken(study: Study) -> bool:
 
 def price_tags(study: Study, plan: SweepPlan, compose: Compose, ranked: list | None = None) -> dict | None:
     """concessions.price_tags for this study: what the winner gave up and what it bought. Never fails
-    the sweep (the trials and best.yaml matter more): on an error it says why instead. ranked: the
-    finalists, winner first, as the summary ranks them (standings.learning_verdict); None: standings.verdict's."""
+    the sweep (the trials and best.yaml matter more): on an error it says why instead.
+
+    Args:
+        study: The study.
+        plan: The sweep's plan.
+        compose: A job's config for overrides, to estimate a point.
+        ranked: The finalists, winner first, as the summary ranks them (standings.learning_verdict);
+            None: standings.verdict's.
+
+    Returns:
+        The price tags, or {"error": why} when pricing failed.
+    """
     from grpo_sweep.memory.throughput import relative_step_time
 
     def predict(overrides: list[str]) -> tuple[DictConfig, Estimate]:

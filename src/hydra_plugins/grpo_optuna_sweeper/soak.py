@@ -43,8 +43,17 @@ SOAK_DIR = "soak"
 
 
 def overrides(point: list[str], study_name: str, steps: int, timeout: float | None = None) -> list[str]:
-    """The soak job's command line: the winner's point, run `steps` steps with per-step peaks, under
-    `timeout` seconds (timeout_s; None: the trials' own)."""
+    """The soak job's command line: the winner's point, run with per-step peaks.
+
+    Args:
+        point: The winner's overrides.
+        study_name: The study's name.
+        steps: The steps to run.
+        timeout: The job's seconds (timeout_s); None: the trials' own.
+
+    Returns:
+        The overrides.
+    """
     return [
         *point,
         space.to_override("trial.study", study_name),
@@ -56,7 +65,16 @@ def overrides(point: list[str], study_name: str, steps: int, timeout: float | No
 
 
 def timeout_s(trial_timeout_s: float, trial_steps: int, steps: int) -> float:
-    """The soak's trial.timeout_s: the trials' own scaled by steps / trial.steps, never below it."""
+    """The soak's trial.timeout_s: the trials' own scaled by steps / trial.steps, never below it.
+
+    Args:
+        trial_timeout_s: The trials' own timeout.
+        trial_steps: The trials' steps.
+        steps: The soak's steps.
+
+    Returns:
+        The seconds.
+    """
     return float(trial_timeout_s) * max(1.0, steps / max(1, trial_steps))
 
 
@@ -182,8 +200,18 @@ def words(soak: dict) -> str:
 
 def due(study: Any, winner: Any, steps: int, worker_dead: Callable[[Any, Any], bool]) -> bool:
     """Whether this worker should soak `winner`: no soak of it for `steps` is recorded, or the one
-    recorded was cut short (its worker gone: workers.worker_dead, passed in). A soak another live
-    worker runs is left to it; one that finished is never run again (a resumed sweep reuses it)."""
+    recorded was cut short. A soak another live worker runs is left to it; one that finished is never
+    run again (a resumed sweep reuses it).
+
+    Args:
+        study: The study.
+        winner: The winner's trial.
+        steps: The soak's steps.
+        worker_dead: Whether a soak's worker is gone (workers.worker_dead, passed in).
+
+    Returns:
+        True when this worker should run it.
+    """
     import datetime
 
     done = study.user_attrs.get(SOAK_ATTR) or {}
@@ -216,8 +244,17 @@ def finish(record: dict, ret: Any) -> dict:
 
 
 def interrupted(record: dict, signal_name: str, run_dir: Any, resume: str | None) -> dict:
-    """The soak's record when a signal stopped it: the steps its metrics.json says ran (if it wrote
-    one), and the command that resumes it."""
+    """The soak's record when a signal stopped it.
+
+    Args:
+        record: The soak's record so far.
+        signal_name: The signal's name, recorded as the error.
+        run_dir: The job's run directory: the steps its metrics.json says ran (if it wrote one).
+        resume: The command that resumes it.
+
+    Returns:
+        The record.
+    """
     from pathlib import Path
 
     from grpo_sweep.metrics import read_metrics

@@ -54,6 +54,17 @@ def parse_space(
 
 
 def _distribution(override: Override, key: str, is_integer: Callable[[str], bool] | None) -> Distribution:
+    """The Optuna distribution of one sweep override.
+
+    Args:
+        override: The parsed override.
+        key: Its key.
+        is_integer: is_integer(key) -> whether the lever at `key` is an integer (a whole-number interval is then
+            an IntDistribution); None: no lever is.
+
+    Returns:
+        The distribution.
+    """
     from hydra.core.override_parser.types import Transformer
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -207,7 +218,16 @@ MAX_CANDIDATES = 256  # a larger space is sampled at random down to this many po
 
 
 def candidates(grid: dict[str, list], seed: int | None, cap: int = MAX_CANDIDATES) -> Iterator[dict[str, Any]]:
-    """Every point of a discrete space, or `cap` of them drawn at random when it is larger."""
+    """Every point of a discrete space, or `cap` of them drawn at random when it is larger.
+
+    Args:
+        grid: Each parameter's values.
+        seed: The draw's seed, or None.
+        cap: The most points drawn.
+
+    Yields:
+        One point, parameter to value.
+    """
     names = list(grid)
     size = 1
     for choices in grid.values():
@@ -230,7 +250,16 @@ def space_candidates(
 ) -> Iterator[dict[str, Any]]:
     """The points of a search space to judge: every point of a discrete space of at most `cap`,
     else `cap` distinct points drawn at random (seeded). A continuous interval is drawn from
-    (draw) as a large discrete space is sampled; a discrete space draws as `candidates` does."""
+    (draw) as a large discrete space is sampled; a discrete space draws as `candidates` does.
+
+    Args:
+        distributions: The search space.
+        seed: The draw's seed, or None.
+        cap: The most points judged.
+
+    Yields:
+        One point, parameter to value.
+    """
     listed = {key: values(dist) for key, dist in distributions.items()}
     grid = {key: choices for key, choices in listed.items() if choices is not None}
     if len(grid) == len(listed):

@@ -50,6 +50,13 @@ class GrpoOptunaSweeper(Sweeper):
         self.sweep_dir: Path | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep Hydra's context and config, and build the launcher.
+
+        Args:
+            hydra_context: Hydra's context.
+            task_function: The job's function.
+            config: The sweep's master config.
+        """
         self.hydra_context, self.config = hydra_context, config
         self.sweep_dir = Path(config.hydra.sweep.dir).absolute()
         mask_storage_in(config, storage_url(self.conf, self.sweep_dir))

@@ -25,8 +25,18 @@ log = logging.getLogger(__name__)
 
 
 def judge_job(trial: Trial, ret: JobReturn, settings: DictConfig, objective: str) -> Outcome:
-    """What to tell for `ret` (Hydra's JobReturn): its run directory's metrics.json judged, the
-    objective per timed step reported as Optuna's intermediate values."""
+    """What to tell for `ret`: its run directory's metrics.json judged, the objective per timed step
+    reported as Optuna's intermediate values.
+
+    Args:
+        trial: The trial that ran.
+        ret: Hydra's JobReturn.
+        settings: The hydra.sweeper node.
+        objective: The metric the study optimises.
+
+    Returns:
+        The Outcome.
+    """
     out_dir = None
     if ret.hydra_cfg is not None:
         out_dir = ret.hydra_cfg.hydra.runtime.output_dir
@@ -54,7 +64,15 @@ def judge_job(trial: Trial, ret: JobReturn, settings: DictConfig, objective: str
 
 
 def tell(study: Study, trial: Trial, outcome: Outcome, objective: str, progress: Progress) -> None:
-    """Record the outcome's attributes and constraint on the trial, tell the study, log the line."""
+    """Record the outcome's attributes and constraint on the trial, tell the study, log the line.
+
+    Args:
+        study: The study.
+        trial: The trial to tell.
+        outcome: Its Outcome.
+        objective: The metric the study optimises.
+        progress: The progress line's state.
+    """
     for key, value in outcome.attrs.items():
         trial.set_user_attr(key, value)
     if outcome.constraint is not None:
@@ -80,7 +98,16 @@ def tell(study: Study, trial: Trial, outcome: Outcome, objective: str, progress:
 
 
 def progress_line(study: Study, objective: str, progress: Progress) -> str:
-    """`trial k/N | best ... | ~t left` (progress.py); never fails the sweep."""
+    """`trial k/N | best ... | ~t left` (progress.py); never fails the sweep.
+
+    Args:
+        study: The study.
+        objective: The metric the study optimises.
+        progress: The progress line's state.
+
+    Returns:
+        The line.
+    """
 
     try:
         return progress.line(counts(study)[0], best_finalist(study), objective)

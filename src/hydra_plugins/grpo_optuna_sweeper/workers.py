@@ -39,7 +39,13 @@ OUTCOME_ATTRS = (Key.STATUS, Key.ERROR, Key.RUN_DIR, Key.WORKER)
 def retry(study: Study, frozen: FrozenTrial, max_retry: int | None) -> None:
     """Re-enqueue a failed trial's parameters, as Optuna's RetryFailedTrialCallback does (same
     `failed_trial` / `retry_history` system attributes), minus what belonged to the failed attempt:
-    its outcome attributes and its heartbeat (a fresh trial must not look stale before it beats)."""
+    its outcome attributes and its heartbeat (a fresh trial must not look stale before it beats).
+
+    Args:
+        study: The study.
+        frozen: The failed trial.
+        max_retry: The most retries of one trial; None: no limit.
+    """
     import optuna
 
     system_attrs = {"failed_trial": frozen.number, "retry_history": [], **frozen.system_attrs}
@@ -85,7 +91,16 @@ def duplicate_of(study: Study, trial: Trial | FrozenTrial) -> int | None:
 
 
 def fail_stale_trials(study: Study, grace_period: int, max_retry: int) -> list[int]:
-    """Fail (and re-enqueue) RUNNING trials whose worker stopped beating. Returns their numbers."""
+    """Fail (and re-enqueue) RUNNING trials whose worker stopped beating.
+
+    Args:
+        study: The study.
+        grace_period: The seconds without a beat after which a trial is stale.
+        max_retry: The most retries of one trial.
+
+    Returns:
+        The numbers of the trials failed.
+    """
     import warnings
 
     import optuna
@@ -112,8 +127,17 @@ def fail_stale_trials(study: Study, grace_period: int, max_retry: int) -> list[i
 
 
 def _fail_and_retry(study: Study, trial: FrozenTrial, max_retry: int, status: str | None = None) -> bool:
-    """Tell a RUNNING trial FAIL (with `status` when given) and re-enqueue it (retry); False when another
-    worker finished it first."""
+    """Tell a RUNNING trial FAIL and re-enqueue it (retry).
+
+    Args:
+        study: The study.
+        trial: The trial.
+        max_retry: The most retries of one trial.
+        status: The status to record, when given.
+
+    Returns:
+        False when another worker finished it first.
+    """
     import optuna
     from optuna.trial import TrialState
 
@@ -177,6 +201,11 @@ class Heartbeat:
 
     RDB storages: Optuna's `record_heartbeat` (study.optimize would start it; we ask/tell ourselves).
     Journal storages: a timestamp in the trial's system attributes, read by `fail_stale_trials`.
+
+    Args:
+        study: The study.
+        trial_ids: The trials to stamp.
+        interval: The seconds between beats.
     """
 
     def __init__(self, study: Study, trial_ids: list[int], interval: int):
