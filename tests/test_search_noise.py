@@ -877,3 +877,27 @@ def test_a_flagged_config_in_a_tie_never_wins_anywhere(tmp_path, capsys):
     every = best_rule.decide(runs, **kwargs, flagged=lambda r: True)
     assert (every.winner.item, every.passed_over, every.winner_flagged) == (("a", 200.0), [], True)
     assert best_rule.decide(runs, **kwargs).winner.item == ("a", 200.0)
+
+
+def test_agreement_counts_only_when_it_includes_the_leader_by_hand():
+    """`agreed` makes configs close without a measured noise only when the leader is among them: with
+    the runner-up within noise but not within the zone, and agreed naming it alone, the leader wins
+    though the runner-up uses less memory; naming both, the safer runner-up wins."""
+    runs = [("a", 100.0, 9.0), ("a", 90.0, 9.0), ("a", 110.0, 9.0), ("b", 95.0, 5.0), ("b", 85.0, 5.0), ("b", 105.0, 5.0)]
+
+    def ruling(agreed):
+        return best_rule.decide(
+            runs,
+            value=lambda r: r[1],
+            group=lambda r: r[0],
+            direction="maximize",
+            peak_of=lambda r: r[2],
+            budget_of=lambda r: 10.0,
+            agreed=agreed,
+        )
+
+    alone = ruling({"b"})
+    assert [f.item[0] for f in alone.tie] == ["a", "b"]  # within each other's noise
+    assert alone.close == [] and alone.winner.item[0] == "a"  # not within 5 %, and the leader did not agree
+    both = ruling({"a", "b"})
+    assert [f.item[0] for f in both.close] == ["a", "b"] and both.winner.item[0] == "b"

@@ -1234,3 +1234,28 @@ def test_the_calibrated_prescreen_line_by_hand():
     )
     assert pruned.constraint == gib and pruned.attrs["deficit_bytes"] == gib
     assert prescreen_verdict(2.25 * gib, 2 * gib, 0.125, raw_bytes=2 * gib, trials=4) is None  # at the allowance
+
+
+def test_the_prescreens_verdict_records_the_estimates_waves_and_a_cut_error_by_hand(monkeypatch):
+    """The verdict's attributes carry the generation waves the estimate states, and an estimate that
+    fails is recorded as its error's first 300 characters, the point let run (no outcome)."""
+    from omegaconf import OmegaConf
+
+    from grpo_sweep.config.compose import compose_train_config
+    from grpo_sweep.memory.estimator import estimate
+    from grpo_sweep.study.attrs import Key
+    from hydra_plugins.grpo_optuna_sweeper import prescreen as prescreen_module
+    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
+
+    screen = prescreen_module.Prescreen(OmegaConf.structured(GrpoOptunaSweeperConf))
+    cfg = compose_train_config(["+sweeps=tiny_cpu_vllm"])
+    waves = estimate(cfg).assumptions["generation_waves"]
+    assert waves is not None
+    assert screen.verdict(cfg, None).attrs[Key.GENERATION_WAVES] == waves
+
+    def fails(_cfg):
+        raise ValueError("x" * 500)
+
+    monkeypatch.setattr(prescreen_module, "estimate", fails)
+    verdict = screen.verdict(cfg, None)
+    assert verdict.outcome is None and verdict.attrs[Key.PREDICTED_ERROR] == "x" * 300
