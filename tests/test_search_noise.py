@@ -11,8 +11,9 @@ import math
 
 import pytest
 import yaml
-from conftest import IN_PROCESS_TRIALS, compose, load_metrics
-from test_sweeper_helpers import SMALL, SPLIT_SPACE, counted, load_study, run_here, sweep_cmd
+from helpers.config import compose
+from helpers.runners import IN_PROCESS_TRIALS, SMALL, SPLIT_SPACE, load_metrics, sweep_args, train_here
+from helpers.studies import counted, load_study
 
 from grpo_sweep.metrics import KEYS, STATUSES
 from grpo_sweep.study import best as best_rule
@@ -590,9 +591,9 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
         *SPLIT_SPACE,
         "per_device_train_batch_size=choice(2,4,8)",
     ]
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", *args, "trial.debug_fault=slow", enqueue=True))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.n_trials=3", *args, "trial.debug_fault=slow", enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     first, *rest = study.trials
@@ -618,8 +619,8 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
     other's noise and not within 5 % (the whole budget allowed: at most the search's 4 runs), all in
     the study; the best median wins, or from a tie within 5 % the config with the most memory
     headroom. Over 20 s: a real sweep of up to eight trials."""
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path,
             "hydra.sweeper.n_trials=6",
             "hydra.sweeper.confirm_top=2",

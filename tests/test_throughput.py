@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compose
+from helpers.config import compose
 
 from grpo_sweep.config.schema import ConfigError
 from grpo_sweep.config.validate import validate
@@ -163,7 +163,7 @@ def test_estimate_forecasts_the_steps_and_the_run_before_launch():
     time for task.max_steps; the text says the same."""
     import json
 
-    from conftest import cli
+    from helpers.runners import cli
 
     args = ["estimate", *L4_VLLM, "task.expected_completion_tokens=200", "task.max_steps=250"]
     speed = json.loads(cli(*args, "--json").stdout)["speed"]
@@ -183,7 +183,7 @@ def test_plan_compares_the_cards_for_one_recipe():
     forecast faster; a card without datasheet speeds says so instead of borrowing another's numbers."""
     import json
 
-    from conftest import cli
+    from helpers.runners import cli
 
     done = cli("plan", "--cards", "t4_16g,a100_40g,h100_80g", *L4_VLLM, "task.max_steps=10", "--json")
     rows = json.loads(done.stdout)
