@@ -22,7 +22,7 @@ from helpers.sweeper import tiny_sweeper
 from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError
 from grpo_sweep.config.validate import validate
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, KINDS, KNOB, LEVER_NAMES, RECIPE, kind_of, recipe_of
-from grpo_sweep.report.learning import departures, fingerprint
+from grpo_sweep.report.learning import compare, fingerprint
 
 
 def test_every_lever_and_companion_has_a_kind():
@@ -148,12 +148,12 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tiny_sweep, tmp_path):
     assert splits == {1, 2, 4, 8}  # four splits of the same 8 completions (8 x 1 is the OOM)
     # The learning checked from the trials' own numbers: every split trained the same first two steps.
     assert len(trained) >= 3 and all({"grad_norm@1", "grad_norm@2", "entropy@1"} <= set(fingerprint(m)) for _, m, _ in trained)
-    assert departures(trained) == {}, departures(trained)
+    assert compare(trained) == {}, compare(trained)
     number, record, _ = trained[-1]
     nudged = deepcopy(record)
     nudged["history"][1]["grad_norm"] *= 1.01  # one trial whose second step moved by 1 %: named, with its numbers
-    flagged = departures([*trained[:-1], (number, nudged, 0)])
-    assert list(flagged) == [number] and "grad_norm@2" in flagged[number] and "+1.00%" in flagged[number], flagged
+    flagged = compare([*trained[:-1], (number, nudged, 0)])
+    assert list(flagged) == [number] and "grad_norm@2" in flagged[number].text and "+1.00%" in flagged[number].text, flagged
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best["recipe"] == study.user_attrs["recipe"] and "concessions" not in best
     assert "Recipe held: completions_per_step=8" in result.stdout
@@ -639,13 +639,13 @@ def test_the_learning_check_compares_trials_of_one_recipe_and_seed():
         return {"recipe": {"x": recipe}, "device": device, "history": [{"grad_norm": g1, "entropy": 1.0}, {"grad_norm": g2}]}
 
     same = [(0, rec(0.5, 0.7), 0), (1, rec(0.5, 0.7 * (1 + 1e-6)), 0), (2, rec(0.5, 0.7), 0)]
-    assert departures(same) == {}
-    assert list(departures([*same, (3, rec(0.5, 0.71), 0)])) == [3]
-    assert departures([*same, (3, rec(0.5, 0.71, recipe="other"), 0), (4, rec(0.6, 0.7), 1)]) == {}  # alone in its group
-    two = departures([(0, rec(0.5, 0.7), 0), (1, rec(0.5, 0.8), 0)])
+    assert compare(same) == {}
+    assert list(compare([*same, (3, rec(0.5, 0.71), 0)])) == [3]
+    assert compare([*same, (3, rec(0.5, 0.71, recipe="other"), 0), (4, rec(0.6, 0.7), 1)]) == {}  # alone in its group
+    two = compare([(0, rec(0.5, 0.7), 0), (1, rec(0.5, 0.8), 0)])
     assert sorted(two) == [0, 1]  # two that disagree: neither is the reference
     card = [(n, rec(0.5, 0.7 * (1 + d), device="cuda"), 0) for n, d in enumerate((0, 0.005, -0.004))]
-    assert departures(card) == {} and list(departures(card, tolerance=1e-4)) == [1, 2]
+    assert compare(card) == {} and list(compare(card, tolerance=1e-4)) == [1, 2]
     assert fingerprint({"history": [{"grad_norm": float("nan"), "reward": 0.5}]}) == {"reward@1": 0.5}
 
 

@@ -531,7 +531,7 @@ def test_doctor_proposes_gpus_with_fsdp_when_one_card_cannot_fit():
     cfg = compose([*GEMMA, "trial.full_finetune=true", "gpu.memory_gib=8"])
     r = diagnose(cfg, {})
     assert r.fits_after and r.overrides == ["trial.num_processes=2", "trial.strategy=fsdp"], r.overrides
-    text = format_report(r, cfg)
+    text = format_report(r)
     assert "use 2 GPUs with FSDP" in text and "[needs more GPUs]" in text
 
 

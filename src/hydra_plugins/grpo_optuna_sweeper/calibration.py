@@ -129,7 +129,7 @@ def observations(all_attrs: Iterable[dict]) -> list[Observation]:
     return [o for o in (observation(a) for a in all_attrs) if o is not None]
 
 
-def _fit(obs: list[Observation], margin: float, scope: str) -> Correction:
+def _fit(obs: list[Observation], scope: str) -> Correction:
     logs = [o.log_ratio for o in obs]
     n = len(logs)
     mean = sum(logs) / n
@@ -141,10 +141,10 @@ def correct(obs: list[Observation], backend: str, phase: str, margin: float, min
     """The correction for `backend`'s `phase`: from that phase's trials, else the backend's, else the prior."""
     same = [o for o in obs if o.backend == backend and o.phase == phase]
     if len(same) >= min_trials:
-        return _fit(same, margin, "backend/phase")
+        return _fit(same, "backend/phase")
     backend_obs = [o for o in obs if o.backend == backend]
     if len(backend_obs) >= min_trials:
-        return _fit(backend_obs, margin, "backend")
+        return _fit(backend_obs, "backend")
     return Correction(1.0, margin, 0, "prior")
 
 
