@@ -1,4 +1,6 @@
-"""Shared helpers: compose the real Hydra config, run train.py as users do; what a test run builds once.
+"""The fixtures and hooks: what a test run builds once, and the xdist groups that share it.
+
+The helpers the tests import (runners, compose, studies, the sweeper's parts) live in tests/helpers.
 
 `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). What is built once
 per test run lives here as a session fixture, and every test that uses one is put in that fixture's
@@ -9,10 +11,9 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
 - `tiny_sweep`: the finished 6-trial `+sweeps=tiny_cpu` sweep (its two enqueued probes, then its
   frontier start) that test_sweeper.py and test_equal_learning.py read.
 - `wandb_sweep`: a finished 4-trial multirun logged to offline W&B (test_wandb.py, test_report.py).
-- in-process trials (`IN_PROCESS_TRIALS`, an xdist group, not a fixture): the short tests that run a
-  trial in the test process share one worker, hence one trial forkserver.
-- `train_here`: `python train.py ARGS` run in the test process, so its trials come from the worker's
-  warm forkserver (a sweep that is killed, interrupted or run beside another keeps `run_train`).
+- in-process trials (`helpers.runners.IN_PROCESS_TRIALS`, an xdist group, not a fixture): the short
+  tests that run a trial in the test process share one worker, hence one trial forkserver
+  (`helpers.runners.train_here`).
 - `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
   (its cache and lock: trial/warmup.py). The tests with a short trial.timeout_s take it, so a cold
   cache's warm-up happens before their clocks start, not inside them.
@@ -25,142 +26,15 @@ to run when.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-FAST = ["trial.steps=2"]  # the default task: its warm model (model.init=warm) is built once and shared
-DEAD_URL = "http://127.0.0.1:9"  # the discard port: connection refused, nothing leaves the host
-# W&B with no network anywhere: offline, no API key, no netrc, and a base URL nothing listens on.
-OFFLINE_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": os.devnull, "WANDB_BASE_URL": DEAD_URL}
-
-
-_COMPOSED: dict[tuple[str, ...], object] = {}
-
-
-def compose(overrides: list[str] | None = None):
-    """The config train.py would see for these overrides (Hydra's compose API, same conf/).
-
-    Composed once per test process and overrides, then copied: Hydra re-reads and re-parses every
-    YAML file on each compose (~0.1-0.3 s on 2 cores), and the suite asks for the same few configs
-    hundreds of times. A user search path (`hydra.searchpath=...`: files a test may write) is always
-    composed afresh; tests that compare against a fresh compose call compose_train_config itself."""
-    import copy
-
-    from grpo_sweep.config.compose import compose_train_config
-
-    key = tuple(overrides or ())
-    if any("searchpath" in o for o in key):
-        return compose_train_config(list(key))
-    if key not in _COMPOSED:
-        _COMPOSED[key] = compose_train_config(list(key))
-    return copy.deepcopy(_COMPOSED[key])
-
-
-def exit_status(exc: SystemExit) -> int:
-    """The exit code the interpreter would give `exc`; a message goes to stderr with code 1, as it would."""
-    if isinstance(exc.code, str):
-        print(exc.code, file=sys.stderr)
-    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-
-
-def run_train(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):
-    """`python train.py ARGS` in a subprocess; returns CompletedProcess with text output."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd or ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
-
-
-def train_here(args: list[str], cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` run inside this test process: train.py's own entry point (Hydra's main,
-    the sweeper, run_trial), its console captured at the descriptor level and returned as run_train's
-    would be. Each trial is still its own forked process, but every call in this process shares one
-    trial forkserver, so a call skips the interpreter start and the ~6 s preload of torch,
-    transformers and TRL a `python train.py` pays (docs/contributing.md "Tests").
-
-    What it cannot do, for which a test keeps run_train or its own Popen: be killed or interrupted
-    from outside, time out, run beside another sweep, or start with a fresh interpreter's imports.
-    `env` is this call's environment on top of the test process's; the trials see it
-    (process.take_parents_view), and the trials' console output is in the returned stdout."""
-    import tempfile
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    from grpo_sweep.cli.train import main
-
-    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
-    saved_streams, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
-    code = 0
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        for stream in saved_streams:
-            stream.flush()
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")  # noqa: SIM115
-        os.environ.update(env or {})
-        os.chdir(cwd or ROOT)
-        sys.argv = [str(ROOT / "train.py"), *args]
-        GlobalHydra.instance().clear()
-        try:
-            main()
-        except SystemExit as exc:
-            code = exit_status(exc)
-        finally:
-            GlobalHydra.instance().clear()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, target in zip(saved_fds, (1, 2)):
-                os.dup2(fd, target)
-                os.close(fd)
-            sys.stdout, sys.stderr = saved_streams
-            os.environ.clear()
-            os.environ.update(saved_env)
-            os.chdir(saved_cwd)
-            sys.argv = saved_argv
-        texts = []
-        for f in (out, err):
-            f.seek(0)
-            texts.append(f.read().decode("utf-8", "replace"))
-    return subprocess.CompletedProcess(["train.py", *args], code, *texts)
-
-
-def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    """`grpo-sweep ARGS` in this process (grpo_sweep.cli.main, as the console script calls it), its
-    output and exit code captured as subprocess.run's would be. A fresh interpreter per call costs
-    ~0.6 s; test_architecture.py and test_config.py run the command in fresh interpreters."""
-    import io
-
-    from grpo_sweep.cli import main
-
-    out, err, stdin_was = io.StringIO(), io.StringIO(), sys.stdin
-    sys.stdin = io.StringIO(stdin)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(list(args))
-            except SystemExit as exc:
-                code = exit_status(exc)
-    finally:
-        sys.stdin = stdin_was
-    return subprocess.CompletedProcess(["grpo-sweep", *args], code, out.getvalue(), err.getvalue())
-
-
-def load_metrics(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / "metrics.json").read_text())
+from helpers.config import compose
+from helpers.runners import FAST, OFFLINE_ENV, sweep_args, train_here
+from helpers.studies import new_database
 
 
 @pytest.fixture
@@ -170,9 +44,6 @@ def fast_overrides():
 
 # ------------------------------------------------------------------ built once per test run
 ONCE_PER_RUN = ("postgres", "tiny_sweep", "wandb_sweep")  # session fixtures whose tests share one xdist worker
-# The short tests that run a trial in the test process itself (trial.parent.run_trial): on one worker,
-# so one trial forkserver (its ~6 s import of torch, TRL and W&B) serves them all.
-IN_PROCESS_TRIALS = pytest.mark.xdist_group("trials")
 
 
 def pytest_itemcollected(item):
@@ -194,30 +65,6 @@ def pytest_collection_modifyitems(config, items):
         lost = [i.nodeid for i in items if any(i.iter_markers("xdist_group")) and "@" not in i.nodeid]
         if lost:
             raise pytest.UsageError(f"xdist groups ignored by this pytest/pytest-xdist pair (pyproject pins them): {lost[0]}")
-
-
-@contextlib.contextmanager
-def new_database(url: str, prefix: str):
-    """A new PostgreSQL database next to `url`'s (created, dropped on exit): its URL. Over connections
-    made per use (NullPool), so the drop survives the test that restarts the server. Raises
-    sqlalchemy's ProgrammingError when the role may not create databases."""
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
-
-    from grpo_sweep.study.storage import to_url
-
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(to_url(url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-        try:
-            yield url.rsplit("/", 1)[0] + "/" + name
-        finally:
-            with admin.connect() as conn:
-                conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-    finally:
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -243,15 +90,13 @@ def postgres():
 
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """(sweep dir, finished train.py run: conftest.train_here) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials: its
+    """(sweep dir, finished train.py run: helpers.runners.train_here) of the CI sweep as users run it: `+sweeps=tiny_cpu`, 6 trials: its
     enqueued probes (batch 1, then 8: an OOM), then its frontier start (4 trials: the room left, so no
     neighbour move), the pre-screen off so the infeasible point hits the wall for real. Tests only
     read it; one that resumes it works on a copy."""
-    from test_sweeper_helpers import run_here, sweep_cmd
-
     root = tmp_path_factory.mktemp("tiny_sweep")
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             root,
             "hydra.sweeper.n_trials=6",
             "hydra.sweeper.prescreen=false",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import FAST, IN_PROCESS_TRIALS, cli, compose, load_metrics
+from helpers.config import compose
+from helpers.runners import FAST, IN_PROCESS_TRIALS, cli, load_metrics
 
 from grpo_sweep.memory.doctor import fragmentation_advice
 from grpo_sweep.memory.oom_message import parse_oom_message

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import cli, compose
+from helpers.config import compose
+from helpers.runners import cli
 
 from grpo_sweep.config import trl_config
 from grpo_sweep.config.schema import ConfigError
@@ -144,7 +145,7 @@ def test_a_grpo_config_and_a_lora_config_are_read_exactly():
 
 
 def test_train_and_plan_refuse_a_bad_trl_config_in_one_line(tmp_path):
-    from conftest import train_here
+    from helpers.runners import train_here
 
     path = tmp_path / "bad.yaml"
     path.write_text("bogus_setting: 3\n")
@@ -263,8 +264,8 @@ NOTEBOOK_CELLS = [
 def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, monkeypatch, warm_model):
     """Over 20 s: a real ipykernel runs the cells; 3 trials of the tiny model, then a GRPOTrainer step."""
     import nbformat
+    from helpers.data import save_tiny_model
     from nbclient import NotebookClient
-    from test_your_data import save_tiny_model
 
     model_dir = save_tiny_model(
         tmp_path / "tiny-model", [f"{a} + {b} = <answer>{a + b}</answer>" for a in range(10) for b in range(10)]
@@ -303,7 +304,7 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
 @pytest.mark.slow
 def test_a_sweep_from_a_trl_config_exports_what_trl_grpo_runs_with_the_same_recipe(tmp_path, monkeypatch, capsys):
     """Over 20 s: 2 trials from a `trl grpo` YAML through grpo_sweep.sweep, then `trl grpo --config` on the export."""
-    from test_your_data import save_tiny_model, write_data
+    from helpers.data import save_tiny_model, write_data
 
     import grpo_sweep
 

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers.runners import ROOT
 
 SRC = ROOT / "src"
 HEAVY = ("torch", "transformers", "trl", "peft", "vllm", "unsloth", "bitsandbytes")

@@ -21,7 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, train_here
+from helpers.config import compose
+from helpers.runners import FAST, IN_PROCESS_TRIALS, load_metrics, train_here
 
 from grpo_sweep.config import backends
 from grpo_sweep.config.local import cuda_available, installed, validate_here

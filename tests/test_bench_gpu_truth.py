@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from helpers.runners import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_truth  # noqa: E402

@@ -11,7 +11,7 @@ import math
 import sys
 
 import pytest
-from conftest import ROOT
+from helpers.runners import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import published_runs as pr  # noqa: E402

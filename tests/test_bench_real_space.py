@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from helpers.runners import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import landscapes  # noqa: E402

@@ -11,7 +11,8 @@ import math
 import sys
 
 import pytest
-from conftest import ROOT, compose
+from helpers.config import compose
+from helpers.runners import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import landscapes  # noqa: E402

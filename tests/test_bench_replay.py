@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import ROOT
+from helpers.runners import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import search_efficiency as se  # noqa: E402

@@ -100,8 +100,9 @@ def test_the_sweepers_prescreen_learns_from_the_study(tmp_path):
     """Prescreen.learn / verdict on a real study: three measured trials over-predicted by
     20 % turn a point the margin prunes into one that runs, with raw, calibrated and correction in
     its user attributes (trials.csv's columns) and in the trial's override (metrics.json)."""
-    from conftest import compose
-    from test_sweeper_promises import _prescreen, _study, _sweeper
+    from helpers.config import compose
+    from helpers.studies import create_study
+    from helpers.sweeper import plugin_sweeper, prescreen_point
 
     from grpo_sweep.memory.estimator import estimate
     from grpo_sweep.units import budget_bytes
@@ -111,10 +112,10 @@ def test_the_sweepers_prescreen_learns_from_the_study(tmp_path):
     predicted = est.total_bytes
     gib = predicted / 1.2 / 2**30  # the raw prediction is 20 % over this card: the 10 % margin prunes
     cfg = compose([*point, f"gpu.memory_gib={gib!r}"])
-    sweeper = _sweeper(tmp_path, prescreen_margin=0.10)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path, prescreen_margin=0.10)
+    study = create_study(sweeper.plan)
     sweeper.prescreen.learn(study)
-    assert _prescreen(sweeper, study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
+    assert prescreen_point(sweeper, study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
     for _ in range(3):  # measured trials of the same backend: 0.8 x their prediction
         t = study.ask()
         for key, value in _attrs(int(0.8 * est.phases["training"]), est.phases["training"], gen=est.phases["generation"]).items():
@@ -122,15 +123,15 @@ def test_the_sweepers_prescreen_learns_from_the_study(tmp_path):
         study.tell(t, 1.0)
     sweeper.prescreen.learn(study)
     trial = study.ask()
-    assert _prescreen(sweeper, trial, cfg, budget_bytes(cfg)) is None
+    assert prescreen_point(sweeper, trial, cfg, budget_bytes(cfg)) is None
     attrs = trial.user_attrs
     assert attrs["predicted_peak_bytes"] == predicted and attrs["prescreen_calibration_trials"] == 3
     assert attrs["prescreen_correction"] == pytest.approx(0.8, rel=1e-3)
     assert attrs["predicted_calibrated_bytes"] == pytest.approx(0.8 * predicted, rel=1e-3)
     # hydra.sweeper.prescreen_calibrate=0: the fixed margin only.
-    fixed = _sweeper(tmp_path / "fixed", prescreen_margin=0.10, prescreen_calibrate=0)
+    fixed = plugin_sweeper(tmp_path / "fixed", prescreen_margin=0.10, prescreen_calibrate=0)
     fixed.prescreen.learn(study)
-    assert _prescreen(fixed, study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
+    assert prescreen_point(fixed, study.ask(), cfg, budget_bytes(cfg)).state == "PRUNED"
 
 
 def test_the_report_figure_and_table_show_raw_and_calibrated(tmp_path):

@@ -17,8 +17,9 @@ calibrated prediction disagree:
 from __future__ import annotations
 
 import pytest
-from conftest import compose, load_metrics, train_here
-from test_sweeper_helpers import SPLIT_SPACE, load_study, read_csv, run_here, sweep_cmd
+from helpers.config import compose
+from helpers.runners import SPLIT_SPACE, load_metrics, read_csv, sweep_args, train_here
+from helpers.studies import load_study
 
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.metrics import KEYS
@@ -39,7 +40,7 @@ def _overrides(point: tuple) -> list[str]:
 
 def _sweep(tmp_path, card_gib: float, *extra: str):
     points = ",".join(_point(*p) for p in [*SMALL, X])
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         tmp_path,
         *SPLIT_SPACE,
         "hydra.sweeper.n_trials=4",
@@ -47,7 +48,7 @@ def _sweep(tmp_path, card_gib: float, *extra: str):
         f"gpu.memory_gib={card_gib!r}",
         *extra,
     )
-    result = run_here(cmd)
+    result = train_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return load_study(f"journal:{tmp_path / 'study.journal'}")
 

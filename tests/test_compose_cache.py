@@ -9,8 +9,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from helpers.sweeper import SWEEP, tiny_sweeper
 from omegaconf import OmegaConf
-from test_sweeper_helpers import SWEEP, tiny_sweeper
 
 from hydra_plugins.grpo_optuna_sweeper import space
 from hydra_plugins.grpo_optuna_sweeper.compose import ComposeCache

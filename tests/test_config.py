@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import compose, train_here
+from helpers.config import compose
+from helpers.runners import train_here
 
 from grpo_sweep.config.local import installed, validate_here
 from grpo_sweep.config.schema import ConfigError
@@ -129,7 +130,7 @@ def test_plain_install_ships_the_configs(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers.runners import ROOT
 
     checkout = tmp_path / "checkout"  # a copy: the build must not leave build/ in the repository
     shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
@@ -206,7 +207,7 @@ def test_plain_install_ships_the_configs(tmp_path):
     ids=lambda v: v[0] if isinstance(v, list) and v and "=" in v[0] else None,
 )
 def test_train_rejects_before_any_trial(tmp_path, args, needles):
-    """`python train.py ...` as a user types it (its entry point, in this process: conftest.train_here):
+    """`python train.py ...` as a user types it (its entry point, in this process: helpers.runners.train_here):
     the message names the key, the value and what is allowed, and no trial starts (no [trial] line,
     no metrics.json)."""
     result = train_here([*args, f"hydra.run.dir={tmp_path}/run"])
@@ -269,7 +270,7 @@ def test_more_ranges(overrides, needle):
 
 
 def test_estimate_and_doctor_reject_unknown_keys_too(tmp_path):
-    from conftest import cli
+    from helpers.runners import cli
 
     est = cli("estimate", "+lora_rnk=8")
     assert est.returncode == 2 and "did you mean lora_rank?" in est.stderr

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import yaml
-from conftest import cli, compose
+from helpers.config import compose
+from helpers.runners import cli
 
 from grpo_sweep.memory.doctor import diagnose, infer_logits_mode
 from grpo_sweep.memory.oom_message import parse_oom_message
@@ -304,7 +305,7 @@ def test_doctor_fix_of_a_real_oom_runs_for_real(tmp_path, monkeypatch):
     """The doctor's advice judged by a real run, not by its own estimate: a tiny trial really runs out
     of memory on a 30.72 MiB simulated card; the doctor reads that trial's metrics.json (and the
     config.yaml beside it), and `--verify` runs a real trial with its overrides, which must finish."""
-    from conftest import FAST, train_here
+    from helpers.runners import FAST, train_here
 
     budget = int(0.03 * 2**30)
     first = train_here([*FAST, "gpu=cpu_sim", "gpu.memory_gib=0.03", f"hydra.run.dir={tmp_path}/oom"])

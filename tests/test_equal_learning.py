@@ -14,13 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import compose, train_here
-from test_sweeper_helpers import SPLIT_SPACE, load_study, read_csv, run_here, sweep_cmd, tiny_sweeper
+from helpers.config import compose
+from helpers.runners import SPLIT_SPACE, read_csv, sweep_args, train_here
+from helpers.studies import load_study
+from helpers.sweeper import tiny_sweeper
 
 from grpo_sweep.config.schema import SCHEMA_KEYS, ConfigError
 from grpo_sweep.config.validate import validate
 from grpo_sweep.levers import EXTRA_LEVER_NAMES, KINDS, KNOB, LEVER_NAMES, RECIPE, kind_of, recipe_of
-from grpo_sweep.report.learning import departures, fingerprint
+from grpo_sweep.report.learning import compare, fingerprint
 
 
 def test_every_lever_and_companion_has_a_kind():
@@ -111,7 +113,7 @@ def test_every_shipped_sweep_holds_its_recipe():
     ],
 )
 def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, names):
-    result = run_here(sweep_cmd(tmp_path / "sweep", param, "hydra.sweeper.n_trials=1"))
+    result = train_here(sweep_args(tmp_path / "sweep", param, "hydra.sweeper.n_trials=1"))
     assert result.returncode != 0
     first = result.stderr.strip().splitlines()[0]
     assert first.startswith(f"hydra.sweeper.params.{param.split('=')[0]}:") and names in first, result.stderr[-2000:]
@@ -121,7 +123,7 @@ def test_a_recipe_change_not_declared_stops_before_any_trial(tmp_path, param, na
 
 
 def test_a_bad_concession_name_is_refused(tmp_path):
-    result = run_here(sweep_cmd(tmp_path / "sweep", "hydra.sweeper.concessions=[gradient_checkpointing]"))
+    result = train_here(sweep_args(tmp_path / "sweep", "hydra.sweeper.concessions=[gradient_checkpointing]"))
     assert result.returncode != 0
     assert result.stderr.startswith("hydra.sweeper.concessions: gradient_checkpointing is a knob"), result.stderr[-2000:]
 
@@ -146,12 +148,12 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tiny_sweep, tmp_path):
     assert splits == {1, 2, 4, 8}  # four splits of the same 8 completions (8 x 1 is the OOM)
     # The learning checked from the trials' own numbers: every split trained the same first two steps.
     assert len(trained) >= 3 and all({"grad_norm@1", "grad_norm@2", "entropy@1"} <= set(fingerprint(m)) for _, m, _ in trained)
-    assert departures(trained) == {}, departures(trained)
+    assert compare(trained) == {}, compare(trained)
     number, record, _ = trained[-1]
     nudged = deepcopy(record)
     nudged["history"][1]["grad_norm"] *= 1.01  # one trial whose second step moved by 1 %: named, with its numbers
-    flagged = departures([*trained[:-1], (number, nudged, 0)])
-    assert list(flagged) == [number] and "grad_norm@2" in flagged[number] and "+1.00%" in flagged[number], flagged
+    flagged = compare([*trained[:-1], (number, nudged, 0)])
+    assert list(flagged) == [number] and "grad_norm@2" in flagged[number].text and "+1.00%" in flagged[number].text, flagged
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best["recipe"] == study.user_attrs["recipe"] and "concessions" not in best
     assert "Recipe held: completions_per_step=8" in result.stdout
@@ -159,7 +161,7 @@ def test_a_knob_sweep_trains_one_recipe_and_records_it(tiny_sweep, tmp_path):
     copy = tmp_path / "sweep"
     copy.mkdir()
     shutil.copy(sweep_dir / "study.journal", copy / "study.journal")
-    other = run_here(sweep_cmd(copy, "hydra.sweeper.n_trials=6", "max_seq_length=96", file_space=True))  # another recipe
+    other = train_here(sweep_args(copy, "hydra.sweeper.n_trials=6", "max_seq_length=96", file_space=True))  # another recipe
     assert other.returncode != 0
     first = other.stderr.strip().splitlines()[0]
     assert "is another search: recipe max_seq_length: the study has 128, this sweep 96." in first, other.stderr[-2000:]
@@ -178,7 +180,7 @@ def test_a_concessions_sweep_prices_what_the_winner_gave_up(tmp_path):
         "{per_device_train_batch_size:2,max_seq_length:128,lora_rank:32,lora:all_linear}]"
     )
     args = ["hydra.sweeper.n_trials=2", "hydra.sweeper.confirm_top=0", "hydra.sweeper.stop_below=0"]
-    result = run_here([*sweep_cmd(sweep_dir, *args, sweep="tiny_cpu_concessions", file_space=True), points])
+    result = train_here([*sweep_args(sweep_dir, *args, sweep="tiny_cpu_concessions", file_space=True), points])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {int(r["number"]): r for r in read_csv(sweep_dir / "trials.csv")}
     metrics = {n: json.loads((Path(r["run_dir"]) / "metrics.json").read_text()) for n, r in rows.items()}
@@ -405,7 +407,7 @@ def test_loss_type_reaches_trls_grpo_config(tmp_path):
     """A real CPU trial: TRL's own GRPOConfig, read back from the built trainer into metrics.json, trains bnpo;
     the recorded recipe holds it and, under bnpo, the micro-batch. Over 20 s: one real trial (and the warm
     model's build when the cache is cold)."""
-    from conftest import FAST, load_metrics
+    from helpers.runners import FAST, load_metrics
 
     result = train_here(["loss_type=bnpo", *FAST, f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -426,7 +428,7 @@ def test_the_trainer_knobs_reach_trls_grpo_config(tmp_path):
     continuous batching (a small paged cache: sized by default from the host's RAM, its first generation takes
     about a minute on CPU), torch_compile (the compiled wrapper built, and TorchDynamo's frames counted: none) and the fp32 LM head (recipe; random untied weights: TRL 1.16 refuses it tied
     under LoRA). Over 20 s: one real trial with gradient checkpointing."""
-    from conftest import FAST, load_metrics
+    from helpers.runners import FAST, load_metrics
     from trl.scripts.grpo import make_parser
 
     from grpo_sweep.report.export import export_trial
@@ -637,13 +639,13 @@ def test_the_learning_check_compares_trials_of_one_recipe_and_seed():
         return {"recipe": {"x": recipe}, "device": device, "history": [{"grad_norm": g1, "entropy": 1.0}, {"grad_norm": g2}]}
 
     same = [(0, rec(0.5, 0.7), 0), (1, rec(0.5, 0.7 * (1 + 1e-6)), 0), (2, rec(0.5, 0.7), 0)]
-    assert departures(same) == {}
-    assert list(departures([*same, (3, rec(0.5, 0.71), 0)])) == [3]
-    assert departures([*same, (3, rec(0.5, 0.71, recipe="other"), 0), (4, rec(0.6, 0.7), 1)]) == {}  # alone in its group
-    two = departures([(0, rec(0.5, 0.7), 0), (1, rec(0.5, 0.8), 0)])
+    assert compare(same) == {}
+    assert list(compare([*same, (3, rec(0.5, 0.71), 0)])) == [3]
+    assert compare([*same, (3, rec(0.5, 0.71, recipe="other"), 0), (4, rec(0.6, 0.7), 1)]) == {}  # alone in its group
+    two = compare([(0, rec(0.5, 0.7), 0), (1, rec(0.5, 0.8), 0)])
     assert sorted(two) == [0, 1]  # two that disagree: neither is the reference
     card = [(n, rec(0.5, 0.7 * (1 + d), device="cuda"), 0) for n, d in enumerate((0, 0.005, -0.004))]
-    assert departures(card) == {} and list(departures(card, tolerance=1e-4)) == [1, 2]
+    assert compare(card) == {} and list(compare(card, tolerance=1e-4)) == [1, 2]
     assert fingerprint({"history": [{"grad_norm": float("nan"), "reward": 0.5}]}) == {"reward@1": 0.5}
 
 
@@ -851,7 +853,7 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
     smallest micro-batch, is certainly the best by value: it is flagged in the printed table, best.yaml,
     report.html and `grpo-sweep report`, with its numbers, and never wins: the winner is trial 0. Over 20 s:
     two real sweeps, three real trials."""
-    from conftest import cli
+    from helpers.runners import cli
 
     sweep_dir = tmp_path / "sweep"
     same = [
@@ -861,8 +863,8 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
         "hydra.sweeper.objective=peak_memory_bytes",
         "hydra.sweeper.direction=minimize",
     ]
-    first = run_here(
-        sweep_cmd(
+    first = train_here(
+        sweep_args(
             sweep_dir,
             "hydra.sweeper.n_trials=2",
             *same,
@@ -874,8 +876,8 @@ def test_a_non_neutral_knob_is_flagged_in_the_table_best_yaml_and_report(tmp_pat
     assert first.returncode == 0, first.stderr[-3000:]
     assert "Learning checked: none of the 2 ok trials changed the learning" in first.stdout
     assert "changed_the_learning" not in yaml.safe_load((sweep_dir / "best.yaml").read_text())
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             sweep_dir,
             "hydra.sweeper.n_trials=3",
             *same,

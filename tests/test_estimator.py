@@ -8,7 +8,8 @@ import math
 from importlib.metadata import version
 
 import pytest
-from conftest import cli, compose
+from helpers.config import compose
+from helpers.runners import cli
 from omegaconf import OmegaConf
 
 from grpo_sweep.memory.estimator import GiB, estimate

@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import cli
-from test_sweeper_helpers import SMALL, counted, load_study, run_here, start, sweep_cmd, trials_so_far, wait_for
+from helpers.runners import SMALL, cli, start_train, sweep_args, train_here, wait_for
+from helpers.studies import counted, load_study, trials_so_far
 
 from grpo_sweep.metrics import MetricsError, read_metrics
 from grpo_sweep.study.storage import StorageError
@@ -110,8 +110,8 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
     sweep_dir = tmp_path / "sweep"
     journal = sweep_dir / "study.journal"
     storage = f"journal:{journal}"
-    cmd = sweep_cmd(sweep_dir, "hydra.sweeper.n_trials=3", *QUICK)
-    proc = start(cmd, tmp_path / "first.log")
+    cmd = sweep_args(sweep_dir, "hydra.sweeper.n_trials=3", *QUICK)
+    proc = start_train(cmd, tmp_path / "first.log")
     try:
         _wait_until_running_after(storage, 2, proc)
     finally:
@@ -123,7 +123,7 @@ def test_a_journal_torn_by_a_kill_mid_append_is_repaired_by_the_same_command(tmp
         f.write(lines[-1][: len(lines[-1]) // 2])  # half of a record, no newline: the append cut short
 
     t0 = time.monotonic()
-    result = run_here(cmd)
+    result = train_here(cmd)
     elapsed = time.monotonic() - t0
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -180,9 +180,9 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
         pytest.skip("cannot mount a tmpfs here (needs root): the disk-full case needs a real full filesystem")
     try:
         storage = f"journal:{mnt / 'study.journal'}"
-        cmd = sweep_cmd(tmp_path / "sweep", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}", *QUICK)
+        cmd = sweep_args(tmp_path / "sweep", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}", *QUICK)
         cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
-        proc = start(cmd, tmp_path / "first.log")
+        proc = start_train(cmd, tmp_path / "first.log")
         try:
             _wait_until_running_after(storage, 1, proc)
             filler = _fill(mnt)
@@ -195,7 +195,7 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
         before = _done(storage)
         assert len(before) == 1
         filler.unlink()  # the user frees the disk
-        result = run_here(cmd)
+        result = train_here(cmd)
         out = result.stdout + result.stderr
         assert result.returncode == 0, out[-3000:]
         study = load_study(storage)
@@ -242,8 +242,8 @@ def test_a_torn_metrics_json_fails_its_trial_and_the_sweep_goes_on(tmp_path, sto
     """trial.debug_fault=bad_metrics on every trial: each is FAIL with the reason naming its
     metrics.json, none stays RUNNING, n_trials are counted, the summary is written, exit 0."""
     sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             sweep_dir,
             "hydra.sweeper.n_trials=2",
             f"hydra.sweeper.storage={storage}",
@@ -285,10 +285,10 @@ def test_a_postgresql_outage_at_a_trials_end_is_retried_and_nothing_is_lost(tmp_
     if cluster is None:
         pytest.skip("needs the local PostgreSQL server (.ci/run) and root to restart it (pg_ctlcluster)")
     name, sweep_dir = f"faults-pg-{uuid.uuid4().hex[:8]}", tmp_path / "sweep"
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={postgres}", f"hydra.sweeper.study_name={name}", *QUICK
     )
-    proc = start(cmd, tmp_path / "sweep.log")
+    proc = start_train(cmd, tmp_path / "sweep.log")
     trial_log = sweep_dir / "trial_0000" / "trial.log"
     try:
         wait_for(lambda: trial_log.exists() and "step 2/2" in trial_log.read_text(errors="replace"), timeout=600, proc=proc)
@@ -326,10 +326,10 @@ def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_w
     sweep_dir, (storage, name) = tmp_path / "sweep", storage_of
     sweep_dir.mkdir()
     (sweep_dir / "trial_0001").write_text("in the way\n")
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", f"hydra.sweeper.study_name={name}", *QUICK
     )
-    first = run_here(cmd)
+    first = train_here(cmd)
     out = first.stdout + first.stderr
     assert first.returncode != 0, out[-3000:]
     study = load_study(storage, name)
@@ -341,7 +341,7 @@ def test_a_sweeper_dying_of_an_error_releases_its_trial_and_the_rerun_does_not_w
     kept = study.trials[0].value
     (sweep_dir / "trial_0001").unlink()
     t0 = time.monotonic()
-    result = run_here(cmd)
+    result = train_here(cmd)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert time.monotonic() - t0 < 300 and "waiting for" not in out
@@ -385,7 +385,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
     sweep_dir = tmp_path / "sweep"
     rank = "lora_rank=choice(8,16,32)"
     base = [a for a in QUICK if a != "lora_rank=8"] + [rank, "hydra.sweeper.concessions=[lora_rank]", "hydra.sweeper.n_trials=1"]
-    first = run_here(sweep_cmd(sweep_dir, *base))
+    first = train_here(sweep_args(sweep_dir, *base))
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     assert "New study 'tiny_cpu'" in first.stdout + first.stderr
     storage = f"journal:{sweep_dir / 'study.journal'}"
@@ -412,7 +412,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
     for what, (extra, expected) in others.items():
         args = [a for a in base if not (what == "added parameter" and a == "gradient_checkpointing=false")]
         args = [a for a in args if not (what == "choice list" and a == rank)] + extra
-        result = run_here(sweep_cmd(sweep_dir, *args))
+        result = train_here(sweep_args(sweep_dir, *args))
         out = result.stdout + result.stderr
         assert result.returncode == 1, (what, out[-3000:])
         lines = [line for line in out.splitlines() if "is another search" in line]
@@ -422,7 +422,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
         assert "hydra.sweeper.study_name=tiny_cpu-2" in lines[0]
         assert "Traceback" not in out
         assert len(load_study(storage).trials) == 1  # no trial was asked or queued
-    again = run_here(sweep_cmd(sweep_dir, *base))
+    again = train_here(sweep_args(sweep_dir, *base))
     assert again.returncode == 0 and "Resuming study 'tiny_cpu' with 1 trial done" in again.stdout + again.stderr
     assert len(load_study(storage).trials) == 1
 
@@ -432,7 +432,7 @@ def test_a_study_name_reused_for_another_search_stops_before_any_trial(tmp_path)
 def test_failures_that_embed_the_sampled_value_still_stop_the_sweep(tmp_path):
     """`+foo=choice(1,2,3)` is rejected for every point with the point's own value in the message:
     the sweep still stops after max_failures_in_a_row=3 trials with exit 1, not after n_trials=8."""
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=8", "+foo=choice(1,2,3)", *QUICK))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.n_trials=8", "+foo=choice(1,2,3)", *QUICK))
     out = result.stdout + result.stderr
     assert result.returncode == 1, out[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
@@ -486,7 +486,7 @@ def test_bad_sweeper_input_is_one_line_before_any_trial(tmp_path, args, words):
     one that case is skipped, like every other PostgreSQL test."""
     if "WRONG_PASSWORD_OF_THE_TEST_SERVER" in args[0]:
         args = [f"hydra.sweeper.storage={_with_wrong_password(_test_server())}"]
-    result = run_here(sweep_cmd(tmp_path, *QUICK, *args))
+    result = train_here(sweep_args(tmp_path, *QUICK, *args))
     out = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Traceback" not in out and words in out, out[-3000:]
@@ -630,9 +630,9 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
     sweep_dir = tmp_path / "sweep"
     db = sweep_dir / "study.db"
     storage = f"sqlite:///{db}"
-    cmd = sweep_cmd(sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", *QUICK)
+    cmd = sweep_args(sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", *QUICK)
     cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
-    proc = start(cmd, tmp_path / "first.log")
+    proc = start_train(cmd, tmp_path / "first.log")
     holder = None
     try:
         _wait_until_running_after(storage, 1, proc)
@@ -647,7 +647,7 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
         if proc.poll() is None:
             proc.kill()
     _stopped_in_one_line(tmp_path / "first.log", code, "database is locked")
-    result = run_here(cmd)
+    result = train_here(cmd)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     study = load_study(storage)
     assert len(counted(study)) == 2
@@ -683,10 +683,10 @@ def test_a_read_only_sweep_dir_or_journal_is_one_line(read_only_dir):
     optuna.create_study(study_name="tiny_cpu", storage=open_storage(f"journal:{journal}"), direction="maximize")
     _remount_read_only(read_only_dir)
     for cmd in (
-        sweep_cmd(read_only_dir / "new", *QUICK),  # the sweep directory cannot be made
-        sweep_cmd(read_only_dir / "held", *QUICK),  # its journal cannot be appended to
+        sweep_args(read_only_dir / "new", *QUICK),  # the sweep directory cannot be made
+        sweep_args(read_only_dir / "held", *QUICK),  # its journal cannot be appended to
     ):
-        result = run_here(cmd)
+        result = train_here(cmd)
         out = result.stdout + result.stderr
         assert result.returncode != 0 and "Traceback" not in out, out[-3000:]
         assert "cannot be written (Read-only file system)" in out and "the same command resumes it" in out, out[-3000:]
@@ -708,7 +708,7 @@ def test_a_failed_single_trial_exits_1_and_its_export_needs_force(tmp_path, warm
     """A single run whose trial failed exits 1 (an OOM, a measurement, exits 0). Its directory exports
     only with --force, and then every file says at its top that it is no finished trial; the printed
     `trl grpo --config` path is quoted for the shell. Each export error names its cause."""
-    from conftest import FAST, train_here
+    from helpers.runners import FAST, train_here
 
     run_dir = tmp_path / "a run dir"  # a space: the printed command must quote it
     out = train_here([*FAST, "trial.debug_fault=raise", f"hydra.run.dir={run_dir}"])

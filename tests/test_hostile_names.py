@@ -14,8 +14,7 @@ import types
 
 import pytest
 import yaml
-from conftest import FAST, IN_PROCESS_TRIALS, ROOT, load_metrics, train_here
-from test_sweeper_helpers import NO_FILE_SPACE, run_here, sweep_cmd
+from helpers.runners import FAST, IN_PROCESS_TRIALS, NO_FILE_SPACE, ROOT, load_metrics, sweep_args, train_here
 
 # Quotes, triple quotes, a newline and the line breaks YAML knows, `$(...)`, a backtick, `;|&<`, `${`.
 HOSTILE = (
@@ -236,8 +235,8 @@ def test_a_study_name_holding_a_literal_interpolation_is_refused_in_one_line(tmp
     """Hydra resolves the sweeper's node twice, so an escaped `\\${...}` in the name would open the study
     under the resolved name: refused in one line before the storage opens. Quotes, `;|&<` and a
     backtick in the same name are fine (test_any_study_name_composes_to_itself)."""
-    result = run_here(
-        sweep_cmd(tmp_path / "sweep", "hydra.sweeper.study_name='a;b \\${oc.env:HOME}'", "hydra.sweeper.n_trials=1")
+    result = train_here(
+        sweep_args(tmp_path / "sweep", "hydra.sweeper.study_name='a;b \\${oc.env:HOME}'", "hydra.sweeper.n_trials=1")
     )
     assert result.returncode != 0
     first = result.stderr.splitlines()[0]

@@ -11,15 +11,24 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, IN_PROCESS_TRIALS, ROOT, load_metrics, train_here
-from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd, trials_so_far, wait_for
-from test_wandb import OFFLINE_ENV, read_run
+from helpers.runners import (
+    FAST,
+    IN_PROCESS_TRIALS,
+    OFFLINE_ENV,
+    SMALL,
+    load_metrics,
+    start_train,
+    sweep_args,
+    train_here,
+    wait_for,
+)
+from helpers.studies import counted, load_study, trials_so_far
+from helpers.wandb_runs import read_run
 
 GONE_WITHIN_S = 30  # the guardian's SIGTERM, metrics.json and W&B's offline finish, then SIGKILL
 
@@ -51,14 +60,12 @@ def _hanging_under(root: Path) -> Path | None:
 
 
 def _kill_parent_during_hang(
-    cmd: list[str], log: Path, trial_log, env: dict | None = None, started_by: str = "forkserver", seen: list | None = None
+    args: list[str], log: Path, trial_log, env: dict | None = None, started_by: str = "forkserver", seen: list | None = None
 ) -> list[psutil.Process]:
-    """Start `cmd`, wait until its trial hangs (`trial_log`: a path, or a callable), SIGKILL it;
-    return the trial's processes as they were."""
+    """Start `python train.py ARGS`, wait until its trial hangs (`trial_log`: a path, or a callable),
+    SIGKILL it; return the trial's processes as they were."""
     hanging = trial_log if callable(trial_log) else (lambda: _hanging(trial_log))
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    )
+    proc = start_train(args, log, env=env)
     try:
         wait_for(hanging, timeout=300, proc=proc)
         trial = _descendants(proc.pid)
@@ -139,7 +146,7 @@ def test_a_killed_trials_open_wandb_run_gets_a_note_and_a_finished_one_none(tmp_
 @pytest.mark.slow
 def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), *FAST, "trial.debug_fault=hang", "logger=wandb", f"hydra.run.dir={run_dir}"]
+    cmd = [*FAST, "trial.debug_fault=hang", "logger=wandb", f"hydra.run.dir={run_dir}"]
     trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", run_dir / "trial.log", env=OFFLINE_ENV)
 
     wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
@@ -153,10 +160,8 @@ def test_sigkill_of_train_py_stops_the_trial_and_ends_its_wandb_run(tmp_path):
 
 
 def _two_ranks_hanging(run_dir: Path) -> list[str]:
-    """`python train.py` of a two-process trial whose ranks both hang (trial.debug_fault=hang)."""
+    """`python train.py`'s arguments for a two-process trial whose ranks both hang (trial.debug_fault=hang)."""
     return [
-        sys.executable,
-        str(ROOT / "train.py"),
         *FAST,
         "trial.num_processes=2",
         "trial.debug_fault=hang",
@@ -189,7 +194,7 @@ def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
     (CPU build) started in its own process, which imports vLLM and compiles its kernels."""
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, str(ROOT / "train.py"), *FAST, "backend=trl_vllm", "backend.vllm_mode=server",
+        *FAST, "backend=trl_vllm", "backend.vllm_mode=server",
         "trial.debug_fault=hang", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     names: list[str] = []
@@ -230,12 +235,12 @@ def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothin
     sweeps (the first trial, the killed one in its own process, the resume), and the grace period waited out."""
     journal = f"journal:{tmp_path / 'study.journal'}"
     beat = ["hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL]
-    result = run_here(sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=1"))
+    result = train_here(sweep_args(tmp_path, *beat, "hydra.sweeper.n_trials=1"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     kept = load_study(journal).trials[0]
     assert kept.state.name == "COMPLETE"
 
-    cmd = sweep_cmd(tmp_path, *beat, "hydra.sweeper.n_trials=2")
+    cmd = sweep_args(tmp_path, *beat, "hydra.sweeper.n_trials=2")
     trial = _kill_parent_during_hang([*cmd, "trial.debug_fault=hang"], tmp_path / "killed.log", lambda: _hanging_under(tmp_path))
     wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
     killed_dir = _hanging_under(tmp_path)
@@ -245,7 +250,7 @@ def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothin
 
     # Resume once the killed sweep's heartbeat is older than the grace period (what a real resume sees).
     wait_for(lambda: time.time() - _last_beat(journal, 1) > 3.5, timeout=30, every=0.5)
-    result = run_here(cmd)
+    result = train_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(journal)
     assert study.trials[0].value == kept.value and study.trials[0].user_attrs["run_dir"] == kept.user_attrs["run_dir"]
@@ -289,20 +294,16 @@ def test_ctrl_c_of_a_two_process_run_is_one_quiet_line(tmp_path):
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
     cmd = _two_ranks_hanging(run_dir)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            cwd=ROOT,
-            # a terminal's Ctrl-C: SIGINT at its default, whatever this test process inherited (a suite started
-            # in the background of a non-interactive shell ignores SIGINT, and so would train.py: exec keeps it)
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        wait_for(lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2)), timeout=300, every=0.5)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+    proc = start_train(
+        cmd,
+        log,
+        # a terminal's Ctrl-C: SIGINT at its default, whatever this test process inherited (a suite started
+        # in the background of a non-interactive shell ignores SIGINT, and so would train.py: exec keeps it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    wait_for(lambda: all(_hanging(run_dir / "ranks" / str(k) / "trial.log") for k in range(2)), timeout=300, every=0.5)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
     console = log.read_text()
     assert console.count("[trial] stopping the ranks: the trial was stopped: its parent was interrupted") == 1, console
     assert f"Interrupted: the trial was stopped; {run_dir}/metrics.json says so" in console

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAST, compose, load_metrics
+from helpers.config import compose
+from helpers.runners import FAST, load_metrics
 
 from grpo_sweep.memory.oom_message import parse_oom_message
 from grpo_sweep.metrics import REQUIRED_KEYS

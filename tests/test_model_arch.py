@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAST, ROOT, compose, load_metrics
+from helpers.config import compose
+from helpers.runners import FAST, ROOT, load_metrics
 from omegaconf import OmegaConf
 
 from grpo_sweep.config.model_arch import ARCH_KEYS, arch_from_config, arch_of

@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import IN_PROCESS_TRIALS, ROOT, compose, load_metrics, train_here
+from helpers.config import compose
+from helpers.runners import IN_PROCESS_TRIALS, ROOT, load_metrics, start_train, train_here
 
 # A warm model of its own (5 warm-up steps): its key is built in each test's empty cache.
 SMALL = ["task.num_prompts=32", "model.warmup.steps=5", "model.warmup.batch_size=8"]
@@ -304,7 +305,7 @@ RANK_BUILDS = textwrap.dedent(
     import os, sys
     import torch.distributed as dist
     sys.path.insert(0, {tests!r})
-    from conftest import compose
+    from helpers.config import compose
     from grpo_sweep.trial.cache_entry import IncompleteCheckpoint
     from grpo_sweep.trial.models import load_tokenizer, materialize_random
     from grpo_sweep.trial.tasks import get_task
@@ -364,20 +365,8 @@ def test_a_two_process_trial_first_then_one_process_from_an_empty_cache(tmp_path
 def test_two_trials_started_at_once_build_one_entry(tmp_path):
     """Over 20 s: two `python train.py` started together on an empty cache, each a fresh interpreter.
     One builds the warm model; the other waits for it and reads the same entry."""
-    import os
-
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRPO_SWEEP_CACHE": str(tmp_path / "cache")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *SMALL, "trial.steps=1", f"hydra.run.dir={tmp_path / str(k)}"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        for k in range(2)
-    ]
+    env = {"GRPO_SWEEP_CACHE": str(tmp_path / "cache")}
+    procs = [start_train([*SMALL, "trial.steps=1", f"hydra.run.dir={tmp_path / str(k)}"], env=env) for k in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert [load_metrics(tmp_path / str(k))["status"] for k in range(2)] == ["ok", "ok"], outs

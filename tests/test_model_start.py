@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
-from test_sweeper_helpers import tiny_sweeper
+from helpers.runners import ROOT
+from helpers.sweeper import tiny_sweeper
 
 from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.estimator import estimate
@@ -255,7 +255,7 @@ def test_plan_json_into_a_missing_folder_or_onto_a_full_disk_is_one_line(tmp_pat
     import tempfile
     from pathlib import Path
 
-    from conftest import cli
+    from helpers.runners import cli
 
     from hydra_plugins.grpo_optuna_sweeper import preview
 

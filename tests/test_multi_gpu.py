@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import cli, compose, load_metrics
+from helpers.config import compose
+from helpers.runners import cli, load_metrics
 
 from grpo_sweep.config.schema import ConfigError
 from grpo_sweep.config.validate import validate
@@ -234,7 +235,7 @@ def test_one_and_two_processes_train_the_same_recipe(tmp_path):
     """Over 20 s: a one-process and a two-process trial over gloo (two ranks import torch and TRL) at
     completions_per_step=8: per optimiser step both train 8 completions and the same tokens, and the
     trial counts its throughput once (the two-process trial's tokens/s is not the ranks' sum)."""
-    from conftest import load_metrics, train_here
+    from helpers.runners import load_metrics, train_here
 
     held = ["trial.steps=2", "task.num_prompts=64", "completions_per_step=8", "per_device_train_batch_size=2"]
     records = {}
@@ -273,7 +274,7 @@ def test_one_and_two_processes_train_the_same_recipe(tmp_path):
 @pytest.mark.slow
 def test_an_oom_on_one_rank_makes_the_trial_oom_with_that_ranks_message(tmp_path):
     """Over 20 s: a two-process trial: torchrun starts two ranks that each import torch and TRL from scratch."""
-    from conftest import load_metrics, train_here
+    from helpers.runners import load_metrics, train_here
 
     args = [*TINY_DDP, "trial.debug_fault=oom", "trial.debug_fault_rank=1", f"hydra.run.dir={tmp_path}"]
     out = train_here(args)
@@ -435,7 +436,7 @@ def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
     """Over 20 s: a vLLM server (CPU build) started in its own process, then a real trial through it. The
     engine settings (backend.vllm_*) reach the server: its own VllmConfig (/server_info) holds them."""
     import psutil
-    from conftest import load_metrics, train_here
+    from helpers.runners import load_metrics, train_here
 
     engine = [f"backend.vllm_{k}={str(v).lower()}" for k, v in SERVER_ENGINE.items() if k != "kv_cache_dtype"]
     out = train_here(
@@ -530,7 +531,7 @@ def test_doctor_proposes_gpus_with_fsdp_when_one_card_cannot_fit():
     cfg = compose([*GEMMA, "trial.full_finetune=true", "gpu.memory_gib=8"])
     r = diagnose(cfg, {})
     assert r.fits_after and r.overrides == ["trial.num_processes=2", "trial.strategy=fsdp"], r.overrides
-    text = format_report(r, cfg)
+    text = format_report(r)
     assert "use 2 GPUs with FSDP" in text and "[needs more GPUs]" in text
 
 
@@ -581,7 +582,8 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     with one- and two-process trials (torchrun ranks import torch from scratch)."""
     import csv
 
-    from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd
+    from helpers.runners import SMALL, sweep_args, train_here
+    from helpers.studies import counted, load_study
 
     conf = tmp_path / "conf"
     (conf / "sweeps").mkdir(parents=True)
@@ -595,7 +597,7 @@ def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
     # 4 completions per step, held: one process accumulates 2 micro-batches of 2, two processes 1 each
     held = [o for o in SMALL if not o.startswith("completions_per_step=")] + ["completions_per_step=4"]
-    result = run_here(sweep_cmd(sweep_dir, f"hydra.searchpath=[file://{conf}]", *held, sweep="procs_cpu", file_space=True))
+    result = train_here(sweep_args(sweep_dir, f"hydra.searchpath=[file://{conf}]", *held, sweep="procs_cpu", file_space=True))
     tmp_path = sweep_dir
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))

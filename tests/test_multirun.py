@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, compose, load_metrics, train_here
+from helpers.config import compose
+from helpers.runners import FAST, load_metrics, train_here
 
 
 def test_the_basic_sweeper_makes_one_job_per_value_and_the_rank_doubles_the_adapters():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_sweeper_helpers import counted, load_study, run_here, sweep_cmd
+from helpers.runners import sweep_args, train_here
+from helpers.studies import counted, load_study
 
 from hydra_plugins.grpo_optuna_sweeper import neighbours
 from hydra_plugins.grpo_optuna_sweeper.config import check_setting
@@ -145,8 +146,8 @@ def test_enqueue_moves_from_the_best_median_config_not_a_preset():
 def test_a_real_sweep_moves_one_lever_of_the_best_config(tmp_path):
     """n_startup_trials=2, neighbour_every=1: after two sampled trials, each search trial is the best
     config so far with one lever moved one step, never a point the study already ran."""
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path,
             "hydra.sweeper.n_trials=4",
             "hydra.sweeper.n_startup_trials=2",
@@ -196,8 +197,8 @@ def test_a_real_sweep_repairs_a_step_that_would_not_fit(tmp_path):
 
     budget = 1.25 * max(predicted(64, 4), predicted(128, 2))
     assert predicted(128, 4) > budget * (1 + GrpoOptunaSweeperConf().prescreen_margin)  # the refused step
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path,
             "hydra.sweeper.n_trials=2",
             "hydra.sweeper.n_startup_trials=1",

@@ -9,7 +9,9 @@ import json
 import math
 
 import pytest
-from conftest import cli, compose
+from helpers.cards import CPU_CARD, share_for_blocks
+from helpers.config import compose
+from helpers.runners import cli
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.model_arch import check_hub_lora_targets
@@ -17,19 +19,9 @@ from grpo_sweep.config.schema import ConfigError
 from grpo_sweep.memory.estimator import estimate, trl_version, verdict
 from grpo_sweep.memory.shapes import kv_bytes_per_token, shapes
 from grpo_sweep.memory.throughput import relative_step_time
-from grpo_sweep.memory.vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, kv_cache_capacity, vllm_cpu_plan
-from grpo_sweep.units import MIB
+from grpo_sweep.memory.vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, kv_cache_capacity
 
 SEED = ["model=gemma3_1b", "gpu=l4_24g", "gpu.memory_gib=22"]
-# The tiny model on vLLM-CPU, a generation batch of 8 (per_device_train_batch_size counts completions).
-CPU_CARD = ["backend=trl_vllm", "gpu=cpu_sim", "gpu.memory_gib=0.125", "max_seq_length=64", "per_device_train_batch_size=8"]
-CPU_CARD += ["num_generations=4", "gradient_accumulation_steps=1"]
-
-
-def _share_for_blocks(cfg, blocks: float) -> float:
-    """gpu_memory_utilization whose share leaves `blocks` KV blocks after vLLM-CPU's fp32 weights."""
-    plan = vllm_cpu_plan(shapes(cfg, "trl_vllm", "cpu"), None)
-    return (plan["weights_bytes"] + blocks * plan["block_bytes"]) / (cfg.gpu.memory_gib * 1024 * MIB)
 
 
 @pytest.mark.parametrize(
@@ -57,12 +49,12 @@ def test_cpu_estimate_boundary_and_waves():
     """Through `estimate` on vLLM-CPU (the share sets the KV cache): 2 blocks (one 64-token sequence +
     the null block) fit, 1 does not; 3 blocks hold 2 of the 8 sequences: fits, 4 waves."""
     base = compose(CPU_CARD)
-    one = estimate(compose(CPU_CARD + [f"gpu_memory_utilization={_share_for_blocks(base, 2.5)}"]))
+    one = estimate(compose(CPU_CARD + [f"gpu_memory_utilization={share_for_blocks(base, 2.5)}"]))
     assert one.kv_cache_ok and one.fits and one.assumptions["kv_cache_sequences"] == 1
     assert one.assumptions["generation_waves"] == 8
-    none = estimate(compose(CPU_CARD + [f"gpu_memory_utilization={_share_for_blocks(base, 1.5)}"]))
+    none = estimate(compose(CPU_CARD + [f"gpu_memory_utilization={share_for_blocks(base, 1.5)}"]))
     assert none.kv_cache_ok is False and not none.fits
-    two = estimate(compose(CPU_CARD + [f"gpu_memory_utilization={_share_for_blocks(base, 3.5)}"]))
+    two = estimate(compose(CPU_CARD + [f"gpu_memory_utilization={share_for_blocks(base, 3.5)}"]))
     assert two.fits and two.assumptions["generation_waves"] == 4
     assert "generation runs in about 4 waves" in verdict(two)
 
@@ -202,7 +194,7 @@ def test_doctor_says_holding_the_batch_is_speed_not_memory():
     speed = result.speed
     assert speed["overrides"] == ["gpu_memory_utilization=0.16"] and speed["waves"] == 2 and speed["speedup_pct"] > 0
     assert speed["what"].startswith("speed, not memory") and "not needed to fit" in speed["what"]
-    assert "speed: speed, not memory" in format_report(result, cfg)
+    assert "speed: speed, not memory" in format_report(result)
     # No memory move raises the share: training ran out, so the share may only shrink.
     raised = [o for o in result.overrides if o.startswith("gpu_memory_utilization=") and float(o.split("=")[1]) > 0.106]
     assert not raised
@@ -217,7 +209,7 @@ def test_the_sweeper_records_the_waves_and_the_models_tokens_per_s_and_the_front
     from dataclasses import replace
 
     import optuna
-    from test_sweeper_helpers import tiny_sweeper
+    from helpers.sweeper import tiny_sweeper
 
     from hydra_plugins.grpo_optuna_sweeper import start
     from hydra_plugins.grpo_optuna_sweeper.forecast import predicted_tokens_per_s

@@ -11,7 +11,7 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
-from conftest import load_metrics
+from helpers.runners import load_metrics
 
 from grpo_sweep import cli as grpo_cli
 from grpo_sweep.cli.report import cli

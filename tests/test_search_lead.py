@@ -116,7 +116,7 @@ def test_the_sweep_says_a_flat_space_is_flat_before_its_first_trial(monkeypatch,
     import dataclasses
 
     import optuna
-    from test_sweeper_helpers import tiny_sweeper
+    from helpers.sweeper import tiny_sweeper
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tiny_sweeper("backend.vllm_enable_prefix_caching=false", sweep="+sweeps=tiny_cpu_vllm") as tiny:
@@ -149,7 +149,7 @@ def test_the_plan_says_a_flat_space_is_flat(monkeypatch):
     would queue; the same plan with its real forecast prints no such line."""
     import dataclasses
 
-    from test_sweeper_helpers import tiny_sweeper
+    from helpers.sweeper import tiny_sweeper
 
     with tiny_sweeper("backend.vllm_enable_prefix_caching=false", sweep="+sweeps=tiny_cpu_vllm") as tiny:
         from hydra_plugins.grpo_optuna_sweeper import preview

@@ -11,8 +11,9 @@ import math
 
 import pytest
 import yaml
-from conftest import IN_PROCESS_TRIALS, compose, load_metrics
-from test_sweeper_helpers import SMALL, SPLIT_SPACE, counted, load_study, run_here, sweep_cmd
+from helpers.config import compose
+from helpers.runners import IN_PROCESS_TRIALS, SMALL, SPLIT_SPACE, load_metrics, sweep_args, train_here
+from helpers.studies import counted, load_study
 
 from grpo_sweep.metrics import KEYS, STATUSES
 from grpo_sweep.study import best as best_rule
@@ -31,10 +32,10 @@ def test_best_median_wins_not_the_luckiest_run():
     assert ranked[1].spread == pytest.approx((200 - 100) / 110)
     sigma, configs = best_rule.relative_noise(ranked)
     assert configs == 2 and best_rule.within_noise(ranked[0], ranked[1], sigma) is True  # 0's runs 100-200: noisy
-    assert best_rule.best_of_runs(runs, value=lambda r: r[1], group=lambda r: r[0], direction="minimize").item[0] == 2
+    assert best_rule.finalists(runs, value=lambda r: r[1], group=lambda r: r[0], direction="minimize")[0].item[0] == 2
     # Without confirmation runs the rule is the plain best; a single run says nothing about noise.
     single = [(0, 1.0), (1, 3.0), (2, 2.0)]
-    winner = best_rule.best_of_runs(single, value=lambda r: r[1], group=lambda r: r[0], direction="maximize")
+    winner = best_rule.finalists(single, value=lambda r: r[1], group=lambda r: r[0], direction="maximize")[0]
     assert winner.item == best_rule.best(single, value=lambda r: r[1], direction="maximize") == (1, 3.0)
     assert best_rule.relative_noise([winner]) == (None, 0)
     assert best_rule.within_noise(winner, winner, None) is None
@@ -68,15 +69,15 @@ def test_best_rule_ties_go_to_the_earlier_item_whatever_it_is():
 
 
 def test_median_of_runs_rule_by_hand():
-    """best_of_runs, the spread and the noise overlap on hand-made runs."""
+    """The median-of-runs winner (`finalists`), the spread and the noise overlap on hand-made runs."""
     value, group = (lambda r: r[1]), (lambda r: r[0])
     # No confirmation runs: exactly the best single value.
-    assert best_rule.best_of_runs([(0, 1.0), (1, 2.0)], value=value, group=group, direction="maximize").item == (1, 2.0)
-    assert best_rule.best_of_runs([(0, 1.0), (1, 2.0)], value=value, group=group, direction="minimize").item == (0, 1.0)
-    assert best_rule.best_of_runs([(0, None)], value=value, group=group, direction="maximize") is None
+    assert best_rule.finalists([(0, 1.0), (1, 2.0)], value=value, group=group, direction="maximize")[0].item == (1, 2.0)
+    assert best_rule.finalists([(0, 1.0), (1, 2.0)], value=value, group=group, direction="minimize")[0].item == (0, 1.0)
+    assert best_rule.finalists([(0, None)], value=value, group=group, direction="maximize") == []
     # Config 0 ran twice (median 12), config 1 once (13): every config competes by its median.
     runs = [(0, 10.0), (1, 13.0), (0, 14.0)]
-    won = best_rule.best_of_runs(runs, value=value, group=group, direction="maximize")
+    won = best_rule.finalists(runs, value=value, group=group, direction="maximize")[0]
     assert (won.item, won.runs, won.median) == ((1, 13.0), [13.0], 13.0)
     # Once confirmation chose its finalists, only they compete: config 1's single run cannot win.
     top = best_rule.finalists(runs, value=value, group=group, direction="maximize", compete=[0])
@@ -638,9 +639,9 @@ def test_sweep_prunes_slow_trials_with_intermediate_values(tmp_path):
         *SPLIT_SPACE,
         "per_device_train_batch_size=choice(2,4,8)",
     ]
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.n_trials=1", *args, enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=3", *args, "trial.debug_fault=slow", enqueue=True))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.n_trials=3", *args, "trial.debug_fault=slow", enqueue=True))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     first, *rest = study.trials
@@ -666,8 +667,8 @@ def test_confirmation_runs_are_recorded_and_the_best_median_wins(tmp_path):
     other's noise and not within 5 % (the whole budget allowed: at most the search's 4 runs), all in
     the study; the best median wins, or from a tie within 5 % the config with the most memory
     headroom. Over 20 s: a real sweep of up to eight trials."""
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path,
             "hydra.sweeper.n_trials=6",
             "hydra.sweeper.search_stop=false",  # the 4 search trials are the point here, not the model's stop

@@ -14,8 +14,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from test_sweeper_helpers import SMALL, counted, load_study, run, run_here, sweep_cmd
-from test_wandb import OFFLINE_ENV
+from helpers.runners import OFFLINE_ENV, SMALL, run_train, sweep_args, train_here
+from helpers.studies import counted, load_study
 
 FAKE_WANDB_KEY = "0123456789abcdef" * 2 + "fedcba98"  # 40 hex characters, the shape of a real key
 
@@ -67,7 +67,7 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
     assert password, "the test needs a storage URL with a password"
     name = f"secrets-{uuid.uuid4().hex[:8]}"
     sweep_dir = tmp_path / "sweep"
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         sweep_dir,
         f"hydra.sweeper.storage={postgres}",
         f"hydra.sweeper.study_name={name}",
@@ -75,7 +75,7 @@ def test_no_secret_reaches_any_output(tmp_path, postgres):
         "logger=wandb",
         *SMALL,
     )
-    result = run_here(cmd, env={**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY})
+    result = train_here(cmd, env={**OFFLINE_ENV, "WANDB_API_KEY": FAKE_WANDB_KEY})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(postgres, name)
     assert len(counted(study)) == 2
@@ -107,8 +107,8 @@ def submitit_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
     the submitit job). Its own train.py process: submitit starts each job as a process of its own."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     root = tmp_path_factory.mktemp("submitit")
-    result = run(
-        sweep_cmd(
+    result = run_train(
+        sweep_args(
             root, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", "hydra.sweeper.n_trials=2",
             "hydra.sweeper.sampler=grid", "trial.num_processes=choice(1,2)", *HELD_4,
         )

@@ -8,7 +8,8 @@ import json
 
 import pytest
 import yaml
-from test_sweeper_helpers import SMALL, counted, load_study, run_here, sweep_cmd
+from helpers.runners import SMALL, sweep_args, train_here
+from helpers.studies import counted, load_study
 
 from hydra_plugins.grpo_optuna_sweeper import soak
 
@@ -58,8 +59,8 @@ def test_a_soak_records_per_step_peaks_and_leaves_the_winner(tmp_path):
     has each step's own peak, the study records the trend, best.yaml's `soak:` and report.html say
     whether memory grew, and the study still holds one trial, the winner. Over 20 s on a loaded
     machine: two real trials, every step of the soak under the tensor tracker."""
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path,
             "hydra.sweeper.n_trials=1",
             "hydra.sweeper.confirm_top=0",
@@ -92,7 +93,7 @@ def test_a_soak_trial_measures_each_steps_own_peak():
     from types import SimpleNamespace
 
     import torch
-    from conftest import compose
+    from helpers.config import compose
 
     from grpo_sweep.trial.measure.memory_meter import MemoryMeter
 

@@ -7,7 +7,7 @@ import ast
 import logging
 
 import yaml
-from conftest import ROOT
+from helpers.runners import ROOT
 
 from grpo_sweep.study.attrs import ConfirmationState, Key, Status
 

@@ -13,18 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_sweeper_helpers import (
-    SMALL,
-    SPLIT_SPACE,
-    counted,
-    load_study,
-    read_csv,
-    run_here,
-    start,
-    sweep_cmd,
-    trials_so_far,
-    wait_for,
-)
+from helpers.runners import SMALL, SPLIT_SPACE, read_csv, start_train, sweep_args, train_here, wait_for
+from helpers.studies import counted, load_study, trials_so_far
 
 from hydra_plugins.grpo_optuna_sweeper.outcome import memory_constraint
 
@@ -414,7 +404,7 @@ def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
     (OOM included) is in it, and it names best.yaml's winner, as does the sweep's own report.html."""
     import re
 
-    from conftest import cli
+    from helpers.runners import cli
 
     out_dir = sweep_dir / "report_from_study"
     result = cli("report", f"journal:{sweep_dir / 'study.journal'}", "--out", str(out_dir))
@@ -431,7 +421,7 @@ def _check_report_on_the_real_study(sweep_dir: Path, study, best: dict) -> None:
 @pytest.mark.slow
 def test_oom_is_infeasible_and_a_killed_trial_fails(tmp_path):
     """A grid over injected faults: ok -> feasible, OOM -> infeasible with a deficit, SIGKILL -> FAIL."""
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.sampler=grid", "trial.debug_fault=null,oom,signal", *SMALL))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.sampler=grid", "trial.debug_fault=null,oom,signal", *SMALL))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     by_fault = {t.params["trial.debug_fault"]: t for t in study.trials}
@@ -449,11 +439,11 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     """SIGTERM mid-trial, then the same command: finished trials kept, the count reached, nothing run twice. Over 20 s: two
     sweeps (the interrupted one in its own process, the resume)."""
     # search_stop=false: the count is the point here, not the model's stop (lead.py)
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         tmp_path, "hydra.sweeper.n_trials=3", "hydra.sweeper.search_stop=false", *SPLIT_SPACE, "max_seq_length=64", "lora=qv"
     )
     journal = f"journal:{tmp_path / 'study.journal'}"
-    proc = start(cmd, tmp_path / "first.log")
+    proc = start_train(cmd, tmp_path / "first.log")
     try:
 
         def one_done_one_mid_trial():
@@ -480,7 +470,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
     assert len(retries) == 1  # its retry, queued; the rest are frontier start points not reached yet
     assert all(t.user_attrs.get("frontier_start") for t in waiting if t not in retries)
 
-    result = run_here(cmd)
+    result = train_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(journal)
     trials = counted(study)
@@ -495,7 +485,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
 
 def test_hydra_discovers_the_plugin_and_the_sweeps():
     """Found from the installed package (namespace `hydra_plugins`), and `+sweeps=` lists our sweeps."""
-    from conftest import train_here
+    from helpers.runners import train_here
 
     info = train_here(["--info", "plugins"])
     assert info.returncode == 0, info.stderr[-2000:]
@@ -507,7 +497,7 @@ def test_hydra_discovers_the_plugin_and_the_sweeps():
 @pytest.mark.slow
 def test_estimator_prescreen_prunes_without_running(tmp_path):
     """A point the estimator puts far over a 1 MiB card is PRUNED, its prediction recorded, nothing run."""
-    result = run_here(sweep_cmd(tmp_path, "hydra.sweeper.n_trials=2", *SPLIT_SPACE, "gpu.memory_gib=0.001"))
+    result = train_here(sweep_args(tmp_path, "hydra.sweeper.n_trials=2", *SPLIT_SPACE, "gpu.memory_gib=0.001"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(f"journal:{tmp_path / 'study.journal'}")
     assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED"]
@@ -596,8 +586,8 @@ def test_warm_start_runs_the_preset_first_and_reports_the_ratio(tmp_path):
     The preset's 4-bit weights need CUDA, so this CPU test pins load_in_4bit=false and a short sequence
     on the command line (explicit keys win over the preset, as in `python train.py preset=...`).
     """
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path,
             "hydra.sweeper.n_trials=2",
             "hydra.sweeper.warm_start=true",

@@ -26,7 +26,9 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from test_sweeper_helpers import read_csv
+from helpers.runners import read_csv
+from helpers.studies import create_study
+from helpers.sweeper import plugin_sweeper, prescreen_point, tell_outcome
 
 from grpo_sweep.study import best as best_rule
 from hydra_plugins.grpo_optuna_sweeper.outcome import memory_constraint
@@ -35,67 +37,8 @@ GIB = 2**30
 BUDGET = 1 * GIB  # the simulated card (gpu=cpu_sim, gpu.memory_gib=1)
 
 
-def _sweeper(tmp_path: Path, *, direction: str = "maximize", objective: str = "tokens_per_s", **conf):
-    """The sweeper's parts as sweep() sets them up (a plan built directly, its pre-screen, its
-    progress), without Hydra's launcher."""
-    from omegaconf import OmegaConf
-
-    from hydra_plugins.grpo_optuna_sweeper.config import GrpoOptunaSweeperConf
-    from hydra_plugins.grpo_optuna_sweeper.plan import SweepPlan
-    from hydra_plugins.grpo_optuna_sweeper.prescreen import Prescreen
-    from hydra_plugins.grpo_optuna_sweeper.progress import Progress
-
-    base = OmegaConf.to_container(OmegaConf.structured(GrpoOptunaSweeperConf))
-    base.update(direction=direction, objective=objective, study_name="promises", **conf)
-    settings = OmegaConf.create(base)
-    OmegaConf.set_readonly(settings, True)
-    plan = SweepPlan(
-        settings=settings,
-        distributions={},
-        fixed=("+sweeps=tiny_cpu",),
-        recipe={},
-        concessions=(),
-        concession_params={},
-        may_change=frozenset(),
-        n_trials=8,
-        n_search=8,
-        confirm_top=0,
-        objective=objective,
-        sweep_dir=tmp_path,
-        storage_url=f"journal:{tmp_path / 'study.journal'}",
-    )
-    return SimpleNamespace(plan=plan, prescreen=Prescreen(settings), progress=Progress(plan.n_trials, datetime.datetime.now()))
-
-
-def _tell(sweeper, study, trial, outcome):
-    """The loop's tell: the outcome recorded on the trial and told to the study."""
-    from hydra_plugins.grpo_optuna_sweeper.tell import tell
-
-    tell(study, trial, outcome, sweeper.plan.objective, sweeper.progress)
-
-
-def _prescreen(sweeper, trial, cfg, budget):
-    """The pre-screen's verdict on a point, its predictions recorded on the trial as prepare's are."""
-    from hydra_plugins.grpo_optuna_sweeper.prepare import Prepared
-
-    verdict = sweeper.prescreen.verdict(cfg, budget)
-    Prepared([], dict(verdict.attrs), verdict.outcome).apply(trial)
-    return verdict.outcome
-
-
-def _study(sweeper):
-    import optuna
-
-    from grpo_sweep.study.storage import open_storage
-
-    sweeper.plan.sweep_dir.mkdir(parents=True, exist_ok=True)  # as sweep() does before the storage opens
-    return optuna.create_study(
-        study_name="promises", storage=open_storage(sweeper.plan.storage_url), direction=sweeper.plan.settings.direction
-    )
-
-
 def _tell_record(sweeper, study, record: dict | None, *, headroom: float | None, number_attrs: dict | None = None):
-    """One trial told through the sweeper's own judge and _tell, with its point as overrides."""
+    """One trial told through the sweeper's own judge and tell_outcome, with its point as overrides."""
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 
     trial = study.ask()
@@ -110,7 +53,7 @@ def _tell_record(sweeper, study, record: dict | None, *, headroom: float | None,
         budget_bytes=BUDGET,
         headroom=headroom,
     )
-    _tell(sweeper, study, trial, outcome)
+    tell_outcome(sweeper, study, trial, outcome)
     return trial.number
 
 
@@ -138,8 +81,8 @@ def test_winner_is_feasible_within_headroom_everywhere(tmp_path, direction, caps
     from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
 
     key = "tokens_per_s" if direction == "maximize" else "step_time_s"
-    sweeper = _sweeper(tmp_path, direction=direction, objective=key, headroom=0.5)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path, direction=direction, objective=key, headroom=0.5)
+    study = create_study(sweeper.plan)
     # (value, peak): the winner in each direction is the "best" value that fits half the card.
     best_value = 300.0 if direction == "maximize" else 0.1
     over = _tell_record(sweeper, study, _ok(best_value, 0.75, key), headroom=0.5)  # fits the card, not the headroom
@@ -188,22 +131,22 @@ def test_headroom_applies_to_the_simulated_cards_tracker():
 def test_prescreen_margin_boundary_on_a_real_estimate(tmp_path):
     """The sweeper's own pre-screen on a composed tiny_cpu point: a card just large enough that the
     prediction is under budget x (1 + margin) runs it; a card just too small prunes it."""
-    from conftest import compose
+    from helpers.config import compose
 
     from grpo_sweep.memory.estimator import estimate
     from grpo_sweep.units import budget_bytes
 
     point = ["+sweeps=tiny_cpu", "max_seq_length=128", "per_device_train_batch_size=4"]
     predicted = estimate(compose(point)).total_bytes
-    sweeper = _sweeper(tmp_path, prescreen_margin=0.10)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path, prescreen_margin=0.10)
+    study = create_study(sweeper.plan)
     for scale, expected in ((1.001, None), (0.999, "PRUNED")):
         # budget x 1.1 = predicted x scale: just over (runs) or just under (pruned) the margin.
         gib = predicted * scale / 1.10 / GIB
         cfg = compose([*point, f"gpu.memory_gib={gib!r}"])
         assert estimate(cfg).total_bytes == predicted  # the card's size does not move this prediction
         trial = study.ask()
-        verdict = _prescreen(sweeper, trial, cfg, budget_bytes(cfg))
+        verdict = prescreen_point(sweeper, trial, cfg, budget_bytes(cfg))
         assert (verdict.state if verdict else None) == expected, (scale, gib)
         assert trial.user_attrs["predicted_peak_bytes"] == int(predicted)
         if verdict is not None:
@@ -214,7 +157,7 @@ def test_prescreen_margin_boundary_on_a_real_estimate(tmp_path):
 def test_prescreen_switches_and_fallbacks(tmp_path):
     """hydra.sweeper.prescreen=false never prunes; an estimate that fails runs the point (and says
     why); a card with no size in the config is judged against the budget the sweeper was given."""
-    from conftest import compose
+    from helpers.config import compose
     from omegaconf import OmegaConf
 
     from grpo_sweep.memory.estimator import estimate
@@ -222,20 +165,20 @@ def test_prescreen_switches_and_fallbacks(tmp_path):
     tiny = compose(["gpu=cpu"])  # no card size: estimate(...).budget_bytes is None
     predicted = estimate(tiny).total_bytes
     assert estimate(tiny).budget_bytes is None
-    off = _sweeper(tmp_path / "off", prescreen=False)
-    trial = _study(off).ask()
-    assert _prescreen(off, trial, tiny, 1.0) is None and "predicted_peak_bytes" not in trial.user_attrs
-    on = _sweeper(tmp_path / "on", prescreen_margin=0.0)
-    study = _study(on)
+    off = plugin_sweeper(tmp_path / "off", prescreen=False)
+    trial = create_study(off.plan).ask()
+    assert prescreen_point(off, trial, tiny, 1.0) is None and "predicted_peak_bytes" not in trial.user_attrs
+    on = plugin_sweeper(tmp_path / "on", prescreen_margin=0.0)
+    study = create_study(on.plan)
     trial = study.ask()
-    pruned = _prescreen(on, trial, tiny, predicted / 2)  # the sweeper's own budget: half the prediction
+    pruned = prescreen_point(on, trial, tiny, predicted / 2)  # the sweeper's own budget: half the prediction
     assert (pruned.state, pruned.constraint) == ("PRUNED", pytest.approx(predicted / 2))
     assert trial.user_attrs["predicted_peak_bytes"] == predicted
-    assert _prescreen(on, study.ask(), tiny, None) is None  # no budget anywhere: run it
+    assert prescreen_point(on, study.ask(), tiny, None) is None  # no budget anywhere: run it
     broken = OmegaConf.create(OmegaConf.to_container(tiny))
     del broken["model"]
     trial = study.ask()
-    assert _prescreen(on, trial, broken, 1.0) is None
+    assert prescreen_point(on, trial, broken, 1.0) is None
     assert "model" in trial.user_attrs["predicted_error"] and "predicted_peak_bytes" not in trial.user_attrs
 
 
@@ -307,8 +250,8 @@ def test_optuna_dashboard_shows_oom_trials_as_infeasible(tmp_path):
 
     from grpo_sweep.study.storage import open_storage
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     ok = _tell_record(sweeper, study, _ok(200.0, 0.4), headroom=None)
     oom = _tell_record(sweeper, study, dict(OOM), headroom=None)
     app = wsgi(open_storage(sweeper.plan.storage_url, create=False))
@@ -343,8 +286,8 @@ def test_systematic_failure_is_recognised_and_advised(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
     from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     since = sweeper.progress.started
     hub = "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them"
     _fail(sweeper, study, hub)
@@ -381,15 +324,15 @@ def test_prescreened_trial_keeps_the_failure_streak(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.outcome import prescreen_verdict
     from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     since = sweeper.progress.started
     error = "ModuleNotFoundError: No module named 'vllm'"
     first = _fail(sweeper, study, error)
     _fail(sweeper, study, error)
     trial = study.ask()
     trial.set_user_attr("overrides", [f"trial.number={trial.number}"])
-    _tell(sweeper, study, trial, prescreen_verdict(2 * BUDGET, BUDGET, 0.1))
+    tell_outcome(sweeper, study, trial, prescreen_verdict(2 * BUDGET, BUDGET, 0.1))
     assert study.trials[trial.number].state.name == "PRUNED"
     last = _fail(sweeper, study, error)
     stop = systematic_failure(study, since, 3, command_line)
@@ -402,7 +345,7 @@ def test_an_enqueue_key_the_sweep_does_not_search_is_one_line():
     """A trial sets only the searched parameters: an `enqueue` value for any other key (all of them
     when hydra.sweeper.params is empty) would be dropped without a word. It is refused in one line
     before the storage opens, naming the point, the key and the space."""
-    from test_sweeper_helpers import tiny_sweeper
+    from helpers.sweeper import tiny_sweeper
 
     # Exception: Hydra's plugin discovery may import the sweeper's modules again (another class object)
     with pytest.raises(Exception) as err:
@@ -446,8 +389,8 @@ def test_stop_message_by_hand():
 def test_no_best_says_nothing_fits_only_after_memory_verdicts(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     _fail(sweeper, study, "RuntimeError: debug_fault=raise: injected failure")
     said = why_no_best(study)
     assert "nothing fits" not in said and "1 failed" in said and "debug_fault=raise" in said
@@ -461,8 +404,8 @@ def test_systematic_failure_edges(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import systematic_failure
     from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     since = sweeper.progress.started
     for _ in range(3):
         _fail(sweeper, study, "RuntimeError: boom")
@@ -477,8 +420,8 @@ def test_failure_reasons_and_advice_by_hand(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.failures import DEFAULT_ADVICE, advice_for, reason_of, systematic_failure
     from hydra_plugins.grpo_optuna_sweeper.tables import command_line
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     bare = study.ask()  # failed with no error text at all (judge() always writes one; a hand-told trial need not)
     bare.set_user_attr("status", "failed")
     study.tell(bare, state=optuna.trial.TrialState.FAIL)
@@ -498,8 +441,8 @@ def test_failure_reasons_and_advice_by_hand(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
-    _tell(sweeper, study, b, judge(_tell_failure, **common))
-    _tell(sweeper, study, a, judge(_ok(1.0, 0.1), **common))
+    tell_outcome(sweeper, study, b, judge(_tell_failure, **common))
+    tell_outcome(sweeper, study, a, judge(_ok(1.0, 0.1), **common))
     assert systematic_failure(study, sweeper.progress.started, 1, command_line) is None  # the last to finish ran ok
     # A trial that finished at the very moment the worker started belongs to this run.
     last = _fail(sweeper, study, "RuntimeError: boom")
@@ -514,16 +457,16 @@ def test_why_no_best_is_nothing_fits_only_for_memory_verdicts(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.outcome import for_sampler, judge, prescreen_verdict
 
     nothing_fits = "No feasible trial yet: nothing fits the budget (see trials.csv for each trial's status)."
-    gp = _sweeper(tmp_path / "gp", sampler="gp")
-    study = _study(gp)
+    gp = plugin_sweeper(tmp_path / "gp", sampler="gp")
+    study = create_study(gp.plan)
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
     slow = {"status": "slow", "tokens_per_s": 3.0, "peak_memory_bytes": GIB, "memory_source": "cpu-rss"}
-    _tell(gp, study, study.ask(), for_sampler(judge(slow, **common), "gp", "maximize"))
+    tell_outcome(gp, study, study.ask(), for_sampler(judge(slow, **common), "gp", "maximize"))
     assert study.trials[0].state.name == "COMPLETE" and memory_constraint(study.trials[0]) == 0.0
     assert why_no_best(study) == "No trial ran ok (1 slow): not a memory verdict."
-    tpe = _sweeper(tmp_path / "tpe")
-    study = _study(tpe)
-    _tell(tpe, study, study.ask(), prescreen_verdict(1001.0, 1000.0, 0.0))  # one byte over
+    tpe = plugin_sweeper(tmp_path / "tpe")
+    study = create_study(tpe.plan)
+    tell_outcome(tpe, study, study.ask(), prescreen_verdict(1001.0, 1000.0, 0.0))  # one byte over
     assert study.trials[0].state.name == "PRUNED"
     assert why_no_best(study) == nothing_fits
 
@@ -533,8 +476,8 @@ def test_why_no_best_counts_by_hand(tmp_path):
     yet: its state), and the first failure quoted."""
     from hydra_plugins.grpo_optuna_sweeper.failures import why_no_best
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     assert why_no_best(study) == "No trial ran ok (no trials): not a memory verdict."
     first = _fail(sweeper, study, "RuntimeError: a\nTraceback follows")
     _fail(sweeper, study, "RuntimeError: b")
@@ -571,8 +514,8 @@ def test_a_start_point_queued_twice_runs_once(tmp_path):
     the later copy is a surplus (never run, not counted); a retry repeats its point on purpose."""
     from hydra_plugins.grpo_optuna_sweeper.workers import duplicate_of, retry
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     import optuna
 
     space = {"per_device_train_batch_size": optuna.distributions.CategoricalDistribution([2, 4])}
@@ -608,7 +551,7 @@ def test_start_points_never_overflow_the_search_phase(caplog):
     from dataclasses import replace
 
     import optuna
-    from test_sweeper_helpers import tiny_sweeper
+    from helpers.sweeper import tiny_sweeper
 
     from hydra_plugins.grpo_optuna_sweeper.start import enqueue_start
 
@@ -661,10 +604,11 @@ def test_a_systematic_failure_stops_a_real_sweep(tmp_path):
     """Every trial raises (trial.debug_fault=raise): the sweep stops after
     hydra.sweeper.max_failures_in_a_row=2 trials, not n_trials=6, exits 1 with the reason and
     what to do, and never says that nothing fits the budget."""
-    from test_sweeper_helpers import SMALL, load_study, run_here, sweep_cmd
+    from helpers.runners import SMALL, sweep_args, train_here
+    from helpers.studies import load_study
 
-    result = run_here(
-        sweep_cmd(
+    result = train_here(
+        sweep_args(
             tmp_path, "hydra.sweeper.n_trials=6", "hydra.sweeper.max_failures_in_a_row=2", "trial.debug_fault=raise", *SMALL
         )
     )
@@ -930,8 +874,8 @@ def test_stale_trial_retry_respects_max_retry(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.workers import fail_stale_trials
 
     for max_retry, waiting in ((0, 0), (1, 1)):
-        sweeper = _sweeper(tmp_path / str(max_retry))
-        study = _study(sweeper)
+        sweeper = plugin_sweeper(tmp_path / str(max_retry))
+        study = create_study(sweeper.plan)
         stale = study.ask()
         assert fail_stale_trials(study, grace_period=-1, max_retry=max_retry) == [stale.number]  # no beat within -1 s
         states = [t.state.name for t in study.trials]
@@ -967,8 +911,8 @@ def test_trials_csv_rows_by_hand(tmp_path):
 
     from hydra_plugins.grpo_optuna_sweeper.summary import rows
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     trial = study.ask({"per_device_train_batch_size": IntDistribution(2, 8, step=2)})
     swept = trial.params["per_device_train_batch_size"]
     levers = {"per_device_train_batch_size": 99, "lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]}
@@ -976,7 +920,7 @@ def test_trials_csv_rows_by_hand(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.outcome import judge
 
     common = {"objective": "tokens_per_s", "direction": "maximize", "budget_bytes": BUDGET, "headroom": None}
-    _tell(sweeper, study, trial, judge(record, **common))
+    tell_outcome(sweeper, study, trial, judge(record, **common))
     columns, (row,) = rows(study)
     assert columns[:5] == ["number", "state", "status", "feasible", "objective"]
     assert columns[5:12] == [
@@ -1006,8 +950,8 @@ def test_best_trial_with_confirmation_runs_by_hand(tmp_path):
     compete with confirmed ones."""
     from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     assert best_trial(study) is None  # nothing ran
     oom_only = _tell_record(sweeper, study, dict(OOM), headroom=None)
     over_by_one_byte = {"status": "ok", "tokens_per_s": 500.0, "peak_memory_bytes": BUDGET + 1, "memory_source": "cuda"}
@@ -1031,21 +975,21 @@ def test_boundaries_mutation_found_in_the_best_rule(tmp_path):
     """A trial at exactly 0 bytes over (CPU RSS: ran without OOM, not comparable with a card) is
     feasible and can win; equal values go to the earlier trial; GP is told a pre-screened point as
     COMPLETE at the worst value (it ignores PRUNED ones)."""
-    from conftest import compose
+    from helpers.config import compose
 
     from grpo_sweep.units import budget_bytes
     from hydra_plugins.grpo_optuna_sweeper.standings import best_trial
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     rss = {"status": "ok", "tokens_per_s": 50.0, "peak_memory_bytes": 5 * GIB, "memory_source": "cpu-rss"}
     first = _tell_record(sweeper, study, rss, headroom=None)
     _tell_record(sweeper, study, dict(rss), headroom=None)  # the same value, later
     assert memory_constraint(study.trials[first]) == 0.0 and best_trial(study).number == first
 
-    gp = _sweeper(tmp_path / "gp", sampler="gp")
+    gp = plugin_sweeper(tmp_path / "gp", sampler="gp")
     cfg = compose(["+sweeps=tiny_cpu", "gpu.memory_gib=0.001"])
-    verdict = _prescreen(gp, _study(gp).ask(), cfg, budget_bytes(cfg))
+    verdict = prescreen_point(gp, create_study(gp.plan).ask(), cfg, budget_bytes(cfg))
     assert (verdict.state, verdict.value) == ("COMPLETE", 0.0) and verdict.constraint > 0
 
 
@@ -1057,7 +1001,7 @@ def test_counts_and_room_by_hand(tmp_path):
     from hydra_plugins.grpo_optuna_sweeper.progress import counts, room
     from hydra_plugins.grpo_optuna_sweeper.workers import retry
 
-    study = _study(_sweeper(tmp_path))
+    study = create_study(plugin_sweeper(tmp_path).plan)
     assert counts(study) == (0, []) and room(study, 5) == 5
     done, pruned, failed, retried, surplus = (study.ask() for _ in range(5))
     study.tell(done, 1.0)
@@ -1110,8 +1054,8 @@ def test_the_told_line_and_what_is_told_by_hand(tmp_path, caplog):
     from hydra_plugins.grpo_optuna_sweeper import tell as tell_module
     from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     cases = [
         (Outcome("COMPLETE", 12.345, 0.0, {"status": "ok"}), "COMPLETE ok (tokens_per_s=12.3)"),
         (Outcome("COMPLETE", 9.0, 5.0, {"status": "ok"}), "COMPLETE ok (tokens_per_s=9.0, infeasible)"),
@@ -1122,7 +1066,7 @@ def test_the_told_line_and_what_is_told_by_hand(tmp_path, caplog):
         trial = study.ask()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=tell_module.__name__):
-            _tell(sweeper, study, trial, outcome)
+            tell_outcome(sweeper, study, trial, outcome)
         (line,) = [r.getMessage() for r in caplog.records if r.name == tell_module.__name__]
         assert line.startswith(f"Trial {trial.number}: {shown} | trial "), line
         frozen = study.trials[trial.number]
@@ -1153,7 +1097,7 @@ def test_prescreen_returns_its_prediction_by_hand(tmp_path):
     """The pre-screen returns its prediction for the caller to record: each phase in whole bytes,
     the generation waves, the calibrated peak; with the pre-screen off, nothing. The throughput
     model's tokens/s is the forecast's, not the pre-screen's."""
-    from conftest import compose
+    from helpers.config import compose
 
     from grpo_sweep.memory.estimator import estimate
     from hydra_plugins.grpo_optuna_sweeper.forecast import predicted_tokens_per_s
@@ -1162,7 +1106,7 @@ def test_prescreen_returns_its_prediction_by_hand(tmp_path):
     est = estimate(cfg)
     speed = predicted_tokens_per_s(cfg)
     assert speed is not None and speed > 0
-    on = _sweeper(tmp_path / "on")
+    on = plugin_sweeper(tmp_path / "on")
     verdict = on.prescreen.verdict(cfg, None)
     attrs = verdict.attrs
     assert verdict.outcome is None and verdict.runs
@@ -1173,7 +1117,7 @@ def test_prescreen_returns_its_prediction_by_hand(tmp_path):
     assert {k: attrs[k] for k in verdict.calibrated.attrs()} == verdict.calibrated.attrs()
     with pytest.raises(TypeError):
         attrs["predicted_peak_bytes"] = 0  # frozen: the caller records a copy
-    off = _sweeper(tmp_path / "off", prescreen=False).prescreen.verdict(cfg, None)
+    off = plugin_sweeper(tmp_path / "off", prescreen=False).prescreen.verdict(cfg, None)
     assert off.runs and dict(off.attrs) == {} and off.calibrated is None
     from omegaconf import OmegaConf
 
@@ -1190,11 +1134,11 @@ def test_the_told_line_ends_with_the_progress_by_hand(tmp_path, caplog):
     from hydra_plugins.grpo_optuna_sweeper import tell as tell_module
     from hydra_plugins.grpo_optuna_sweeper.outcome import Outcome
 
-    sweeper = _sweeper(tmp_path)
-    study = _study(sweeper)
+    sweeper = plugin_sweeper(tmp_path)
+    study = create_study(sweeper.plan)
     trial = study.ask()
     with caplog.at_level(logging.INFO, logger=tell_module.__name__):
-        _tell(sweeper, study, trial, Outcome("COMPLETE", 12.5, 0.0, {"status": "ok"}))
+        tell_outcome(sweeper, study, trial, Outcome("COMPLETE", 12.5, 0.0, {"status": "ok"}))
     (line,) = [r.getMessage() for r in caplog.records if r.name == tell_module.__name__]
     told, _, left = line.partition(" | ~")
     assert told == "Trial 0: COMPLETE ok (tokens_per_s=12.5) | trial 1/8 | best tokens_per_s=12.5 (trial 0)"
@@ -1205,11 +1149,11 @@ def test_the_prescreen_judges_the_estimate_it_is_given_against_its_budget_by_han
     """The pre-screen judges the estimate the caller passes (not one of its own), against the budget
     that estimate names; the caller's budget only where the estimate names none. The tiny model
     needs 57.4 MiB (60,159,104 bytes): over a 10 MiB simulated card by far, within an L4."""
-    from conftest import compose
+    from helpers.config import compose
 
     from grpo_sweep.memory.estimator import estimate
 
-    prescreen = _sweeper(tmp_path).prescreen
+    prescreen = plugin_sweeper(tmp_path).prescreen
     on_l4 = compose(["gpu=l4_24g"])
     small_card = estimate(compose(["gpu=cpu_sim", "gpu.memory_gib=0.01"]))
     assert (small_card.total_bytes, small_card.budget_bytes) == (60_159_104, 10_737_418)

@@ -4,8 +4,8 @@ before the study's storage opens (hydra_plugins/grpo_optuna_sweeper/config.py: A
 from __future__ import annotations
 
 import pytest
+from helpers.runners import sweep_args, train_here
 from hydra.errors import CompactHydraException
-from test_sweeper_helpers import run_here, sweep_cmd
 
 from hydra_plugins.grpo_optuna_sweeper.config import ALLOWED, GrpoOptunaSweeperConf, check
 
@@ -90,7 +90,7 @@ def test_a_bad_value_names_the_key_the_value_and_what_is_allowed(key):
 
 
 def test_a_bad_setting_stops_the_sweep_in_one_line_before_the_storage_opens(tmp_path):
-    result = run_here(sweep_cmd(tmp_path / "sweep", "hydra.sweeper.stop_below=1.5", "hydra.sweeper.n_trials=1"))
+    result = train_here(sweep_args(tmp_path / "sweep", "hydra.sweeper.stop_below=1.5", "hydra.sweeper.n_trials=1"))
     assert result.returncode != 0
     assert result.stderr.startswith(
         "hydra.sweeper.stop_below=1.5: must be a number in [0, 1] (a fraction of the best tokens/s so far: 0.5 = half), or null or 0: off"

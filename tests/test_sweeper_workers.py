@@ -13,20 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import new_database
-from test_sweeper_helpers import (
-    SMALL,
-    SPLIT_SPACE,
-    counted,
-    load_study,
-    read_csv,
-    run,
-    run_here,
-    start,
-    sweep_cmd,
-    trials_so_far,
-    wait_for,
-)
+from helpers.runners import SMALL, SPLIT_SPACE, read_csv, run_train, start_train, sweep_args, train_here, wait_for
+from helpers.studies import counted, load_study, new_database, trials_so_far
 
 WORKERS = 3
 
@@ -96,8 +84,8 @@ def test_three_workers_started_together_on_a_fresh_storage(tmp_path, fresh_stora
         "hydra.sweeper.enqueue=[{per_device_train_batch_size:2},{per_device_train_batch_size:4}]",
     ]
     # Each worker its own sweep dir (as on three machines); the study is the shared state.
-    cmds = [sweep_cmd(tmp_path / f"w{i}", *args, enqueue=True) for i in range(WORKERS)]
-    procs = [start(cmd, tmp_path / f"w{i}.log") for i, cmd in enumerate(cmds)]
+    cmds = [sweep_args(tmp_path / f"w{i}", *args, enqueue=True) for i in range(WORKERS)]
+    procs = [start_train(cmd, tmp_path / f"w{i}.log") for i, cmd in enumerate(cmds)]
     try:
         codes = [p.wait(timeout=900) for p in procs]
     finally:
@@ -144,10 +132,10 @@ def test_killed_worker_trial_is_retried(tmp_path):
     """SIGKILL (no chance to clean up) mid-trial: the worker is gone, the trial is failed and re-run. Over 20 s: two sweeps
     (the SIGKILLed one in its own process, the resume)."""
     journal = f"journal:{tmp_path / 'study.journal'}"
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL
     )
-    proc = start(cmd, tmp_path / "first.log")
+    proc = start_train(cmd, tmp_path / "first.log")
     try:
 
         def running():
@@ -163,7 +151,7 @@ def test_killed_worker_trial_is_retried(tmp_path):
         _kill_orphan_trials(tmp_path)
     assert load_study(journal).trials[number].state.name == "RUNNING"  # nobody left to say otherwise
 
-    result = run_here(cmd)
+    result = train_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Same host, its pid gone: failed at once (workers.fail_dead_workers), before its heartbeat is even stale.
     assert "belonged to a worker of this host that is gone" in result.stdout + result.stderr
@@ -196,8 +184,8 @@ def _kill_orphan_trials(sweep_dir: Path) -> None:
 def test_joblib_launcher_runs_trials_in_parallel_processes(tmp_path):
     """hydra/launcher=joblib: the sweeper asks n_jobs trials at once and joblib runs them side by side. Over 20 s: joblib's
     launcher: two job processes at once, each importing torch and TRL."""
-    result = run(
-        sweep_cmd(
+    result = run_train(
+        sweep_args(
             tmp_path,
             "hydra/launcher=joblib",
             "hydra.launcher.n_jobs=2",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compose
+from helpers.config import compose
 
 from grpo_sweep.config.schema import ConfigError
 from grpo_sweep.config.validate import validate
@@ -165,7 +165,7 @@ def test_estimate_forecasts_the_steps_and_the_run_before_launch():
     time for task.max_steps; the text says the same."""
     import json
 
-    from conftest import cli
+    from helpers.runners import cli
 
     args = ["estimate", *L4_VLLM, "task.expected_completion_tokens=200", "task.max_steps=250"]
     speed = json.loads(cli(*args, "--json").stdout)["speed"]
@@ -185,7 +185,7 @@ def test_plan_compares_the_cards_for_one_recipe():
     forecast faster; a card without datasheet speeds says so instead of borrowing another's numbers."""
     import json
 
-    from conftest import cli
+    from helpers.runners import cli
 
     from grpo_sweep.memory.throughput import SWEEP_N_TRIALS
 
@@ -293,7 +293,7 @@ def test_estimate_prices_a_trial_and_a_sweep_in_gpu_minutes():
     hand; `--json` carries both; n_trials=N sets the count and a bad one is refused in one line."""
     import json
 
-    from conftest import cli
+    from helpers.runners import cli
 
     from grpo_sweep.memory.throughput import LOAD_BYTES_PER_S, PROCESS_START_S, SWEEP_N_TRIALS, VLLM_START_S
 
@@ -320,7 +320,7 @@ def test_plan_prices_the_sweep_over_its_own_space(capfd):
     twice the trial steps cost more; the text says it."""
     import json
 
-    from conftest import cli
+    from helpers.runners import cli
 
     from grpo_sweep.memory.throughput import PROCESS_START_S
 

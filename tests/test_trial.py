@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics
+from helpers.config import compose
+from helpers.runners import FAST, IN_PROCESS_TRIALS, load_metrics
 
 from grpo_sweep.levers import LEVER_NAMES
 from grpo_sweep.metrics import KEYS, REQUIRED_KEYS
@@ -104,7 +105,7 @@ def test_a_multirun_console_is_its_trials_lines_only(tmp_path):
     No weight-loading or saving progress bar in a trial (process.quiet_progress), and no
     "leaked semaphore objects" warning when the command ends: tqdm's multiprocessing lock, which a
     trial ending with os._exit never released, is a thread lock in the trial."""
-    from conftest import run_train
+    from helpers.runners import run_train
 
     out = run_train(["-m", "lora_rank=8,16", *FAST, f"hydra.sweep.dir={tmp_path}"])
     assert out.returncode == 0, out.stderr[-3000:]

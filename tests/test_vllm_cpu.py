@@ -10,7 +10,8 @@ a share too large (training runs out: the tracker's torch.OutOfMemoryError).
 from __future__ import annotations
 
 import pytest
-from conftest import compose, load_metrics, train_here
+from helpers.config import compose
+from helpers.runners import load_metrics, train_here
 
 from grpo_sweep.config.local import installed
 from grpo_sweep.memory.estimator import estimate

@@ -7,8 +7,9 @@ whole batch (the waves)."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose, load_metrics, train_here
-from test_prescreen_rules import CPU_CARD, _share_for_blocks
+from helpers.cards import CPU_CARD, share_for_blocks
+from helpers.config import compose
+from helpers.runners import load_metrics, train_here
 
 from grpo_sweep.config.local import installed
 from grpo_sweep.memory.estimator import estimate
@@ -24,7 +25,7 @@ RUN = ["trial.steps=4", "task.num_prompts=64"]
 def _shares() -> tuple[float, float]:
     """gpu_memory_utilization for a KV cache of 2 sequences, and of room for the whole batch of 8."""
     base = compose(CARD)
-    return _share_for_blocks(base, 3.5), _share_for_blocks(base, 12.5)  # null block + 2 / + 11 sequences
+    return share_for_blocks(base, 3.5), share_for_blocks(base, 12.5)  # null block + 2 / + 11 sequences
 
 
 def test_the_estimator_says_two_of_eight_fit_and_generate_in_four_waves():

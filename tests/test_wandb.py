@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import DEAD_URL, OFFLINE_ENV, compose, load_metrics
+from helpers.config import compose
+from helpers.runners import DEAD_URL, load_metrics
+from helpers.wandb_runs import read_run
 from omegaconf import OmegaConf
 
 from grpo_sweep.credentials import wandb_mode as resolve_mode
 from grpo_sweep.levers import LEVER_NAMES
 from grpo_sweep.trial.wandb_logger import open_logger, run_group, run_name
 
-WANDB_CLI = str(Path(sys.executable).with_name("wandb"))
 STEP_KEYS = (
     "reward",
     "reward_std",
@@ -34,27 +33,6 @@ STEP_KEYS = (
     "reward/correctness_reward",
     "reward/format_reward",
 )
-
-
-def leet(path: str | Path, *args: str) -> str:
-    """`wandb leet inspect` (wandb 0.31's reader of a run's .wandb transaction log)."""
-    out = subprocess.run(
-        [WANDB_CLI, "leet", "inspect", *args, str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **OFFLINE_ENV},
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def read_run(path) -> tuple[dict, list[dict]]:
-    """(summary view, all records) of an offline run directory."""
-    summary = json.loads(leet(path, "--summary", "--json"))
-    records = [json.loads(line) for line in leet(path, "--json").splitlines() if line.strip()]
-    return summary, records
 
 
 def history_by_step(records: list[dict]) -> dict[int, dict]:

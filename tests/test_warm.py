@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, IN_PROCESS_TRIALS, compose, load_metrics, train_here
+from helpers.config import compose
+from helpers.runners import FAST, IN_PROCESS_TRIALS, load_metrics, train_here
 
 
 def _tokenizer(cfg):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import runpy
 import shutil
 import subprocess
@@ -20,49 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, compose, load_metrics, run_train, train_here
-from test_sweeper_helpers import SPLIT_SPACE, load_study, run_here, sweep_cmd
+from helpers.config import compose
+from helpers.data import dataset_overrides, save_tiny_model, write_data
+from helpers.runners import ROOT, SPLIT_SPACE, load_metrics, run_train, sweep_args, train_here
+from helpers.studies import load_study
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.schema import ConfigError
-
-REWARDS = '''
-def contains_solution(completions, solution, **kwargs):
-    """1.0 when the reference solution (a dataset column, passed by TRL as a keyword) appears."""
-    out = []
-    for completion, answer in zip(completions, solution):
-        text = completion if isinstance(completion, str) else completion[-1]["content"]
-        out.append(1.0 if str(answer) in text else 0.0)
-    return out
-
-
-def brevity(completions, **kwargs):
-    return [-len(c if isinstance(c, str) else c[-1]["content"]) / 1000 for c in completions]
-
-
-def broken(completions, **kwargs):
-    raise ZeroDivisionError("the user's reward divided by zero")
-'''
-
-
-def write_data(folder: Path, *, chat: bool, rows: int = 48) -> Path:
-    rng = random.Random(0)
-    path = folder / ("chat.jsonl" if chat else "prompts.jsonl")
-    with open(path, "w") as fh:
-        for _ in range(rows):
-            a, b = rng.randint(0, 9), rng.randint(0, 9)
-            question = f"What is {a} + {b}?" + " Think." * rng.randint(0, 40)  # some longer than max_prompt_length
-            prompt = (
-                [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": question}] if chat else question
-            )
-            fh.write(json.dumps({"prompt": prompt, "solution": str(a + b)}) + "\n")
-    (folder / "my_rewards.py").write_text(REWARDS)
-    return path
-
-
-def dataset_overrides(path: Path, *rewards: str) -> list[str]:
-    return ["task=dataset", f"task.path={path}", f"task.reward_funcs=[{','.join(rewards)}]"]
-
 
 # --- errors before any model loads ----------------------------------------------------------------
 
@@ -187,7 +150,7 @@ def test_a_raising_reward_fails_the_trial_by_name_not_as_oom(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
     data = write_data(tmp_path, chat=False)
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         tmp_path / "sweep",
         *SPLIT_SPACE,
         *dataset_overrides(data, "my_rewards.broken"),
@@ -196,7 +159,7 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
         "hydra.sweeper.max_failures_in_a_row=2",
         "hydra.sweeper.prescreen=false",  # every point runs (a pruned point between two failures resets the count)
     )
-    result = run_here(cmd, cwd=tmp_path)
+    result = train_here(cmd, cwd=tmp_path)
     out = result.stdout + result.stderr
     assert "Sweep stopped" in out and "my_rewards.broken raised ZeroDivisionError" in out, out[-3000:]
     assert "the task's reward function raised" in out  # failures.ADVICE: not "nothing fits"
@@ -212,20 +175,6 @@ def test_a_sweep_whose_reward_always_raises_stops_with_that_reason(tmp_path):
 # --- the proof: the exported config is the one that was measured ----------------------------------
 
 
-def save_tiny_model(folder: Path, corpus: list[str]) -> Path:
-    """The tiny architecture (conf/model/tiny.yaml) with its locally trained tokenizer, saved where
-    both the sweep (model=hub model.hub_id=<folder>) and `trl grpo` load it from."""
-    from grpo_sweep.trial.models import build_random
-    from grpo_sweep.trial.tokenizer import train_local_tokenizer
-
-    cfg = compose(["model=tiny", "model.init=random", "max_seq_length=256"])
-    tokenizer = train_local_tokenizer(corpus, vocab_size=cfg.model.arch.vocab_size)
-    model = build_random(cfg, tokenizer, on_cuda=False)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.slow
 def test_exported_config_is_what_was_measured(tmp_path):
     """Over 20 s: a real 3-trial sweep, then `trl grpo --config best.trl.yaml` itself in its own process."""
@@ -233,7 +182,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
     corpus = [line for line in data.read_text().splitlines()] + [" ." * 8]
     model_dir = save_tiny_model(tmp_path / "tiny-model", corpus)
     sweep_dir = tmp_path / "sweep"
-    cmd = sweep_cmd(
+    cmd = sweep_args(
         sweep_dir,
         *SPLIT_SPACE,
         *dataset_overrides(data, "my_rewards.contains_solution", "my_rewards.brevity"),
@@ -246,7 +195,7 @@ def test_exported_config_is_what_was_measured(tmp_path):
         "per_device_train_batch_size=2",
         "hydra.sweeper.n_trials=3",
     )
-    result = run_here(cmd, cwd=tmp_path)
+    result = train_here(cmd, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best["export"]["files"][:2] == ["best.trl.yaml", "best_grpo_config.py"]
@@ -486,7 +435,7 @@ def test_a_study_resumed_with_other_data_or_rewards_is_refused_naming_the_differ
 
     def sweep_with(path, *rewards, n=1):
         overrides = [*SPLIT_SPACE, *dataset_overrides(path, *rewards), "model.init=random", f"hydra.sweeper.n_trials={n}"]
-        return run_here(sweep_cmd(sweep, *overrides, "hydra.sweeper.prescreen=false"), cwd=tmp_path)
+        return train_here(sweep_args(sweep, *overrides, "hydra.sweeper.prescreen=false"), cwd=tmp_path)
 
     first = sweep_with(data, "my_rewards.contains_solution")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose, load_metrics, train_here
-from test_your_data import dataset_overrides, write_data
+from helpers.config import compose
+from helpers.data import dataset_overrides, write_data
+from helpers.runners import ROOT, load_metrics, train_here
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.config.schema import ConfigError
@@ -94,7 +95,7 @@ def test_a_huge_line_is_refused_with_bounded_memory(tmp_path):
     with open(path, "w") as fh:
         fh.write('{"prompt": "' + "x" * (40 << 20) + '"}\n')
     code = (
-        "import resource, sys; sys.path.insert(0, sys.argv[1]); from conftest import compose\n"
+        "import resource, sys; sys.path.insert(0, sys.argv[1]); from helpers.config import compose\n"
         "from grpo_sweep.config.local import validate_here\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n    validate_here(compose(sys.argv[2:]), cuda=False)\nexcept Exception as err:\n    print('ERROR', err)\n"

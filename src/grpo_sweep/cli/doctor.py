@@ -33,7 +33,7 @@ def gib_text(n) -> str:
     return f"{n / GIB:.2f} GiB" if abs(n) >= 0.1 * GIB else f"{n / MIB:.2f} MiB"
 
 
-def format_report(r: Diagnosis, cfg: Any) -> str:
+def format_report(r: Diagnosis) -> str:
     p = r.parsed
     out = []
     stated = ", ".join(f"{k}={gib_text(v) if k.endswith('_bytes') else v}" for k, v in p.items()) or "nothing read"
@@ -205,7 +205,7 @@ def cli(argv: list[str]) -> int:
         slim["estimate"] = {k: result.estimate[k] for k in ("total_bytes", "budget_bytes", "components", "fits")}
         print(json.dumps(slim, sort_keys=True, default=str))
         return 0
-    print(format_report(result, cfg))
+    print(format_report(result))
     if result.verify is not None:
         v = result.verify
         print(

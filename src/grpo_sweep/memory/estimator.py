@@ -19,7 +19,6 @@ torch fallback for the fused LM head); every real card is CUDA (bfloat16, Triton
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,9 +90,6 @@ class Estimate:
         out = asdict(self)
         out["dominant"] = self.dominant
         return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
 
 
 # ----------------------------------------------------------------------------- estimate

@@ -249,11 +249,6 @@ def _names(keys: list[Hashable]) -> str:
     return joined
 
 
-def departures(trials: Iterable[tuple[Hashable, Mapping, object]], tolerance: float | None = None) -> dict[Hashable, str]:
-    """`compare`, each departure as one line with its numbers."""
-    return {number: d.text for number, d in compare(trials, tolerance).items()}
-
-
 def check_trials(trials: Iterable[Any], tolerance: float | None = None) -> Checked:
     """`compare` over the report's trials (report.trials.Trial: `record`, `config`, `number`, `name`, `status`):
     the ok ones, keyed by trial number (a plain multirun's: its name), grouped by their config's `seed`

@@ -2,7 +2,7 @@
 
 Used by the sweeper's summary (best.yaml, the final table) and by the report, so both always name
 the same winner. A config run more than once (the sampler asked for it again, or the sweeper's
-confirm_top confirmed it) counts by the median over its runs (`finalists`, `best_of_runs`). What
+confirm_top confirmed it) counts by the median over its runs (`finalists`). What
 counts as feasible is the caller's to say (an Optuna trial's constraints, or a report row's
 category); the direction is always the study's own. The noise the study measured (`relative_noise`)
 says whether the leader is separated from the others (`within_noise`); when it is not, the configs
@@ -163,25 +163,6 @@ def finalists(
             runs = [v for _, v in valued]
             built.append(Finalist(valued[0][0], members, runs, statistics.median(runs)))
     return ranked(built, value=lambda f: f.median, direction=direction)
-
-
-def best_of_runs(
-    items: Iterable[T], *, value: Callable[[T], float | None], group: Callable[[T], object], direction: object
-) -> Finalist[T] | None:
-    """The winner under the median-of-runs rule (`finalists`, every config competing), or None when
-    nothing has a value. With every config run once it is exactly `best` (its median is its value).
-
-    Args:
-        items: The runs, in trial order.
-        value: A run's objective value; None or a non-finite value is left out.
-        group: A run's config (`config_group`).
-        direction: "maximize" or "minimize" (or Optuna's StudyDirection).
-
-    Returns:
-        The best config's Finalist, or None.
-    """
-    ranked_groups = finalists(items, value=value, group=group, direction=direction)
-    return ranked_groups[0] if ranked_groups else None
 
 
 # --- noise and ties: the one rule the confirmation phase, the summary and the report share ---------

@@ -129,12 +129,11 @@ def observations(all_attrs: Iterable[dict]) -> list[Observation]:
     return [o for o in (observation(a) for a in all_attrs) if o is not None]
 
 
-def _fit(obs: list[Observation], margin: float, scope: str) -> Correction:
+def _fit(obs: list[Observation], scope: str) -> Correction:
     """The correction the log ratios of `obs` give: their mean, and a margin of Z standard deviations.
 
     Args:
         obs: The observations to fit, at least one.
-        margin: The prior's margin (unused: the fit sets its own, never below FLOOR).
         scope: What the observations cover, recorded on the correction.
 
     Returns:
@@ -162,10 +161,10 @@ def correct(obs: list[Observation], backend: str, phase: str, margin: float, min
     """
     same = [o for o in obs if o.backend == backend and o.phase == phase]
     if len(same) >= min_trials:
-        return _fit(same, margin, "backend/phase")
+        return _fit(same, "backend/phase")
     backend_obs = [o for o in obs if o.backend == backend]
     if len(backend_obs) >= min_trials:
-        return _fit(backend_obs, margin, "backend")
+        return _fit(backend_obs, "backend")
     return Correction(1.0, margin, 0, "prior")
 
 

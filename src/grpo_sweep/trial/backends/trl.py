@@ -95,7 +95,7 @@ def grpo_args(cfg: Any, *, on_cuda: bool, output_dir: str, sampler: str = "hf") 
     levers = set(args) & set(extra)
     if levers:
         raise ValueError(f"trial.grpo_config: {sorted(levers)} are set by the levers; set them at the top level")
-    args.update(strategy_args(cfg, on_cuda=on_cuda))
+    args.update(strategy_args(cfg))
     args.update(extra)
     if cfg.trial.worst_case_lengths:
         # Force every completion to the full budget: the peak a trial measures is the worst case.
@@ -129,7 +129,7 @@ def checkpointed_layers(model) -> int:
     )
 
 
-def strategy_args(cfg: Any, *, on_cuda: bool) -> dict:
+def strategy_args(cfg: Any) -> dict:
     """GRPOConfig arguments for trial.strategy when the trial runs as N ranks (torchrun sets the
     ranks' environment; accelerate reads it: gloo on CPU, NCCL on CUDA). ddp needs none;
     fsdp: transformers' `fsdp` / `fsdp_config` (FSDP2 `fully_shard`, one unit per decoder layer,
