@@ -449,6 +449,8 @@ def gemma3_1b_l4_knobs(sigma: float) -> dict:
     rng = random.Random(SEED)
     points = []
     for f in judged.values():
+        if f.error is not None:  # the sweeper refuses it before any model loads: not in the landscape (FAIL, unrun)
+            continue
         true_peak = f.predicted_bytes * math.exp(rng.gauss(0, GEMMA_ESTIMATOR_SIGMA))
         true_speed = f.tokens_per_s
         ok = true_peak <= f.limit_bytes
