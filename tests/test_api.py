@@ -249,7 +249,8 @@ NOTEBOOK_CELLS = [
     "                  num_generations=2, max_completion_length=16, learning_rate=1e-5, report_to='none')",
     "best = grpo_sweep.sweep(training_args=args, reward_funcs=[has_answer], train_dataset=train_dataset, n_trials=3,\n"
     "                        study_name='nb', knobs=['per_device_train_batch_size', 'gradient_checkpointing'],\n"
-    "                        overrides=['trial.steps=2', 'hydra.sweeper.confirm_top=0'])",
+    "                        overrides=['trial.steps=2', 'hydra.sweeper.confirm_top=0',\n"
+    "                                   'hydra.sweeper.search_stop=false'])",
     "best.table",
     "best",
     "trainer = GRPOTrainer(model=MODEL_DIR, reward_funcs=[has_answer], train_dataset=train_dataset,\n"
