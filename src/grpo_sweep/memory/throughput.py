@@ -89,8 +89,17 @@ class Card:
 
 
 def vllm_step_overhead(s, engine: dict, device: str) -> float:
-    """Seconds of overhead per vLLM decode step: VLLM_STEP_S, or with backend.vllm_enforce_eager=true on a card
-    (no CUDA graphs: vllm/config/model.py enforce_eager) the per-layer launches, whichever is larger."""
+    """Seconds of overhead per vLLM decode step: VLLM_STEP_S, or with enforce_eager on a card (no CUDA
+    graphs: vllm/config/model.py enforce_eager) the per-layer launches, whichever is larger.
+
+    Args:
+        s: The run's shape; its `L` is the layer count.
+        engine: The vLLM engine settings; `enforce_eager` is backend.vllm_enforce_eager.
+        device: The device the run uses ("cuda": a card).
+
+    Returns:
+        The seconds of overhead per decode step.
+    """
     if engine.get("enforce_eager") and device == "cuda":
         return max(VLLM_STEP_S, VLLM_EAGER_LAYER_S * s.L)
     return VLLM_STEP_S
@@ -171,9 +180,18 @@ def expected_completion_tokens(cfg: Any, s) -> tuple[float, float]:
 
 
 def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = False) -> dict:
-    """Generation and training seconds for completions of `mean` tokens whose wave ends at `longest`.
+    """Generation and training seconds of one step.
 
-    limit=True: the card's peaks (fractions 1), no fixed overheads: the roofline."""
+    Args:
+        m: The model's per-step terms; `s` is the run's shape.
+        card: The target card.
+        mean: The completions' mean length in tokens.
+        longest: The length in tokens at which each wave ends.
+        limit: True prices the roofline: the card's peaks (fractions 1), no fixed overheads.
+
+    Returns:
+        The step's generation_s, training_s and step_s, its training FLOPs, decode bytes and completion tokens.
+    """
     s = m["s"]
     flops_rate = card.peak_flops * (1.0 if limit else card.train_fraction)
     bytes_rate = card.bandwidth * (1.0 if limit else card.decode_fraction)
@@ -310,10 +328,17 @@ SPEED_KEYS = (
 
 
 def speed_record(measured: dict, model: dict | None, why_no_model: str | None = None) -> dict:
-    """A trial's speed against its card's limit, from what it measured (metrics.json's history and
-    generation_times_s: each step's seconds and its generation's, over the steps speed_meter's step time is
-    taken from) and this model at the trial's config (None: it could not
-    run, why_no_model says why). Every key of SPEED_KEYS; a null one has its reason in `speed_unknown`."""
+    """A trial's speed against its card's limit.
+
+    Args:
+        measured: What the trial measured: metrics.json's history and generation_times_s (each step's
+            seconds and its generation's, over the steps speed_meter's step time is taken from).
+        model: This model at the trial's config (None: it could not run).
+        why_no_model: Why the model could not run.
+
+    Returns:
+        Every key of SPEED_KEYS; a null one has its reason in `speed_unknown`.
+    """
     out: dict = dict.fromkeys(SPEED_KEYS)
     unknown: dict[str, str] = {}
     steps, gens = measured.get("history") or [], measured.get("generation_times_s") or []
@@ -353,10 +378,19 @@ def speed_record(measured: dict, model: dict | None, why_no_model: str | None = 
 
 
 def speed_forecast(cfg: Any, logits_mode: str | None = None, n_trials: int | None = None) -> dict:
-    """What `grpo-sweep estimate` and `plan` say of a recipe's speed before launch: seconds per step (generation
-    and training) at the worst case, at the expected length and at the card's limit, the run's wall time for
-    task.max_steps (null: no run time), one trial of it (trial_forecast) and, with n_trials, the cost of a sweep
-    whose n_trials trials all run this config (`grpo-sweep plan` prices a sweep's own space)."""
+    """What `grpo-sweep estimate` and `plan` say of a recipe's speed before launch.
+
+    Args:
+        cfg: The recipe's composed config.
+        logits_mode: The logits mode to price (None: the config's).
+        n_trials: A sweep's trial count, each trial running this config (`grpo-sweep plan` prices a
+            sweep's own space); None: no sweep cost.
+
+    Returns:
+        Seconds per step (generation and training) at the worst case, at the expected length and at the
+        card's limit, the run's wall time for task.max_steps (null: no run time), one trial of it
+        (trial_forecast) and, with n_trials, the sweep's cost.
+    """
     r = relative_step_time(cfg, logits_mode)
     keys = ("step_s", "generation_s", "training_s")
     out = {

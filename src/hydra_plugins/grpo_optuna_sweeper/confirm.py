@@ -73,7 +73,17 @@ OVERRIDES_ATTR = Key.OVERRIDES  # trial user attr: the point as `python train.py
 
 
 def effective_top(n_trials: int, top: int, repeats: int, sampler: str) -> int:
-    """How many finalists this sweep confirms (0: off); see the module docstring."""
+    """How many finalists this sweep confirms; see the module docstring.
+
+    Args:
+        n_trials: The sweep's trial count.
+        top: confirm_top.
+        repeats: confirm_repeats.
+        sampler: The sweep's sampler.
+
+    Returns:
+        The finalists to confirm (0: off).
+    """
     if top <= 0 or repeats <= 0 or sampler == "grid":
         return 0
     fitted = min(top, n_trials // (3 * repeats))
@@ -81,6 +91,17 @@ def effective_top(n_trials: int, top: int, repeats: int, sampler: str) -> int:
 
 
 def off_reason(n_trials: int, top: int, repeats: int, sampler: str) -> str:
+    """Why confirmation is off.
+
+    Args:
+        n_trials: The sweep's trial count.
+        top: confirm_top.
+        repeats: confirm_repeats.
+        sampler: The sweep's sampler.
+
+    Returns:
+        The sentence the log shows.
+    """
     if sampler == "grid":
         return "Confirmation off: the grid sampler runs every point once"
     return (
@@ -96,8 +117,17 @@ def search_trials(study: Study) -> list[FrozenTrial]:
 
 
 def repeat_of(study: Study, trial: Trial, point: list[str]) -> int | None:
-    """The first trial of the config `point` belongs to, when an earlier trial ran the same point
-    (the same overrides): the trial's runs pool with that config's. None: a new config."""
+    """The config an earlier trial of the same point (the same overrides) started: the trial's runs
+    pool with that config's.
+
+    Args:
+        study: The sweep's study.
+        trial: The trial to place.
+        point: The trial's overrides.
+
+    Returns:
+        The first trial of that config; None: a new config.
+    """
     for other in study.get_trials(deepcopy=False):
         if other.number >= trial.number:
             break
@@ -107,7 +137,16 @@ def repeat_of(study: Study, trial: Trial, point: list[str]) -> int | None:
 
 
 def mark_repeat(study: Study, trial: Trial, point: list[str]) -> int | None:
-    """repeat_of, recorded on `trial` (user attr `repeats`) when there is one."""
+    """repeat_of, recorded on the trial (user attr `repeats`) when there is one.
+
+    Args:
+        study: The sweep's study.
+        trial: The trial to place and mark.
+        point: The trial's overrides.
+
+    Returns:
+        The first trial of the config it repeats; None: a new config.
+    """
     first = repeat_of(study, trial, point)
     if first is not None:
         trial.set_user_attr(REPEATS_ATTR, first)
@@ -121,9 +160,17 @@ def trial_seconds(trial: Any) -> float | None:
 
 
 def choose(study: Any, top: int, log: Any) -> list:
-    """The finalists, chosen once per study (a resumed sweep finds them and reuses them): the `top`
-    configs with the best median after the search, their first trials recorded in the study's
-    `confirmation` attr."""
+    """The finalists, chosen once per study (a resumed sweep finds them and reuses them), recorded in
+    the study's `confirmation` attr.
+
+    Args:
+        study: The sweep's study.
+        top: How many configs with the best median after the search to choose.
+        log: The logger.
+
+    Returns:
+        The finalists' first trials.
+    """
     existing = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
     if existing is not None:
         return existing.finalists
@@ -180,10 +227,18 @@ def predicted_of(trial: Any) -> float | None:
 
 
 def agreeing(ruling: Any, zone: float, predicted: Callable[[Any], float | None] = predicted_of) -> list:
-    """The unseparated finalists whose runs and forecast both put them within `zone` of the leader:
-    the median of their runs within zone of the leader's median (at a measured noise no larger than
-    the zone: runs noisier than it cannot show it), and the model's prediction within zone of the
-    leader's. Empty when the leader has no prediction or the noise is too large."""
+    """The unseparated finalists whose runs and forecast both put them within the zone of the leader:
+    the median of their runs within it of the leader's median (at a measured noise no larger than the
+    zone: runs noisier than it cannot show it), and the model's prediction within it of the leader's.
+
+    Args:
+        ruling: The finalists' standing: the leader, the noise, the unseparated finalists.
+        zone: The indifference zone, a fraction of the leader's value.
+        predicted: A finalist's predicted value (None: no prediction).
+
+    Returns:
+        The agreeing finalists; empty when the leader has no prediction or the noise is too large.
+    """
     leader = ruling.leader
     if leader is None or (ruling.sigma is not None and ruling.sigma > zone):
         return []
@@ -206,9 +261,19 @@ def next_round(
     seconds_of: Callable[[Any], float | None] = trial_seconds,
     zone: float = best_rule.INDIFFERENCE,
 ) -> bool:
-    """Decide and queue the next round (see the module docstring); True when there are runs to run,
-    False once confirmation has stopped (the reason recorded in the study's `confirmation` attr).
-    zone: the indifference zone (hydra.sweeper.indifference)."""
+    """Decide and queue the next round; see the module docstring.
+
+    Args:
+        study: The sweep's study.
+        budget: confirm_budget.
+        log: The logger.
+        seconds_of: A trial's seconds.
+        zone: The indifference zone (hydra.sweeper.indifference).
+
+    Returns:
+        True when there are runs to run; False once confirmation has stopped (the reason recorded in
+        the study's `confirmation` attr).
+    """
 
     state = ConfirmationState.from_dict(study.user_attrs.get(Key.CONFIRMATION))
     if state is None or state.stopped:
@@ -276,8 +341,7 @@ def _priced_runs(
     seconds: tuple[float, float],
     seconds_of: Callable[[Any], float | None],
 ) -> tuple[list[dict], float | None]:
-    """(the runs of `wanted` the budget affords this round, how many more runs of each the budget
-    left could buy: None, no limit).
+    """The runs the budget affords this round.
 
     Args:
         trials: the study's trials.
@@ -286,6 +350,10 @@ def _priced_runs(
         budget: confirm_budget.
         seconds: (the sweep's seconds, confirmation's seconds so far).
         seconds_of: a trial's seconds.
+
+    Returns:
+        (the runs of `wanted` the budget affords this round, how many more runs of each the budget
+        left could buy: None, no limit).
     """
     sweep_s, spent_s = seconds
     known = [s for t in trials if t.user_attrs.get(Key.STATUS) != Status.SURPLUS and (s := seconds_of(t))]
@@ -316,8 +384,21 @@ def _priced_runs(
 def _stop_reason(
     ruling: Any, undecided: list, zone: float, *, agreed: bool, over_runs: bool, runs: list, more: float | None, words: dict
 ) -> tuple[str | None, str | None]:
-    """Why confirmation stops now, in a word and a sentence (None, None: it runs `runs`); see the
-    module docstring. words: budget, spent_s, sweep_s, searched (for the sentence)."""
+    """Why confirmation stops now; see the module docstring.
+
+    Args:
+        ruling: The finalists' standing: the leader, the noise, the unseparated finalists.
+        undecided: The finalists neither separated from the leader nor within the zone of it.
+        zone: The indifference zone.
+        agreed: Whether the runs and the model agree the finalists lie within the zone.
+        over_runs: Whether confirmation has run as many trials as the search.
+        runs: The runs the budget affords this round.
+        more: How many more runs of each the budget left could buy (None: no limit).
+        words: budget, spent_s, sweep_s, searched (for the sentence).
+
+    Returns:
+        (a word, a sentence); (None, None): it runs `runs`.
+    """
     budget = words["budget"]
     if ruling.leader is None:
         return "no value", "no finalist has a run that finished within memory"
@@ -370,10 +451,21 @@ def phases(
 ) -> None:
     """The confirmation phases, as the sweep loop and the search replay run them: choose the
     finalists, run the queued runs (a resumed sweep's, another worker's), then round after round
-    until confirmation stops; given back, the search runs on to n_trials (unless it stopped itself:
-    `search_done`, the model predicted nothing better). `searched`: the search phase's trials;
-    run_to(target, search): run trials until the study counts `target` (search: the sampler's),
-    False when the sweep must stop (a systematic failure)."""
+    until confirmation stops; given back, the search runs on to n_trials unless it stopped itself.
+
+    Args:
+        study: The sweep's study.
+        top: confirm_top.
+        n_trials: The sweep's trial count.
+        searched: The search phase's trials.
+        budget: confirm_budget.
+        run_to: run_to(target, search) runs trials until the study counts `target` (search: the
+            sampler's); False when the sweep must stop (a systematic failure).
+        log: The logger.
+        zone: The indifference zone.
+        search_done: Whether the search stopped itself (the model predicted nothing better).
+        seconds_of: A trial's seconds.
+    """
     choose(study, top, log)
     while True:
         if not run_to(searched + planned(study), False):

@@ -72,18 +72,39 @@ def forecast(
     check: Callable[[Any], object],
     cap: int = space.MAX_CANDIDATES,
 ) -> list[Forecast]:
-    """The forecast of every point of the plan's space (`cap` drawn at random, with the plan's seed,
-    when it is larger or holds a continuous interval: space.space_candidates). `check(cfg)` raises
-    for a point that must not run: the sweep checks with this machine's facts (validate_here, as each
-    trial is checked), `grpo-sweep plan` with the target card's (it may plan for an L4 on a laptop)."""
+    """The forecast of every point of the plan's space.
+
+    Args:
+        plan: The sweep's plan.
+        prescreen: The memory prescreen.
+        configs: The composed configs, cached.
+        check: check(cfg) raises for a point that must not run: the sweep checks with this machine's
+            facts (validate_here, as each trial is checked), `grpo-sweep plan` with the target card's
+            (it may plan for an L4 on a laptop).
+        cap: How many points to draw at random, with the plan's seed, when the space is larger or
+            holds a continuous interval (space.space_candidates).
+
+    Returns:
+        One forecast per point.
+    """
     points = space.space_candidates(plan.distributions, plan.settings.seed, cap)
     return [one(params, plan, prescreen, configs, check) for params in points]
 
 
 def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, check: Callable) -> Forecast:
-    """The forecast of one point (`{}`: the held recipe at the base config's own knobs). A point the
-    sweeper refuses (it cannot be composed, checked or estimated, or it changes a recipe setting the
-    concessions do not allow: SweepPlan.refusal, as a trial is refused) has its `error`."""
+    """The forecast of one point.
+
+    Args:
+        params: The point (`{}`: the held recipe at the base config's own knobs).
+        plan: The sweep's plan.
+        prescreen: The memory prescreen.
+        configs: The composed configs, cached.
+        check: check(cfg) raises for a point that must not run.
+
+    Returns:
+        The point's forecast. A point the sweeper refuses (it cannot be composed, checked or estimated,
+        or it changes a recipe setting the concessions do not allow: SweepPlan.refusal) has its `error`.
+    """
     try:
         cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
         check(cfg)
@@ -121,12 +142,20 @@ def predicted_tokens_per_s(cfg: Any) -> float | None:
 
 
 def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[Forecast]:
-    """Up to k points predicted to fit, fastest predicted first, one per distinct prediction.
+    """The points predicted to fit, fastest predicted first, one per distinct prediction.
 
     Points the throughput model cannot tell apart (the same predicted tokens/s to 0.1 %: they differ
     only in levers it does not price, e.g. prefix caching or the optimiser's kernel) are one pick:
-    a second would spend a start trial on a difference the model has no view on. Which of them runs
-    is the seed's, not the grid's order."""
+    a second would spend a start trial on a difference the model has no view on.
+
+    Args:
+        forecasts: The space's forecasts.
+        k: The most points to pick.
+        seed: Picks which of the points the model cannot tell apart runs, not the grid's order.
+
+    Returns:
+        Up to k forecasts.
+    """
     fitting = [(f.tokens_per_s, f) for f in forecasts if f.fits and f.tokens_per_s is not None]
     random.Random(seed).shuffle(fitting)
     fitting.sort(key=lambda pair: -pair[0])

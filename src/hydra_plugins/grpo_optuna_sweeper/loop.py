@@ -73,6 +73,17 @@ class Loop:
         progress: Progress,
         forecasts: list | None = None,
     ) -> None:
+        """The sweep loop over one study.
+
+        Args:
+            study: The sweep's study.
+            plan: The sweep's plan.
+            prescreen: The memory prescreen.
+            launcher: The Hydra launcher that runs the trials.
+            compose: Composes a trial's config.
+            progress: The sweep's progress report.
+            forecasts: The models' forecast of the space (start.enqueue_start); None: the sampler alone.
+        """
         self.study, self.plan, self.prescreen = study, plan, prescreen
         # The models' forecast of the space (start.enqueue_start): the model-led search ranks its untried
         # points (lead.py); none, or an objective other than tokens/s maximised: the sampler alone.
@@ -332,7 +343,13 @@ class Loop:
 
     def _abandon(self, trials: list[Trial], why: str, error: str | None = None) -> None:
         """FAIL and re-enqueue the trials this worker asked and did not tell (best effort, where the
-        storage still allows it): a re-run or another worker runs them again."""
+        storage still allows it): a re-run or another worker runs them again.
+
+        Args:
+            trials: The trials to release.
+            why: The status recorded on each.
+            error: The error recorded on each (None: none).
+        """
         for trial in trials:
             try:
                 trial.set_user_attr(Key.STATUS, why)
