@@ -142,12 +142,8 @@ ARGS_BLOCKS_TO_DO = (
     "grpo_sweep/memory/throughput.py",
     "hydra_plugins/grpo_optuna_sweeper/confirm.py",
     "hydra_plugins/grpo_optuna_sweeper/loop.py",
-    "hydra_plugins/grpo_optuna_sweeper/start.py",
-    "hydra_plugins/grpo_optuna_sweeper/neighbours.py",
     "hydra_plugins/grpo_optuna_sweeper/config.py",
     "hydra_plugins/grpo_optuna_sweeper/standings.py",
-    "hydra_plugins/grpo_optuna_sweeper/summary.py",
-    "hydra_plugins/grpo_optuna_sweeper/tables.py",
     "hydra_plugins/grpo_optuna_sweeper/forecast.py",
 )
 _UPSTREAM_BASES = {"TrainerCallback"}  # its `on_*` hooks take the arguments transformers documents
