@@ -44,7 +44,16 @@ NEIGHBOUR_ATTR = Key.NEIGHBOUR_OF  # trial user attr: the first trial of the con
 
 
 def due(counted: int, n_startup_trials: int, every: int) -> bool:
-    """Whether the next search trial (the study counts `counted`) is a neighbour move."""
+    """Whether the next search trial is a neighbour move.
+
+    Args:
+        counted: the trials the study counts.
+        n_startup_trials: the trials before the first neighbour move.
+        every: one neighbour move in this many search trials (0 or less: none).
+
+    Returns:
+        True when the next search trial is a neighbour move.
+    """
     if every <= 0 or counted < n_startup_trials:
         return False
     return (counted - n_startup_trials) % every == 0
@@ -71,9 +80,17 @@ def moves(params: dict[str, Any], choices: dict[str, list]) -> list[dict[str, An
 
 
 def repairs(params: dict[str, Any], choices: dict[str, list], blocked: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Repair moves: each step of `params` in `blocked` (a move the pre-screen refuses: it would not
-    fit, or it does not pass the checks) taken together with one move of another lever (`moves` of
-    the step that leaves the stepped lever where the step put it). Each point once, in order."""
+    """Repair moves: each blocked step taken together with one move of another lever (`moves` of
+    the step that leaves the stepped lever where the step put it).
+
+    Args:
+        params: the point the steps start from.
+        choices: the discrete space, each lever with its values.
+        blocked: the steps the pre-screen refuses (they would not fit, or do not pass the checks).
+
+    Returns:
+        The repaired points, each once, in order.
+    """
     out, seen = [], set()
     for step in blocked:
         stepped = _moved(params, step)
@@ -91,12 +108,23 @@ def pick(
     runs: Callable[[dict[str, Any]], bool],
     rng: random.Random,
 ) -> dict[str, Any] | None:
-    """One move of `params` that no trial has (`tried`: every trial's parameters) and that the
-    pre-screen would let run (`runs(point)`), drawn with `rng`; None when there is none. A repair
-    move goes first: a step the pre-screen refuses, made to fit by one more lever (`repairs`). A
-    step towards speed that does not fit is what the search cannot take one lever at a time (a
-    larger batch that only fits with fewer LoRA targets), and what a person tuning by hand tries
-    next; then the plain steps."""
+    """One move of `params` that no trial has and that the pre-screen would let run.
+
+    A repair move goes first: a step the pre-screen refuses, made to fit by one more lever
+    (`repairs`). A step towards speed that does not fit is what the search cannot take one lever
+    at a time (a larger batch that only fits with fewer LoRA targets), and what a person tuning by
+    hand tries next; then the plain steps.
+
+    Args:
+        params: the point to move from.
+        choices: the discrete space, each lever with its values.
+        tried: every trial's parameters.
+        runs: whether the pre-screen would let a point run.
+        rng: draws among the moves.
+
+    Returns:
+        The move, or None when there is none.
+    """
     seen = {point_key(p) for p in tried}
     steps = moves(params, choices)
     rng.shuffle(steps)
@@ -112,10 +140,19 @@ def pick(
 
 def enqueue(study: Study, choices: dict[str, list], runs: Callable[[dict[str, Any]], bool], seed: int | None) -> dict | None:
     """Queue one neighbour move of the best config so far (not a preset's: a preset sets levers outside
-    the space), or of the next best when every move of the best has been tried, and return {"from":
-    its first trial, "params": ..., "moved": {lever: (old, new)}}; None when a trial already waits
-    (start points and retries go first), nothing is feasible yet, or no config has a move that is
-    fresh and allowed by `runs`."""
+    the space), or of the next best when every move of the best has been tried.
+
+    Args:
+        study: the study to queue the move in.
+        choices: the discrete space, each lever with its values.
+        runs: whether the pre-screen would let a point run.
+        seed: the sweep's seed, for the draw among moves.
+
+    Returns:
+        {"from": its first trial, "params": ..., "moved": {lever: (old, new)}}; None when a trial
+        already waits (start points and retries go first), nothing is feasible yet, or no config has
+        a move that is fresh and allowed by `runs`.
+    """
     from grpo_sweep.study import best as best_rule
 
     trials = study.get_trials(deepcopy=False)

@@ -41,8 +41,18 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
     Never more than the search phase has room for (n_search less what the study already counts,
     runs or queues): a queued point the search never reaches would stay WAITING, and the
     confirmation phase would then run it in place of a confirmation run. The points left out are
-    named in a warning (raise hydra.sweeper.n_trials to run them). Returns the models' forecast of
-    the space (enqueue_frontier; empty when no start ranks it): the model-led search reads it."""
+    named in a warning (raise hydra.sweeper.n_trials to run them).
+
+    Args:
+        study: the study to queue the points in.
+        plan: the sweep's plan (space, presets, points, start).
+        prescreen: the pre-screen that prunes points.
+        compose: composes a config from overrides.
+
+    Returns:
+        The models' forecast of the space (enqueue_frontier; empty when no start ranks it): the
+        model-led search reads it.
+    """
     settings = plan.settings
     if settings.warm_start:
         _enqueue_presets(study, plan, compose)
@@ -82,8 +92,17 @@ def outside_space(plan: SweepPlan, params: dict) -> str | None:
 
 
 def refused(plan: SweepPlan, configs: ComposeCache, params: dict) -> str | None:
-    """Why the sweeper would refuse the point `params` as a trial (prepare's checks: it composes,
-    passes validate_here, and changes no recipe setting the concessions do not allow), or None."""
+    """Why the sweeper would refuse a point as a trial (prepare's checks: it composes, passes
+    validate_here, and changes no recipe setting the concessions do not allow).
+
+    Args:
+        plan: the sweep's plan (fixed overrides, refusal).
+        configs: the cache that composes configs.
+        params: the point.
+
+    Returns:
+        The reason, or None when the sweeper would run it.
+    """
     try:
         cfg = configs.config([*plan.fixed, *(space.to_override(k, v) for k, v in params.items())])
         validate_here(cfg)
@@ -100,7 +119,13 @@ def _in_study(study: Study, params: dict) -> bool:
 
 def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
     """Queue each seed preset once per study, with its levers as parameters where they fit the space
-    (while the search phase has room: see enqueue_start)."""
+    (while the search phase has room: see enqueue_start).
+
+    Args:
+        study: the study to queue the presets in.
+        plan: the sweep's plan (its presets and space).
+        compose: composes a config from overrides.
+    """
     queued = {t.user_attrs.get(Key.PRESET) for t in study.get_trials(deepcopy=False)}
     for preset in plan.settings.presets:
         if preset in queued:
@@ -135,12 +160,23 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
 def enqueue_frontier(
     study: Study, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, count: int
 ) -> list[forecast.Forecast]:
-    """Queue (once per study) `count` start points from the models' forecast (forecast.py), as
+    """Queue (once per study) start points from the models' forecast (forecast.py), as
     hydra.sweeper.start says: `model`, the points predicted fastest among those predicted to fit;
     `memory`, those predicted to fill the allowed memory best (start.pick); `none`, no start.
     The model's ranking is recorded on the study (MODEL_RANKING_ATTR) whichever start runs, so the
     report can set the measured order beside it. A flat space (lead.flat) is said before the first
-    trial, and its safest point is the one start point. Returns the forecast (empty: none made)."""
+    trial, and its safest point is the one start point.
+
+    Args:
+        study: the study to queue the points in.
+        plan: the sweep's plan (space and start mode).
+        prescreen: the pre-screen that prunes points.
+        configs: the cache that composes configs.
+        count: how many start points to queue.
+
+    Returns:
+        The forecast (empty: none made).
+    """
     settings = plan.settings
     mode = settings.get("start", "model")
     if mode == "none" or not start_points_of(settings) or settings.sampler == "grid" or not plan.distributions:
@@ -191,12 +227,21 @@ def enqueue_frontier(
 def choose(
     mode: str, estimated: list[forecast.Forecast], count: int, seed: int | None, zone: float | None = None
 ) -> tuple[str, list[dict], list[forecast.Forecast]]:
-    """The start's picks from the estimated points: (the mode that ran, up to `count` points' params,
-    the model's whole predicted order). `model`: the predicted fastest fits (forecast.fastest_first);
-    `memory`: the fullest predicted fits (start.pick); `flat` (mode model with a `zone`, when most of
-    the space is predicted within it of the fastest: lead.flat): the safest of those, alone. The
-    search replay (bench/search_seconds.py) calls it on a landscape's forecast, so the bench starts
-    where the sweeper starts."""
+    """The start's picks from the estimated points. The search replay (bench/search_seconds.py)
+    calls it on a landscape's forecast, so the bench starts where the sweeper starts.
+
+    Args:
+        mode: `model`: the predicted fastest fits (forecast.fastest_first); `memory`: the fullest
+            predicted fits (start.pick).
+        estimated: the model's forecast of each point.
+        count: the most points to pick.
+        seed: the seed for start.pick.
+        zone: with mode `model`, when most of the space is predicted within it of the fastest
+            (lead.flat), the mode is `flat`: the safest of those, alone.
+
+    Returns:
+        (the mode that ran, up to `count` points' params, the model's whole predicted order).
+    """
     ranking = forecast.fastest_first(estimated, len(estimated), seed)
     if mode == "model" and zone is not None and (found := lead.flat(estimated, zone)) is not None:
         return "flat", [found[0].params], ranking
@@ -221,9 +266,17 @@ RANKING_KEPT = 20  # points of the predicted order kept on the study (the start'
 
 
 def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) -> dict:
-    """The model's predicted order as the study records it: how many points it judged and predicted
-    to fit, and the first RANKING_KEPT of its order (forecast.fastest_first: one point per distinct
-    prediction) with their predicted tokens/s, peak and allowed bytes."""
+    """The model's predicted order as the study records it.
+
+    Args:
+        ranking: the model's order (forecast.fastest_first: one point per distinct prediction).
+        candidates: how many points it judged.
+        fit: how many it predicted to fit.
+
+    Returns:
+        The counts and the first RANKING_KEPT of the order, with their predicted tokens/s, peak and
+        allowed bytes.
+    """
     return {
         "candidates": candidates,
         "fit": fit,
@@ -242,7 +295,14 @@ def ranking_attr(ranking: list[forecast.Forecast], candidates: int, fit: int) ->
 def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache) -> None:
     """Queue one neighbour move of the best config so far (neighbours.py), when there is one: a
     point that composes, passes validate_here, changes no recipe setting outside the concessions
-    (SweepPlan.refusal) and is not pruned by the pre-screen."""
+    (SweepPlan.refusal) and is not pruned by the pre-screen.
+
+    Args:
+        study: the study to queue the move in.
+        plan: the sweep's plan (space, seed, refusal).
+        prescreen: the pre-screen that prunes points.
+        configs: the cache that composes configs.
+    """
     if plan.settings.sampler == "grid" or not plan.distributions:
         return
     try:
@@ -280,11 +340,19 @@ def enqueue_neighbour(study: Study, plan: SweepPlan, prescreen: Prescreen, confi
 
 
 def pick(fullness: list[tuple[dict[str, Any], float]], k: int, seed: int | None) -> list[dict[str, Any]]:
-    """Up to k points from (params, predicted peak / allowed bytes): those predicted to fit (<= 1),
-    fullest first, each differing from every earlier pick in at least half of the parameters.
+    """Points predicted to fit, fullest first, each differing from every earlier pick in at least
+    half of the parameters.
 
-    A fraction, not bytes: when the card itself is a parameter (`gpu: choice(l4_24g, a100_40g)`),
-    each point is measured against its own card."""
+    Args:
+        fullness: (params, predicted peak / allowed bytes) per point. A fraction, not bytes: when the
+            card itself is a parameter (`gpu: choice(l4_24g, a100_40g)`), each point is measured
+            against its own card; <= 1 fits.
+        k: the most points to pick.
+        seed: the seed for the draw.
+
+    Returns:
+        The picked points' params.
+    """
     fitting = [(params, share) for params, share in fullness if share <= 1.0]
     random.Random(seed).shuffle(fitting)  # equal predictions: the order is the seed's, not the grid's
     fitting.sort(key=lambda item: -item[1])

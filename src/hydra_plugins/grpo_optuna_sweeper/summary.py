@@ -1,7 +1,6 @@
 """The sweep's summary: trials.csv, best.yaml, a table of the top trials, the line to run the winner.
 
-Written by every worker when it finishes (atomically, from the shared study), so the sweep directory
-always describes the whole study, not just one worker's share. The storage URL is shown masked.
+Every worker writes it when it finishes (atomically, from the shared study): it covers the whole study.
 """
 
 from __future__ import annotations
@@ -55,9 +54,17 @@ LAST_COLUMNS = ["learning", "preset", "worker", "run_dir", "wandb_run_id", "erro
 
 
 def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> dict:
-    """best.yaml's `changed_the_learning`: each flagged trial with its numbers, the flagged configs that
-    ranked above the winner, and whether the winner itself is flagged; and `learning_unchecked`: the ok
-    trials with no peer of their recipe and seed, and whether the winner is one; {} when neither."""
+    """best.yaml's words on the learning check.
+
+    Args:
+        verdict: the verdict with the learning check applied.
+        flagged: the trials that changed the learning, by number.
+        tolerance: hydra.sweeper.learning_tolerance (None: per precision).
+
+    Returns:
+        `changed_the_learning`: each flagged trial with its numbers, those ranked above the winner, whether
+        the winner is one; `learning_unchecked`: ok trials with no peer, whether the winner is one; {} if neither.
+    """
     out = {}
     unchecked = sorted(getattr(flagged, "unchecked", ()))
     if unchecked:
@@ -80,8 +87,16 @@ def learning_summary(verdict: Any, flagged: dict, tolerance: float | None) -> di
 
 
 def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
-    """The printout's words on the learning check: what it did to the winner, every flagged trial, and
-    the trials it could not check (no peer of their recipe and seed)."""
+    """The printout's words on the learning check.
+
+    Args:
+        verdict: the verdict with the learning check applied.
+        flagged: the trials that changed the learning, by number.
+        compared: how many ok trials it compared.
+
+    Returns:
+        What it did to the winner, every flagged trial, the trials with no peer to check; "" if nothing.
+    """
     unchecked = sorted(getattr(flagged, "unchecked", ()))
     alone = (
         f"unchecked: trial{'s' if len(unchecked) > 1 else ''} {', '.join(map(str, unchecked))} (no other config of "
@@ -101,12 +116,9 @@ def learning_lines(verdict: Any, flagged: dict, compared: int) -> str:
 
 
 def noise_summary(ruling: best_rule.Verdict, chosen: bool = True) -> dict:
-    """best.yaml's `finalists` (each with its runs and spread), the noise the study measured, whether
-    the top two are within it, and the `tie` when the leader is not separated. chosen: the
-    confirmation phase chose the finalists, and all of them are listed, as the report lists them
-    (one may have run once: the leader can be separated before any confirmation run when the
-    sampler's repeats measured the noise); else the configs the sampler happened to run more than
-    once."""
+    """best.yaml's `finalists` (runs and spread each), the study's noise, whether the top two are within it, and the
+    `tie` when the leader is not separated. chosen: the confirmation phase chose the finalists, all listed as the report
+    lists them (one may have run once, when the sampler's repeats separated the leader first); else those the sampler repeated."""
     ranked = ruling.ranked
     out: dict = {}
     if ruling.sigma is not None:
@@ -136,9 +148,8 @@ def noise_summary(ruling: best_rule.Verdict, chosen: bool = True) -> dict:
 
 
 def unmeasured_lead(first: Any, second: Any) -> str | None:
-    """The line for a winner whose lead no measured noise can judge (no config ran twice): by how
-    much it leads the runner-up, and that one run each cannot tell a real lead from a lucky run.
-    None when the medians give no positive ratio."""
+    """The line for a winner no measured noise can judge (no config ran twice): its lead over the runner-up,
+    and that one run each cannot tell a real lead from a lucky run. None when no ratio is positive."""
     high, low = max(first.median, second.median), min(first.median, second.median)
     if low <= 0:
         return None
@@ -163,8 +174,7 @@ def tie_row(ruling: best_rule.Verdict, f: Any) -> dict:
 
 
 def tie_line(ruling: best_rule.Verdict) -> str:
-    """The one line that says which configs tie and how the tie was settled: by memory headroom among
-    the ones shown within best.INDIFFERENCE of the leader, else by the best median."""
+    """The line that says which configs tie and how: by headroom within best.INDIFFERENCE of the leader, else median."""
 
     def headroom(f: Any) -> str:
         peak, share = ruling.memory(f)
@@ -205,9 +215,8 @@ def _lever_names(trials: list) -> list[str]:
 
 
 def rows(study: Study, flagged: dict | None = None) -> tuple[list[str], list[dict]]:
-    """trials.csv: one row per trial. `flagged`: the learning check's flagged trials by number (its
-    `learning` column says "changed" for those, "unchecked" for the ok trials with no peer, "same" for the
-    other ok trials it compared)."""
+    """trials.csv: one row per trial. `flagged`: the learning check's flagged trials by number (`learning` column:
+    "changed" for those, "unchecked" for the ok trials with no peer, "same" for the other ok trials it compared)."""
     trials = study.get_trials(deepcopy=False)
     levers = _lever_names(trials)
     out = []
@@ -241,8 +250,7 @@ def _plain_dumper():
     import yaml
 
     class PlainDumper(yaml.SafeDumper):
-        """best.yaml for people: a value that appears twice (the recipe's targets) is written twice,
-        never as a YAML anchor and alias (&id001 / *id001)."""
+        """best.yaml for people: a value that appears twice is written twice, never as an alias (*id001)."""
 
         def ignore_aliases(self, data):  # noqa: ARG002 - PyYAML's hook
             return True
@@ -290,12 +298,11 @@ def write_summary(
     learning: tuple[Any, dict] | None = None,
     learning_tolerance: float | None = None,
 ) -> dict:
-    """The sweep's summary built (`build_summary`), written (trials.csv, the exports, best.yaml) and,
-    unless `quiet`, printed with report.html's path.
+    """The sweep's summary built (`build_summary`), written and, unless `quiet`, printed with report.html's path.
 
     Args:
         study: the study, as every worker reads it.
-        sweep_dir: where trials.csv, best.yaml, the exports and report.html go.
+        sweep_dir: where trials.csv, the exports, best.yaml and report.html go.
         storage_url: the storage (shown masked).
         objective: the metric the sweep ranks by.
         top_k: the rows of the printed table.
@@ -362,7 +369,13 @@ def build_summary(
         data: `rows(study, flagged)`'s rows, for the count of each state.
         ruling: the verdict with the learning check applied (standings.learning_verdict).
         flagged: the trials that changed the learning.
-        storage_url, objective, headroom, stopped, recipe, price_tags, learning_tolerance: as write_summary's.
+        storage_url: as write_summary's.
+        objective: as write_summary's.
+        headroom: as write_summary's.
+        stopped: as write_summary's.
+        recipe: as write_summary's.
+        price_tags: as write_summary's.
+        learning_tolerance: as write_summary's.
 
     Returns:
         The summary; `export` is filled in by write_files.
@@ -396,8 +409,7 @@ def build_summary(
 
 
 def _winner(study: Study, ruling: Any, headroom: float | None) -> dict:
-    """best.yaml's fields for the winner (ruling.ranked[0]): its value, point, memory, reward, the
-    command that runs it again, and the noise its lead stands on.
+    """best.yaml's fields for the winner (ruling.ranked[0]): value, point, memory, reward, rerun command, noise.
 
     Args:
         study: the study.
@@ -447,7 +459,16 @@ def _soak_and_confirmation(study: Study, best: FrozenTrial) -> dict:
 
 
 def write_files(study: Study, sweep_dir: Path, summary: dict, columns: list[str], data: list[dict], recipe: dict | None) -> None:
-    """trials.csv always; with a winner, its exports (summary `export`) and best.yaml. Each atomically."""
+    """trials.csv always; with a winner, its exports (summary `export`) and best.yaml. Each atomically.
+
+    Args:
+        study: the study.
+        sweep_dir: where the files go.
+        summary: best.yaml's content (build_summary).
+        columns: trials.csv's columns.
+        data: trials.csv's rows.
+        recipe: the recipe every trial held, for the exports.
+    """
     import yaml
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -474,8 +495,19 @@ def print_summary(
     recipe: dict | None,
     price_tags: dict | None,
 ) -> None:
-    """The console's summary: the states, the top trials, the finalists and notes, the learning check,
-    the held recipe and its price tags, the winner and the lines that run it."""
+    """The console's summary: states, top trials, finalists, notes, learning check, recipe, winner, its lines.
+
+    Args:
+        study: the study.
+        sweep_dir: the sweep directory the lines name.
+        summary: best.yaml's content (build_summary).
+        ruling: the verdict with the learning check applied.
+        flagged: the trials that changed the learning.
+        objective: the metric the sweep ranks by.
+        top_k: the rows of the printed table.
+        recipe: the recipe every trial held.
+        price_tags: concessions.price_tags, what the winner gave up and what it bought.
+    """
     states = summary["trials"]
     print(f"\n=== Study {study.study_name}: {states} ===")
     best = ruling.ranked[0].item if ruling.ranked else None
@@ -531,8 +563,17 @@ def print_summary(
 
 
 def export_best(run_dir: str | None, sweep_dir: Path, study_name: str, held: dict | None = None) -> dict:
-    """best.trl.yaml, best_grpo_config.py (and best_unsloth.py) beside best.yaml (grpo_sweep.report.export);
-    a trial that cannot be exported never costs the summary: best.yaml says why."""
+    """best.trl.yaml, best_grpo_config.py (and best_unsloth.py) beside best.yaml (grpo_sweep.report.export).
+
+    Args:
+        run_dir: the best trial's run directory.
+        sweep_dir: where the exports go.
+        study_name: the study's name.
+        held: the recipe every trial held.
+
+    Returns:
+        {"files": the names written}, or {"error": why}: best.yaml says it, and the summary is still written.
+    """
     if not run_dir:
         return {"error": "the best trial has no run directory"}
     try:
@@ -545,8 +586,7 @@ def export_best(run_dir: str | None, sweep_dir: Path, study_name: str, held: dic
 
 
 def write_html_report(study: Study, sweep_dir: Path) -> Path | None:
-    """report.html with its figures in the sweep directory, covering every trial of the study.
-    A report that cannot be drawn never costs the sweep its summary: it says why instead."""
+    """report.html with its figures for every trial; one that cannot be drawn says why, never costing the summary."""
     try:
         from grpo_sweep.report.build import build_for_study, counts
         from grpo_sweep.report.trials import model_trust_line, model_vs_measured

@@ -36,9 +36,18 @@ def rank_peaks_text(attrs: dict) -> str:
 
 
 def table(ok: list, objective: str, top_k: int, changed: set | None = None, unchecked: set | None = None) -> str:
-    """The top `top_k` of `ok` (the study's ok trials, best first) as aligned text. changed: the numbers
-    of the trials that changed the learning (grpo_sweep.report.learning), unchecked: those with no peer to
-    compare with: a `learning` column when any."""
+    """The top trials as aligned text, with a `learning` column when any changed or is unchecked.
+
+    Args:
+        ok: the study's ok trials, best first.
+        objective: the metric the sweep ranks by.
+        top_k: how many trials to show.
+        changed: the numbers of the trials that changed the learning (grpo_sweep.report.learning).
+        unchecked: the numbers of the trials with no peer to compare with.
+
+    Returns:
+        The table.
+    """
     unchecked = unchecked or set()
     keys = sorted({k for t in ok[:top_k] for k in t.params})
     multi = any((t.user_attrs.get(Key.WORLD_SIZE) or 1) > 1 for t in ok[:top_k])
