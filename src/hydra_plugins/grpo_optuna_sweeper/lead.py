@@ -33,15 +33,15 @@ from typing import Any
 
 from grpo_sweep.memory import speed_fit
 from grpo_sweep.study import best as best_rule
+from grpo_sweep.study.attrs import Key
+
+from .neighbours import point_key, points
+from .standings import finalists, is_ok
 
 FLAT_SHARE = 0.5  # "most of the space": this share of the runnable points within the zone of the fastest
 MIN_MEASURED = 2  # configs measured before the model may end the search (its error needs two)
 SLOPE_RECORDS = 3  # measured configs before the calibration fits a slope, not only a scale
 PREDICTED = "predicted_tokens_per_s"
-
-
-def point_key(params: dict) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def fit(records: list[dict]) -> Callable[[dict], float | None]:
@@ -204,8 +204,6 @@ def flat_line(found: tuple[Any, int, int], zone: float) -> str:
 def measured_records(study: Any) -> tuple[list[dict], float | None, float | None]:
     """(a record per measured config: its first trial's predictions and the median of its runs as
     `tokens_per_s`; the best median; the run noise the study measured), from the study's ok runs."""
-    from .standings import finalists
-
     ranked = finalists(study)
     sigma, _ = best_rule.relative_noise(ranked)
     records = [{**f.item.user_attrs, "tokens_per_s": f.median} for f in ranked]
@@ -214,17 +212,11 @@ def measured_records(study: Any) -> tuple[list[dict], float | None, float | None
 
 def tried_keys(study: Any) -> set:
     """point_key of every point the study holds (queued, running, run or pruned)."""
-    from .neighbours import points
-
     return {point_key(p) for p in points(study.get_trials(deepcopy=False))}
 
 
 def flat_proved(study: Any) -> Any | None:
     """The flat space's safest point, once a trial of it ran ok to its end (None before)."""
-    from grpo_sweep.study.attrs import Key
-
-    from .standings import is_ok
-
     return next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(Key.START) == "flat" and is_ok(t)), None)
 
 
