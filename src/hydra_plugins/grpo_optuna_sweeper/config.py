@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
 
 from grpo_sweep.memory.throughput import SWEEP_N_TRIALS
+from grpo_sweep.study.best import INDIFFERENCE
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 STARTS = ("model", "memory", "none")  # hydra.sweeper.start
@@ -108,7 +109,7 @@ class GrpoOptunaSweeperConf:
     # with the most memory headroom wins (confirmation stops once the finalists' runs and the model agree
     # they lie within it), the search stops once the model predicts no untried point beats the best
     # measured by more than the noise plus this, and a space predicted mostly within it is flat.
-    indifference: float = 0.05
+    indifference: float = INDIFFERENCE
     # The model-led search (lead.py) ends the search phase once the calibrated model predicts no untried
     # point beats the best measured by more than the noise plus `indifference` (or a flat space's safest
     # point has run): fewer trials than n_trials. false: the search runs its n_trials (the model still
@@ -232,6 +233,11 @@ def start_points_of(settings: Mapping[str, Any]) -> int:
     frontier_start where a sweep file still sets it."""
     old = settings.get("frontier_start")
     return int(old) if old is not None else int(settings.get("start_points", GrpoOptunaSweeperConf.start_points))
+
+
+def indifference_of(settings: Mapping[str, Any]) -> float:
+    """The indifference zone: hydra.sweeper.indifference, or its default where a settings node lacks it."""
+    return float(settings.get("indifference", INDIFFERENCE))
 
 
 def check_study_name(written: Any) -> None:

@@ -23,11 +23,11 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import Key, Status
 from grpo_sweep.study.storage import StorageUnavailable
 
 from . import confirm, handles, lead, neighbours, soak
+from .config import indifference_of
 from .failures import systematic_failure
 from .plan import Composer, SweepPlan
 from .prepare import prepare
@@ -91,7 +91,7 @@ class Loop:
         speeds = [f for f in forecasts or [] if f.tokens_per_s]
         led = plan.objective == "tokens_per_s" and settings.direction == "maximize" and settings.sampler != "grid"
         self.candidates = speeds if led else []
-        self.zone = settings.get("indifference", best_rule.INDIFFERENCE)
+        self.zone = indifference_of(settings)
         self.launcher, self.compose, self.progress = launcher, compose, progress
         self.moves = compose.cache()  # the neighbour moves' compositions, one per group choice
         self.job_idx = 0  # Hydra's job index of the next launch

@@ -21,11 +21,10 @@ from typing import Any
 from grpo_sweep.config.model_arch import check_hub_lora_targets
 from grpo_sweep.config.validate import validate
 from grpo_sweep.memory.shapes import target_device
-from grpo_sweep.study import best as best_rule
 from grpo_sweep.units import format_size
 
 from . import concessions, forecast, lead, neighbours, space, start
-from .config import SweepError, SweeperSettingError, start_points_of
+from .config import SweepError, SweeperSettingError, indifference_of, start_points_of
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 
@@ -216,7 +215,7 @@ def _start(plan: SweepPlan, forecasts: list[forecast.Forecast]) -> dict:
         by_point = {neighbours.point_key(f.params): f for f in forecasts}
         points = space.space_candidates(plan.distributions, settings.seed, space.MAX_CANDIDATES)
         theirs = [f for p in points if (f := by_point.get(neighbours.point_key(p))) is not None and f.error is None]
-        zone = settings.get("indifference", best_rule.INDIFFERENCE)
+        zone = indifference_of(settings)
         ran, out["points"], _ = start.choose(mode, theirs, count, settings.seed, zone)
         found = lead.flat(theirs, zone) if ran == "flat" else None
         if found is not None:

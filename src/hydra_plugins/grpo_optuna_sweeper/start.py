@@ -16,13 +16,12 @@ from omegaconf import OmegaConf
 
 from grpo_sweep.config.local import validate_here
 from grpo_sweep.levers import recipe_of
-from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import Key
 from grpo_sweep.units import budget_bytes
 
 from . import forecast, lead, neighbours, space
 from .compose import ComposeCache
-from .config import start_points_of
+from .config import indifference_of, start_points_of
 from .plan import Composer, SweepPlan
 from .prescreen import Prescreen
 from .progress import room
@@ -194,7 +193,7 @@ def enqueue_frontier(
     if all(f.limit_bytes is None for f in estimated):
         log.info("Frontier start skipped: the config has no memory budget (gpu.memory_gib)")
         return forecasts
-    zone = settings.get("indifference", best_rule.INDIFFERENCE)
+    zone = indifference_of(settings)
     mode, picks, ranking = choose(mode, estimated, count, settings.seed, zone)
     study.set_user_attr(MODEL_RANKING_ATTR, ranking_attr(ranking, len(forecasts), sum(f.fits for f in estimated)))
     words = {"model": "fastest predicted fit first", "flat": "the safest of the flat space"}.get(
