@@ -303,6 +303,7 @@ def forecasts(plan: dict) -> dict:
             # the plan keeps `fits` (share <= 1 and vLLM starts), not vLLM's start alone
             vllm_starts=bool(p["fits"]) or share is None or share > 1,
             taken=p["concessions_taken"],
+            departures=p.get("departures", 0),
         )
     return out
 

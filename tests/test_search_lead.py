@@ -169,3 +169,26 @@ def test_the_plan_says_a_flat_space_is_flat(monkeypatch):
     flat = [line for line in text.splitlines() if line.startswith("Flat space:")]
     assert len(flat) == 1 and "the sweep runs the safest of them" in flat[0]
     assert len(data["start"]["points"]) == 1
+
+
+def test_among_points_the_model_cannot_tell_apart_the_start_changes_the_least():
+    """Prefix caching on and off are predicted equal when the prompt fills no KV block (nothing shared):
+    whatever the seed, the start runs the point that keeps what the user's config does (vLLM's default,
+    on, for a null setting) rather than a change the model has no view on."""
+    from helpers.config import compose
+
+    from hydra_plugins.grpo_optuna_sweeper import forecast
+
+    base = compose(["+sweeps=tiny_cpu_vllm"])
+    on, off = {"backend.vllm_enable_prefix_caching": True}, {"backend.vllm_enable_prefix_caching": False}
+    assert (forecast.departures(on, base), forecast.departures(off, base)) == (0, 1)
+    assert forecast.departures({"per_device_train_batch_size": base.per_device_train_batch_size}, base) == 0
+    assert forecast.departures({"per_device_train_batch_size": 64}, base) == 1
+    tied = [
+        Forecast({"b": 1, **off}, predicted_bytes=500, limit_bytes=1000, runs=True, tokens_per_s=200.0, departures=1),
+        Forecast({"b": 1, **on}, predicted_bytes=500, limit_bytes=1000, runs=True, tokens_per_s=200.0, departures=0),
+        Forecast({"b": 2}, predicted_bytes=500, limit_bytes=1000, runs=True, tokens_per_s=150.0, departures=1),
+    ]
+    for seed in range(8):
+        picks = forecast.fastest_first(tied, 2, seed)
+        assert [f.params for f in picks] == [{"b": 1, **on}, {"b": 2}]

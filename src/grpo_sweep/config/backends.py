@@ -161,6 +161,12 @@ VLLM_ENGINE_SETTINGS: dict[str, str] = {
     "vllm_kv_cache_dtype": "kv_cache_dtype",
     "vllm_model_impl": "model_impl",
 }
+# What vLLM 0.31 does where an engine setting is null, for the settings whose default does not depend on
+# the run (vllm/engine/arg_utils.py EngineArgs; V1 turns prefix caching on by default).
+VLLM_ENGINE_DEFAULTS: dict[str, object] = {
+    "vllm_enable_prefix_caching": True,
+    "vllm_enforce_eager": False,
+}
 # backend.vllm_kv_cache_dtype: "auto" is the model's dtype; the fp8 ones quantise the KV cache (vllm/config/cache.py
 # CacheDType; the CUDA attention backends and, with AVX-512 or AMX, vLLM-CPU's store them).
 VLLM_KV_CACHE_DTYPES: tuple[str | None, ...] = (None, "auto", "fp8", "fp8_e4m3", "fp8_e5m2")

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.backends import vllm_engine_settings
+from ..config.backends import VLLM_ENGINE_DEFAULTS, vllm_engine_settings
 from ..config.schema import ConfigError
 from ..config.split import processes_of, split_of
 from ..units import GIB
@@ -38,6 +38,8 @@ VLLM_EAGER_LAYER_S = 0.00035
 # two cards measured, the H200's 3.0 ms and the T4's 2.15 ms. The cost is the host's (Python and kernel
 # launches), so it carries across cards.
 EAGER_LAYER_S = 0.0026
+# Prefix caching where backend.vllm_enable_prefix_caching is null: what vLLM does then.
+PREFIX_CACHING = VLLM_ENGINE_DEFAULTS["vllm_enable_prefix_caching"]
 # A card's efficiencies where its conf/gpu file names none (a card added by hand): the fractions the model
 # used before cards carried their own, no fixed overheads.
 GENERIC_EFFICIENCY = {
@@ -264,7 +266,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     dequant = n["linear"] * DEQUANT_BYTES_PER_WEIGHT if s.four_bit else 0
     group = max(int(cfg.get("num_generations") or 1), 1)
     block = VLLM_GPU_BLOCK_TOKENS if device == "cuda" else VLLM_CPU_BLOCK_TOKENS
-    shared = (s.P // block) * block if vllm and engine.get("enable_prefix_caching", True) else 0
+    shared = (s.P // block) * block if vllm and engine.get("enable_prefix_caching", PREFIX_CACHING) else 0
     prompts = math.ceil(s.G / group)
     pool = float(assumptions.get("kv_cache_available_bytes") or 0) if vllm else 0.0
     m = {

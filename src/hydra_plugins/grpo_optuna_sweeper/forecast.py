@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from grpo_sweep.config.backends import VLLM_ENGINE_DEFAULTS
 from grpo_sweep.levers import recipe_of
 from grpo_sweep.memory.estimator import estimate
 from grpo_sweep.units import budget_bytes
@@ -42,6 +45,7 @@ class Forecast:
     waves: int = 1  # vLLM's generation waves (its KV cache holds fewer sequences than the batch)
     vllm_starts: bool = True  # vLLM (if any) can start: its KV cache holds one sequence, its share is free
     taken: dict[str, Any] = field(default_factory=dict)  # the recipe settings this point changes (concessions)
+    departures: int = 0  # how many of its swept settings differ from the user's config (departures)
     error: str | None = None
 
     @property
@@ -88,10 +92,40 @@ def forecast(
         One forecast per point.
     """
     points = space.space_candidates(plan.distributions, plan.settings.seed, cap)
-    return [one(params, plan, prescreen, configs, check) for params in points]
+    try:
+        base = configs.config(list(plan.fixed))
+    except Exception:  # noqa: BLE001 - no base to compare with: every point departs from it equally
+        base = None
+    return [one(params, plan, prescreen, configs, check, base) for params in points]
 
 
-def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, check: Callable) -> Forecast:
+def departures(params: dict, base: Any) -> int:
+    """How many of a point's settings differ from the user's config. A setting the config leaves null
+    is compared with what vLLM does then (config.backends.VLLM_ENGINE_DEFAULTS), or departs from nothing
+    when that is not known. Among points the throughput model cannot tell apart, the start runs the one
+    that changes the least (fastest_first): a change the model cannot price is not one to make.
+
+    Args:
+        params: The point.
+        base: The config composed with the sweep's fixed overrides alone (None: not composed).
+
+    Returns:
+        The number of settings that differ.
+    """
+    if base is None:
+        return 0
+    count = 0
+    for key, value in params.items():
+        held = OmegaConf.select(base, key, default=None)
+        if held is None and key.startswith("backend."):
+            held = VLLM_ENGINE_DEFAULTS.get(key.removeprefix("backend."))
+        count += held is not None and held != value
+    return count
+
+
+def one(
+    params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCache, check: Callable, base: Any = None
+) -> Forecast:
     """The forecast of one point.
 
     Args:
@@ -100,6 +134,7 @@ def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCac
         prescreen: The memory prescreen.
         configs: The composed configs, cached.
         check: check(cfg) raises for a point that must not run.
+        base: The config with the sweep's fixed overrides alone, for `departures`.
 
     Returns:
         The point's forecast. A point the sweeper refuses (it cannot be composed, checked or estimated,
@@ -127,6 +162,7 @@ def one(params: dict, plan: SweepPlan, prescreen: Prescreen, configs: ComposeCac
         waves=est.assumptions.get("generation_waves") or 1,
         vllm_starts=est.kv_cache_ok is not False and est.assumptions.get("vllm_startup_ok", True) is not False,
         taken=concessions.diff(plan.recipe, recipe),
+        departures=departures(params, base),
     )
 
 
@@ -146,7 +182,8 @@ def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[F
 
     Points the throughput model cannot tell apart (the same predicted tokens/s to 0.1 %: they differ
     only in levers it does not price, e.g. prefix caching or the optimiser's kernel) are one pick:
-    a second would spend a start trial on a difference the model has no view on.
+    a second would spend a start trial on a difference the model has no view on. The pick is the one
+    that departs least from the user's config (`departures`), then the seed's.
 
     Args:
         forecasts: The space's forecasts.
@@ -159,11 +196,15 @@ def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[F
     fitting = [(f.tokens_per_s, f) for f in forecasts if f.fits and f.tokens_per_s is not None]
     random.Random(seed).shuffle(fitting)
     fitting.sort(key=lambda pair: -pair[0])
-    chosen: list[tuple[float, Forecast]] = []
+    groups: list[list[Forecast]] = []  # points within 0.1 % of their group's fastest
+    head = 0.0
     for speed, f in fitting:
-        if len(chosen) == k:
+        if groups and speed >= head * 0.999:
+            groups[-1].append(f)
+            continue
+        if len(groups) == k:
             break
-        if chosen and speed >= chosen[-1][0] * 0.999:
-            continue  # sorted: only the last pick can be within 0.1 %
-        chosen.append((speed, f))
-    return [f for _, f in chosen]
+        groups.append([f])
+        head = speed
+    # min keeps the first of equals: the seeded order among points that change as little
+    return [min(group, key=lambda f: f.departures) for group in groups]

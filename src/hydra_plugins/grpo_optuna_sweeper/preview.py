@@ -192,6 +192,7 @@ def _point(f: forecast.Forecast) -> dict:
         "predicted_tokens_per_s": f.tokens_per_s,
         "generation_waves": f.waves,
         "concessions_taken": f.taken,
+        "departures": f.departures,
     }
 
 
