@@ -192,3 +192,7 @@ def test_among_points_the_model_cannot_tell_apart_the_start_changes_the_least():
     for seed in range(8):
         picks = forecast.fastest_first(tied, 2, seed)
         assert [f.params for f in picks] == [{"b": 1, **on}, {"b": 2}]
+    # the model-led turns too: the untried point that changes the least, where the model ties
+    same = lambda record: next(iter(record.values()))  # noqa: E731 - the model's prediction as it stands
+    assert lead.next_point(tied, set(), same) == {"b": 1, **on}
+    assert lead.next_point(tied[::-1], set(), same) == {"b": 1, **on}

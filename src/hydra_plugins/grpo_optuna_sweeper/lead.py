@@ -109,7 +109,7 @@ def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float
         speed: speed(record) -> the calibrated model's tokens/s for it, or None.
 
     Returns:
-        (calibrated tokens/s, forecast) pairs.
+        (calibrated tokens/s, forecast) pairs; equal speeds in forecast.departures order.
     """
     out = []
     for f in candidates:
@@ -118,7 +118,7 @@ def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float
         s = speed({PREDICTED: f.tokens_per_s})
         if s is not None:
             out.append((s, f))
-    out.sort(key=lambda pair: -pair[0])
+    out.sort(key=lambda pair: (-pair[0], pair[1].departures))  # a tie: the point that changes the least
     return out
 
 
