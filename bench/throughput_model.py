@@ -119,8 +119,7 @@ def calibrated_after(land: dict, count: int = 5) -> dict:
     import tempfile
     from pathlib import Path
 
-    from grpo_sweep.memory.speed_fit import calibrate_untried
-    from grpo_sweep.memory.throughput import calibrated_tokens_per_s, phase_scales
+    from grpo_sweep.memory.speed_fit import calibrate_untried, calibrated, phase_fit
     from hydra_plugins.grpo_optuna_sweeper.start import choose
 
     _, picks, _ = choose("model", [p["forecast"] for p in land["points"]], count, SEED)
@@ -130,14 +129,14 @@ def calibrated_after(land: dict, count: int = 5) -> dict:
     with tempfile.TemporaryDirectory(prefix="throughput-calibration-") as tmp:
         runs, checks = _session(picks, [p["levers"] for p in recheck], Path(tmp))
     ok = [r for r in runs if r.get("status") == "ok" and r.get("generation_s") is not None]
-    fit, calibrated = calibrate_untried(ok, [_prediction(p["levers"]) for p in untried])
+    fit, predictions = calibrate_untried(ok, [_prediction(p["levers"]) for p in untried])
     if fit is None:
         return {"why": "no pick measured its phases", "picks": picks}
-    by_key = {landscapes.key(p["levers"]): c["tokens_per_s"] for c, p in zip(calibrated, untried)}
+    by_key = {landscapes.key(p["levers"]): c["tokens_per_s"] for c, p in zip(predictions, untried)}
     best = max(untried, key=lambda p: by_key[landscapes.key(p["levers"])])
     checked = [(by_key[landscapes.key(r["levers"])], r) for r in checks if r["tokens_per_s"]]
     speed = statistics.median(r["tokens_per_s"] / land["by_key"][landscapes.key(r["levers"])]["tokens_per_s"] for r in ok)
-    scales = phase_scales(ok)
+    scales = phase_fit(ok, affine=False)  # the pure scale per phase, the affine fit's comparator
     return {
         "picks": picks,
         "fit": fit,
@@ -147,7 +146,7 @@ def calibrated_after(land: dict, count: int = 5) -> dict:
         "calibrated_pick_ratio_after_5": best["tokens_per_s"] / land["optimum"],
         "calibrated_median_error": _median_error((c, r["tokens_per_s"]) for c, r in checked),
         "uncalibrated_median_error": _median_error((r["predicted_tokens_per_s"], r["tokens_per_s"]) for _, r in checked),
-        "scale_only_median_error": _median_error((calibrated_tokens_per_s(r, scales), r["tokens_per_s"]) for _, r in checked),
+        "scale_only_median_error": _median_error((calibrated(r, scales)["tokens_per_s"], r["tokens_per_s"]) for _, r in checked),
         "noise_floor": _median_error(tuple(r["tokens_per_s_runs"]) for r in checks if len(r["tokens_per_s_runs"]) == 2),
         "session_speed_over_landscape": speed,
         "vs_landscape": _median_error((by_key[landscapes.key(p["levers"])], p["tokens_per_s"]) for p in untried),

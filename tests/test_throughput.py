@@ -350,11 +350,11 @@ def test_limit_words_say_how_far_the_card_is_from_its_limit():
 
 def test_calibration_on_measured_phases_reranks_the_configs():
     """The model predicts generation 3x too fast and training right: its order is wrong where configs split
-    their time differently. phase_scales finds (3, 1) from measured trials; each config recalibrated on the
+    their time differently. The pure scale per phase (speed_fit.phase_fit, affine off) finds (3, 1) from measured trials; each config recalibrated on the
     other configs' trials (never its own) ranks as measured, and the report's line and table say both."""
     import optuna
 
-    from grpo_sweep.memory.throughput import phase_scales
+    from grpo_sweep.memory.speed_fit import phase_fit
     from grpo_sweep.report.html import model_rank_html
     from grpo_sweep.report.trials import model_trust_line, model_vs_measured, trials_from_study
 
@@ -379,7 +379,9 @@ def test_calibration_on_measured_phases_reranks_the_configs():
             )
         )
     trials = trials_from_study(study)
-    assert phase_scales([t.record for t in trials]) == {"generation": 3.0, "training": 1.0, "trials": 4}
+    scales = phase_fit([t.record for t in trials], affine=False)
+    assert (scales["generation"]["scale"], scales["training"]["scale"], scales["trials"]) == (3.0, 1.0, 4)
+    assert scales["generation"]["kind"] == scales["training"]["kind"] == "scale"
     result = model_vs_measured(trials)
     assert result["rho"] < 0.5 and result["rho_calibrated"] == pytest.approx(1.0)
     assert "calibrated on the other configs' measured phase times: rho 1.00" in model_trust_line(result)
@@ -393,7 +395,7 @@ def test_calibration_on_measured_phases_reranks_the_configs():
     for t in bare:
         t.record.pop("generation_s", None)
         t.record.pop("training_s", None)
-    assert model_vs_measured(bare)["rho_calibrated"] is None and phase_scales([t.record for t in bare]) is None
+    assert model_vs_measured(bare)["rho_calibrated"] is None and phase_fit([t.record for t in bare]) is None
 
 
 # Real trials of sweeps/tiny_cpu_vllm.yaml (vLLM's CPU build, one core of the shared 2-core box, one run each,

@@ -48,11 +48,12 @@ def _scale_only(points: list[tuple[float, float]]) -> dict:
     return {"scale": statistics.median(m / p for p, m in points), "overhead_s": 0.0, "points": len(points), "kind": "scale"}
 
 
-def fit_phase(points: list[tuple[float, float]]) -> dict:
+def fit_phase(points: list[tuple[float, float]], affine: bool = True) -> dict:
     """One phase's calibration from (predicted, measured) seconds: {scale, overhead_s, points, kind}, kind
-    `affine` (Theil-Sen's line) or `scale` (the median ratio: too few distinct points, or no physical line)."""
+    `affine` (Theil-Sen's line) or `scale` (the median ratio: too few distinct points, no physical line,
+    or `affine` False)."""
     predicted = [p for p, _ in points]
-    if len(points) < MIN_POINTS or max(predicted) < MIN_SPREAD * min(predicted):
+    if not affine or len(points) < MIN_POINTS or max(predicted) < MIN_SPREAD * min(predicted):
         return _scale_only(points)
     # only pairs MIN_SPREAD apart: two trials the model predicts alike give a slope of pure noise
     slopes = [
@@ -68,16 +69,16 @@ def fit_phase(points: list[tuple[float, float]]) -> dict:
     return {"scale": slope, "overhead_s": overhead, "points": len(points), "kind": "affine"}
 
 
-def phase_fit(records: list[dict]) -> dict | None:
+def phase_fit(records: list[dict], affine: bool = True) -> dict | None:
     """The model's per-phase calibration from measured records: {generation: fit_phase, training: fit_phase,
     trials: records that measured a phase}; None when no record measured a phase. A phase no record measured
-    keeps the model (scale 1, no overhead)."""
+    keeps the model (scale 1, no overhead). `affine` False fits the pure scale alone (the bench's comparator)."""
     fits: dict = {}
     trials = 0
     for phase in PHASES:
         points = _pairs(records, phase)
         trials = max(trials, len(points))
-        fits[phase] = fit_phase(points) if points else {"scale": 1.0, "overhead_s": 0.0, "points": 0, "kind": "model"}
+        fits[phase] = fit_phase(points, affine) if points else {"scale": 1.0, "overhead_s": 0.0, "points": 0, "kind": "model"}
     return {**fits, "trials": trials} if trials else None
 
 

@@ -505,28 +505,3 @@ def limit_words(record: dict) -> str | None:
     if record.get("decode_bandwidth_use") is not None:
         parts.append(f"decoding at {100 * record['decode_bandwidth_use']:.0f} % of bandwidth")
     return f"{100 * limit / step:.0f} % of this card's limit" + (f": {', '.join(parts)}" if parts else "")
-
-
-def phase_scales(records: list[dict]) -> dict | None:
-    """The model's correction from measured trials, per phase: the median of measured over predicted seconds
-    (generation_s / predicted_generation_s, training_s / predicted_training_s) over the records that carry
-    both; None when none does. A phase no record measured keeps the scale 1."""
-    ratios: dict[str, list[float]] = {"generation": [], "training": []}
-    for r in records:
-        for phase in ratios:
-            measured, predicted = r.get(f"{phase}_s"), r.get(f"predicted_{phase}_s")
-            if measured and predicted and measured > 0 and predicted > 0:
-                ratios[phase].append(measured / predicted)
-    if not any(ratios.values()):
-        return None
-    scales = {phase: statistics.median(v) if v else 1.0 for phase, v in ratios.items()}
-    return {**scales, "trials": max(len(v) for v in ratios.values())}
-
-
-def calibrated_tokens_per_s(record: dict, scales: dict) -> float | None:
-    """A record's predicted tokens/s with its phases scaled (phase_scales); None without the phases."""
-    tokens_per_s = record.get("predicted_tokens_per_s")
-    gen, train = record.get("predicted_generation_s"), record.get("predicted_training_s")
-    if not tokens_per_s or gen is None or train is None or gen + train <= 0:
-        return None
-    return tokens_per_s * (gen + train) / (scales["generation"] * gen + scales["training"] * train)
