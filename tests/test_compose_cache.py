@@ -106,7 +106,8 @@ def test_frontier_start_composes_once_per_group_choice_and_skips_a_missing_key(c
         study = optuna.create_study(direction="maximize")
         with caplog.at_level(logging.INFO):
             enqueue_frontier(study, tiny.plan, tiny.prescreen, counting, 3)
-        assert len(composed) == 2  # 72 candidates, 2 lora choices
+        # 72 candidates, 2 lora choices, and the user's config (forecast.departures counts from it)
+        assert len(composed) == 3 and composed[0] == ["+sweeps=tiny_cpu_concessions"]
         picks = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
         assert len(picks) == 3 and "Frontier start (model): enqueued 3 of " in caplog.text
 
