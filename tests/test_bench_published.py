@@ -114,11 +114,11 @@ def test_the_harness_follows_the_data_it_is_given(data):
 
 
 def test_the_trl_generation_loop_is_read_from_each_runs_logged_metric_names(data):
-    """TRL 0.15-0.16 log `completion_length` and generate every micro-step; 0.17 on logs `completions / ...`
-    and generates once per accumulation. Each predicted run's flag agrees with the names its log printed."""
+    """TRL 0.17 on logs `completions / ...` and generates once per accumulation; before it TRL generates every
+    micro-step. Each predicted run's flag agrees with the names its log printed."""
     for run in (r for r in data["runs"] if r["predictable"]):
         names = run["trl_logged_metrics"]
-        assert ("completion_length" in names) == run["generates_every_microstep"], run["id"]
+        assert (not any(n.startswith("completions /") for n in names)) == run["generates_every_microstep"], run["id"]
         assert run["kl_logged"] == ("kl" in names), run["id"]
         assert ("steps_per_generation=1" in pr.overrides(run)) == run["generates_every_microstep"], run["id"]
 
@@ -155,3 +155,16 @@ def test_each_card_constant_fitted_to_one_run_reproduces_that_run(data):
     for run_id in fitted:
         assert rows[run_id]["split"] == "fit"
         assert rows[run_id]["factor"] < 1.03, (run_id, rows[run_id]["factor"])
+
+
+def test_the_reference_forward_of_trls_default_beta_is_counted(data):
+    """Every predicted run keeps TRL's default beta (0.04) and runs a reference forward per micro-batch: the
+    harness passes it, and the model's training then holds one more forward than at beta 0."""
+    for run in (r for r in data["runs"] if r["predictable"]):
+        assert run["beta"] == 0.04 and run["kl_logged"], run["id"]
+        assert "beta=0.04" in pr.overrides(run), run["id"]
+    run = next(r for r in data["runs"] if r["predictable"] and r["split"] == "fit")
+    with_ref = pr.predict(run)["expected"]
+    without = pr.predict({**run, "beta": None})["expected"]
+    assert with_ref["training_s"] > without["training_s"]
+    assert with_ref["generation_s"] == pytest.approx(without["generation_s"])
