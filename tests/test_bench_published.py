@@ -141,20 +141,19 @@ def test_generating_every_micro_step_adds_rounds_only_where_the_run_accumulates(
     assert set(by_accum) == {True, False}
 
 
-def test_each_card_constant_fitted_to_one_run_reproduces_that_run(data):
-    """conf/gpu's single-run fits (the T4's dequant stream and HF-generate cost, the RTX 4090's and A100's
-    dequant streams) stay fitted under the model's current rules, EXPECTED_TAIL included: each of those fit
-    runs is predicted within 3 %."""
-    fitted = (
-        "unsloth_llama31_8b_t4_seq512",
-        "unsloth_gemma3_1b_t4",
-        "unsloth_dsr1_qwen3_8b_rtx4090",
-        "unsloth_dsr1_qwen3_8b_a100_40g",
-    )
+def test_each_card_constant_fitted_to_fit_runs_reproduces_them(data):
+    """conf/gpu's fits stay fitted under the model's current rules, EXPECTED_TAIL included: the single-run
+    fits (the T4's HF-generate cost, the RTX 4090's and A100's dequant streams) reproduce their run within
+    3 %; the T4's dequant stream, fitted to two runs by least squares, leaves one above and one below, each
+    within 10 %."""
     rows = {r["id"]: r for r in pr.evaluate(data)["rows"]}
-    for run_id in fitted:
+    for run_id in ("unsloth_gemma3_1b_t4", "unsloth_dsr1_qwen3_8b_rtx4090", "unsloth_dsr1_qwen3_8b_a100_40g"):
         assert rows[run_id]["split"] == "fit"
         assert rows[run_id]["factor"] < 1.03, (run_id, rows[run_id]["factor"])
+    pair = [rows[i] for i in ("unsloth_llama31_8b_t4_seq512", "unsloth_phi4_14b_t4")]
+    ratios = sorted(r["predicted_s"] / r["measured_s"] for r in pair)
+    assert all(r["split"] == "fit" for r in pair)
+    assert 0.9 < ratios[0] < 1 < ratios[1] < 1.1, ratios
 
 
 def test_the_reference_forward_of_trls_default_beta_is_counted(data):
