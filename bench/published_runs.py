@@ -8,7 +8,11 @@ can express (`predictable`) becomes our config: the card's conf/gpu file, conf/m
 model, else `model=hub` with the architecture numbers the data file records beside their source, the
 Unsloth backend (every run is an Unsloth notebook) with its vLLM switch, the run's LoRA targets and
 gradient checkpointing, and one prompt's `num_generations` completions per micro-batch (Unsloth
-logs "Total batch size (6 x 1 x 1)" for per_device_train_batch_size=1, num_generations=6).
+logs "Total batch size (6 x 1 x 1)" for per_device_train_batch_size=1, num_generations=6). A run whose TRL
+generates once per micro-step (`generates_every_microstep`, read from the metric names its log prints; the
+data file's trl_rule cites TRL's `_prepare_inputs`) runs at steps_per_generation=1, TRL's later name for
+that loop: one generation round per accumulation step. Every predicted run has TRL's default beta (0.04, not
+set in any notebook) and computes a reference forward per micro-batch; its `beta` makes the model count it.
 
 Which prediction is judged: the expected case (`memory.throughput.relative_step_time(cfg)["expected"]`)
 with task.expected_completion_tokens = the run's logged mean completion length. A public run's step
@@ -84,6 +88,10 @@ def overrides(run: dict, completion_tokens: int | None = None) -> list[str]:
         f"max_prompt_length={run['max_prompt_length']}",
         f"max_seq_length={run['max_prompt_length'] + completion}",
     ]
+    if run.get("generates_every_microstep"):
+        out.append("steps_per_generation=1")
+    if run.get("beta") is not None:
+        out.append(f"beta={run['beta']}")
     if run.get("gpu_memory_utilization") is not None:
         out.append(f"gpu_memory_utilization={run['gpu_memory_utilization']}")
     return out

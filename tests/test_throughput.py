@@ -215,7 +215,8 @@ def test_4bit_dequantisation_runs_at_the_cards_own_fraction():
     four = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl_vllm", "load_in_4bit=true"]
     cfg = compose(four)
     card, s = card_of(cfg), shapes(cfg, "trl_vllm")
-    assert card.dequant_fraction == 0.77 != card.decode_fraction  # conf/gpu/t4_16g.yaml's fitted value
+    fitted = yaml.safe_load((GPU_DIR / "t4_16g.yaml").read_text())["dequant_bandwidth_fraction"]
+    assert card.dequant_fraction == fitted != card.decode_fraction  # conf/gpu/t4_16g.yaml's fitted value
     full = relative_step_time(cfg)
     half = relative_step_time(compose([*four, f"gpu.dequant_bandwidth_fraction={card.dequant_fraction / 2}"]))
     stream = param_counts(s)["linear"] * DEQUANT_BYTES_PER_WEIGHT * full["generation_waves"] * s.C
@@ -229,18 +230,18 @@ def test_4bit_dequantisation_runs_at_the_cards_own_fraction():
 
 
 def test_hf_generate_pays_the_cards_eager_seconds_per_layer_per_token():
-    """HF generate's per-step overhead is the card's eager_layer_s per layer: on the T4 (fitted to its public
-    HF-generate run) each of the budget's decode steps costs layers x that, by hand against the generic rate."""
-    from grpo_sweep.memory.throughput import EAGER_LAYER_S
-
+    """HF generate's per-step overhead is the card's eager_layer_s per layer: on the T4 (its conf/gpu file's
+    fit to its public HF-generate run) each of the budget's decode steps costs layers x that, by hand against
+    half that rate."""
     hf = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl"]
     cfg = compose(hf)
     s, card = shapes(cfg, "trl"), card_of(cfg)
-    assert card.eager_layer_s != EAGER_LAYER_S  # the T4's own fit, not the generic rate
-    generic = relative_step_time(compose([*hf, f"gpu.eager_layer_s={EAGER_LAYER_S}"]))
-    t4 = relative_step_time(cfg)
-    assert t4["generation_s"] - generic["generation_s"] == pytest.approx(s.C * s.L * (card.eager_layer_s - EAGER_LAYER_S))
-    assert t4["training_s"] == generic["training_s"]
+    assert card.eager_layer_s == yaml.safe_load((GPU_DIR / "t4_16g.yaml").read_text())["eager_layer_s"]
+    half = card.eager_layer_s / 2
+    slower = relative_step_time(cfg)
+    faster = relative_step_time(compose([*hf, f"gpu.eager_layer_s={half}"]))
+    assert slower["generation_s"] - faster["generation_s"] == pytest.approx(s.C * s.L * (card.eager_layer_s - half))
+    assert slower["training_s"] == faster["training_s"]
 
 
 H200_LANDSCAPE = Path(__file__).resolve().parents[1] / "bench" / "data" / "landscape_gpu_h200_2026-12-04.json"
