@@ -34,9 +34,9 @@ from .vllm import VLLM_CPU_BLOCK_TOKENS, VLLM_GPU_BLOCK_TOKENS, vllm_kv_element_
 # launches per layer a graph replay saves (not fitted: no enforce_eager run is measured).
 VLLM_STEP_S = 0.003
 VLLM_EAGER_LAYER_S = 0.00035
-# HF generate's seconds per layer per decode step on a card whose conf/gpu file fits none: the midpoint of the
-# two cards measured, the H200's 3.0 ms and the T4's 3.0 ms. The cost is the host's (Python and kernel
-# launches), so it carries across cards.
+# HF generate's seconds per layer per decode step on a card whose conf/gpu file fits none: the two cards
+# measured agree, the H200 (its landscape) and the T4 (the published fit runs) at 3.0 ms. The cost is the
+# host's (Python and kernel launches), so it carries across cards.
 EAGER_LAYER_S = 0.003
 # Prefix caching where backend.vllm_enable_prefix_caching is null: what vLLM does then.
 PREFIX_CACHING = VLLM_ENGINE_DEFAULTS["vllm_enable_prefix_caching"]
