@@ -196,3 +196,15 @@ def test_among_points_the_model_cannot_tell_apart_the_start_changes_the_least():
     same = lambda record: next(iter(record.values()))  # noqa: E731 - the model's prediction as it stands
     assert lead.next_point(tied, set(), same) == {"b": 1, **on}
     assert lead.next_point(tied[::-1], set(), same) == {"b": 1, **on}
+
+
+def test_only_a_config_faster_than_predicted_widens_the_models_error():
+    """Three configs ran as the model said; a fourth ran at half its prediction (overpredicted: it
+    cannot hide a faster point) or at twice it (underpredicted: another point may be faster than the
+    model says too). Only the second widens the error that holds the search open."""
+    speed = lambda record: record["predicted_tokens_per_s"]  # noqa: E731 - a calibration that is the identity
+    right = [{"predicted_tokens_per_s": p, "tokens_per_s": p} for p in (100.0, 90.0, 80.0)]
+    over = lead.error([*right, {"predicted_tokens_per_s": 120.0, "tokens_per_s": 60.0}], speed)
+    under = lead.error([*right, {"predicted_tokens_per_s": 60.0, "tokens_per_s": 120.0}], speed)
+    assert over == 0.0
+    assert under > 0.5
