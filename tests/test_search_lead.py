@@ -208,3 +208,17 @@ def test_only_a_config_faster_than_predicted_widens_the_models_error():
     under = lead.error([*right, {"predicted_tokens_per_s": 60.0, "tokens_per_s": 120.0}], speed)
     assert over == 0.0
     assert under > 0.5
+
+
+def test_a_point_the_model_cannot_tell_from_a_measured_one_is_not_the_models_next_run():
+    """b=3 is predicted as b=1 ran (200: they differ only in a lever the model does not price): the
+    model-led turn runs b=4, the fastest point it has a view on, and the stop rule takes b=1's run
+    for b=3, so the search stops once b=4 is predicted below the bar."""
+    study = _study([(1, 100.0, 200.0), (2, 90.0, 180.0)])
+    same = lambda record: next(iter(record.values())) / 2  # noqa: E731 - the calibrated model: half the prediction
+    candidates = _forecasts({1: 200.0, 2: 180.0, 3: 200.0, 4: 150.0})
+    tried = {lead.point_key({"b": 1}), lead.point_key({"b": 2})}
+    assert lead.next_point(candidates, tried, same, measured=[200.0, 180.0]) == {"b": 4}
+    assert lead.next_point(candidates, tried, same) == {"b": 3}  # no measured configs given: b=3 runs
+    assert lead.study_next_point(study, candidates) == {"b": 4}
+    assert lead.study_stop_line(study, candidates, 0.05) is not None

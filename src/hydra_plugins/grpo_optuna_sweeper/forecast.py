@@ -31,6 +31,15 @@ from .outcome import allowed_bytes
 from .plan import SweepPlan
 from .prescreen import Prescreen
 
+# Predictions within this share of each other: the throughput model cannot tell the points apart (they
+# differ only in levers it does not price), so a trial of one speaks for the other as far as it knows.
+TIE = 0.001
+
+
+def ties(speed: float, other: float) -> bool:
+    """Whether two predicted tokens/s are one prediction to the model (within TIE of the larger)."""
+    return min(speed, other) >= (1.0 - TIE) * max(speed, other)
+
 
 @dataclass(frozen=True)
 class Forecast:
@@ -199,7 +208,7 @@ def fastest_first(forecasts: list[Forecast], k: int, seed: int | None) -> list[F
     groups: list[list[Forecast]] = []  # points within 0.1 % of their group's fastest
     head = 0.0
     for speed, f in fitting:
-        if groups and speed >= head * 0.999:
+        if groups and ties(speed, head):
             groups[-1].append(f)
             continue
         if len(groups) == k:

@@ -37,6 +37,7 @@ from grpo_sweep.memory import speed_fit
 from grpo_sweep.study import best as best_rule
 from grpo_sweep.study.attrs import Key
 
+from . import forecast
 from .neighbours import point_key, points
 from .standings import finalists, is_ok
 
@@ -106,20 +107,29 @@ def error(records: list[dict], speed: Callable[[dict], float | None], sigma: flo
     return math.sqrt(max(0.0, spread**2 - (sigma or 0.0) ** 2))
 
 
-def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None]) -> list[tuple[float, Any]]:
-    """Every candidate the pre-screen lets run and no trial has, fastest first.
+def untried(
+    candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None], measured: Iterable[float] = ()
+) -> list[tuple[float, Any]]:
+    """Every candidate the pre-screen lets run and no trial has, fastest first. A candidate whose
+    prediction ties a measured config's (forecast.ties: it differs from it only in levers the model
+    does not price) is left out: the model has no view on what running it would add, so its turn
+    and its stop rule take the measured one for it (Optuna's sampler, on its turns, may still run it).
 
     Args:
         candidates: The forecasts of the space's points.
         tried: point_key of every point queued, run or pruned.
         speed: speed(record) -> the calibrated model's tokens/s for it, or None.
+        measured: The model's predicted tokens/s of every measured config.
 
     Returns:
         (calibrated tokens/s, forecast) pairs; equal speeds in forecast.departures order.
     """
+    measured = list(measured)
     out = []
     for f in candidates:
         if not (f.runs and f.fits and f.tokens_per_s) or point_key(f.params) in tried:
+            continue
+        if any(forecast.ties(f.tokens_per_s, m) for m in measured):
             continue
         s = speed({PREDICTED: f.tokens_per_s})
         if s is not None:
@@ -128,18 +138,21 @@ def untried(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float
     return out
 
 
-def next_point(candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None]) -> dict | None:
+def next_point(
+    candidates: Iterable[Any], tried: set, speed: Callable[[dict], float | None], measured: Iterable[float] = ()
+) -> dict | None:
     """The params of the untried point the calibrated model ranks fastest.
 
     Args:
         candidates: The forecasts of the space's points.
         tried: point_key of every point queued, run or pruned.
         speed: speed(record) -> the calibrated model's tokens/s for it, or None.
+        measured: The model's predicted tokens/s of every measured config (untried leaves their ties out).
 
     Returns:
         The params, or None when none is left.
     """
-    ranked = untried(candidates, tried, speed)
+    ranked = untried(candidates, tried, speed, measured)
     return ranked[0][1].params if ranked else None
 
 
@@ -247,7 +260,7 @@ def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
     records, best, sigma = measured_records(study)
     priced = [r for r in records if r.get(PREDICTED)]
     speed = fit(priced)
-    ranked = untried(candidates, tried_keys(study), speed)
+    ranked = untried(candidates, tried_keys(study), speed, (r[PREDICTED] for r in priced))
     return stop_line(best, len(priced), sigma, error(priced, speed, sigma), ranked[0][0] if ranked else None, zone, len(ranked))
 
 
@@ -257,4 +270,4 @@ def study_next_point(study: Any, candidates: list) -> dict | None:
     if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
         return None
     records = [r for r in measured_records(study)[0] if r.get(PREDICTED)]
-    return next_point(candidates, tried_keys(study), fit(records))
+    return next_point(candidates, tried_keys(study), fit(records), (r[PREDICTED] for r in records))
