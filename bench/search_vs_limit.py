@@ -22,8 +22,9 @@ standings.verdict on a real Optuna study):
   confirmation rule ours uses (search_seconds.declared): neither has a stop rule, so each runs its
   n_trials (40) budget, confirmation (confirm.phases, 3 finalists) taking its share, and
   standings.verdict names the winner; random_pick / tpe_pick: how often that winner is within 5 %.
-  Grid combinations a landscape lacks (a GPU landscape measured only some) are refused unrun and
-  free, for every method alike;
+  Grid combinations a landscape lacks (the H200 landscape ran 17 of its 64 before its time budget)
+  are refused unrun and free, for every method alike: a sampler that draws them (random, TPE, ours
+  on the sampler's turns) is charged less than on a card, where each would run;
 - random_oracle_s / tpe_oracle_s (beside, labelled "oracle"): seconds until random (uniform, without
   replacement over the landscape's points) or TPE first runs a within-5 % point to its end. Neither
   can know that moment, so it is a bound kinder to them than ours_s is to us, not the same quantity;
