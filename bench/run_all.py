@@ -138,7 +138,8 @@ def summarize(keep_measured_at: bool = False) -> dict:
         **{k: v for k, v in real.items() if "_real_space_" in k},
         "real_space_measured_at": real.get("measured_at"),
         # Issue 58: the model-led search against one run of the best point (bench/search_vs_limit.py):
-        # {space, sigma, model_error, ours_s, random_s, tpe_s, limit_s, pick, trials}, medians over seeds.
+        # {space, sigma, model_error, ours_s, random_s, tpe_s, limit_s, pick, trials}, medians over seeds;
+        # random_s / tpe_s to their declared winner, random_oracle_s / tpe_oracle_s to their first good point.
         "search_vs_limit": limit.get("search_vs_limit"),
         "search_vs_limit_measured_at": limit.get("measured_at"),
         # Issue 56: the throughput model against the measured tiny_cpu_vllm landscape (bench/throughput_model.py)

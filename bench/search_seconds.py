@@ -327,7 +327,9 @@ def sweep(
             seconds_of=seconds_of,
         )
     confirm_s = sum(trial_s.get(t.number, 0.0) for t in study.trials if t.user_attrs.get(confirm.CONFIRMS_ATTR) is not None)
-    ruling = verdict(study) if constrained else None  # best.yaml's winner: the best median, a tie to the safer
+    # best.yaml's winner: the best median, a tie to the safer; a sweep that confirms is judged by it
+    # whether or not its search told OOMs as constraints (random / TPE under the same confirmation)
+    ruling = verdict(study) if constrained or top else None
     pick = _picked(ruling.ranked[0].item, land) if ruling and ruling.ranked else pick_no_confirm
     leader = _picked(ruling.leader.item, land) if ruling and ruling.leader else pick  # the best median alone
     # For comparison only, not the sweeper's rule: the most headroom over every tied config, shown
@@ -568,6 +570,16 @@ def evaluate(
 # hydra-optuna-sweeper's TPE: no pre-screen, an OOM a failed trial, no start points, no neighbour moves
 # (constrained=False), Optuna's own 10 random startup trials.
 TPE_UNCONSTRAINED = {"prescreen": False, "constrained": False, "frontier": 0, "n_startup_trials": 10}
+
+
+def declared(land: dict, seed: int, sampler: str, confirm_top: int = 3) -> dict:
+    """Random search or TPE as hydra-optuna-sweeper runs it (no pre-screen, an OOM a failed trial, no
+    start points or neighbour moves, no early stop), to the moment it declares its winner: it has no
+    stop rule, so it runs its N_TRIALS budget, of which the confirmation rule ours uses (confirm.phases
+    with `confirm_top` finalists) takes its share, and standings.verdict names the winner. sweep's
+    result: `seconds` every trial's and confirmation's, `pick` the declared winner."""
+    setting = {**TPE_UNCONSTRAINED, "sampler": sampler}
+    return sweep(land, seed, n_trials=N_TRIALS, stop_below=None, confirm_top=confirm_top, **setting)
 
 
 def random_pick(land: dict, seed: int, n_trials: int = N_TRIALS) -> dict | None:

@@ -178,3 +178,22 @@ def test_the_landscape_recorder_enumerates_a_shipped_sweeps_knob_space():
     assert {k for k in points[0] if kind_of(k) != KNOB} == {"backend.vllm_max_num_seqs"}
     assert {p["gpu_memory_utilization"] for p in points} == {0.004, 0.1, 0.3, 0.5, 0.7, 0.9}
     assert {p["backend.vllm_enable_prefix_caching"] for p in points} == {False, True}
+
+
+def test_random_and_tpe_are_charged_to_the_winner_they_declare():
+    """bench/search_seconds.py declared: random search and TPE run their whole budget (they have no stop
+    rule) but the reserve confirmation may take under ours' rule, and every run is charged: never less than the
+    oracle moment they first run a good point, which they cannot know."""
+    import landscapes
+    import search_seconds as ss
+
+    land = landscapes.tiny_cpu(sigma=0.02)
+    for sampler in ("random", "tpe"):
+        run = ss.declared(land, 0, sampler)
+        trials = run["study"].trials
+        confirming = [t for t in trials if t.user_attrs.get("confirms") is not None]
+        assert len(trials) <= ss.N_TRIALS and len(trials) - len(confirming) >= ss.N_TRIALS - 3 * 2
+        assert all(t.user_attrs.get("start") is None for t in trials)  # no start points
+        assert run["pick"] is not None and run["pick"]["status"] == "ok"
+        assert run["seconds"] >= (run["found_s"] or 0.0)
+        assert run["seconds"] >= run["search_s"] > 0.0 and run["confirm_s"] >= 0.0

@@ -198,6 +198,18 @@ def test_among_points_the_model_cannot_tell_apart_the_start_changes_the_least():
     assert lead.next_point(tied[::-1], set(), same) == {"b": 1, **on}
 
 
+def test_only_a_config_faster_than_predicted_widens_the_models_error():
+    """Three configs ran as the model said; a fourth ran at half its prediction (overpredicted: it
+    cannot hide a faster point) or at twice it (underpredicted: another point may be faster than the
+    model says too). Only the second widens the error that holds the search open."""
+    speed = lambda record: record["predicted_tokens_per_s"]  # noqa: E731 - a calibration that is the identity
+    right = [{"predicted_tokens_per_s": p, "tokens_per_s": p} for p in (100.0, 90.0, 80.0)]
+    over = lead.error([*right, {"predicted_tokens_per_s": 120.0, "tokens_per_s": 60.0}], speed)
+    under = lead.error([*right, {"predicted_tokens_per_s": 60.0, "tokens_per_s": 120.0}], speed)
+    assert over == 0.0
+    assert under > 0.5
+
+
 def test_a_point_the_model_cannot_tell_from_a_measured_one_is_not_the_models_next_run():
     """b=3 is predicted as b=1 ran (200: they differ only in a lever the model does not price): the
     model-led turn runs b=4, the fastest point it has a view on, and the stop rule takes b=1's run

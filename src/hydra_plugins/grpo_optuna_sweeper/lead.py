@@ -7,7 +7,9 @@ lets run (next_point); on the others Optuna's sampler asks, and so explores wher
 unsure. The model is calibrated after every measured trial (fit: the one place that calls the
 throughput model's calibration, speed_fit.phase_fit and speed_fit.calibrated, then a
 log-linear fit of measured on predicted tokens/s, its slope in [0, 1]), and its own error is
-measured too (error: the spread of measured over calibrated, on a log scale).
+measured too (error: the upside spread of measured over calibrated, on a log scale: only a config
+that runs faster than the model says can hide a faster point, so configs it overpredicts, often the
+slow ones, do not hold the search open).
 
 The search stops (stop_line) once at least MIN_MEASURED configs have run and no untried point is
 predicted, raised by the model's measured error times z (best.INTERVAL_Z, or sqrt(2 ln n) for n
@@ -83,8 +85,10 @@ def fit(records: list[dict]) -> Callable[[dict], float | None]:
 
 
 def error(records: list[dict], speed: Callable[[dict], float | None], sigma: float | None = None) -> float | None:
-    """The calibrated model's own error on the measured records: the standard deviation of
-    log(measured / calibrated), less what the run noise the study measured explains.
+    """The calibrated model's own error on the measured records: the upside spread of
+    log(measured / calibrated) (the configs that ran faster than it said), less what the run noise
+    the study measured explains. A config the model overpredicts cannot hide a faster point, so its
+    miss does not widen the error that keeps the search going.
 
     Args:
         records: The measured records.
@@ -97,7 +101,9 @@ def error(records: list[dict], speed: Callable[[dict], float | None], sigma: flo
     logs = [math.log(r["tokens_per_s"] / s) for r in records if r.get("tokens_per_s") and (s := speed(r))]
     if len(logs) < MIN_MEASURED:
         return None
-    spread = statistics.pstdev(logs) * math.sqrt(len(logs) / (len(logs) - 1))
+    # The upside semi-deviation, doubled in variance so that a symmetric error keeps its spread: the
+    # squares of the configs above the fit, over all configs less the fit's own degree of freedom.
+    spread = math.sqrt(2.0 * sum(max(0.0, r) ** 2 for r in logs) / (len(logs) - 1))
     return math.sqrt(max(0.0, spread**2 - (sigma or 0.0) ** 2))
 
 
