@@ -130,30 +130,10 @@ def case(space: str, noise: str, land: dict, quiet: bool, seeds: int) -> list[di
     rows = []
     for error in MODEL_ERRORS:
         started = time.perf_counter()
-        runs = [
-            search_seconds.sweep(
-                land, s, n_trials=search_seconds.N_TRIALS, stop_below=stop, confirm_top=3, lead=True, model_error=error
-            )
-            for s in range(seeds)
-        ]
+        ours = dict(n_trials=search_seconds.N_TRIALS, stop_below=stop, confirm_top=3, lead=True, model_error=error)
+        runs = [search_seconds.sweep(land, s, **ours) for s in range(seeds)]
         trials = [r["trials"] + sum(t.user_attrs.get("confirms") is not None for t in r["study"].trials) for r in runs]
-        earliest = (
-            [
-                search_seconds.sweep(
-                    land,
-                    s,
-                    n_trials=search_seconds.N_TRIALS,
-                    stop_below=stop,
-                    confirm_top=3,
-                    lead=True,
-                    model_error=error,
-                    withdraw=True,
-                )
-                for s in range(seeds)
-            ]
-            if quiet
-            else []
-        )
+        earliest = [search_seconds.sweep(land, s, withdraw=True, **ours) for s in range(seeds)] if quiet else []
         rows.append(
             {
                 "space": space,
