@@ -274,8 +274,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     weight per pass; in decode where a step runs several rows, `decode_rows`) at the card's
     dequant_bandwidth_fraction. generation: prefill at the training rate (prefix caching computes the group's
     shared full KV blocks once: vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per
-    token of each wave's
-    longest completion, bound by reading the weights and the live KV cache at the card's
+    token of each wave's longest completion, bound by reading the weights and the live KV cache at the card's
     decode_bandwidth_fraction, plus a per-step overhead (HF generate: the card's eager_layer_s per layer; vLLM
     3 ms: `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
     backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
