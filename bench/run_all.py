@@ -153,6 +153,8 @@ def summarize(keep_measured_at: bool = False) -> dict:
                         "plan_vs_landscape_spearman",
                         "plan_first_pick_ratio",
                         "calibrated_pick_ratio_after_5",
+                        "calibrated_pick_ceiling_after_5",
+                        "calibrated_pick_best_untried_after_5",
                         "calibrated_median_error",
                     ),
                 ),

@@ -95,6 +95,7 @@ def sweep(
     lead: bool = False,
     model_error: float = 0.0,
     zone: float | None = None,
+    withdraw: bool = False,
 ) -> dict:
     """The sweeper's loop on `land`: returns seconds to the first good point run to its end (None if
     not found), the search and confirmation seconds, the pick and the counted trials.
@@ -105,7 +106,10 @@ def sweep(
     lead: the model-led search (lead.py: the calibrated model's next point on the model's turns, the
     stop rule, the flat space; confirmation judged with the trials' predictions), its own seconds
     charged as measured here; model_error: each point's forecast tokens/s disturbed by
-    exp(N(0, model_error)), drawn once per seed (a wrong model); zone: hydra.sweeper.indifference."""
+    exp(N(0, model_error)), drawn once per seed (a wrong model); zone: hydra.sweeper.indifference.
+    withdraw: a counterfactual, not the sweeper: the stop rule is read after every trial, the start
+    points still waiting counted as untried, and when it fires they are withdrawn unrun (the earliest
+    a model-led search can stop: two measured configs, the fewest that price the model's error)."""
     import logging
 
     import optuna
@@ -247,14 +251,20 @@ def sweep(
         return out
 
     def lead_stopped() -> bool:
-        """The sweeper's Loop._search_over: never while a start point waits; the stop line once."""
+        """The sweeper's Loop._search_over: never while a start point waits (withdraw: after every
+        trial); the stop line once."""
         if ended:
             return True
-        if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
+        waiting = [t for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING"]
+        if waiting and not withdraw:
             return False
-        line = timed(lead_rules.study_stop_line, study, candidates, zone)
+        line = timed(lead_rules.study_stop_line, study, candidates, zone, not withdraw)
         if line is not None:
             ended.append((line, counted))
+            for _ in waiting:  # withdraw: each waiting start point leaves the queue unrun
+                withdrawn = study.ask(space)
+                withdrawn.set_user_attr("withdrawn", True)
+                study.tell(withdrawn, state=optuna.trial.TrialState.FAIL)
         return bool(ended)
 
     def search_trial() -> None:

@@ -60,10 +60,15 @@ def main(fresh: bool = False, calibrate: bool = False) -> dict:
         {"figure": "model's top four, measured / best", "value": f"{min(top4):.2f}-{max(top4):.2f}", "goal": ""},
     ]
     payload["published_expected"] = published_at_expected_length()
-    if calibrate:
-        payload["calibration"] = calibration = calibrated_after(land)
+    kept = None if calibrate else _stored_calibration()
+    if calibrate or kept is not None:
+        payload["calibration"] = calibration = calibrated_after(land) if calibrate else kept
+        if calibration.get("picks"):
+            calibration.update(reach_after(land, calibration["picks"]))
         for key in ("calibrated_pick_ratio_after_5", "calibrated_median_error"):
             payload[key] = calibration.get(key)
+        payload["calibrated_pick_ceiling_after_5"] = calibration.get("untried_ceiling")
+        payload["calibrated_pick_best_untried_after_5"] = calibration.get("untried_best")
         table.append(
             {
                 "figure": "after 5 trials of calibration: best untried point's measured tok/s / best",
@@ -76,6 +81,20 @@ def main(fresh: bool = False, calibrate: bool = False) -> dict:
                 "figure": "after 5 trials: median error of calibrated tok/s (untried points re-measured in the same session)",
                 "value": payload["calibrated_median_error"],
                 "goal": "<= 0.15",
+            }
+        )
+        table.append(
+            {
+                "figure": "... the most any model can reach there: the best untried point that no pick ties, measured / best",
+                "value": calibration.get("untried_ceiling"),
+                "goal": "",
+            }
+        )
+        table.append(
+            {
+                "figure": "... the best untried point, ties of the picks included, measured / best",
+                "value": calibration.get("untried_best"),
+                "goal": "",
             }
         )
         for figure, key in (
@@ -96,6 +115,58 @@ def main(fresh: bool = False, calibrate: bool = False) -> dict:
         )
     write_result("throughput_model", payload, table, "Throughput model vs the measured tiny_cpu_vllm landscape")
     return payload
+
+
+def _stored_calibration() -> dict | None:
+    """The calibration a run with --calibrate recorded (its real trials, with the time it was measured),
+    kept when this run does not replay it: a run without --calibrate never drops measured figures."""
+    import json
+
+    from common import RESULTS
+
+    path = RESULTS / "throughput_model.json"
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    calibration = stored.get("calibration")
+    if not calibration:
+        return None
+    return {"measured_at": stored.get("measured_at"), **calibration}
+
+
+def reach_after(land: dict, picks: list[dict]) -> dict:
+    """What the landscape lets `calibrated_pick_ratio_after_5` reach after `picks` ran.
+
+    untried_ceiling: the best measured tokens/s, over the best's, of an untried point whose forecast
+    ties no pick's (forecast.ties). Such a point is the most the calibrated model can name: the sweep's
+    next point (lead.untried) leaves out a tie of a measured config, and a tie's prediction equals its
+    twin's, so no calibration tells them apart. twins_prefix_caching: every pair of points that differ
+    in backend.vllm_enable_prefix_caching alone, the spread of their measured ratio (on / off): the
+    landscape's own resolution between two points the model predicts alike. untried_best: the best
+    untried point, ties included: the most any ranking of the untried points reaches."""
+    import math
+
+    from hydra_plugins.grpo_optuna_sweeper.forecast import ties
+
+    tried = {landscapes.key(levers) for levers in picks}
+    measured = [land["by_key"][k]["forecast"].tokens_per_s for k in tried if k in land["by_key"]]
+    untried = [p for p in land["points"] if p["status"] == "ok" and landscapes.key(p["levers"]) not in tried]
+    apart = [p for p in untried if not any(ties(p["forecast"].tokens_per_s, m) for m in measured if m)]
+    pairs: dict[tuple, dict] = {}
+    for p in land["points"]:
+        if p["status"] == "ok":
+            rest = {k: v for k, v in p["levers"].items() if k != "backend.vllm_enable_prefix_caching"}
+            pairs.setdefault(landscapes.key(rest), {})[p["levers"].get("backend.vllm_enable_prefix_caching")] = p
+    logs = [math.log(two[True]["tokens_per_s"] / two[False]["tokens_per_s"]) for two in pairs.values() if len(two) == 2]
+    return {
+        "untried_best": max((p["tokens_per_s"] for p in untried), default=0.0) / land["optimum"],
+        "untried_ceiling": max((p["tokens_per_s"] for p in apart), default=0.0) / land["optimum"],
+        "twins_prefix_caching": {
+            "pairs": len(logs),
+            "median_ratio_on_off": math.exp(statistics.median(logs)) if logs else None,
+            "sd_log_ratio": statistics.stdev(logs) if len(logs) > 1 else None,
+        },
+    }
 
 
 RECHECK = 8  # untried points re-measured in the calibration's own session (random.Random(SEED).sample)

@@ -93,3 +93,23 @@ def test_the_forecast_only_oracle_knows_only_the_forecast(tiny):
     forecast_only = search_seconds.model_oracle_pick_rate(tiny, top=12, draws=300)
     assert set(forecast_only["by_k"]) == set(range(1, 13)) and forecast_only["runs_each"] == 40 // forecast_only["k"]
     assert forecast_only["rate"] < search_seconds.oracle_pick_rate(tiny, draws=300)["rate"]
+
+
+def test_the_calibration_ceiling_leaves_out_ties_of_the_picks(tiny):
+    """throughput_model.reach_after: once the picks hold the landscape's best, the ceiling is the best
+    untried point that ties no pick; a tie of a pick counts only in `untried_best`."""
+    import throughput_model
+
+    from hydra_plugins.grpo_optuna_sweeper.forecast import ties
+
+    ranked = sorted((p for p in tiny["points"] if p["status"] == "ok"), key=lambda p: -p["tokens_per_s"])
+    best = ranked[0]
+    reach = throughput_model.reach_after(tiny, [best["levers"]])
+    assert reach["untried_best"] < 1.0 and reach["untried_ceiling"] <= reach["untried_best"]
+    apart = [p for p in ranked[1:] if not ties(p["forecast"].tokens_per_s, best["forecast"].tokens_per_s)]
+    assert reach["untried_ceiling"] == apart[0]["tokens_per_s"] / tiny["optimum"]
+    assert reach["untried_best"] == ranked[1]["tokens_per_s"] / tiny["optimum"]
+    twins = reach["twins_prefix_caching"]
+    assert twins["pairs"] >= 1 and twins["sd_log_ratio"] > 0
+    # With nothing tried, the ceiling is the best point itself.
+    assert throughput_model.reach_after(tiny, [])["untried_ceiling"] == 1.0

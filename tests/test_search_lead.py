@@ -61,6 +61,21 @@ def test_the_search_stops_when_the_model_predicts_nothing_better():
     assert lead.study_stop_line(_study([(1, 100.0, 200.0)]), candidates, 0.05) is None
 
 
+def test_a_queued_point_counts_as_tried_unless_the_rule_reads_it_withdrawn():
+    """The sweeper runs every queued start point, so the stop rule counts it as tried; the bench's
+    counterfactual (queued=False) reads it as untried: a waiting b=6 predicted at 240 (120 calibrated)
+    then holds the search open."""
+    import optuna
+
+    study = _study([(1, 100.0, 200.0), (2, 90.0, 180.0)])
+    study.enqueue_trial({"b": 6})
+    assert any(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
+    assert lead.tried_keys(study) == lead.tried_keys(study, queued=False) | lead.tried_keys(_study([(6, 1.0, 1.0)]))
+    candidates = _forecasts({1: 200.0, 2: 180.0, 3: 150.0, 6: 240.0})
+    assert lead.study_stop_line(study, candidates, 0.05) is not None
+    assert lead.study_stop_line(study, candidates, 0.05, queued=False) is None
+
+
 def test_a_model_that_measures_wrong_keeps_the_search_going():
     """The same predictions, but b=2 ran at 150 where b=1 ran at 100 (the model said b=2 is 10 %
     slower): the model's measured error raises its untried predictions past the bar, so it goes on."""
@@ -106,6 +121,29 @@ def test_a_wrong_model_still_reaches_a_good_point(space):
         for seed in range(10)
     ]
     assert sum(p is not None and search_seconds.good(p, land) for p in picks) >= 9
+
+
+def test_the_earliest_stop_withdraws_the_waiting_start_points():
+    """The bench's counterfactual (search_seconds.sweep withdraw=True) reads the stop rule after every
+    trial: on the measured tiny landscape with the model as recorded it stops before the five start
+    points have run, and the ones left waiting are withdrawn unrun (FAIL, `withdrawn`), never run as
+    confirmation; the sweeper's own reading runs all five first."""
+    import optuna
+
+    sys.path.insert(0, str(BENCH))
+    import landscapes
+    import search_seconds
+
+    logging.getLogger("replay").setLevel(logging.WARNING)
+    land = landscapes.tiny_cpu_vllm(sigma=0.03)
+    kwargs = {"n_trials": 40, "stop_below": 0.5, "confirm_top": 3, "lead": True}
+    earliest = search_seconds.sweep(land, 0, withdraw=True, **kwargs)
+    usual = search_seconds.sweep(land, 0, **kwargs)
+    withdrawn = [t for t in earliest["study"].trials if t.user_attrs.get("withdrawn")]
+    assert withdrawn and all(t.state == optuna.trial.TrialState.FAIL for t in withdrawn)
+    assert not any(t.user_attrs.get("confirms") is not None for t in withdrawn)
+    assert earliest["trials"] < usual["trials"] and earliest["seconds"] < usual["seconds"]
+    assert not any(t.user_attrs.get("withdrawn") for t in usual["study"].trials)
 
 
 def test_the_sweep_says_a_flat_space_is_flat_before_its_first_trial(monkeypatch, caplog):

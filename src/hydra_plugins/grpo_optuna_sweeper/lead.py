@@ -229,9 +229,11 @@ def measured_records(study: Any) -> tuple[list[dict], float | None, float | None
     return records, (ranked[0].median if ranked else None), sigma
 
 
-def tried_keys(study: Any) -> set:
-    """point_key of every point the study holds (queued, running, run or pruned)."""
-    return {point_key(p) for p in points(study.get_trials(deepcopy=False))}
+def tried_keys(study: Any, queued: bool = True) -> set:
+    """point_key of every point the study holds (running, run or pruned; queued too unless `queued`
+    is False: the points still waiting then count as untried)."""
+    held = [t for t in study.get_trials(deepcopy=False) if queued or t.state.name != "WAITING"]
+    return {point_key(p) for p in points(held)}
 
 
 def flat_proved(study: Any) -> Any | None:
@@ -239,7 +241,7 @@ def flat_proved(study: Any) -> Any | None:
     return next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(Key.START) == "flat" and is_ok(t)), None)
 
 
-def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
+def study_stop_line(study: Any, candidates: list, zone: float, queued: bool = True) -> str | None:
     """stop_line on the study: its measured configs, noise and best, and the calibrated model's
     best untried candidate; or the flat space's line once its safest point ran ok.
 
@@ -247,6 +249,8 @@ def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
         study: The study.
         candidates: The forecasts of the space's points.
         zone: The indifference zone (hydra.sweeper.indifference).
+        queued: Whether a queued point counts as tried (the sweeper's reading: it runs every queued
+            start point). False: the rule as it would read were the waiting points withdrawn.
 
     Returns:
         The line that ends the search, or None while it should go on.
@@ -260,7 +264,7 @@ def study_stop_line(study: Any, candidates: list, zone: float) -> str | None:
     records, best, sigma = measured_records(study)
     priced = [r for r in records if r.get(PREDICTED)]
     speed = fit(priced)
-    ranked = untried(candidates, tried_keys(study), speed, (r[PREDICTED] for r in priced))
+    ranked = untried(candidates, tried_keys(study, queued), speed, (r[PREDICTED] for r in priced))
     return stop_line(best, len(priced), sigma, error(priced, speed, sigma), ranked[0][0] if ranked else None, zone, len(ranked))
 
 
