@@ -27,7 +27,10 @@ the budget, what trials measure) is reported beside it under `_worst_case` keys.
 Reported per split: the factor off max(p/m, m/p), its median and worst, Spearman's rho of predicted
 against measured, and each same-setup card pair's ratio error |predicted ratio / measured ratio - 1|.
 published_card_ratio_error is the first heldout pair's (the Mistral-7B T4 / RTX 4090 pair of the issue).
-Writes bench/results/published_runs.json and .md.
+Each row also says whether the fit split holds a run of its setup (`fit_has_setup`: the same card, vLLM
+engine generation and weight format, `setup_of`): a card constant fitted on one engine's 4-bit path is
+carried to another's only by assumption, and the held-out runs the fit never covers are listed apart
+(`heldout_without_fit_setup`). Writes bench/results/published_runs.json and .md.
 """
 
 from __future__ import annotations
@@ -56,6 +59,19 @@ ARCH_KEYS = (
     "tie_word_embeddings",
     "max_position_embeddings",
 )
+
+
+def setup_of(run: dict) -> tuple[str, str, str]:
+    """(card, generation engine, weight format) of RUN: the engine is vLLM's generation as the run's own log
+    names it ("V0"/"V1" from its 'Initializing a V0 LLM engine' line) or "hf" where it generated without
+    vLLM."""
+    engine = run.get("vllm_engine")
+    return run["card"], engine.split()[0] if engine else "hf", run["quant"]
+
+
+def fit_setups(runs: list[dict]) -> set[tuple[str, str, str]]:
+    """The setups (setup_of) of the fit split's predicted runs: what a card constant can be fitted on."""
+    return {setup_of(r) for r in runs if r["split"] == "fit" and r.get("predictable", True)}
 
 
 def load(path: Path = DATA) -> dict:
@@ -152,8 +168,9 @@ def card_pairs(data: dict, by_id: dict[str, dict]) -> list[dict]:
     return out
 
 
-def row_of(run: dict) -> dict:
-    """One predicted run: measured, the expected case (`predicted_s`, its phases) and the worst case."""
+def row_of(run: dict, fitted: set[tuple[str, str, str]]) -> dict:
+    """One predicted run: measured, the expected case (`predicted_s`, its phases) and the worst case;
+    `fit_has_setup` says whether FITTED (fit_setups) holds its setup."""
     p = predict(run)
     e = p["expected"]
     return {
@@ -161,6 +178,8 @@ def row_of(run: dict) -> dict:
         "card": run["card"],
         "split": run["split"],
         "vllm_engine": run.get("vllm_engine"),
+        "setup": "/".join(setup_of(run)),
+        "fit_has_setup": setup_of(run) in fitted,
         "measured_s": run["seconds_per_step"],
         "predicted_s": e["step_s"],
         "generation_s": e["generation_s"],
@@ -174,11 +193,12 @@ def row_of(run: dict) -> dict:
 
 def evaluate(data: dict) -> dict:
     rows, skipped = [], []
+    fitted = fit_setups(data["runs"])
     for run in data["runs"]:
         if not run.get("predictable", True):
             skipped.append({"id": run["id"], "why": run["notes"].split(":")[0]})
             continue
-        rows.append(row_of(run))
+        rows.append(row_of(run, fitted))
     worst_rows = [{**r, "predicted_s": r["predicted_worst_case_s"], "factor": r["factor_worst_case"]} for r in rows]
     pairs = card_pairs(data, {r["id"]: r for r in rows})
     heldout_pairs = [p for p in pairs if p["splits"] == "heldout / heldout"]
@@ -198,6 +218,11 @@ def evaluate(data: dict) -> dict:
         "published_heldout_median_factor_worst_case": heldout_worst["median_factor"],
         "published_heldout_worst_factor_worst_case": heldout_worst["worst_factor"],
         "published_card_ratio_error_worst_case": heldout_pairs[0]["ratio_error_worst_case"] if heldout_pairs else None,
+        "heldout_without_fit_setup": [
+            {"id": r["id"], "setup": r["setup"], "factor": r["factor"]}
+            for r in rows
+            if r["split"] == "heldout" and not r["fit_has_setup"]
+        ],
         "rows": rows,
         "not_predicted": skipped,
     }
@@ -210,6 +235,8 @@ def main() -> Path:
         "card",
         "split",
         "vllm_engine",
+        "setup",
+        "fit_has_setup",
         "measured_s",
         "predicted_s",
         "factor",
@@ -223,6 +250,8 @@ def main() -> Path:
         print(f"{s} (expected case): {summary}")
     for s in SPLITS:
         print(f"{s} (worst case): {result['splits_worst_case'][s]}")
+    for r in result["heldout_without_fit_setup"]:
+        print(f"heldout {r['id']} ({r['setup']}): no fit run of its setup; {r['factor']:.2f}x off")
     for p in result["card_pairs"]:
         print(
             f"card pair {p['pair']}: measured {p['measured_ratio']:.2f}x, predicted {p['predicted_ratio']:.2f}x "

@@ -167,3 +167,22 @@ def test_the_reference_forward_of_trls_default_beta_is_counted(data):
     without = pr.predict({**run, "beta": None})["expected"]
     assert with_ref["training_s"] > without["training_s"]
     assert with_ref["generation_s"] == pytest.approx(without["generation_s"])
+
+
+def test_each_row_says_whether_the_fit_split_holds_its_setup(data):
+    """setup_of reads the card, vLLM's engine generation and the weight format from the run's own record;
+    a heldout run is listed apart when no fit run shares its setup, and a fit twin of it clears it. On
+    today's data the RTX 4090's 4-bit V0 run is one such: the fit split's 4-bit runs on that card are V1."""
+    result = pr.evaluate(data)
+    rows = {r["id"]: r for r in result["rows"]}
+    assert rows["unsloth_mistral7b_rtx4090"]["setup"] == "rtx4090_24g/V0/4bit"
+    assert rows["unsloth_dsr1_qwen3_8b_rtx4090"]["setup"] == "rtx4090_24g/V1/4bit"
+    assert rows["unsloth_gemma3_1b_t4"]["setup"] == "t4_16g/hf/16bit"
+    assert all(r["fit_has_setup"] for r in rows.values() if r["split"] == "fit")
+    apart = {r["id"] for r in result["heldout_without_fit_setup"]}
+    assert apart == {r["id"] for r in rows.values() if r["split"] == "heldout" and not r["fit_has_setup"]}
+    assert "unsloth_mistral7b_rtx4090" in apart and "unsloth_mistral7b_t4" not in apart
+    twin = copy.deepcopy(data)
+    held = next(r for r in twin["runs"] if r["id"] == "unsloth_mistral7b_rtx4090")
+    twin["runs"].append({**held, "id": "a_fit_twin", "split": "fit"})
+    assert "unsloth_mistral7b_rtx4090" not in {r["id"] for r in pr.evaluate(twin)["heldout_without_fit_setup"]}

@@ -229,6 +229,35 @@ def test_4bit_dequantisation_runs_at_the_cards_own_fraction():
     )
 
 
+def test_a_decode_step_of_one_row_takes_bitsandbytes_gemv_and_pays_no_dequantisation():
+    """bitsandbytes' matmul_4bit takes its fused gemv_4bit for a single-row input and dequantises for any other
+    (throughput.decode_rows cites the sources): a 4-bit vLLM run held to one sequence at a time
+    (backend.vllm_max_num_seqs=1) decodes with no dequantisation stream, so its generation does not move with
+    the card's dequant_bandwidth_fraction while its training does; at two sequences the stream is back. Both
+    by hand: decode bytes = steps x (4-bit weights + the stream where it runs) + the KV reads."""
+    from grpo_sweep.memory.shapes import param_counts
+    from grpo_sweep.memory.throughput import DEQUANT_BYTES_PER_WEIGHT, decode_rows
+
+    four = ["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl_vllm", "load_in_4bit=true"]
+    slow = "gpu.dequant_bandwidth_fraction=0.1"
+    for seqs in (1, 2):
+        over = [*four, f"backend.vllm_max_num_seqs={seqs}"]
+        cfg = compose(over)
+        s, card = shapes(cfg, "trl_vllm"), card_of(cfg)
+        base, slowed = relative_step_time(cfg), relative_step_time(compose([*over, slow]))
+        assert base["generation_waves"] == s.G / seqs  # one wave per `seqs` sequences
+        assert slowed["training_s"] > base["training_s"]  # training always dequantises
+        steps = base["generation_waves"] * s.C
+        stream = param_counts(s)["linear"] * DEQUANT_BYTES_PER_WEIGHT * steps if seqs > 1 else 0.0
+        kv = s.G * (s.P * s.C + s.C * s.C / 2) * kv_bytes_per_token(s, 2)
+        assert base["decode_bytes"] == pytest.approx(steps * weights_bytes(s) + stream + kv)
+        extra = stream / (card.bandwidth * 0.1) - stream / (card.bandwidth * card.dequant_fraction)
+        assert slowed["generation_s"] - base["generation_s"] == pytest.approx(extra, abs=1e-9)
+    # HF generate decodes the round's whole batch at once: several rows, so it dequantises
+    hf = compose(["model=gemma3_1b", "gpu=t4_16g", "preset=seed_baseline", "backend.name=trl", "load_in_4bit=true"])
+    assert decode_rows(shapes(hf, "trl"), 1.0, {}, False) == shapes(hf, "trl").G > 1
+
+
 def test_hf_generate_pays_the_cards_eager_seconds_per_layer_per_token():
     """HF generate's per-step overhead is the card's eager_layer_s per layer: on the T4 (its conf/gpu file's
     fit to its public HF-generate run) each of the budget's decode steps costs layers x that, by hand against

@@ -73,9 +73,9 @@ SWEEP_N_TRIALS = 20
 # give 1.5 (1.45-1.6 keeps both within 13 %); the runs whose waves reach the budget do not depend on it.
 EXPECTED_TAIL = 1.5
 # bitsandbytes dequantises each NF4 projection to a 16-bit copy before its matmul (bnb.functional
-# dequantize_4bit, in training, HF generate and vLLM alike: bnb matmul_4bit takes its fused gemv only for a
-# single row, and a GRPO wave decodes several): read 0.5 byte, write and read 2 bytes per weight. That stream
-# runs at the card's dequant_bandwidth_fraction: the dequantisation kernel is branch-bound on some cards.
+# dequantize_4bit, in training, HF generate and vLLM alike): read 0.5 byte, write and read 2 bytes per weight.
+# That stream runs at the card's dequant_bandwidth_fraction: the dequantisation kernel is branch-bound on some
+# cards. A decode step of one row is the exception (`decode_rows`).
 DEQUANT_BYTES_PER_WEIGHT = 4.5
 
 
@@ -175,6 +175,33 @@ def generation_rounds(cfg: Any, s) -> float:
     return s.GA / int(per_gen) if per_gen else 1.0
 
 
+def decode_rows(s, rounds: float, assumptions: dict, vllm: bool) -> float:
+    """Sequences one decode step runs: a generation round's batch (B x steps_per_generation), or under vLLM at
+    most the sequences its KV cache or max_num_seqs holds at once (the estimator's `kv_cache_sequences`).
+
+    It decides the 4-bit decode path. bitsandbytes' matmul_4bit calls its fused gemv_4bit, which reads the
+    4-bit weights and writes no 16-bit copy, only when the input is a single row (bitsandbytes
+    autograd/_functions.py `matmul_4bit`: A.numel() == A.shape[-1] without grad); any other input dequantises
+    first (`MatMul4Bit.forward`). vLLM's bitsandbytes method hands a decode step's [sequences, hidden] input to
+    it per weight shard (vllm/model_executor/layers/quantization/bitsandbytes.py `_apply_bnb_4bit`; Unsloth's
+    patch, unsloth_zoo vllm_utils.py `_apply_4bit_weight`, keeps that call), and bitsandbytes' Linear4bit does
+    the same under HF generate. A wave's tail, after all but its longest completion end, also runs one row;
+    the model does not price that tail apart (no run logs a wave's second-longest completion).
+
+    Args:
+        s: The run's shape; `G` is the step's generation batch.
+        rounds: Generation rounds per step (generation_rounds).
+        assumptions: The estimator's assumptions ({} without vLLM).
+        vllm: Whether vLLM generates.
+
+    Returns:
+        The sequences a decode step runs at once.
+    """
+    per_round = s.G / rounds
+    held = assumptions.get("kv_cache_sequences") if vllm else None
+    return min(per_round, held) if held else per_round
+
+
 def expected_completion_tokens(cfg: Any, s) -> tuple[float, float]:
     """(mean, longest) completion tokens at the expected length: task.expected_completion_tokens (null: the
     budget), the longest EXPECTED_TAIL x the mean, both at most the budget."""
@@ -220,8 +247,9 @@ def _phases(m: dict, card: Card, mean: float, longest: float, limit: bool = Fals
     # until the longest ends (transformers generation/utils.py _sample: unfinished_sequences masks, no removal).
     steps = m["rounds"] * m["waves"] * longest  # each round decodes its own batch: weights read per round
     kv_tokens = s.G * (s.P * mean + mean * mean / 2) if m["vllm"] else s.G * longest * (s.P + longest / 2)
-    decode_bytes = steps * (m["weight_read"] + m["dequant"]) + kv_tokens * m["kv_per_token"]
-    decode_s = (steps * m["weight_read"] + kv_tokens * m["kv_per_token"]) / bytes_rate + steps * m["dequant"] / dequant_rate
+    decode_bytes = steps * (m["weight_read"] + m["decode_dequant"]) + kv_tokens * m["kv_per_token"]
+    decode_s = (steps * m["weight_read"] + kv_tokens * m["kv_per_token"]) / bytes_rate
+    decode_s += steps * m["decode_dequant"] / dequant_rate
     gen = prefill + decode_s + fixed * (steps * m["step_overhead"] + m["rounds"] * (m["pool_s"] + card.step_s))
     return {
         "generation_s": gen,
@@ -243,19 +271,18 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
     the chunked head's recompute, and the forwards outside the micro-batches (extra_forwards), at the card's
     train_flops_fraction of peak scaled by the micro-batch's fill (MICROBATCH_FILL_TOKENS), plus its fixed
     seconds per micro-batch. 4-bit adds the dequantisation stream (DEQUANT_BYTES_PER_WEIGHT per projection
-    weight per pass, training and decode alike) at the card's dequant_bandwidth_fraction. generation: prefill
-    at the training rate (prefix caching computes the group's shared full KV blocks once:
-    vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per token of each wave's
-    longest completion, bound by reading the weights and the live KV cache at the card's
+    weight per pass; in decode where a step runs several rows, `decode_rows`) at the card's
+    dequant_bandwidth_fraction. generation: prefill at the training rate (prefix caching computes the group's
+    shared full KV blocks once: vllm/v1/core/kv_cache_manager.py get_computed_blocks), then one decode step per
+    token of each wave's longest completion, bound by reading the weights and the live KV cache at the card's
     decode_bandwidth_fraction, plus a per-step overhead (HF generate: the card's eager_layer_s per layer; vLLM
     3 ms: `vllm_step_overhead`; an fp8 KV cache halves the KV reads). When vLLM's KV cache (or
     backend.vllm_max_num_seqs) holds fewer sequences than the generation batch (the estimator's
     `generation_waves`, vLLM's scheduler queueing the rest), the weights are read and the per-step overhead
     paid once per wave, the KV reads stay the batch's; so per generation round (`generation_rounds`). The
     card's fixed seconds are generation's, once a round: TRL's `_generate_single_turn` syncs the weights to
-    vLLM first. Sources: NVIDIA datasheets and the efficiencies' own sources (conf/gpu/*.yaml), TRL
-    `compute_flops_per_token`. Seconds are one rank's (the ranks step together); tokens/s is the trial's,
-    over its trial.num_processes ranks, at the worst case.
+    vLLM first. Sources: NVIDIA datasheets, the efficiencies' own (conf/gpu/*.yaml), TRL compute_flops_per_token.
+    Seconds are one rank's (the ranks step together); tokens/s is the trial's, over its ranks, at the worst case.
     """
     device = target_device(cfg)
     backend = resolve_backend_for(cfg, device)
@@ -284,6 +311,7 @@ def relative_step_time(cfg: Any, logits_mode: str | None = None) -> dict:
         "passes": 2 + recompute_passes(s),
         "extra": extra_forwards(cfg, vllm),
         "dequant": dequant,
+        "decode_dequant": dequant if decode_rows(s, rounds, assumptions, vllm) > 1 else 0,  # one row: gemv_4bit
         "weight_read": weights_bytes(s),
         "kv_per_token": kv_bytes_per_token(s, vllm_kv_element_bytes(engine, s.wb) if vllm else s.wb),
         "step_overhead": vllm_step_overhead(s, engine, device) if vllm else card.eager_layer_s * s.L,
