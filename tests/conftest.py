@@ -16,7 +16,8 @@ xdist group as it is collected (pytest_itemcollected), so one worker builds it a
   (`helpers.runners.train_here`).
 - `warm_model`: the warm tiny model every default trial loads; built once per machine anyway
   (its cache and lock: trial/warmup.py). The tests with a short trial.timeout_s take it, so a cold
-  cache's warm-up happens before their clocks start, not inside them.
+  cache's warm-up happens before their clocks start, not inside them. Under xdist the controller
+  starts its build at once (pytest_configure), while the workers start and collect.
 
 Waiting is set short through settings in the tests (trial.timeout_s, heartbeat_interval,
 grace_period, storage_retry_s); the production defaults stay. A test of trial.timeout_s waits for its
@@ -29,10 +30,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers.config import compose
+from helpers.config import default_warm_model
 from helpers.runners import FAST, OFFLINE_ENV, sweep_args, train_here
 from helpers.studies import new_database
 
@@ -130,11 +132,32 @@ def warm_model() -> Path:
 
     Built (once per machine: its cache and lock) before the trials that use it start their clocks, so
     a test with a short trial.timeout_s never spends it on a cold cache's warm-up."""
-    from grpo_sweep.trial.models import load_tokenizer, model_path
-    from grpo_sweep.trial.tasks import get_task
+    return default_warm_model()
 
-    cfg = compose(FAST)
-    return Path(model_path(cfg, load_tokenizer(cfg, get_task(cfg).corpus()), on_cuda=False))
+
+_WARM_BUILD: list[subprocess.Popen] = []
+
+
+def pytest_configure(config):
+    """Under xdist the controller starts building the default warm model at once, in a process of its
+    own: it builds while the workers start and collect (~20-30 s on 2 loaded cores), instead of one
+    worker's first trial building it while the other worker's first trial waits on its cache lock.
+    Whoever needs it before it is done waits on that lock (cache_entry.ensure); a warm cache returns
+    at once. A run without xdist builds it where it is first needed, as before."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        tests = str(Path(__file__).resolve().parent)
+        code = f"import sys; sys.path.insert(0, {tests!r}); from helpers.config import default_warm_model; default_warm_model()"
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        _WARM_BUILD.append(subprocess.Popen([sys.executable, "-c", code], **quiet))
+
+
+def pytest_unconfigure(config):
+    """A build the run never waited for is stopped with the run (the next builder removes its partial
+    folder: cache_entry.ensure)."""
+    for proc in _WARM_BUILD:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait()
 
 
 @pytest.fixture

@@ -238,6 +238,9 @@ def test_the_export_for_trl_022_uses_only_trl_022s_names():
 
 # --- real: a Jupyter kernel, and `trl grpo` ----------------------------------------------------------------
 
+# The notebook's own 24 prompts key a warm model of their own (trial/warmup.py), built inside the test:
+# a short warm-up (the default's 400 steps of 64 rows take ~25 CPU-s); nothing here asserts what it learnt.
+NOTEBOOK_WARMUP = ["model.warmup.steps=40", "model.warmup.batch_size=16"]
 NOTEBOOK_CELLS = [
     "import re\nimport datasets\nimport grpo_sweep\nfrom trl import GRPOConfig, GRPOTrainer\n"
     'ANSWER = re.compile(r"<answer>(\\d+)</answer>")',
@@ -250,7 +253,7 @@ NOTEBOOK_CELLS = [
     "best = grpo_sweep.sweep(training_args=args, reward_funcs=[has_answer], train_dataset=train_dataset, n_trials=3,\n"
     "                        study_name='nb', knobs=['per_device_train_batch_size', 'gradient_checkpointing'],\n"
     "                        overrides=['trial.steps=2', 'hydra.sweeper.confirm_top=0',\n"
-    "                                   'hydra.sweeper.search_stop=false'])",
+    "                                   'hydra.sweeper.search_stop=false', *WARMUP])",
     "best.table",
     "best",
     "trainer = GRPOTrainer(model=MODEL_DIR, reward_funcs=[has_answer], train_dataset=train_dataset,\n"
@@ -277,7 +280,7 @@ def test_a_notebook_sweeps_with_its_own_reward_data_and_grpo_config(tmp_path, mo
     (kernels / "kernel.json").write_text(json.dumps({**spec, "display_name": "grpo-sweep test"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    cells = [f"MODEL_DIR = {str(model_dir)!r}", *NOTEBOOK_CELLS]
+    cells = [f"MODEL_DIR = {str(model_dir)!r}\nWARMUP = {NOTEBOOK_WARMUP!r}", *NOTEBOOK_CELLS]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     client = NotebookClient(nb, kernel_name="grpo-sweep-test", timeout=900, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()

@@ -188,24 +188,64 @@ def test_sigkill_of_train_py_leaves_no_rank_of_a_two_process_trial(tmp_path):
     assert m["world_size"] == 2 and len(m["rank_status"]) == 2
 
 
+# vLLM engine settings the server trial passes, each away from its default: the tiny model's KV block is 64 KiB
+# on vLLM-CPU (128 tokens), so 4 MiB is 64 whole blocks and reaches vLLM unrounded.
+SERVER_ENGINE = {
+    "max_num_seqs": 2,
+    "max_num_batched_tokens": 256,
+    "enable_prefix_caching": False,
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 4 * 2**20,
+    "kv_cache_dtype": "auto",
+    "model_impl": "transformers",  # transformers' modeling code inside vLLM: server mode only (validate.check_vllm_engine)
+}
+
+
 @pytest.mark.slow
-def test_sigkill_of_train_py_leaves_no_vllm_server_behind(tmp_path):
-    """backend.vllm_mode=server: the trial's `trl vllm-serve` (and vLLM's engine process) die too. Over 20 s: a vLLM server
-    (CPU build) started in its own process, which imports vLLM and compiles its kernels."""
+def test_a_server_mode_trial_trains_through_its_server_and_sigkill_leaves_none_behind(tmp_path):
+    """backend.vllm_mode=server on CPU, one real `trl vllm-serve` for both checks: the engine settings
+    (backend.vllm_*) reach the server (its own VllmConfig, /server_info, holds them), every step generates
+    through it and the trial ends ok (trial.debug_fault=hang_after_train: it then hangs with the server
+    up); SIGKILL of train.py then leaves no server (nor vLLM's engine process) behind, and the worker
+    stops and measures it. Over 20 s: a vLLM server (CPU build) started in its own process, which
+    imports vLLM, and a real trial through it from a fresh train.py."""
+    from grpo_sweep.metrics import KEYS
+
     run_dir = tmp_path / "run"
+    engine = [f"backend.vllm_{k}={str(v).lower()}" for k, v in SERVER_ENGINE.items() if k != "kv_cache_dtype"]
     cmd = [
-        *FAST, "backend=trl_vllm", "backend.vllm_mode=server",
-        "trial.debug_fault=hang", f"hydra.run.dir={run_dir}",
+        *FAST, "backend=trl_vllm", "backend.vllm_mode=server", *engine,
+        "trial.debug_fault=hang_after_train", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
+    trained = "debug_fault=hang_after_train: trained (status ok), hanging until stopped"
+    hanging = lambda: "debug_fault=hang_after_train" in _text(run_dir / "trial.log")  # noqa: E731
     names: list[str] = []
-    trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", run_dir / "trial.log", started_by="spawn_main", seen=names)
+    trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", hanging, started_by="spawn_main", seen=names)
+    assert trained in _text(run_dir / "trial.log")  # every step ran and the trial reached ok before the kill
     assert any("grpo_sweep.trial.vllm_serve" in n for n in names), names  # the server was running
     assert any("EngineCore" in n for n in names), names  # and vLLM's engine process
 
     wait_for(lambda: not _alive(trial), timeout=GONE_WITHIN_S, every=0.2)
     m = load_metrics(run_dir)
     assert m["status"] == "failed" and "the process that started it died" in m["error"]
-    assert m["vllm_server_peak_rss_bytes"] > 0  # stopped by the worker, and measured
+    assert set(m) <= KEYS and m["backend"] == "trl_vllm" and m["effective"]["vllm_mode"] == "server"
+    assert m["steps"] == 2 and m["tokens_per_s"] > 0
+    assert m["vllm_pool_bytes"] is None  # nothing of vLLM's inside the training process
+    assert m["vllm_server_peak_rss_bytes"] > 100 * 2**20 and m["vllm_server_start_s"] > 0  # stopped by the worker, measured apart
+    assert "skipped on CPU" in m["vllm_weight_sync"]
+    assert m["effective"]["vllm_engine"] == SERVER_ENGINE  # read back from the server engine's VllmConfig
+    assert (run_dir / "vllm_server.log").read_text().count("POST /v1/completions") >= 2  # every step generated through the server
+    port = m["vllm_server_url"].rsplit(":", 1)[1]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "grpo_sweep.trial.vllm_serve" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, left  # torn down
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @IN_PROCESS_TRIALS  # its trial comes from the forkserver the other short in-process trials share

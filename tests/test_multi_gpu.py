@@ -145,8 +145,8 @@ def test_estimate_cli_prints_the_per_rank_table():
 from grpo_sweep.metrics import KEYS  # noqa: E402
 from grpo_sweep.trial.ranks import command, merge, rank_dir  # noqa: E402
 
-# 64 prompts: the warm model of the vLLM tests' key (test_vllm_cpu, test_vllm_queueing), one build for all of them
-TINY_DDP = ["trial.steps=2", "task.num_prompts=64", "trial.num_processes=2", "trial.strategy=ddp"]
+# The default task: the warm model every default trial loads (conftest.warm_model), no build of its own
+TINY_DDP = ["trial.steps=2", "trial.num_processes=2", "trial.strategy=ddp"]
 
 
 def _rank(status="ok", peak=100, tokens=10.0, **extra):
@@ -237,7 +237,7 @@ def test_one_and_two_processes_train_the_same_recipe(tmp_path):
     trial counts its throughput once (the two-process trial's tokens/s is not the ranks' sum)."""
     from helpers.runners import load_metrics, train_here
 
-    held = ["trial.steps=2", "task.num_prompts=64", "completions_per_step=8", "per_device_train_batch_size=2"]
+    held = ["trial.steps=2", "completions_per_step=8", "per_device_train_batch_size=2"]
     records = {}
     for n in (1, 2):
         run_dir = tmp_path / str(n)
@@ -318,7 +318,7 @@ def test_fsdp_on_cpu_is_refused_by_the_rank_when_accelerate_falls_back_to_ddp(tm
     scratch and build the trainer before the refusal."""
     from grpo_sweep.trial.parent import run_trial
 
-    cfg = compose(["trial.steps=2", "task.num_prompts=64", "trial.num_processes=2", "trial.strategy=fsdp"])
+    cfg = compose(["trial.steps=2", "trial.num_processes=2", "trial.strategy=fsdp"])
     m = run_trial(cfg, tmp_path)
     assert m["status"] == "failed" and m["world_size"] == 2 and m["strategy"] == "fsdp"
     assert "trial.strategy=fsdp did not take effect: accelerate distributes this trainer as ddp" in m["error"], m["error"]
@@ -416,51 +416,6 @@ def test_export_says_how_to_pass_engine_settings():
     assert "`trl vllm-serve --model org/m --max-num-seqs 8 --enable-prefix-caching false`" in line
     (colocate,) = engine_notes({"backend": {"vllm_kv_cache_dtype": "fp8"}}, {})
     assert "--kv-cache-dtype fp8" in colocate and "colocate mode cannot pass them" in colocate
-
-
-# vLLM engine settings the server trial passes, each away from its default: the tiny model's KV block is 64 KiB
-# on vLLM-CPU (128 tokens), so 4 MiB is 64 whole blocks and reaches vLLM unrounded.
-SERVER_ENGINE = {
-    "max_num_seqs": 2,
-    "max_num_batched_tokens": 256,
-    "enable_prefix_caching": False,
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 4 * 2**20,
-    "kv_cache_dtype": "auto",
-    "model_impl": "transformers",  # transformers' modeling code inside vLLM: server mode only (validate.check_vllm_engine)
-}
-
-
-@pytest.mark.slow
-def test_server_mode_on_cpu_a_real_server_a_real_trial_torn_down(tmp_path):
-    """Over 20 s: a vLLM server (CPU build) started in its own process, then a real trial through it. The
-    engine settings (backend.vllm_*) reach the server: its own VllmConfig (/server_info) holds them."""
-    import psutil
-    from helpers.runners import load_metrics, train_here
-
-    engine = [f"backend.vllm_{k}={str(v).lower()}" for k, v in SERVER_ENGINE.items() if k != "kv_cache_dtype"]
-    out = train_here(
-        ["backend=trl_vllm", "backend.vllm_mode=server", "trial.steps=2", "task.num_prompts=64", f"hydra.run.dir={tmp_path}"]
-        + engine
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    m = load_metrics(tmp_path)
-    assert m["status"] == "ok", m["error"]
-    assert set(m) <= KEYS and m["backend"] == "trl_vllm" and m["effective"]["vllm_mode"] == "server"
-    assert m["steps"] == 2 and m["tokens_per_s"] > 0
-    assert m["vllm_pool_bytes"] is None  # nothing of vLLM's inside the training process
-    assert m["vllm_server_peak_rss_bytes"] > 100 * 2**20 and m["vllm_server_start_s"] > 0  # measured apart
-    assert "skipped on CPU" in m["vllm_weight_sync"]
-    assert m["effective"]["vllm_engine"] == SERVER_ENGINE  # read back from the server engine's VllmConfig
-    log = (tmp_path / "vllm_server.log").read_text()
-    assert log.count("POST /v1/completions") >= 2  # every step generated through the server
-    port = m["vllm_server_url"].rsplit(":", 1)[1]
-    left = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "grpo_sweep.trial.vllm_serve" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])
-    ]
-    assert not left, left  # torn down
 
 
 # ----------------------------------------------------------------------------- SLURM

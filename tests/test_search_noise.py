@@ -596,7 +596,7 @@ def test_confirmation_budget_rule():
     ],
 )
 def test_slow_trial_stops_after_its_first_timed_step_with_its_peak(tmp_path, gpu, first_timed):
-    overrides = ["trial.steps=5", "task.num_prompts=64", *SMALL, "num_generations=2", *gpu, "trial.stop_below=1e9"]
+    overrides = ["trial.steps=5", *SMALL, "num_generations=2", *gpu, "trial.stop_below=1e9"]
     record = run_trial(compose(overrides), tmp_path)
     assert record["status"] == "slow", record["error"]
     assert "trial.stop_below" in record["error"]
@@ -609,9 +609,7 @@ def test_slow_trial_stops_after_its_first_timed_step_with_its_peak(tmp_path, gpu
 
 @IN_PROCESS_TRIALS
 def test_fast_trial_is_not_stopped(tmp_path):
-    record = run_trial(
-        compose(["trial.steps=3", "task.num_prompts=64", *SMALL, "num_generations=2", "trial.stop_below=0.001"]), tmp_path
-    )
+    record = run_trial(compose(["trial.steps=3", *SMALL, "num_generations=2", "trial.stop_below=0.001"]), tmp_path)
     assert record["status"] == "ok" and record["steps"] == 3 and record["error"] is None
 
 

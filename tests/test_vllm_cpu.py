@@ -20,7 +20,7 @@ from grpo_sweep.memory.vllm import vllm_cpu_plan
 from grpo_sweep.units import MIB
 
 CARD = ["backend=trl_vllm", "gpu=cpu_sim", "gpu.memory_gib=0.125", "max_seq_length=64", "per_device_train_batch_size=2"]
-CARD += ["num_generations=2", "trial.steps=2", "task.num_prompts=64"]
+CARD += ["num_generations=2", "trial.steps=2"]
 SMALL, FITS, LARGE = 0.004, 0.3, 0.9
 # vLLM engine settings the multirun passes (they reach colocate through TRL's LLM call: vllm_patches.inject_engine_kwargs),
 # each away from TRL's own: max_num_seqs 2 (the generation batch), max_num_batched_tokens 4096, prefix caching on.

@@ -19,7 +19,7 @@ needs_vllm = pytest.mark.skipif(not installed("vllm"), reason="vLLM is not insta
 # 96-token completions (still one 128-token block per sequence) on a 256 MiB card: generation is most
 # of a step, so the waves show in the step time, not only in the generation time.
 CARD = [*CPU_CARD, "max_seq_length=128", "gpu.memory_gib=0.25"]
-RUN = ["trial.steps=4", "task.num_prompts=64"]
+RUN = ["trial.steps=4"]
 
 
 def _shares() -> tuple[float, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 _COMPOSED: dict[tuple[str, ...], object] = {}
 
@@ -22,3 +23,15 @@ def compose(overrides: list[str] | None = None):
     if key not in _COMPOSED:
         _COMPOSED[key] = compose_train_config(list(key))
     return copy.deepcopy(_COMPOSED[key])
+
+
+def default_warm_model() -> Path:
+    """The default trial's warm tiny model (model.init=warm, the default task): its checkpoint directory
+    in the model cache ($GRPO_SWEEP_CACHE), built here if the cache lacks it (one builder: trial/warmup.py)."""
+    from grpo_sweep.trial.models import load_tokenizer, model_path
+    from grpo_sweep.trial.tasks import get_task
+
+    from .runners import FAST
+
+    cfg = compose(FAST)
+    return Path(model_path(cfg, load_tokenizer(cfg, get_task(cfg).corpus()), on_cuda=False))

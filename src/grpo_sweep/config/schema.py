@@ -17,7 +17,7 @@ from omegaconf import MISSING
 MODEL_SOURCES = ("random", "hub")
 MODEL_INITS = ("random", "warm")
 LOGGERS = ("none", "wandb")
-FAULTS = (None, "raise", "signal", "hang", "oom", "bad_metrics", "slow")
+FAULTS = (None, "raise", "signal", "hang", "hang_after_train", "oom", "bad_metrics", "slow")
 START_METHODS = ("auto", "forkserver", "spawn")
 # trial.strategy: how N processes of one trial share the model (docs/multi-gpu.md). ZeRO is DeepSpeed's.
 STRATEGIES = ("ddp", "fsdp", "zero2", "zero3")
@@ -174,7 +174,7 @@ class TrialConfig:
     # threads, and on a shared or loaded machine OpenMP threads contend (measured on 2 cores under
     # load: 0.11 s per step with 1 thread, 2-3 s with 2). null: torch's default (all cores).
     cpu_threads: int | None = 1
-    debug_fault: str | None = None  # fault injection for tests: raise | signal | hang | oom | bad_metrics | slow
+    debug_fault: str | None = None  # fault injection for tests: one of FAULTS (trial/faults.py)
     debug_fault_rank: int | None = None  # with num_processes > 1: inject on this rank only (None: all)
     # true: train every weight (no LoRA adapter; lora_rank and lora_target_modules unused), as
     # +experiment=learn does on the tiny model. Not for throughput sweeps: the memory model assumes LoRA.

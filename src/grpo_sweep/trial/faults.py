@@ -31,6 +31,17 @@ def inject_fault(kind: str | None) -> None:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+def hang_after_training(kind: str | None, status: str) -> None:
+    """trial.debug_fault=hang_after_train: the trial trained its steps and has its status (`status`),
+    then hangs until stopped, with everything it started still up (a vLLM server); the trial's log
+    says which status it reached, since the stop that follows overwrites it."""
+    if kind != "hang_after_train":
+        return
+    print(f"[trial] debug_fault=hang_after_train: trained (status {status}), hanging until stopped", flush=True)
+    while True:
+        time.sleep(3600)
+
+
 def fault_callbacks(kind: str | None) -> list:
     """trial.debug_fault=slow: every optimiser step takes SLOW_STEP_S longer, inside its timed window
     (after the StepMeter's start): a trial that is certainly slower than its neighbours, for tests of

@@ -24,7 +24,7 @@ from ..memory.estimator import estimate, generates_with_vllm
 from ..memory.throughput import relative_step_time, speed_record
 from ..metrics import PRESCREEN_KEYS, empty_metrics, versions, write_metrics
 from ..study.attrs import Status
-from .faults import fault_callbacks, inject_fault, perturb_callbacks
+from .faults import fault_callbacks, hang_after_training, inject_fault, perturb_callbacks
 from .process import end_now, own_process, quiet_progress, set_alloc_conf
 from .stopping import TrialStopped, print_failure
 
@@ -247,6 +247,7 @@ class TrialRun:
             )
         elif not self.meter.stopped and (why := self.meter.unmeasured()):
             self.record.update(status=Status.FAILED, error=why)
+        hang_after_training(self.cfg.trial.debug_fault, self.record["status"])
 
     def __enter__(self) -> TrialRun:
         return self
