@@ -169,7 +169,7 @@ def deadline_when(monkeypatch):
     `proc.join(trial.timeout_s)`); the stop that follows is the real one: the stop request, SIGTERM to
     the group, the grace period, the record. A test of a timeout then waits for a state, not for a
     number of seconds sized for a loaded machine, and can no longer be stopped before its trial got
-    where the test needs it. test_trial.py's `hang` case keeps the real clock (8 s)."""
+    where the test needs it. test_trial.py's `hang` case keeps the real clock (4 s)."""
     from multiprocessing.process import BaseProcess
 
     real_join = BaseProcess.join

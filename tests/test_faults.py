@@ -181,7 +181,7 @@ def test_a_full_disk_under_the_journal_ends_in_one_line_and_the_same_command_res
     try:
         storage = f"journal:{mnt / 'study.journal'}"
         cmd = sweep_args(tmp_path / "sweep", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}", *QUICK)
-        cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
+        cmd = [c.replace("storage_retry_s=20", "storage_retry_s=1") for c in cmd]
         proc = start_train(cmd, tmp_path / "first.log")
         try:
             _wait_until_running_after(storage, 1, proc)
@@ -621,7 +621,7 @@ def test_a_write_that_may_have_landed_is_not_made_twice():
 @pytest.mark.slow
 def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rerun_resumes(tmp_path):
     """Another process holds the SQLite file's exclusive lock while trial 1 runs, longer than
-    storage_retry_s=3: the sweep's writes fail as "database is locked", are retried, and the sweep
+    storage_retry_s=1: the sweep's writes fail as "database is locked", are retried, and the sweep
     ends with exit 1 and one line saying what failed and what to do (no traceback). With the lock
     released, the same command keeps trial 0 and ends with exactly n_trials=2 counted. Over 20 s: two sweeps (the one the
     lock stops after its retries, in its own process; the resume)."""
@@ -630,8 +630,11 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
     sweep_dir = tmp_path / "sweep"
     db = sweep_dir / "study.db"
     storage = f"sqlite:///{db}"
-    cmd = sweep_args(sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", *QUICK)
-    cmd = [c.replace("storage_retry_s=20", "storage_retry_s=3") for c in cmd]
+    # SQLite's own busy wait (sqlite3's 5 s, a URL query SQLAlchemy passes to connect) made short:
+    # each attempt meets the lock in 0.2 s, so the second is spent in the sweep's retries, not in one wait.
+    busy = f"'{storage}?timeout=0.2'"
+    cmd = sweep_args(sweep_dir, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={busy}", *QUICK)
+    cmd = [c.replace("storage_retry_s=20", "storage_retry_s=1") for c in cmd]
     proc = start_train(cmd, tmp_path / "first.log")
     holder = None
     try:
@@ -647,6 +650,7 @@ def test_a_sqlite_file_locked_longer_than_the_retry_ends_in_one_line_and_the_rer
         if proc.poll() is None:
             proc.kill()
     _stopped_in_one_line(tmp_path / "first.log", code, "database is locked")
+    assert "retrying for up to 1 s" in (tmp_path / "first.log").read_text()  # met, then retried
     result = train_here(cmd)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     study = load_study(storage)

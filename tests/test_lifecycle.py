@@ -274,7 +274,7 @@ def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothin
     """A finished trial; a second run whose trial hangs is SIGKILLed; the same command finishes the study. Over 20 s: three
     sweeps (the first trial, the killed one in its own process, the resume), and the grace period waited out."""
     journal = f"journal:{tmp_path / 'study.journal'}"
-    beat = ["hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", *SMALL]
+    beat = ["hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=2", *SMALL]
     result = train_here(sweep_args(tmp_path, *beat, "hydra.sweeper.n_trials=1"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     kept = load_study(journal).trials[0]
@@ -289,7 +289,7 @@ def test_sigkill_of_the_sweep_leaves_no_trial_and_the_resumed_sweep_loses_nothin
     assert killed.state.name == "RUNNING"  # SIGKILL: nobody told the study
 
     # Resume once the killed sweep's heartbeat is older than the grace period (what a real resume sees).
-    wait_for(lambda: time.time() - _last_beat(journal, 1) > 3.5, timeout=30, every=0.5)
+    wait_for(lambda: time.time() - _last_beat(journal, 1) > 2.5, timeout=30, every=0.5)
     result = train_here(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = load_study(journal)

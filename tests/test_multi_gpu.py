@@ -230,26 +230,63 @@ def test_completions_per_step_counts_every_rank():
     assert recipe_of(compose(["per_device_train_batch_size=4", "trial.num_processes=2"]))["completions_per_step"] == 8
 
 
-@pytest.mark.slow
-def test_one_and_two_processes_train_the_same_recipe(tmp_path):
-    """Over 20 s: a one-process and a two-process trial over gloo (two ranks import torch and TRL) at
-    completions_per_step=8: per optimiser step both train 8 completions and the same tokens, and the
-    trial counts its throughput once (the two-process trial's tokens/s is not the ranks' sum)."""
-    from helpers.runners import load_metrics, train_here
+# 8 completions per step, held: one process accumulates 4 micro-batches of 2, two processes 2 each.
+HELD_8 = ["trial.steps=2", "completions_per_step=8", "per_device_train_batch_size=2"]
+PROCS = pytest.mark.xdist_group("procs")  # one worker builds procs_sweep and runs both of its tests
 
-    held = ["trial.steps=2", "completions_per_step=8", "per_device_train_batch_size=2"]
-    records = {}
+
+@pytest.fixture(scope="module")
+def procs_sweep(tmp_path_factory):
+    """(sweep dir, finished train.py run) of a grid sweep with trial.num_processes and
+    trial.strategy as knobs: one trial of one process and one of two ranks over gloo, the same recipe
+    (HELD_8). Both tests below read it: the two-rank trial (two ranks that import torch and TRL) is
+    the costly part."""
+    from helpers.runners import sweep_args, train_here
+
+    root = tmp_path_factory.mktemp("procs")
+    conf = root / "conf"
+    (conf / "sweeps").mkdir(parents=True)
+    (conf / "sweeps" / "procs_cpu.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /gpu: cpu_sim\n  - override /hydra/sweeper: grpo_optuna\n"
+        "gpu:\n  memory_gib: 0.25\nnum_generations: 2\ntrial:\n  steps: 2\n"
+        "hydra:\n  sweeper:\n    study_name: procs_cpu\n    sampler: grid\n    n_trials: 2\n"
+        "    params:\n      trial.num_processes: choice(1, 2)\n      trial.strategy: choice(ddp)\n"
+    )
+    sweep_dir = root / "sweep"
+    result = train_here(sweep_args(sweep_dir, f"hydra.searchpath=[file://{conf}]", *HELD_8, sweep="procs_cpu", file_space=True))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return sweep_dir, result
+
+
+def _trials_by_processes(sweep_dir) -> dict:
+    """{trial.num_processes: the study's trial} of procs_sweep."""
+    from helpers.studies import counted, load_study
+
+    return {
+        t.params["trial.num_processes"]: t for t in counted(load_study(f"journal:{sweep_dir / 'study.journal'}", "procs_cpu"))
+    }
+
+
+@PROCS
+@pytest.mark.slow
+def test_one_and_two_processes_train_the_same_recipe(procs_sweep):
+    """A one-process and a two-process trial over gloo (procs_sweep) at completions_per_step=8: per
+    optimiser step both train 8 completions and the same tokens, and the trial counts its throughput
+    once (the two-process trial's tokens/s is not the ranks' sum). Over 20 s: the first of the two
+    tests to run builds procs_sweep (two ranks import torch and TRL)."""
+    from pathlib import Path
+
+    trials = _trials_by_processes(procs_sweep[0])
+    dirs = {n: Path(t.user_attrs["run_dir"]) for n, t in trials.items()}
+    records = {n: load_metrics(d) for n, d in dirs.items()}
     for n in (1, 2):
-        run_dir = tmp_path / str(n)
-        out = train_here([*held, f"trial.num_processes={n}", "trial.strategy=ddp", f"hydra.run.dir={run_dir}"])
-        assert out.returncode == 0, out.stdout[-3000:]
-        records[n] = load_metrics(run_dir)
         assert records[n]["status"] == "ok", records[n]["error"]
     one, two = records[1], records[2]
     assert one["effective"]["generation_batch_size"] == two["effective"]["generation_batch_size"] == 8
     assert one["effective"]["gradient_accumulation_steps"] == 4
     for k in range(2):
-        rank = load_metrics(tmp_path / "2" / "ranks" / str(k))
+        rank = load_metrics(dirs[2] / "ranks" / str(k))
         assert rank["effective"]["gradient_accumulation_steps"] == 2 and rank["effective"]["per_device_train_batch_size"] == 2
     # Worst-case lengths: every completion is max_seq_length tokens, so a step's tokens are the recipe's.
     for m in (one, two):
@@ -265,7 +302,7 @@ def test_one_and_two_processes_train_the_same_recipe(tmp_path):
     errors = _check_rank_records(two, 2, "ddp")  # tokens/s counted once: the slowest rank's
     assert all(abs(e) <= 0.10 for e in errors), errors
     for k in range(2):
-        rank = load_metrics(tmp_path / "2" / "ranks" / str(k))
+        rank = load_metrics(dirs[2] / "ranks" / str(k))
         assert rank["steps"] == 2 and rank["reward_mean"] is not None and rank["effective"]["generation_batch_size"] == 8
     assert two["predicted_peak_breakdown"]["ddp_buckets"] == two["predicted_peak_breakdown"]["gradients"] > 0
     assert two["peak_memory_breakdown"]["weights"] > 0 and two["peak_memory_breakdown"]["trainable_params"] > 0
@@ -530,38 +567,23 @@ def test_hardware_moves_by_hand():
 # ----------------------------------------------------------------------------- a sweep over the processes
 
 
+@PROCS
 @pytest.mark.slow
-def test_sweep_with_processes_and_strategy_as_knobs(tmp_path):
-    """trial.num_processes and trial.strategy in the search space (grid, 2 points): both trials run,
-    trials.csv, the printed summary and report.html show the strategy and the per-rank peaks. Over 20 s: a real sweep
-    with one- and two-process trials (torchrun ranks import torch from scratch)."""
+def test_sweep_with_processes_and_strategy_as_knobs(procs_sweep):
+    """trial.num_processes and trial.strategy in the search space (procs_sweep: grid, 2 points): both
+    trials run, trials.csv, the printed summary and report.html show the strategy and the per-rank peaks."""
     import csv
 
-    from helpers.runners import SMALL, sweep_args, train_here
     from helpers.studies import counted, load_study
 
-    conf = tmp_path / "conf"
-    (conf / "sweeps").mkdir(parents=True)
-    (conf / "sweeps" / "procs_cpu.yaml").write_text(
-        "# @package _global_\n"
-        "defaults:\n  - override /gpu: cpu_sim\n  - override /hydra/sweeper: grpo_optuna\n"
-        "gpu:\n  memory_gib: 0.25\nnum_generations: 2\ntrial:\n  steps: 2\n"
-        "hydra:\n  sweeper:\n    study_name: procs_cpu\n    sampler: grid\n    n_trials: 2\n"
-        "    params:\n      trial.num_processes: choice(1, 2)\n      trial.strategy: choice(ddp)\n"
-    )
-    sweep_dir = tmp_path / "sweep"
-    # 4 completions per step, held: one process accumulates 2 micro-batches of 2, two processes 1 each
-    held = [o for o in SMALL if not o.startswith("completions_per_step=")] + ["completions_per_step=4"]
-    result = train_here(sweep_args(sweep_dir, f"hydra.searchpath=[file://{conf}]", *held, sweep="procs_cpu", file_space=True))
-    tmp_path = sweep_dir
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tmp_path, result = procs_sweep
     trials = counted(load_study(f"journal:{tmp_path / 'study.journal'}", "procs_cpu"))
     assert sorted(t.params["trial.num_processes"] for t in trials) == [1, 2]
     assert all(t.user_attrs["status"] == "ok" for t in trials), [t.user_attrs.get("error") for t in trials]
     two = next(t for t in trials if t.params["trial.num_processes"] == 2)
     assert two.user_attrs["world_size"] == 2 and two.user_attrs["strategy"] == "ddp"
     for t in trials:  # one recipe: the same completions per optimiser step, however many processes
-        assert load_metrics(t.user_attrs["run_dir"])["effective"]["generation_batch_size"] == 4
+        assert load_metrics(t.user_attrs["run_dir"])["effective"]["generation_batch_size"] == 8
     assert len(two.user_attrs["rank_peak_memory_bytes"]) == 2
     rows = {int(r["world_size"]): r for r in csv.DictReader(open(tmp_path / "trials.csv"))}
     assert set(rows) == {1, 2} and rows[2]["strategy"] == "ddp" and len(rows[2]["rank_peak_memory_bytes"].split()) == 2

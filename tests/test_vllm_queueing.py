@@ -17,9 +17,10 @@ from grpo_sweep.metrics import KEYS
 
 needs_vllm = pytest.mark.skipif(not installed("vllm"), reason="vLLM is not installed (make install installs it)")
 # 96-token completions (still one 128-token block per sequence) on a 256 MiB card: generation is most
-# of a step, so the waves show in the step time, not only in the generation time.
+# of a step, so the waves show in the step time, not only in the generation time. Two steps: every
+# generation queues the same way, and the engine-step count is the trial's whole (the waves multiply it).
 CARD = [*CPU_CARD, "max_seq_length=128", "gpu.memory_gib=0.25"]
-RUN = ["trial.steps=4"]
+RUN = ["trial.steps=2"]
 
 
 def _shares() -> tuple[float, float]:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from helpers.config import compose
 from helpers.data import dataset_overrides, save_tiny_model, write_data
-from helpers.runners import ROOT, SPLIT_SPACE, load_metrics, run_train, sweep_args, train_here
+from helpers.runners import SPLIT_SPACE, cli, load_metrics, run_train, sweep_args, train_here
 from helpers.studies import load_study
 
 from grpo_sweep.config.local import validate_here
@@ -284,14 +284,8 @@ def test_exported_config_is_what_was_measured(tmp_path):
     # `grpo-sweep export --trial N` writes the same files for any trial
     study = load_study(f"journal:{sweep_dir / 'study.journal'}")
     other = next(t.number for t in study.trials if t.user_attrs.get("status") == "ok")
-    cli = subprocess.run(
-        [sys.executable, "-m", "grpo_sweep.cli", "export", str(sweep_dir), "--trial", str(other)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert cli.returncode == 0, cli.stderr
+    done = cli("export", str(sweep_dir), "--trial", str(other))
+    assert done.returncode == 0, done.stderr
     exported = (sweep_dir / f"trial{other}.trl.yaml").read_text()
     assert f"trial {other} " in exported and (sweep_dir / f"trial{other}_grpo_config.py").exists()
     if other == best["best_trial"]:
