@@ -83,21 +83,12 @@ def main(fresh: bool = False, calibrate: bool = False) -> dict:
                 "goal": "<= 0.15",
             }
         )
-        table.append(
-            {
-                "figure": "... the most any model can reach there: the best untried point that no pick ties, measured / best",
-                "value": calibration.get("untried_ceiling"),
-                "goal": "",
-            }
-        )
-        table.append(
-            {
-                "figure": "... the best untried point, ties of the picks included, measured / best",
-                "value": calibration.get("untried_best"),
-                "goal": "",
-            }
-        )
         for figure, key in (
+            (
+                "... the most any model can reach there: the best untried point that no pick ties, measured / best",
+                "untried_ceiling",
+            ),
+            ("... the best untried point, ties of the picks included, measured / best", "untried_best"),
             ("... of the model before calibration", "uncalibrated_median_error"),
             ("... calibrated with a pure scale per phase", "scale_only_median_error"),
             ("... the re-measured points' own run-to-run noise (median of abs(run / other run - 1))", "noise_floor"),

@@ -22,6 +22,7 @@ from helpers.runners import (
     OFFLINE_ENV,
     SMALL,
     load_metrics,
+    log_text,
     start_train,
     sweep_args,
     train_here,
@@ -52,7 +53,7 @@ def _alive(procs: list[psutil.Process]) -> list[str]:
 
 
 def _hanging(log: Path) -> bool:
-    return log.exists() and "debug_fault=hang: hanging until stopped" in log.read_text(errors="replace")
+    return "debug_fault=hang: hanging until stopped" in log_text(log)
 
 
 def _hanging_under(root: Path) -> Path | None:
@@ -218,10 +219,10 @@ def test_a_server_mode_trial_trains_through_its_server_and_sigkill_leaves_none_b
         "trial.debug_fault=hang_after_train", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     trained = "debug_fault=hang_after_train: trained (status ok), hanging until stopped"
-    hanging = lambda: "debug_fault=hang_after_train" in _text(run_dir / "trial.log")  # noqa: E731
+    hanging = lambda: "debug_fault=hang_after_train" in log_text(run_dir / "trial.log")  # noqa: E731
     names: list[str] = []
     trial = _kill_parent_during_hang(cmd, tmp_path / "train.log", hanging, started_by="spawn_main", seen=names)
-    assert trained in _text(run_dir / "trial.log")  # every step ran and the trial reached ok before the kill
+    assert trained in log_text(run_dir / "trial.log")  # every step ran and the trial reached ok before the kill
     assert any("grpo_sweep.trial.vllm_serve" in n for n in names), names  # the server was running
     assert any("EngineCore" in n for n in names), names  # and vLLM's engine process
 
@@ -242,10 +243,6 @@ def test_a_server_mode_trial_trains_through_its_server_and_sigkill_leaves_none_b
         if "grpo_sweep.trial.vllm_serve" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])
     ]
     assert not left, left  # torn down
-
-
-def _text(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @IN_PROCESS_TRIALS  # its trial comes from the forkserver the other short in-process trials share

@@ -6,7 +6,7 @@ import math
 
 import pytest
 from helpers.config import compose
-from helpers.runners import cli, load_metrics
+from helpers.runners import cli, load_metrics, log_text
 
 from grpo_sweep.config.schema import ConfigError
 from grpo_sweep.config.validate import validate
@@ -593,8 +593,7 @@ def test_sweep_with_processes_and_strategy_as_knobs(procs_sweep):
 
 
 def _rank_log(run_dir, rank: int) -> str:
-    log = rank_dir(run_dir, rank) / "trial.log"
-    return log.read_text(errors="replace") if log.exists() else ""
+    return log_text(rank_dir(run_dir, rank) / "trial.log")
 
 
 @pytest.mark.slow

@@ -199,6 +199,12 @@ def load_metrics(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
 
 
+def log_text(path: Path) -> str:
+    """A log's text so far: empty before its writer created it, undecodable bytes replaced (a log
+    read while a process still writes it may end mid-character)."""
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def read_csv(path: Path) -> list[dict]:
     """A CSV file's rows (trials.csv), each a dict by column."""
     with open(path) as f:
