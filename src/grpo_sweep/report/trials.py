@@ -105,11 +105,11 @@ def _load_config(run_dir: Path) -> dict:
     path = run_dir / "config.yaml"
     if not path.exists():
         return {}
-    return copy.deepcopy(_parsed_config(str(path), (stat := path.stat()).st_mtime_ns, stat.st_size))
+    return copy.deepcopy(_parsed_config(str(path), ((stat := path.stat()).st_mtime_ns, stat.st_size)))
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed_config(path: str, _mtime_ns: int, _size: int) -> dict:
+def _parsed_config(path: str, _version: tuple[int, int]) -> dict:  # _version: the file's (mtime_ns, size)
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
