@@ -107,6 +107,7 @@ class Composer:
         self.hydra_context, self.config = hydra_context, config
         runtime = OmegaConf.select(config, "hydra.runtime.choices")
         self.chosen = frozenset(config.hydra.runtime.choices) if runtime else frozenset()
+        self._groups: dict[str, bool] = {}  # key -> is_group's answer: the repository is fixed for the sweep
         self.configs = self.cache()
 
     def __call__(self, overrides: Sequence[str]) -> DictConfig:
@@ -119,7 +120,9 @@ class Composer:
         """Whether `key` is a config group: the sweep's own config chose one there, or Hydra's
         repository has the group. Calling a group a value would be wrong, calling a value a group
         only costs a composition: unknown (no repository) is a group."""
-        return key in self.chosen or handles.group_exists(self.hydra_context, key) is not False
+        if key not in self._groups:
+            self._groups[key] = key in self.chosen or handles.group_exists(self.hydra_context, key) is not False
+        return self._groups[key]
 
     def cache(self) -> ComposeCache:
         """A new cache: one composition per distinct set of group choices (ComposeCache)."""

@@ -138,7 +138,7 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
                 plan.n_search,
             )
             continue
-        cfg = compose([*plan.fixed, f"preset={preset}"])
+        cfg = compose.configs.config([*plan.fixed, f"preset={preset}"])  # the preset's trial then reuses it
         refused = plan.refusal(recipe_of(cfg))
         if refused:
             log.warning("Warm start: preset=%s not queued: it %s", preset, refused)
