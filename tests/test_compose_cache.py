@@ -172,3 +172,36 @@ def test_cache_equals_fresh_compose_on_the_gpu_sweep_spaces(sweep):
             assert estimate(same[0]).total_bytes == estimate(same[1]).total_bytes
             compared += 1
     assert compared == 5  # every point composes: configs compared, not only errors
+
+
+def test_the_plan_and_each_trials_check_share_the_sweeps_one_cache(monkeypatch):
+    """plan.Composer.configs: the plan composed the user's config and its group choices; each trial
+    prepare checks then costs no Hydra composition, and its config is the one a fresh composition of
+    the trial's whole command line gives (its hydra.* overrides, left out of the cache's key, only
+    name its folder): the same config, the same levers recorded."""
+    import optuna
+
+    from grpo_sweep.config.local import validate_here
+    from grpo_sweep.levers import requested_levers
+    from grpo_sweep.study.attrs import Key
+    from hydra_plugins.grpo_optuna_sweeper import handles
+    from hydra_plugins.grpo_optuna_sweeper.prepare import prepare
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tiny_sweeper(sweep="+sweeps=tiny_cpu_concessions") as tiny:
+        hydra_calls = []
+        real = handles.load_sweep_config
+        monkeypatch.setattr(handles, "load_sweep_config", lambda *a: hydra_calls.append(a[2]) or real(*a))
+        study = optuna.create_study(direction="maximize")
+        for lora in ("qv", "all_linear", "qv"):
+            study.enqueue_trial({"lora": lora})
+            prepared = prepare(study.ask(), tiny.plan, tiny.prescreen, tiny.compose)
+            assert hydra_calls == []  # both lora choices were composed by the plan already
+            assert any(o.startswith("hydra.sweep.subdir=") for o in prepared.overrides)
+            composed = [o for o in prepared.overrides if not o.startswith("++trial.prescreen")]
+            cached = tiny.compose.configs.config([o for o in composed if not o.startswith("hydra.")])
+            fresh = tiny.compose(composed)
+            hydra_calls.clear()
+            assert OmegaConf.to_container(cached, resolve=False) == OmegaConf.to_container(fresh, resolve=False)
+            validate_here(fresh)  # as prepare does: the split resolved (gradient_accumulation_steps)
+            assert prepared.attrs[Key.LEVERS] == requested_levers(fresh)

@@ -543,3 +543,23 @@ def test_the_reward_section_says_when_every_trial_trained_one_recipe(tmp_path):
     assert "identical and the lines lie on top of one another" in note
     page = write_report(_ranked_trials(set(), recipes={"1": 32}), tmp_path, title="two recipes").read_text()
     assert "id=same-recipe" not in page
+
+
+def test_a_trials_config_is_parsed_once_per_version_of_its_file(tmp_path):
+    """The summary and the report read every trial's config.yaml: one parse per version of the file
+    (its mtime and size), each caller given a copy of its own, a rewritten file read again."""
+    import os
+
+    from grpo_sweep.report.trials import _load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("lora_rank: 16\ntrial: {number: 3}\n")
+    first = _load_config(tmp_path)
+    first["lora_rank"], first["trial"]["number"] = 99, 99  # a caller's changes stay its own
+    assert _load_config(tmp_path) == {"lora_rank": 16, "trial": {"number": 3}}
+    path.write_text("lora_rank: 32\ntrial: {number: 3}\n")  # the same size: its mtime tells
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert _load_config(tmp_path)["lora_rank"] == 32
+    path.write_text("lora_rank: 8\n")
+    assert _load_config(tmp_path) == {"lora_rank": 8}

@@ -1,15 +1,16 @@
 """The report's trial records and the comparisons derived from them.
 
-People decide from a picture: throughput against peak memory with the budget drawn in, what each
-lever measurably did, and the config to copy. This module loads trials (metrics.json files under
-a directory, or an Optuna study whose user attrs hold the metrics and run_dir), derives the
-comparisons, and hands drawing to figures.py, HTML to html.py and the W&B Report to
-wandb_report.py. Keys added by other modules (predicted_peak_bytes, budget_bytes, oom_phase,
+People decide from a picture: throughput against peak memory with the budget drawn in, what each lever measurably did,
+and the config to copy. This module loads trials (metrics.json files under a directory, or an Optuna study whose user
+attrs hold the metrics and run_dir), derives the comparisons, and hands drawing to figures.py, HTML to html.py and the
+W&B Report to wandb_report.py. Keys added by other modules (predicted_peak_bytes, budget_bytes, oom_phase,
 deficit_bytes, ...) are used when present and never required.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -99,9 +100,16 @@ def _natural_key(path: Path):
 
 
 def _load_config(run_dir: Path) -> dict:
+    """A trial's config.yaml as a dict of its own, parsed once per version of the file (the sweep's
+    summary and its report both read every trial's)."""
     path = run_dir / "config.yaml"
     if not path.exists():
         return {}
+    return copy.deepcopy(_parsed_config(str(path), ((stat := path.stat()).st_mtime_ns, stat.st_size)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_config(path: str, _version: tuple[int, int]) -> dict:  # _version: the file's (mtime_ns, size)
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)

@@ -1,9 +1,10 @@
 """ComposeCache: the configs of many points of one space at one Hydra composition per distinct
 set of config-group choices.
 
-The sweep's plan, forecast, start, neighbour moves and pre-screen compose a config for every point
-they judge; Hydra re-reads and re-parses conf/ on each compose, so one composition per group
-choice makes ranking a few hundred candidates cost about a second.
+The sweep's plan, forecast, start, neighbour moves, pre-screen and each trial's check (prepare)
+compose a config for every point they judge; Hydra re-reads and re-parses conf/ on each compose,
+so one composition per group choice makes ranking a few hundred candidates cost about a second,
+and a sweep whose points share their group choices composes once (plan.Composer.configs).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class Loop:
         self.candidates = speeds if led else []
         self.zone = indifference_of(settings)
         self.launcher, self.compose, self.progress = launcher, compose, progress
-        self.moves = compose.cache()  # the neighbour moves' compositions, one per group choice
+        self.moves = compose.configs  # the neighbour moves' compositions: the sweep's cache (Composer.configs)
         self.job_idx = 0  # Hydra's job index of the next launch
         self.stopped: Stop | None = None  # failures.Stop: a systematic failure ended the sweep
         self.stop_signal: int | None = None  # a signal received outside a job: stop at the next safe point

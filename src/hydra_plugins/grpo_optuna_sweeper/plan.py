@@ -97,12 +97,18 @@ def storage_url(settings: DictConfig, sweep_dir: Path) -> str:
 
 class Composer:
     """A job's config for a list of overrides, as Hydra composes it for the launcher (without its
-    `hydra` node), and the composition cache over it (ComposeCache)."""
+    `hydra` node), and the composition cache over it (ComposeCache).
+
+    `configs` is the sweep's one cache: the plan and every trial's check (prepare) read their configs
+    from it, so a sweep whose points share their group choices composes once, not once per trial.
+    The master config never changes during a sweep, so a composition stays valid for its whole run."""
 
     def __init__(self, hydra_context: HydraContext, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
         runtime = OmegaConf.select(config, "hydra.runtime.choices")
         self.chosen = frozenset(config.hydra.runtime.choices) if runtime else frozenset()
+        self._groups: dict[str, bool] = {}  # key -> is_group's answer: the repository is fixed for the sweep
+        self.configs = self.cache()
 
     def __call__(self, overrides: Sequence[str]) -> DictConfig:
         cfg = handles.load_sweep_config(self.hydra_context, self.config, list(overrides))
@@ -114,11 +120,23 @@ class Composer:
         """Whether `key` is a config group: the sweep's own config chose one there, or Hydra's
         repository has the group. Calling a group a value would be wrong, calling a value a group
         only costs a composition: unknown (no repository) is a group."""
-        return key in self.chosen or handles.group_exists(self.hydra_context, key) is not False
+        if key not in self._groups:
+            self._groups[key] = key in self.chosen or handles.group_exists(self.hydra_context, key) is not False
+        return self._groups[key]
 
     def cache(self) -> ComposeCache:
-        """One composition per distinct set of group choices (ComposeCache)."""
+        """A new cache: one composition per distinct set of group choices (ComposeCache)."""
         return ComposeCache(self, self.is_group)
+
+
+def cached(compose: Callable[[list[str]], DictConfig]) -> ComposeCache:
+    """The cache to read configs from: a Composer's own (`configs`), or a new one over a plain
+    callable; one without `is_group` composes every override (each key taken for a group: exact,
+    one composition per distinct list)."""
+    configs = getattr(compose, "configs", None)
+    if isinstance(configs, ComposeCache):
+        return configs
+    return ComposeCache(compose, getattr(compose, "is_group", lambda _key: True))
 
 
 def build_plan(
@@ -198,7 +216,9 @@ _SPLIT_PARTNERS = (
 )
 
 
-def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callable, recipe: dict, may_change: set[str]) -> dict:
+def _split_keeping_recipe(
+    distributions: dict, fixed: list[str], configs: ComposeCache, recipe: dict, may_change: set[str]
+) -> dict:
     """Keep only the micro-batches that keep the held recipe, when the micro-batch alone decides it
     (no partner setting or config group searched beside it): with steps_per_generation fixed above
     a micro-batch's accumulation, one generation would feed several optimiser steps, a recipe change
@@ -208,7 +228,7 @@ def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callab
     Args:
         distributions: The search space.
         fixed: The overrides held fixed.
-        compose: A job's config for overrides.
+        configs: The plan's composed configs (cached).
         recipe: The held recipe.
         may_change: The settings the concessions allow to change.
 
@@ -224,9 +244,6 @@ def _split_keeping_recipe(distributions: dict, fixed: list[str], compose: Callab
         return distributions
     if any(k in _SPLIT_PARTNERS or k not in SCHEMA_KEYS for k in others):
         return distributions
-    # A fixed `gpu=...` or `model=...` is a group choice though its key is a schema field: Hydra's own
-    # answer (Composer.is_group); a plain callable composes every override.
-    configs = ComposeCache(compose, getattr(compose, "is_group", lambda _key: True))
     changed = {}
     for value in dist.choices:
         undeclared = undeclared_changes(recipe, recipe_of(configs.config([*fixed, space.to_override(key, value)])), may_change)
@@ -277,7 +294,8 @@ def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str
     Returns:
         (recipe, concession_params, fixed, distributions).
     """
-    recipe = recipe_of(compose(fixed))
+    configs = cached(compose)  # the base config composed once, for the recipe, the groups and the split
+    recipe = recipe_of(configs.config(fixed))
     concessions.check_list(
         list(declared), {k for k in distributions if k not in SCHEMA_KEYS and "." not in k}, recipe, set(distributions)
     )
@@ -290,7 +308,7 @@ def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str
             return changed
         out: set[str] = set()  # a config group: what each of its choices changes
         for value in space.grid_choices({key: distributions[key]})[key]:
-            cfg = compose([*fixed, space.to_override(key, value)])
+            cfg = configs.config([*fixed, space.to_override(key, value)])
             out.update(concessions.diff(recipe, recipe_of(cfg)))
         return out
 
@@ -307,7 +325,7 @@ def _hold_recipe(declared: tuple[str, ...], distributions: dict, fixed: list[str
     if totals:
         distributions = concessions.divisors_only(distributions, totals, log)
     may_change = set(declared).union(*concession_params.values())
-    distributions = _split_keeping_recipe(distributions, fixed, compose, recipe, may_change)
+    distributions = _split_keeping_recipe(distributions, fixed, configs, recipe, may_change)
     log.info(
         "Recipe held: %s%s",
         " ".join(f"{k}={concessions.fmt(v)}" for k, v in recipe.items() if v is not None),

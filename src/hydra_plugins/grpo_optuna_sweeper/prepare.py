@@ -26,7 +26,7 @@ from . import concessions, confirm, handles, space
 from .forecast import predicted_tokens_per_s
 from .launch_config import HYDRA_OVERRIDES_ATTR
 from .outcome import Outcome, stop_threshold
-from .plan import SweepPlan
+from .plan import SweepPlan, cached
 from .prescreen import Prescreen
 from .standings import best_finalist
 from .start import outside_space
@@ -92,7 +92,10 @@ def prepare(trial: Trial, plan: SweepPlan, prescreen: Prescreen, compose: Callab
     Prepared([], early, None).apply(trial)  # before anything slow: see the module docstring
     cfg = None
     try:
-        cfg = compose(overrides)
+        # The job's config without its `hydra` node does not depend on the hydra.* overrides (the
+        # trial's subdir), so they stay out of its key in the sweep's cache: every point of one set
+        # of group choices is a copy of one composition (plan.Composer.configs).
+        cfg = cached(compose).config([o for o in overrides if not o.startswith("hydra.")])
         validate_here(cfg)  # resolves the split (gradient_accumulation_steps from completions_per_step)
         check_kv_cache_bytes(cfg)
     except Exception as err:  # noqa: BLE001 - an invalid point is a FAIL, not a dead sweep

@@ -65,7 +65,7 @@ def build(plan: SweepPlan, compose: Composer) -> dict:
     settings = plan.settings
     size = space.size(plan.distributions)  # None: a continuous interval, sampled as a large space is
     grid = {key: space.values(dist) or space.describe(dist) for key, dist in plan.distributions.items()}
-    configs = compose.cache()
+    configs = compose.configs  # the plan's cache: its base config is composed already
     prescreen = Prescreen(settings)
     forecasts = forecast.forecast(plan, prescreen, configs, check_for_target, cap=PLAN_CANDIDATES)
     judged = [f for f in forecasts if f.error is None]

@@ -177,8 +177,11 @@ def quoted(text: str) -> str:
     return f"'{text}'"
 
 
+@functools.lru_cache(maxsize=4096)
 def _reads_back(text: str, value: str) -> bool:
-    """Whether Hydra parses `k=<text>` to the string `value`, with no interpolation for OmegaConf to resolve."""
+    """Whether Hydra parses `k=<text>` to the string `value`, with no interpolation for OmegaConf to resolve.
+    Kept per pair: Hydra's grammar does not change, and the forecast writes each value of the space
+    once per point."""
     if "${" in value:
         return False
     try:

@@ -2,8 +2,9 @@
 points, then the model-first or memory-first start from the models' forecast, hydra.sweeper.start)
 and, every few search trials, a neighbour move of the best config so far.
 
-Every function reads the frozen plan; `configs` is a ComposeCache (plan.Composer.cache):
-one Hydra composition per distinct set of group choices, however many points are ranked.
+Every function reads the frozen plan; `configs` is a ComposeCache (plan.Composer.configs: the
+sweep's one cache): one Hydra composition per distinct set of group choices, however many points
+are ranked.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def enqueue_start(study: Study, plan: SweepPlan, prescreen: Prescreen, compose: 
     if settings.warm_start:
         _enqueue_presets(study, plan, compose)
     left_out = []
-    configs = compose.cache()
+    configs = compose.configs  # the plan's cache: its base config is composed already
     for i, point in enumerate(settings.enqueue):
         params = cast(dict, OmegaConf.to_container(point))  # an `enqueue` entry is a mapping (config.check)
         outside = outside_space(plan, params) or refused(plan, configs, params)
@@ -137,7 +138,7 @@ def _enqueue_presets(study: Study, plan: SweepPlan, compose: Composer) -> None:
                 plan.n_search,
             )
             continue
-        cfg = compose([*plan.fixed, f"preset={preset}"])
+        cfg = compose.configs.config([*plan.fixed, f"preset={preset}"])  # the preset's trial then reuses it
         refused = plan.refusal(recipe_of(cfg))
         if refused:
             log.warning("Warm start: preset=%s not queued: it %s", preset, refused)
