@@ -62,11 +62,15 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup` a grouped test's id carries its group ("...@postgres") by now; if not,
     the groups are silently ignored (pytest 9.2's node ids: pytest-xdist#1386), and the once-per-run
-    fixtures would be built on every worker and the PostgreSQL restart would hit other tests."""
+    fixtures would be built on every worker and the PostgreSQL restart would hit other tests. The slow
+    tests then go first."""
     if getattr(config.option, "loadgroup", False):
         lost = [i.nodeid for i in items if any(i.iter_markers("xdist_group")) and "@" not in i.nodeid]
         if lost:
             raise pytest.UsageError(f"xdist groups ignored by this pytest/pytest-xdist pair (pyproject pins them): {lost[0]}")
+        # xdist hands out the groups first, then the other tests in this order: the slow ones first, so
+        # the run ends on short tests and neither worker idles while the other finishes a long one.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
