@@ -62,15 +62,34 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup` a grouped test's id carries its group ("...@postgres") by now; if not,
     the groups are silently ignored (pytest 9.2's node ids: pytest-xdist#1386), and the once-per-run
-    fixtures would be built on every worker and the PostgreSQL restart would hit other tests. The slow
-    tests then go first."""
+    fixtures would be built on every worker and the PostgreSQL restart would hit other tests. Then the
+    tests are put in the order xdist hands them out (`schedule`)."""
     if getattr(config.option, "loadgroup", False):
         lost = [i.nodeid for i in items if any(i.iter_markers("xdist_group")) and "@" not in i.nodeid]
         if lost:
             raise pytest.UsageError(f"xdist groups ignored by this pytest/pytest-xdist pair (pyproject pins them): {lost[0]}")
-        # xdist hands out the groups first, then the other tests in this order: the slow ones first, so
-        # the run ends on short tests and neither worker idles while the other finishes a long one.
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items[:] = schedule(items)
+
+
+EARLY_TESTS = 80  # short tests run while the controller builds the warm model (~20 s of one core)
+
+
+def schedule(items: list) -> list:
+    """The order xdist hands the tests out in (pytest_configure turns its own reordering off):
+    EARLY_TESTS short tests that need no warm model, run while the controller builds it; then the
+    groups and the slow tests, then the other short ones, so the run ends on short tests and neither
+    worker idles while the other finishes a long one."""
+
+    def grouped(item) -> bool:
+        return "@" in item.nodeid
+
+    def slow(item) -> bool:
+        return item.get_closest_marker("slow") is not None
+
+    free = [i for i in items if not (grouped(i) or slow(i) or "warm_model" in getattr(i, "fixturenames", ()))]
+    early = {id(i) for i in free[:EARLY_TESTS]}
+    rest = sorted((i for i in items if id(i) not in early), key=lambda i: (not grouped(i), not slow(i)))
+    return [i for i in items if id(i) in early] + rest
 
 
 @pytest.fixture(scope="session")
@@ -147,8 +166,10 @@ def pytest_configure(config):
     own: it builds while the workers start and collect (~20-30 s on 2 loaded cores), instead of one
     worker's first trial building it while the other worker's first trial waits on its cache lock.
     Whoever needs it before it is done waits on that lock (cache_entry.ensure); a warm cache returns
-    at once. A run without xdist builds it where it is first needed, as before."""
+    at once. A run without xdist builds it where it is first needed, as before. xdist's own reordering
+    (the groups first) is turned off: `schedule` runs short tests while the model builds."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        config.option.loadscopereorder = False  # xdist keeps `schedule`'s order (groups not moved first)
         tests = str(Path(__file__).resolve().parent)
         code = f"import sys; sys.path.insert(0, {tests!r}); from helpers.config import default_warm_model; default_warm_model()"
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
