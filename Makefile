@@ -31,8 +31,10 @@ install: .venv/.installed
 # Two pytest-xdist workers (WORKERS=1 runs them in one process); a test that shares a once-per-run
 # fixture (tests/conftest.py: the PostgreSQL database, the tiny_cpu sweep, the offline-W&B sweep) runs in
 # that fixture's group on one worker. --durations=10: the ten slowest, so a slow new test shows up in every run.
+# PYTHONDONTWRITEBYTECODE unset: the suite starts about a hundred interpreters (train.py, trials, ranks,
+# workers), and each compiles the package and the test modules again where no __pycache__ is kept.
 WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -rs -n $(WORKERS) --dist loadgroup
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -rs -n $(WORKERS) --dist loadgroup
 
 test: install
 	$(PYTEST) --durations=10 tests
