@@ -87,9 +87,10 @@ def schedule(items: list) -> list:
         return item.get_closest_marker("slow") is not None
 
     free = [i for i in items if not (grouped(i) or slow(i) or "warm_model" in getattr(i, "fixturenames", ()))]
-    early = {id(i) for i in free[:EARLY_TESTS]}
-    rest = sorted((i for i in items if id(i) not in early), key=lambda i: (not grouped(i), not slow(i)))
-    return [i for i in items if id(i) in early] + rest
+    early = free[:EARLY_TESTS]
+    taken = {id(i) for i in early}
+    rest = sorted((i for i in items if id(i) not in taken), key=lambda i: (not grouped(i), not slow(i)))
+    return early + rest
 
 
 @pytest.fixture(scope="session")
