@@ -412,6 +412,7 @@ def gpu_landscape(path: Path, sigma: float | None = None) -> dict:
             "recorded_points": len(recorded),
             "runs": sum(len(p["runs"]) for p in recorded),
             "card": data.get("card"),
+            "recipe": data.get("recipe", []),  # the overrides every point adds to: what the sweeper composes
             "sessions": data.get("sessions", []),
             "how": f"{data['how']}; {len(recorded)} points recorded, {sum(len(p['runs']) for p in recorded)} runs",
         }

@@ -91,7 +91,9 @@ def spaces() -> list[tuple[str, str, dict, bool]]:
     ]
     for path in sorted(DATA.glob("landscape_gpu_*.json")):
         gpu = landscapes.gpu_landscape(path)
+        search_real_space.charge(gpu, gpu["recipe"], cuda=True)
         gpu_quiet = landscapes.gpu_landscape(path, sigma=QUIET_SIGMA)
+        gpu_quiet.update({k: gpu[k] for k in ("compose_s", "move_check_s", "frontier_s")})
         out += [(path.stem, "the card (its runs)", gpu, False), (path.stem, f"sigma {QUIET_SIGMA}", gpu_quiet, True)]
     return out
 
