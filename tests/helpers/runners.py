@@ -98,7 +98,7 @@ def start_train(args: list[str], log: Path | None = None, env: dict | None = Non
     """
     out = open(log, "w") if log is not None else subprocess.PIPE  # noqa: SIM115 - the child writes it until it exits
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, str(TRAIN_PY), *args],
             cwd=ROOT,
             stdout=out,
@@ -107,6 +107,8 @@ def start_train(args: list[str], log: Path | None = None, env: dict | None = Non
             env=_env(env),
             **popen,
         )
+        proc.log = log  # wait_for quotes its tail when the sweep exits early
+        return proc
     finally:
         if log is not None:
             out.close()  # the child holds its own copy
@@ -216,7 +218,9 @@ def wait_for(predicate, timeout: float, every: float = 0.5, proc: subprocess.Pop
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the sweep exited with {proc.returncode} before the condition was met")
+            log = getattr(proc, "log", None)
+            tail = log_text(log)[-3000:] if log is not None else ""
+            raise AssertionError(f"the sweep exited with {proc.returncode} before the condition was met\n{tail}")
         value = predicate()
         if value:
             return value
