@@ -108,12 +108,14 @@ def model_check(land: dict) -> dict:
     }
 
 
-def charge(land: dict, base: list[str], cuda: bool) -> None:
+def charge(land: dict, base: list[str], cuda: bool) -> dict:
     """The sweeper's own seconds on this space, measured here: compose + check + estimate before a
-    launch (and per neighbour-move candidate), and the whole forecast the start ranks."""
+    launch (and per neighbour-move candidate), and the whole forecast the start ranks. Sets them on
+    `land` and returns them, for the same space at another noise."""
     land["compose_s"] = search_seconds.measure_compose_s(land, base, cuda=cuda)
     land["move_check_s"] = land["compose_s"]
     land["frontier_s"] = search_seconds.measure_frontier_s(land, base, cuda=cuda)
+    return {k: land[k] for k in ("compose_s", "move_check_s", "frontier_s")}
 
 
 def density(land: dict) -> dict:
@@ -195,14 +197,12 @@ def main(seeds: int, landscape: Path, conditions: str) -> dict:
     stop = GrpoOptunaSweeperConf().stop_below
     tiny = landscapes.tiny_cpu_vllm(landscape)
     check = model_check(tiny)
-    charge(tiny, TINY_BASE, cuda=False)
-    costs = {k: tiny[k] for k in ("compose_s", "move_check_s", "frontier_s")}
+    costs = charge(tiny, TINY_BASE, cuda=False)
     tiny_quiet = landscapes.tiny_cpu_vllm(landscape, sigma=QUIET_SIGMA)
     tiny_quiet.update(costs)
     sigma = tiny["measured_sigma"]
     gemma = landscapes.gemma3_1b_l4_knobs(sigma)
-    charge(gemma, GEMMA_BASE, cuda=True)
-    gcosts = {k: gemma[k] for k in ("compose_s", "move_check_s", "frontier_s")}
+    gcosts = charge(gemma, GEMMA_BASE, cuda=True)
     cases_in = {
         "tiny_cpu_vllm": (tiny, False),
         "tiny_cpu_vllm_quiet": (tiny_quiet, True),

@@ -74,13 +74,11 @@ def spaces() -> list[tuple[str, str, dict, bool]]:
     """(space, noise label, landscape, quiet) for every shipped space at both noises, the sweeper's own
     seconds (compose, check, estimate; the forecast) measured here once per space."""
     tiny = landscapes.tiny_cpu_vllm()
-    search_real_space.charge(tiny, search_real_space.TINY_BASE, cuda=False)
-    costs = {k: tiny[k] for k in ("compose_s", "move_check_s", "frontier_s")}
+    costs = search_real_space.charge(tiny, search_real_space.TINY_BASE, cuda=False)
     tiny_quiet = landscapes.tiny_cpu_vllm(sigma=QUIET_SIGMA)
     tiny_quiet.update(costs)
     gemma = landscapes.gemma3_1b_l4_knobs(tiny["measured_sigma"])
-    search_real_space.charge(gemma, search_real_space.GEMMA_BASE, cuda=True)
-    gcosts = {k: gemma[k] for k in ("compose_s", "move_check_s", "frontier_s")}
+    gcosts = search_real_space.charge(gemma, search_real_space.GEMMA_BASE, cuda=True)
     gemma_quiet = landscapes.gemma3_1b_l4_knobs(QUIET_SIGMA)
     gemma_quiet.update(gcosts)
     out = [
@@ -91,9 +89,9 @@ def spaces() -> list[tuple[str, str, dict, bool]]:
     ]
     for path in sorted(DATA.glob("landscape_gpu_*.json")):
         gpu = landscapes.gpu_landscape(path)
-        search_real_space.charge(gpu, gpu["recipe"], cuda=True)
+        gpu_costs = search_real_space.charge(gpu, gpu["recipe"], cuda=True)
         gpu_quiet = landscapes.gpu_landscape(path, sigma=QUIET_SIGMA)
-        gpu_quiet.update({k: gpu[k] for k in ("compose_s", "move_check_s", "frontier_s")})
+        gpu_quiet.update(gpu_costs)
         out += [(path.stem, "the card (its runs)", gpu, False), (path.stem, f"sigma {QUIET_SIGMA}", gpu_quiet, True)]
     return out
 
