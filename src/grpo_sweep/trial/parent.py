@@ -36,10 +36,11 @@ from . import faults, process, worker
 
 WANDB_CLOSE_TIMEOUT_S = 120.0  # closing a killed trial's offline W&B run from outside
 STOP_GRACE_S = 20.0  # SIGTERM -> SIGKILL: time to write metrics.json and finish the W&B run
-# without_vllm first: the forkserver serves trl trials; TRL there loads without vLLM (see the module).
+# package_map and without_vllm first, before transformers and TRL load (see the modules).
 # trl.trainer.grpo_trainer too: `trl` is a lazy module, and GRPOTrainer's first use imports it (and W&B
 # through trl.extras.profiling), ~1 s a trial on a 2-core machine when each forked trial did it again.
 PRELOAD = [
+    "grpo_sweep.trial.package_map",
     "grpo_sweep.trial.without_vllm",
     "torch",
     "transformers",

@@ -10,6 +10,7 @@ import sys
 
 
 def main() -> None:
+    from . import package_map  # noqa: F401  (before vLLM imports transformers)
     from .backends.vllm_patches import answer_cpu_build_version
     from .rank import die_with_parent
 

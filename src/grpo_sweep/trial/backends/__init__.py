@@ -24,12 +24,15 @@ def prepare_imports(backend_name: str, cfg) -> None:
 
     A backend that holds no vLLM pool loads TRL without vLLM (trial/without_vllm.py): the forkserver
     does it for its trials already, and so do a spawned trial (every trial on CUDA) and each rank of
-    a multi-process trial here, which would otherwise spend ~3.7 s importing vLLM for nothing.
+    a multi-process trial here, which would otherwise spend ~3.7 s importing vLLM for nothing. The
+    map of packages to distributions is read from the cache first (trial/package_map.py).
 
     Unsloth's standby mode (vLLM and training share the weights' memory; vLLM sleeps while
     training) is switched on by the environment variable UNSLOTH_VLLM_STANDBY=1, read when
     Unsloth is imported, so it is set here, before the import.
     """
+    from .. import package_map  # noqa: F401  (transformers and TRL each map every distribution otherwise)
+
     if not table.runs_vllm(backend_name):
         from .. import without_vllm  # noqa: F401
     if backend_name != "unsloth":
