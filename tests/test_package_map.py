@@ -50,6 +50,19 @@ def test_a_new_install_is_a_new_key_and_a_damaged_file_is_computed_again(tmp_pat
     assert json.loads(path.read_text()) == package_map.STOCK()
 
 
+def test_the_cache_keeps_only_its_newest_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_SWEEP_CACHE", str(tmp_path))
+    monkeypatch.setattr(package_map, "_memo", {})
+    folder = tmp_path / package_map.SUBDIR
+    folder.mkdir()
+    for i in range(package_map.KEEP + 3):
+        (folder / f"old{i}.json").write_text("{}")
+        os.utime(folder / f"old{i}.json", ns=(0, i))
+    package_map.packages_distributions()
+    kept = {p.name for p in folder.iterdir()}
+    assert len(kept) == package_map.KEEP and f"{package_map.key()}.json" in kept and "old0.json" not in kept
+
+
 def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -61,11 +74,12 @@ def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
 
 def test_transformers_and_trl_map_every_distribution_at_import_through_the_patched_call():
     """The targets: both modules set PACKAGE_DISTRIBUTION_MAPPING from importlib.metadata's function
-    looked up at call time, so an upgrade that stops doing so (the patch is then dead) fails here."""
+    looked up at call time, so an upgrade that stops doing so (the patch is then dead) fails here. (The
+    map itself depends on sys.path, which tests extend after these imports: compared above, not here.)"""
     import transformers.utils.import_utils as transformers_imports
     import trl.import_utils as trl_imports
 
     assert importlib.metadata.packages_distributions is package_map.packages_distributions
     for module in (transformers_imports, trl_imports):
         assert "PACKAGE_DISTRIBUTION_MAPPING = importlib.metadata.packages_distributions()" in inspect.getsource(module)
-        assert module.PACKAGE_DISTRIBUTION_MAPPING == package_map.STOCK()
+        assert module.PACKAGE_DISTRIBUTION_MAPPING["trl"] == ["trl"]

@@ -31,6 +31,7 @@ from .models import cache_root
 
 STOCK = getattr(importlib.metadata.packages_distributions, "grpo_sweep_stock", importlib.metadata.packages_distributions)
 SUBDIR = "package-map"
+KEEP = 32
 _memo: dict[str, dict[str, list[str]]] = {}
 
 
@@ -72,8 +73,17 @@ def _write(path: Path, mapping: dict[str, list[str]]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        _prune(path.parent)
     except OSError:
         pass
+
+
+def _prune(folder: Path) -> None:
+    """Keeps the KEEP newest entries: one is written per install and sys.path seen, never read again
+    once either changes."""
+    entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in entries[KEEP:]:
+        old.unlink(missing_ok=True)
 
 
 def packages_distributions() -> dict[str, list[str]]:
