@@ -18,15 +18,14 @@ tests/test_package_map.py). Remove once both look up the distributions they need
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
+from ..files import write_atomic
 from .models import cache_root
 
 STOCK = getattr(importlib.metadata.packages_distributions, "grpo_sweep_stock", importlib.metadata.packages_distributions)
@@ -61,18 +60,10 @@ def _read(path: Path) -> dict[str, list[str]] | None:
 
 
 def _write(path: Path, mapping: dict[str, list[str]]) -> None:
-    """Whole or not at all: a temporary file renamed over the entry; any OSError leaves no file."""
+    """Whole or not at all (files.write_atomic); a cache that cannot be written is skipped."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(mapping, f)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, json.dumps(mapping))
         _prune(path.parent)
     except OSError:
         pass
